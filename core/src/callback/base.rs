@@ -1,0 +1,134 @@
+//! Callbacks observe the training loop (EMA, validation, logging...).
+//!
+//! Every hook is a no-op by default; callbacks run in the order they are declared. Stateful
+//! callbacks write their state in [`Callback::on_checkpoint`] and read it back in
+//! [`Callback::load_state`].
+
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::backend::BuildCallbackAll;
+use crate::config::ConfigError;
+use crate::data::DataSource;
+use crate::method::TrainingMethod;
+
+/// Errors raised by callbacks.
+#[derive(Debug, thiserror::Error)]
+pub enum CallbackError {
+    /// File I/O failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// File involved.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// Anything else (the message says which callback and why).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Summary of one completed optimizer step, passed to [`Callback::on_step_end`].
+#[derive(Debug, Clone, Default)]
+pub struct StepReport {
+    /// Number of completed steps (the step just finished is `step - 1`).
+    pub step: u64,
+    /// Total steps of the run.
+    pub max_steps: u64,
+    /// Mean losses over the micro-batches.
+    pub losses: Vec<(String, f64)>,
+    /// Pre-clip global gradient norm per updated role.
+    pub grad_norms: Vec<(String, f64)>,
+    /// Learning rate per updated role.
+    pub lrs: Vec<(String, f64)>,
+    /// Wall time of the step in seconds.
+    pub step_seconds: f64,
+    /// Samples consumed so far.
+    pub samples_seen: u64,
+    /// Whether the update was skipped (non-finite values).
+    pub skipped: bool,
+}
+
+/// Result of one validation pass, passed to [`Callback::on_validation`].
+#[derive(Debug, Clone, Default)]
+pub struct ValidationReport {
+    /// Completed steps when validation ran.
+    pub step: u64,
+    /// Named metrics (e.g. `caption_accuracy`).
+    pub metrics: Vec<(String, f64)>,
+    /// Files written (GIFs, sheets).
+    pub files: Vec<PathBuf>,
+}
+
+/// What callbacks can see and touch.
+pub struct CallbackContext<'a, B: AutodiffBackend> {
+    /// Completed steps.
+    pub step: u64,
+    /// Total steps of the run.
+    pub max_steps: u64,
+    /// The method (roles, sampling).
+    pub method: &'a mut dyn TrainingMethod<B>,
+    /// The training data source (prompts, evaluator).
+    pub data: &'a dyn DataSource,
+    /// The run's output folder.
+    pub run_dir: &'a Path,
+    /// Run seed.
+    pub seed: u64,
+    /// Validation results produced during this hook round (the trainer forwards them to
+    /// every callback's `on_validation`).
+    pub validations: Vec<ValidationReport>,
+    /// `true` during the last step's hooks.
+    pub is_final: bool,
+}
+
+/// A runtime callback.
+pub trait Callback<B: AutodiffBackend>: Send {
+    /// Name for messages and state files.
+    fn name(&self) -> &str;
+    /// Before the first step (after a resume, after state is loaded).
+    fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
+        let _ = ctx;
+        Ok(())
+    }
+    /// After every optimizer step.
+    fn on_step_end(&mut self, ctx: &mut CallbackContext<B>, report: &StepReport) -> Result<(), CallbackError> {
+        let _ = (ctx, report);
+        Ok(())
+    }
+    /// After a validation pass (produced by any callback).
+    fn on_validation(&mut self, ctx: &mut CallbackContext<B>, report: &ValidationReport) -> Result<(), CallbackError> {
+        let _ = (ctx, report);
+        Ok(())
+    }
+    /// While a checkpoint is written: write state files into `dir` (a temporary folder that is
+    /// renamed into place when complete). Return the file names written.
+    fn on_checkpoint(&mut self, ctx: &mut CallbackContext<B>, dir: &Path) -> Result<Vec<String>, CallbackError> {
+        let _ = (ctx, dir);
+        Ok(Vec::new())
+    }
+    /// Restore state from a checkpoint folder (resume).
+    fn load_state(&mut self, ctx: &mut CallbackContext<B>, dir: &Path) -> Result<(), CallbackError> {
+        let _ = (ctx, dir);
+        Ok(())
+    }
+    /// After the last step.
+    fn on_train_end(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
+        let _ = ctx;
+        Ok(())
+    }
+}
+
+/// Build a runtime callback for backend `B` (implement generically).
+pub trait BuildCallback<B: AutodiffBackend> {
+    /// Build the callback.
+    fn build_callback(&self) -> Result<Box<dyn Callback<B>>, ConfigError>;
+}
+
+/// Serializable callback configuration (`[[callbacks]] kind = "..."`).
+#[typetag::serde(tag = "kind")]
+pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
+    /// Check values; keys relative to the callback table.
+    fn validate(&self) -> Result<(), ConfigError>;
+}

@@ -1,0 +1,3 @@
+//! Callbacks: runtime trait, config trait, reports.
+mod base;
+pub use base::*;

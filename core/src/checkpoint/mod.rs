@@ -1,0 +1,338 @@
+//! Checkpoints at step granularity.
+//!
+//! `<run>/checkpoints/step-<N>/` holds every trainable role's weights (`<role>.safetensors`,
+//! diffusers key names), optimizer state (`<role>.optim.safetensors`), EMA shadow
+//! (`<role>.ema.safetensors`), callback state, `state.json` (step, data cursor, seed, method
+//! state), the resolved `config.toml`, and `manifest.json` (SHA-256 of every file), written
+//! last. The folder is assembled under a temporary name and renamed into place; `latest` is
+//! then replaced atomically. A crash at any point leaves the previous checkpoint intact.
+
+mod manifest;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::TensorData;
+use serde::{Deserialize, Serialize};
+
+pub use manifest::*;
+
+use crate::fault;
+use crate::io::{read_safetensors, write_safetensors};
+
+/// Errors writing or reading checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file operation failed (disk full, permissions...).
+    #[error("{path}: {message}")]
+    Io {
+        /// File or folder involved.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// A checkpoint is incomplete or corrupted.
+    #[error("checkpoint {dir} is damaged: {reason}")]
+    Damaged {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No usable checkpoint exists.
+    #[error("no intact checkpoint found under {dir}")]
+    NoCheckpoint {
+        /// The checkpoints folder searched.
+        dir: PathBuf,
+    },
+    /// The checkpoint was written by a run with a different model/method config.
+    #[error("checkpoint {dir} was written by a different config (models/method differ): refusing to resume")]
+    ConfigMismatch {
+        /// The checkpoint folder.
+        dir: PathBuf,
+    },
+}
+
+impl CheckpointError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, e: impl std::fmt::Display) -> Self {
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Trainer state stored in `state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Completed steps.
+    pub step: u64,
+    /// Data loader cursor (samples consumed).
+    pub data_cursor: u64,
+    /// Run seed.
+    pub seed: u64,
+    /// Optimizer steps per role.
+    pub optimizer_steps: BTreeMap<String, u64>,
+    /// Method state ([`crate::method::TrainingMethod::state`]).
+    pub method_state: serde_json::Value,
+}
+
+/// The `checkpoints/` folder of a run.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    root: PathBuf,
+    keep_last: usize,
+}
+
+/// A checkpoint being assembled in a temporary folder.
+#[derive(Debug)]
+pub struct PendingCheckpoint {
+    dir: PathBuf,
+    step: u64,
+}
+
+impl PendingCheckpoint {
+    /// The temporary folder (callbacks write their files here).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Write a file (fsynced).
+    pub fn write_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        fault::point("checkpoint-file");
+        write_synced(&self.dir.join(name), bytes)
+    }
+
+    /// Write tensors as a safetensors file (fsynced).
+    pub fn write_tensors(
+        &self,
+        name: &str,
+        tensors: &[(String, TensorData)],
+        metadata: Option<HashMap<String, String>>,
+    ) -> Result<(), CheckpointError> {
+        fault::point("checkpoint-file");
+        let p = self.dir.join(name);
+        write_safetensors(&p, tensors, metadata).map_err(|e| CheckpointError::io(&p, e))?;
+        fs::File::open(&p)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| CheckpointError::io(&p, e))
+    }
+}
+
+/// Folder name of the checkpoint after `step` completed steps.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+impl CheckpointStore {
+    /// The store under `<run_dir>/checkpoints`.
+    pub fn new(run_dir: &Path, keep_last: usize) -> Self {
+        Self {
+            root: run_dir.join("checkpoints"),
+            keep_last: keep_last.max(1),
+        }
+    }
+
+    /// The `checkpoints/` folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Start a checkpoint for `step` in a fresh temporary folder.
+    pub fn begin(&self, step: u64) -> Result<PendingCheckpoint, CheckpointError> {
+        fs::create_dir_all(&self.root).map_err(|e| CheckpointError::io(&self.root, e))?;
+        let dir = self.root.join(format!(".tmp-{}-{}", step_dir_name(step), std::process::id()));
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
+        }
+        fs::create_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
+        Ok(PendingCheckpoint { dir, step })
+    }
+
+    /// Finish a checkpoint: hash every file, write the manifest, rename the folder into place,
+    /// point `latest` at it, prune old checkpoints. Returns the final folder.
+    pub fn commit(&self, pending: PendingCheckpoint, config_fingerprint: &str) -> Result<PathBuf, CheckpointError> {
+        let mut files = BTreeMap::new();
+        collect_files(&pending.dir, &pending.dir, &mut files)?;
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            step: pending.step,
+            config_fingerprint: config_fingerprint.to_string(),
+            files,
+        };
+        let text = serde_json::to_string_pretty(&manifest).expect("manifest serializes");
+        fault::point("checkpoint-manifest");
+        write_synced(&pending.dir.join(MANIFEST), text.as_bytes())?;
+        sync_dir(&pending.dir);
+        let final_dir = self.root.join(step_dir_name(pending.step));
+        if final_dir.exists() {
+            // Re-saving a step (e.g. after a resume): move the old copy aside first.
+            let trash = self.root.join(format!(".old-{}-{}", step_dir_name(pending.step), std::process::id()));
+            fs::rename(&final_dir, &trash).map_err(|e| CheckpointError::io(&final_dir, e))?;
+            let _ = fs::remove_dir_all(&trash);
+        }
+        fault::point("checkpoint-rename");
+        fs::rename(&pending.dir, &final_dir).map_err(|e| CheckpointError::io(&final_dir, e))?;
+        sync_dir(&self.root);
+        let latest_tmp = self.root.join(format!(".latest.tmp{}", std::process::id()));
+        write_synced(&latest_tmp, step_dir_name(pending.step).as_bytes())?;
+        fs::rename(&latest_tmp, self.root.join("latest")).map_err(|e| CheckpointError::io(&self.root, e))?;
+        sync_dir(&self.root);
+        self.prune();
+        Ok(final_dir)
+    }
+
+    /// Completed checkpoints `(step, folder)`, newest first (not verified).
+    pub fn list(&self) -> Vec<(u64, PathBuf)> {
+        let mut out = vec![];
+        if let Ok(rd) = fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if let Some(n) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
+                    out.push((n, e.path()));
+                }
+            }
+        }
+        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out
+    }
+
+    fn prune(&self) {
+        // Remove leftovers of interrupted saves, then all but the newest `keep_last`.
+        if let Ok(rd) = fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with(".tmp-") || name.starts_with(".old-") {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        for (_, dir) in self.list().into_iter().skip(self.keep_last) {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+
+    /// Verify one checkpoint folder: manifest present, checksums match, same config.
+    pub fn verify(dir: &Path, config_fingerprint: &str) -> Result<Manifest, CheckpointError> {
+        let m = Manifest::read(dir)?;
+        m.verify(dir)?;
+        if m.config_fingerprint != config_fingerprint {
+            return Err(CheckpointError::ConfigMismatch { dir: dir.to_path_buf() });
+        }
+        Ok(m)
+    }
+
+    /// Resolve `--resume latest` (newest intact checkpoint, falling back past damaged ones)
+    /// or `--resume <dir>` (that folder, verified). Returns the folder, its manifest, and
+    /// warnings about checkpoints that were skipped.
+    pub fn resolve(&self, spec: &str, config_fingerprint: &str) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
+        if spec != "latest" {
+            let dir = PathBuf::from(spec);
+            let m = Self::verify(&dir, config_fingerprint)?;
+            return Ok((dir, m, vec![]));
+        }
+        let mut warnings = vec![];
+        let mut candidates = self.list();
+        // Prefer the folder `latest` names, then every other one newest first.
+        if let Ok(name) = fs::read_to_string(self.root.join("latest")) {
+            let p = self.root.join(name.trim());
+            if let Some(pos) = candidates.iter().position(|(_, d)| *d == p) {
+                let c = candidates.remove(pos);
+                candidates.insert(0, c);
+            }
+        }
+        for (_, dir) in candidates {
+            match Self::verify(&dir, config_fingerprint) {
+                Ok(m) => return Ok((dir, m, warnings)),
+                Err(e @ CheckpointError::ConfigMismatch { .. }) => return Err(e),
+                Err(e) => warnings.push(format!("skipping {e}; falling back to an older checkpoint")),
+            }
+        }
+        Err(CheckpointError::NoCheckpoint { dir: self.root.clone() })
+    }
+}
+
+fn collect_files(base: &Path, dir: &Path, out: &mut BTreeMap<String, FileEntry>) -> Result<(), CheckpointError> {
+    let rd = fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    for e in rd {
+        let e = e.map_err(|e| CheckpointError::io(dir, e))?;
+        let p = e.path();
+        if p.is_dir() {
+            collect_files(base, &p, out)?;
+        } else {
+            let rel = p.strip_prefix(base).expect("under base").to_string_lossy().replace('\\', "/");
+            out.insert(rel, sha256_file(&p)?);
+        }
+    }
+    Ok(())
+}
+
+/// Read a safetensors file of a checkpoint (as f32 tensors).
+pub fn read_tensors(dir: &Path, name: &str) -> Result<(BTreeMap<String, TensorData>, HashMap<String, String>), CheckpointError> {
+    let p = dir.join(name);
+    let (t, m) = read_safetensors(&p).map_err(|e| CheckpointError::Damaged {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    Ok((t, m.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn save(store: &CheckpointStore, step: u64, fp: &str) -> PathBuf {
+        let p = store.begin(step).unwrap();
+        p.write_bytes("state.json", format!("{{\"step\":{step}}}").as_bytes()).unwrap();
+        p.write_tensors("w.safetensors", &[("a".into(), TensorData::new(vec![step as f32; 4], [2, 2]))], None)
+            .unwrap();
+        store.commit(p, fp).unwrap()
+    }
+
+    #[test]
+    fn commit_resolve_prune_and_fallback() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 2);
+        save(&store, 1, "fp");
+        save(&store, 2, "fp");
+        let d3 = save(&store, 3, "fp");
+        assert_eq!(store.list().len(), 2, "keep_last = 2");
+        let (dir, m, warn) = store.resolve("latest", "fp").unwrap();
+        assert_eq!((dir.clone(), m.step, warn.len()), (d3.clone(), 3, 0));
+        // Bit-flip the newest weights: latest falls back to step 2 and says why.
+        let w = d3.join("w.safetensors");
+        let mut bytes = fs::read(&w).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        fs::write(&w, bytes).unwrap();
+        let (dir, m, warn) = store.resolve("latest", "fp").unwrap();
+        assert_eq!(m.step, 2);
+        assert!(dir.ends_with("step-00000002"));
+        assert!(warn[0].contains("checksum"), "{warn:?}");
+        // Explicit folder: the damage is an error.
+        let err = store.resolve(d3.to_str().unwrap(), "fp").unwrap_err();
+        assert!(err.to_string().contains("damaged"), "{err}");
+        // Another config.
+        let err = store.resolve("latest", "other").unwrap_err();
+        assert!(matches!(err, CheckpointError::ConfigMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn truncated_and_missing_manifest_are_detected() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 5);
+        let d1 = save(&store, 1, "fp");
+        let d2 = save(&store, 2, "fp");
+        fs::remove_file(d2.join(MANIFEST)).unwrap();
+        let (dir, _, warn) = store.resolve("latest", "fp").unwrap();
+        assert_eq!(dir, d1);
+        assert!(warn[0].contains("manifest"), "{warn:?}");
+        let w = d1.join("w.safetensors");
+        let len = fs::metadata(&w).unwrap().len();
+        fs::File::options().write(true).open(&w).unwrap().set_len(len - 3).unwrap();
+        let err = store.resolve("latest", "fp").unwrap_err();
+        assert!(matches!(err, CheckpointError::NoCheckpoint { .. }), "{err}");
+    }
+}

@@ -1,0 +1,153 @@
+//! Loading a run config: read TOML, apply `--set` overrides, deserialize with key paths,
+//! validate, and render the resolved config.
+
+use std::path::{Path, PathBuf};
+
+use super::{ConfigError, RunConfig};
+
+/// A parsed and validated run config with its origin.
+#[derive(Debug)]
+pub struct LoadedConfig {
+    /// The typed config.
+    pub config: RunConfig,
+    /// The file it came from.
+    pub path: PathBuf,
+    /// Folder relative paths resolve against (the config file's folder's parent when the file
+    /// lives in `configs/`, else the file's folder — see [`base_dir_for`]).
+    pub base_dir: PathBuf,
+    /// The config after overrides, as TOML (written into the run folder).
+    pub resolved_toml: String,
+}
+
+/// Relative paths in a config are resolved against the current working directory, the way
+/// users write them on the command line (`weights = "ckpt/..."`).
+pub fn base_dir_for(_config_path: &Path) -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+/// Parse a `--set key.path=value` override. The value is parsed as a TOML value (`3`, `1e-4`,
+/// `true`, `[1, 2]`, `"text"`), falling back to a bare string.
+pub fn parse_override(spec: &str) -> Result<(Vec<String>, toml::Value), ConfigError> {
+    let (key, raw) = spec.split_once('=').ok_or_else(|| {
+        ConfigError::new("--set", format!("expected `key.path=value`, got `{spec}`"))
+    })?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
+        return Err(ConfigError::new("--set", format!("bad key path `{key}` in `{spec}`")));
+    }
+    let raw = raw.trim();
+    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").expect("parsed table has key v"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    Ok((key.split('.').map(str::to_string).collect(), value))
+}
+
+/// Apply one override to a TOML tree, creating tables as needed. Numeric parts index arrays
+/// (`callbacks.0.decay`).
+pub fn apply_override(root: &mut toml::Value, path: &[String], value: toml::Value) -> Result<(), ConfigError> {
+    let full = path.join(".");
+    let mut cur = root;
+    for (i, part) in path.iter().enumerate() {
+        let last = i + 1 == path.len();
+        cur = match cur {
+            toml::Value::Table(t) => {
+                if last {
+                    t.insert(part.clone(), value);
+                    return Ok(());
+                }
+                t.entry(part.clone()).or_insert_with(|| toml::Value::Table(Default::default()))
+            }
+            toml::Value::Array(a) => {
+                let idx: usize = part.parse().map_err(|_| {
+                    ConfigError::new(full.clone(), format!("`{part}` must be an array index"))
+                })?;
+                let len = a.len();
+                let slot = a.get_mut(idx).ok_or_else(|| {
+                    ConfigError::new(full.clone(), format!("index {idx} out of range (array has {len} entries)"))
+                })?;
+                if last {
+                    *slot = value;
+                    return Ok(());
+                }
+                slot
+            }
+            _ => {
+                return Err(ConfigError::new(
+                    full.clone(),
+                    format!("cannot set below `{}`: it is not a table", path[..i].join(".")),
+                ))
+            }
+        };
+    }
+    Ok(())
+}
+
+/// Read, override, deserialize and validate a run config file.
+pub fn load_run_config(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("", format!("cannot read config: {e}")).in_file(path))?;
+    parse_run_config(&text, path, overrides)
+}
+
+/// Like [`load_run_config`] on TOML text (`path` is used for messages and relative paths).
+pub fn parse_run_config(text: &str, path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let mut root: toml::Value = toml::from_str::<toml::Table>(text)
+        .map(toml::Value::Table)
+        .map_err(|e| ConfigError::new("", format!("invalid TOML: {}", one_line(&e.to_string()))).in_file(path))?;
+    for spec in overrides {
+        let (keys, value) = parse_override(spec).map_err(|e| e.in_file(path))?;
+        apply_override(&mut root, &keys, value).map_err(|e| e.in_file(path))?;
+    }
+    let config: RunConfig = serde_path_to_error::deserialize(root.clone()).map_err(|e| {
+        let key = e.path().to_string();
+        let key = if key == "." { String::new() } else { key };
+        ConfigError::new(key, one_line(&e.into_inner().to_string())).in_file(path)
+    })?;
+    config.validate().map_err(|e| e.in_file(path))?;
+    let resolved_toml = toml::to_string_pretty(&root).unwrap_or_else(|_| text.to_string());
+    Ok(LoadedConfig {
+        config,
+        path: path.to_path_buf(),
+        base_dir: base_dir_for(path),
+        resolved_toml,
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_parses_types_and_creates_tables() {
+        let mut root = toml::Value::Table(Default::default());
+        for spec in ["a.b=3", "a.c=1e-4", "a.d=true", "a.e=[1, 2]", "a.f=hello", "a.g=\"q\""] {
+            let (k, v) = parse_override(spec).unwrap();
+            apply_override(&mut root, &k, v).unwrap();
+        }
+        let a = root.get("a").unwrap();
+        assert_eq!(a.get("b").unwrap().as_integer(), Some(3));
+        assert_eq!(a.get("c").unwrap().as_float(), Some(1e-4));
+        assert_eq!(a.get("d").unwrap().as_bool(), Some(true));
+        assert_eq!(a.get("e").unwrap().as_array().unwrap().len(), 2);
+        assert_eq!(a.get("f").unwrap().as_str(), Some("hello"));
+        assert_eq!(a.get("g").unwrap().as_str(), Some("q"));
+    }
+
+    #[test]
+    fn override_indexes_arrays_and_rejects_bad_paths() {
+        let mut root: toml::Value = toml::from_str::<toml::Table>("[[cb]]\nx = 1\n").map(toml::Value::Table).unwrap();
+        let (k, v) = parse_override("cb.0.x=5").unwrap();
+        apply_override(&mut root, &k, v).unwrap();
+        assert_eq!(root["cb"][0]["x"].as_integer(), Some(5));
+        let (k, v) = parse_override("cb.3.x=5").unwrap();
+        let err = apply_override(&mut root, &k, v).unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
+        assert!(parse_override("novalue").is_err());
+        assert!(parse_override("a..b=1").is_err());
+    }
+}

@@ -1,0 +1,7 @@
+//! Run configuration: TOML parsing, validation, overrides.
+mod error;
+mod load;
+mod run;
+pub use error::*;
+pub use load::*;
+pub use run::*;

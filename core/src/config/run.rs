@@ -1,0 +1,224 @@
+//! The typed run configuration: one TOML file, every table `deny_unknown_fields`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendName;
+use crate::callback::CallbackConfig;
+use crate::config::{check, ConfigError};
+use crate::data::DataConfig;
+use crate::method::MethodConfig;
+use crate::optim::OptimizerConfig;
+use crate::registry::{self, PluginKind};
+use crate::role::RoleConfig;
+
+/// Compute precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// float32 everywhere.
+    #[default]
+    F32,
+    /// bfloat16 compute with float32 master weights (CUDA only).
+    Bf16,
+}
+
+/// `[runtime]`: where and how the run executes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Backend name: `cpu` or `cuda`.
+    #[serde(default)]
+    pub backend: BackendName,
+    /// Device index (CUDA).
+    #[serde(default)]
+    pub device: usize,
+    /// Compute precision.
+    #[serde(default)]
+    pub dtype: Precision,
+    /// Run seed: every random draw derives from it.
+    #[serde(default)]
+    pub seed: u64,
+    /// Output folder (checkpoints, logs, samples). Default `runs/<config file stem>`.
+    #[serde(default)]
+    pub output_dir: Option<PathBuf>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            backend: BackendName::Cpu,
+            device: 0,
+            dtype: Precision::F32,
+            seed: 0,
+            output_dir: None,
+        }
+    }
+}
+
+/// What to do when a loss or gradient is NaN/inf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum NonFinitePolicy {
+    /// Drop that step's update, log it, continue.
+    Skip,
+    /// Write a checkpoint of the last good state and exit with an error.
+    #[default]
+    Stop,
+}
+
+/// What to do when writing a checkpoint fails (disk full, unwritable folder).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SaveErrorPolicy {
+    /// Stop training with the error (the previous checkpoint stays intact).
+    #[default]
+    Stop,
+    /// Log the error and keep training.
+    Continue,
+}
+
+/// `[training]`: the loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingConfig {
+    /// Optimizer steps to run.
+    pub max_steps: u64,
+    /// Micro-batches per optimizer step; gradients are averaged.
+    #[serde(default = "one")]
+    pub grad_accumulation: usize,
+    /// Clip each role's gradients by their global L2 norm.
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    /// Write a checkpoint every N steps (and always at the end).
+    #[serde(default)]
+    pub checkpoint_every: Option<u64>,
+    /// Keep the newest N checkpoints.
+    #[serde(default = "three")]
+    pub keep_last: usize,
+    /// NaN/inf policy.
+    #[serde(default)]
+    pub non_finite: NonFinitePolicy,
+    /// Checkpoint-write failure policy.
+    #[serde(default)]
+    pub on_save_error: SaveErrorPolicy,
+}
+
+fn one() -> usize {
+    1
+}
+fn three() -> usize {
+    3
+}
+
+impl TrainingConfig {
+    /// Check ranges; keys relative to `[training]`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_steps == 0 {
+            return Err(ConfigError::new("max_steps", "expected an integer >= 1, got 0"));
+        }
+        check::positive_usize("grad_accumulation", self.grad_accumulation)?;
+        if let Some(n) = self.max_grad_norm {
+            check::positive_f64("max_grad_norm", n)?;
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err(ConfigError::new("checkpoint_every", "expected an integer >= 1, got 0"));
+        }
+        check::positive_usize("keep_last", self.keep_last)?;
+        Ok(())
+    }
+}
+
+/// A whole run: `reel train <file.toml>`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// `[runtime]`.
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+    /// `[models.<role>]` tables.
+    #[serde(default)]
+    pub models: BTreeMap<String, RoleConfig>,
+    /// `[method]`.
+    pub method: Box<dyn MethodConfig>,
+    /// `[data]`.
+    pub data: Box<dyn DataConfig>,
+    /// `[optimizer]`: defaults for every trainable role.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// `[training]`.
+    pub training: TrainingConfig,
+    /// `[[callbacks]]`, run in order.
+    #[serde(default)]
+    pub callbacks: Vec<Box<dyn CallbackConfig>>,
+}
+
+impl RunConfig {
+    /// Check everything that can be checked without loading weights or data: ranges, backend,
+    /// registered architectures, the method's roles, adapters, callbacks.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.runtime.backend.check_compiled()?;
+        self.training.validate().map_err(|e| e.in_section("training"))?;
+        self.optimizer.validate().map_err(|e| e.in_section("optimizer"))?;
+        self.method.validate().map_err(|e| e.in_section("method"))?;
+        self.data.validate().map_err(|e| e.in_section("data"))?;
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            cb.validate().map_err(|e| e.in_section(&format!("callbacks[{i}]")))?;
+        }
+        let required = self.method.roles();
+        for req in &required {
+            match self.models.get(req.name) {
+                None if !req.optional => {
+                    let names: Vec<_> = required.iter().map(|r| r.name).collect();
+                    return Err(ConfigError::new(
+                        format!("models.{}", req.name),
+                        format!("missing role: this method needs the roles {names:?}"),
+                    ));
+                }
+                Some(role) => match req.trainable {
+                    Some(true) if !role.trainable => {
+                        return Err(ConfigError::new(
+                            format!("models.{}.trainable", req.name),
+                            "this method trains this role: expected `trainable = true`",
+                        ))
+                    }
+                    Some(false) if role.trainable => {
+                        return Err(ConfigError::new(
+                            format!("models.{}.trainable", req.name),
+                            "this method keeps this role frozen: expected `trainable = false`",
+                        ))
+                    }
+                    _ => {}
+                },
+                None => {}
+            }
+        }
+        for (name, role) in &self.models {
+            let section = format!("models.{name}");
+            if !required.iter().any(|r| r.name == name) {
+                let names: Vec<_> = required.iter().map(|r| r.name).collect();
+                return Err(ConfigError::new(
+                    section,
+                    format!("unexpected role: this method uses only {names:?}"),
+                ));
+            }
+            if !registry::is_registered(PluginKind::Model, &role.arch) {
+                return Err(ConfigError::new(
+                    format!("{section}.arch"),
+                    format!(
+                        "unknown architecture `{}`, expected one of {:?}",
+                        role.arch,
+                        registry::names(PluginKind::Model)
+                    ),
+                ));
+            }
+            role.validate().map_err(|e| e.in_section(&section))?;
+            if let Some(check) = registry::model_check(&role.arch) {
+                check(role).map_err(|e| e.in_section(&section))?;
+            }
+        }
+        Ok(())
+    }
+}

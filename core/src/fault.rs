@@ -1,0 +1,33 @@
+//! Deterministic fault injection for crash tests.
+//!
+//! Set `REEL_FAULT=<point>:<n>` to kill the process (abort, no cleanup, like SIGKILL) the
+//! `n`-th time execution reaches the named point (1-based). Points: `checkpoint-file` (before
+//! each checkpoint file is written), `checkpoint-manifest`, `checkpoint-rename`, `step-end`.
+//! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+static SPEC: OnceLock<Option<(String, u64)>> = OnceLock::new();
+static HITS: AtomicU64 = AtomicU64::new(0);
+
+fn spec() -> &'static Option<(String, u64)> {
+    SPEC.get_or_init(|| {
+        let v = std::env::var("REEL_FAULT").ok()?;
+        let (name, n) = v.rsplit_once(':')?;
+        Some((name.to_string(), n.parse().ok()?))
+    })
+}
+
+/// Mark a fault point; aborts the process when `REEL_FAULT` selects this hit.
+pub fn point(name: &str) {
+    if let Some((target, n)) = spec() {
+        if target == name {
+            let hit = HITS.fetch_add(1, Ordering::SeqCst) + 1;
+            if hit == *n {
+                eprintln!("REEL_FAULT: killing the process at `{name}` hit {hit}");
+                std::process::abort();
+            }
+        }
+    }
+}

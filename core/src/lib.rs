@@ -1,0 +1,24 @@
+//! Reel core: the training-method plugin interface, role models, callbacks, the plugin
+//! registry, run configs, the step-based trainer loop, optimizers and checkpoints.
+//!
+//! Dependencies flow one way: `reel-core` ← `reel-models` ← `reel-methods`, `reel-plugins`
+//! ← the `reel` binary.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod callback;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod fault;
+pub mod flow;
+pub mod io;
+pub mod method;
+pub mod optim;
+pub mod params;
+pub mod registry;
+pub mod rng;
+pub mod role;
+pub mod trainer;
+
+pub use inventory;

@@ -1,0 +1,233 @@
+//! The training-method plugin interface.
+//!
+//! A method owns a training algorithm and its role models. The trainer calls
+//! [`TrainingMethod::micro_step`] once per micro-batch of a step: the method runs forward and
+//! backward and accumulates gradients into the roles that update at this step (its cadence).
+//! The trainer then reads all losses and gradient norms in one host sync, applies the
+//! non-finite policy and clipping, and steps each role's optimizer.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{backend::AutodiffBackend, backend::Backend, Bool, Tensor};
+
+use crate::backend::BuildMethodAll;
+use crate::config::{ConfigError, TrainingConfig};
+use crate::data::{DataError, DataSpec, Prompt, TextCondition};
+use crate::optim::{OptimizerConfig, OptimizerPatch};
+use crate::rng::RunRng;
+use crate::role::{RoleConfig, RoleHandle, RoleRequirement, RoleStateError};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Errors raised while building or running a method.
+#[derive(Debug, thiserror::Error)]
+pub enum MethodError {
+    /// A configuration problem found while building.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Loading or initialising a role model failed.
+    #[error("role `{role}`: {message}")]
+    Model {
+        /// Role name.
+        role: String,
+        /// What went wrong (names the file/key).
+        message: String,
+    },
+    /// Restoring role state failed.
+    #[error(transparent)]
+    RoleState(#[from] RoleStateError),
+    /// Data problem.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The method cannot do what was asked (e.g. sampling).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// One micro-batch on the device.
+#[derive(Debug, Clone)]
+pub struct Batch<B: Backend> {
+    /// Clean latents `x0` `[B, C, F, H, W]`.
+    pub latents: Tensor<B, 5>,
+    /// Text embeddings `[B, L, D]`.
+    pub text: Tensor<B, 3>,
+    /// Valid-token mask `[B, L]`.
+    pub text_mask: Tensor<B, 2, Bool>,
+    /// Unconditional (negative / empty) text embedding `[1, L, D]`.
+    pub negative_text: Tensor<B, 3>,
+    /// Global sample indices (stable across resume), one per sample.
+    pub indices: Vec<usize>,
+    /// Captions, one per sample (may be empty strings).
+    pub captions: Vec<String>,
+}
+
+/// Per-micro-batch context handed to [`TrainingMethod::micro_step`].
+#[derive(Debug, Clone)]
+pub struct StepContext {
+    /// Global step being computed (0-based).
+    pub step: u64,
+    /// Micro-batch index within the step.
+    pub micro: usize,
+    /// Micro-batches per step (gradient accumulation).
+    pub num_micro: usize,
+    /// Total steps of the run.
+    pub max_steps: u64,
+    /// The run's generators: draw with `rng.stream(step, micro, "<purpose>")`.
+    pub rng: RunRng,
+}
+
+impl StepContext {
+    /// The factor each micro-batch's gradients are scaled by so that accumulation averages.
+    pub fn grad_scale(&self) -> f64 {
+        1.0 / self.num_micro as f64
+    }
+}
+
+/// Losses and metrics of one micro-batch, as device scalars (read once per step).
+#[derive(Debug, Clone)]
+pub struct StepOutput<B: AutodiffBackend> {
+    /// Named scalar losses (`loss`, `generator_loss`, `critic_loss`...), 1-element tensors.
+    pub losses: Vec<(String, Tensor<Inner<B>, 1>)>,
+}
+
+impl<B: AutodiffBackend> Default for StepOutput<B> {
+    fn default() -> Self {
+        Self { losses: Vec::new() }
+    }
+}
+
+impl<B: AutodiffBackend> StepOutput<B> {
+    /// Add a named scalar loss (detached from the graph).
+    pub fn with_loss(mut self, name: &str, value: Tensor<B, 1>) -> Self {
+        self.losses.push((name.to_string(), value.inner()));
+        self
+    }
+}
+
+/// A sampling request (validation, `reel sample`, `reel eval`).
+#[derive(Debug, Clone)]
+pub struct SampleRequest {
+    /// Prompts to generate, one clip each.
+    pub prompts: Vec<Prompt>,
+    /// Unconditional text for classifier-free guidance (zeros when `None`).
+    pub negative: Option<TextCondition>,
+    /// Number of sampling steps (method default when `None`).
+    pub steps: Option<usize>,
+    /// Guidance scale (method default when `None`; 1 disables CFG).
+    pub guidance: Option<f64>,
+    /// Seed of the initial noise; prompt `i` uses a stream derived from `(seed, i)`.
+    pub seed: u64,
+    /// Latent shape of the clips.
+    pub spec: DataSpec,
+}
+
+/// A runtime training method for backend `B`.
+pub trait TrainingMethod<B: AutodiffBackend>: Send {
+    /// Forward and backward on one micro-batch; accumulate gradients (scaled by
+    /// `ctx.grad_scale()`) into the roles that update at `ctx.step`.
+    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError>;
+
+    /// The trainable roles (for optimizer steps, checkpoints and callbacks).
+    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>>;
+
+    /// The trainable roles, read-only.
+    fn roles(&self) -> Vec<&dyn RoleHandle<B>>;
+
+    /// The role validation and sampling use (usually `student`).
+    fn sampling_role(&self) -> &str {
+        "student"
+    }
+
+    /// Generate one latent clip `[C, F, H, W]` (row-major) per prompt with the current weights.
+    fn sample(&mut self, request: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
+        let _ = request;
+        Err(MethodError::Unsupported("this method cannot sample".into()))
+    }
+
+    /// Extra method state for checkpoints (counters etc.); `Null` when stateless.
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Restore [`TrainingMethod::state`].
+    fn load_state(&mut self, state: &serde_json::Value) -> Result<(), MethodError> {
+        let _ = state;
+        Ok(())
+    }
+}
+
+/// Everything a method needs to build itself.
+#[derive(Debug)]
+pub struct BuildContext<'a, B: Backend> {
+    /// Device to build on.
+    pub device: B::Device,
+    /// Role tables from the config.
+    pub roles: &'a BTreeMap<String, RoleConfig>,
+    /// The global `[optimizer]` settings.
+    pub optimizer: &'a OptimizerConfig,
+    /// The `[training]` settings.
+    pub training: &'a TrainingConfig,
+    /// Shapes of the data.
+    pub data_spec: DataSpec,
+    /// Folder relative paths in the config are resolved against.
+    pub base_dir: &'a Path,
+    /// Run seed.
+    pub seed: u64,
+}
+
+impl<B: Backend> BuildContext<'_, B> {
+    /// The table of role `name` (presence was checked during validation).
+    pub fn role(&self, name: &str) -> Result<&RoleConfig, MethodError> {
+        self.roles.get(name).ok_or_else(|| {
+            MethodError::Config(ConfigError::new(format!("models.{name}"), "missing role table"))
+        })
+    }
+
+    /// The optimizer of role `name`: `[optimizer]`, then the method's patch, then the role's.
+    pub fn role_optimizer(&self, name: &str, method_patch: Option<&OptimizerPatch>) -> OptimizerConfig {
+        let mut cfg = self.optimizer.clone();
+        if let Some(p) = method_patch {
+            cfg = p.apply(&cfg);
+        }
+        if let Some(p) = self.roles.get(name).and_then(|r| r.optimizer.as_ref()) {
+            cfg = p.apply(&cfg);
+        }
+        cfg
+    }
+
+    /// Clipping threshold of role `name` (role override, else `training.max_grad_norm`).
+    pub fn role_max_grad_norm(&self, name: &str) -> Option<f64> {
+        self.roles
+            .get(name)
+            .and_then(|r| r.max_grad_norm)
+            .or(self.training.max_grad_norm)
+    }
+
+    /// Resolve a path from the config against the config's folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+}
+
+/// Build a runtime method for backend `B`. Implement it generically
+/// (`impl<B: AutodiffBackend> BuildMethod<B> for MyConfig`) and every compiled backend is
+/// covered.
+pub trait BuildMethod<B: AutodiffBackend> {
+    /// Build the method (loads its role models).
+    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError>;
+}
+
+/// Serializable method configuration (`[method] kind = "..."`).
+#[typetag::serde(tag = "kind")]
+pub trait MethodConfig: BuildMethodAll + Debug + Send + Sync {
+    /// Check values; keys are relative to `[method]`.
+    fn validate(&self) -> Result<(), ConfigError>;
+    /// The roles this method needs.
+    fn roles(&self) -> Vec<RoleRequirement>;
+}

@@ -1,0 +1,129 @@
+//! Role configuration: `[models.<role>]` tables.
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{check, ConfigError};
+use crate::optim::OptimizerPatch;
+
+/// Serializable configuration of a model adapter (`[models.<role>.adapter] kind = "lora"`).
+#[typetag::serde(tag = "kind")]
+pub trait AdapterConfig: Debug + Send + Sync {
+    /// Check values; keys relative to the adapter table.
+    fn validate(&self) -> Result<(), ConfigError>;
+    /// Downcast support for the model crates that apply adapters.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// One role model (`[models.student]`, `[models.teacher]`, ...).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleConfig {
+    /// Registered model architecture (`reel list` shows them), e.g. `"wan"`.
+    pub arch: String,
+    /// Named preset of the architecture (e.g. `"wan2.1-t2v-1.3b"`).
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Path to an architecture config file (diffusers `config.json`) instead of a preset.
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// Weights to load: a diffusers `transformer/` folder or a `.safetensors` file. Without it,
+    /// the model is initialised from `init_seed`.
+    #[serde(default)]
+    pub weights: Option<PathBuf>,
+    /// Seed for random initialisation when no `weights` are given.
+    #[serde(default)]
+    pub init_seed: Option<u64>,
+    /// Whether the role is trained.
+    #[serde(default)]
+    pub trainable: bool,
+    /// Optional adapter (e.g. LoRA); only the adapter weights are then trained.
+    #[serde(default)]
+    pub adapter: Option<Box<dyn AdapterConfig>>,
+    /// Optimizer settings overriding `[optimizer]` for this role.
+    #[serde(default)]
+    pub optimizer: Option<OptimizerPatch>,
+    /// Gradient clipping by global L2 norm for this role (overrides `training.max_grad_norm`).
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    /// Recompute each transformer block in the backward pass (less memory, more compute).
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
+}
+
+impl RoleConfig {
+    /// Check values that do not depend on the architecture; keys relative to the role table.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.preset.is_some() && self.config.is_some() {
+            return Err(ConfigError::new(
+                "config",
+                "give either `preset` or `config`, not both",
+            ));
+        }
+        if self.preset.is_none() && self.config.is_none() {
+            return Err(ConfigError::new(
+                "preset",
+                "missing: give `preset = \"<name>\"` or `config = \"path/to/config.json\"`",
+            ));
+        }
+        if let Some(a) = &self.adapter {
+            if !self.trainable {
+                return Err(ConfigError::new(
+                    "adapter",
+                    "an adapter is only allowed on a trainable role (set `trainable = true`)",
+                ));
+            }
+            a.validate().map_err(|e| e.in_section("adapter"))?;
+        }
+        if !self.trainable {
+            if self.optimizer.is_some() {
+                return Err(ConfigError::new(
+                    "optimizer",
+                    "an optimizer is only allowed on a trainable role",
+                ));
+            }
+            if self.gradient_checkpointing {
+                return Err(ConfigError::new(
+                    "gradient_checkpointing",
+                    "only meaningful on a trainable role",
+                ));
+            }
+        }
+        if let Some(n) = self.max_grad_norm {
+            check::positive_f64("max_grad_norm", n)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a method requires of its roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleRequirement {
+    /// Role name (`student`, `teacher`, ...).
+    pub name: &'static str,
+    /// `Some(true)`: must be trainable; `Some(false)`: must be frozen; `None`: either.
+    pub trainable: Option<bool>,
+    /// Whether the role may be omitted.
+    pub optional: bool,
+}
+
+impl RoleRequirement {
+    /// A required trainable role.
+    pub const fn trainable(name: &'static str) -> Self {
+        Self {
+            name,
+            trainable: Some(true),
+            optional: false,
+        }
+    }
+    /// A required frozen role.
+    pub const fn frozen(name: &'static str) -> Self {
+        Self {
+            name,
+            trainable: Some(false),
+            optional: false,
+        }
+    }
+}

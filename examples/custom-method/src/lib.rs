@@ -1,0 +1,215 @@
+//! A complete third-party Reel plugin crate: a toy model, a toy data source and a toy
+//! two-role training method, each registered with one typetag impl plus one registration
+//! line and selected from TOML by name.
+//!
+//! The integration tests use it to exercise the trainer loop (cadence, two optimizers,
+//! accumulation, clipping, resume) without a video model. It is not linked into `reel`.
+
+use burn::module::{Module, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use reel_core::config::ConfigError;
+use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Sample, TextCondition};
+use reel_core::method::{
+    Batch, BuildContext, BuildMethod, MethodConfig, MethodError, StepContext, StepOutput, TrainingMethod,
+};
+use reel_core::role::{RoleConfig, RoleHandle, RoleRequirement, TrainableRole};
+use reel_core::rng::StreamRng;
+
+// ---------------------------------------------------------------------------------------
+// Model: a linear map from the flattened latent to `out` features.
+
+/// A linear model `y = x·Wᵀ + b` with `weight` `[out, in]`.
+#[derive(Module, Debug)]
+pub struct ToyModel<B: Backend> {
+    /// `[out, in]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[out]`.
+    pub bias: Param<Tensor<B, 1>>,
+}
+
+impl<B: Backend> ToyModel<B> {
+    /// Deterministic init from `seed`.
+    pub fn new(inputs: usize, outputs: usize, seed: u64, device: &B::Device) -> Self {
+        let mut rng = StreamRng::from_seed(seed);
+        let w: Vec<f32> = rng.normal_vec(inputs * outputs).iter().map(|v| v / (inputs as f32).sqrt()).collect();
+        Self {
+            weight: Param::from_tensor(Tensor::from_data(TensorData::new(w, [outputs, inputs]), device)),
+            bias: Param::from_tensor(Tensor::zeros([outputs], device)),
+        }
+    }
+
+    /// `x` `[B, in]` → `[B, out]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let out = self.bias.dims()[0];
+        x.matmul(self.weight.val().transpose()).add(self.bias.val().reshape([1, out]))
+    }
+}
+
+fn check_toy_role(role: &RoleConfig) -> Result<(), ConfigError> {
+    match role.preset.as_deref() {
+        Some("tiny") | None => Ok(()),
+        Some(other) => Err(ConfigError::new("preset", format!("unknown toy preset `{other}`, expected one of [\"tiny\"]"))),
+    }
+}
+reel_core::register_model!("toy", "Toy linear model (example crate)", check_toy_role);
+
+// ---------------------------------------------------------------------------------------
+// Data: random latents with a text embedding.
+
+/// `[data] kind = "toy"`: `num_samples` random samples of shape `[1, 1, 2, 2]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToyDataConfig {
+    /// Samples per micro-batch.
+    pub batch_size: usize,
+    /// Number of samples.
+    #[serde(default = "default_samples")]
+    pub num_samples: usize,
+}
+fn default_samples() -> usize {
+    16
+}
+
+#[derive(Debug)]
+struct ToyData(usize);
+
+impl DataSource for ToyData {
+    fn spec(&self) -> DataSpec {
+        DataSpec { channels: 1, frames: 1, height: 2, width: 2, text_len: 1, text_dim: 2 }
+    }
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, index: usize) -> Result<Sample, DataError> {
+        let mut r = StreamRng::from_seed(1000 + index as u64);
+        Ok(Sample {
+            latents: r.normal_vec(4),
+            text: TextCondition { embedding: r.normal_vec(2), mask: vec![true] },
+            caption: format!("toy {index}"),
+        })
+    }
+}
+
+#[typetag::serde(name = "toy")]
+impl DataConfig for ToyDataConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        reel_core::config::check::positive_usize("batch_size", self.batch_size)?;
+        reel_core::config::check::positive_usize("num_samples", self.num_samples)
+    }
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+    fn build(&self, _base: &std::path::Path) -> Result<Box<dyn DataSource>, DataError> {
+        Ok(Box::new(ToyData(self.num_samples)))
+    }
+}
+reel_core::register_plugin!(Data, "toy", "Random toy samples (example crate)");
+
+// ---------------------------------------------------------------------------------------
+// Method: the student regresses a fixed linear target of the latents (plus per-sample noise
+// from the run's generators); the critic regresses the student's detached output. The critic
+// updates every step, the student every `student_interval` steps.
+
+/// `[method] kind = "toy"`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToyMethodConfig {
+    /// The student updates on steps where `step % student_interval == 0`.
+    #[serde(default = "one")]
+    pub student_interval: u64,
+    /// Standard deviation of the target noise.
+    #[serde(default)]
+    pub noise: f64,
+    /// Scale of the targets (large values make large gradients, for clipping tests).
+    #[serde(default = "one_f")]
+    pub target_scale: f64,
+}
+fn one() -> u64 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+
+/// The runtime toy method.
+pub struct ToyMethod<B: AutodiffBackend> {
+    cfg: ToyMethodConfig,
+    student: TrainableRole<B, ToyModel<B>>,
+    critic: TrainableRole<B, ToyModel<B>>,
+    device: B::Device,
+}
+
+const OUT: usize = 3;
+
+impl<B: AutodiffBackend> BuildMethod<B> for ToyMethodConfig {
+    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+        let n = ctx.data_spec.latent_numel();
+        let s = ctx.role("student")?;
+        let c = ctx.role("critic")?;
+        let student = ToyModel::new(n, OUT, s.init_seed.unwrap_or(1), &ctx.device);
+        let critic = ToyModel::new(OUT, OUT, c.init_seed.unwrap_or(2), &ctx.device);
+        let max = ctx.training.max_steps;
+        Ok(Box::new(ToyMethod {
+            cfg: self.clone(),
+            student: TrainableRole::new("student", student, ctx.role_optimizer("student", None), ctx.role_max_grad_norm("student"), max),
+            critic: TrainableRole::new("critic", critic, ctx.role_optimizer("critic", None), ctx.role_max_grad_norm("critic"), max),
+            device: ctx.device.clone(),
+        }))
+    }
+}
+
+#[typetag::serde(name = "toy")]
+impl MethodConfig for ToyMethodConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.student_interval == 0 {
+            return Err(ConfigError::new("student_interval", "expected an integer >= 1, got 0"));
+        }
+        Ok(())
+    }
+    fn roles(&self) -> Vec<RoleRequirement> {
+        vec![RoleRequirement::trainable("student"), RoleRequirement::trainable("critic")]
+    }
+}
+reel_core::register_plugin!(Method, "toy", "Toy two-role regression (example crate)");
+
+impl<B: AutodiffBackend> TrainingMethod<B> for ToyMethod<B> {
+    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError> {
+        let [b, c, f, h, w] = batch.latents.dims();
+        let x = batch.latents.clone().reshape([b, c * f * h * w]);
+        // Fixed target map plus per-sample noise (keyed by sample index, so accumulation
+        // over micro-batches equals one big batch).
+        let target_map = ToyModel::<B>::new(c * f * h * w, OUT, 99, &self.device);
+        let mut noise = Vec::with_capacity(b * OUT);
+        for &i in &batch.indices {
+            let mut r = ctx.rng.stream(ctx.step, i as u64, "toy-noise");
+            noise.extend(r.normal_vec(OUT).into_iter().map(|v| v * self.cfg.noise as f32));
+        }
+        let noise = Tensor::<B, 2>::from_data(TensorData::new(noise, [b, OUT]), &self.device);
+        let target = target_map.forward(x.clone()).detach().mul_scalar(self.cfg.target_scale).add(noise);
+        let mut out = StepOutput::default();
+        let pred = self.student.model().forward(x);
+        let student_due = ctx.step % self.cfg.student_interval == 0;
+        if student_due {
+            let loss = pred.clone().sub(target).square().mean();
+            let grads = loss.backward();
+            self.student.accumulate(&grads, ctx.grad_scale());
+            out = out.with_loss("student_loss", loss);
+        }
+        let critic_pred = self.critic.model().forward(pred.detach());
+        let critic_loss = critic_pred.sub(batch.latents.clone().reshape([b, c * f * h * w]).narrow(1, 0, OUT)).square().mean();
+        let grads = critic_loss.backward();
+        self.critic.accumulate(&grads, ctx.grad_scale());
+        Ok(out.with_loss("critic_loss", critic_loss))
+    }
+
+    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
+        vec![&mut self.student, &mut self.critic]
+    }
+
+    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
+        vec![&self.student, &self.critic]
+    }
+}

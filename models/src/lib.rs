@@ -1,0 +1,10 @@
+//! Reel models: the Wan video diffusion transformer in the diffusers layout (module paths
+//! equal checkpoint keys), its presets and its weight I/O.
+#![warn(missing_docs)]
+
+pub mod wan;
+
+pub use wan::{WanConfig, WanModel};
+
+/// Architecture name under which the Wan model is registered (`arch = "wan"` in run configs).
+pub const ARCH_NAME: &str = "wan";

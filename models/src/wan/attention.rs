@@ -1,0 +1,142 @@
+//! Attention: the scaled-dot-product kernel (one function, to be swapped for a
+//! memory-efficient version later) and the Wan attention module (`attn1` / `attn2`).
+
+use burn::module::Module;
+use burn::tensor::{activation, backend::Backend, Tensor};
+
+use super::init::{join, ParamInit};
+use super::linear::Linear;
+use super::norm::RmsNorm;
+use super::rope::RopeTables;
+
+/// Scaled dot-product attention `softmax(Q K^T / sqrt(D)) V`, no mask, no dropout.
+///
+/// `q [B, H, Sq, D]`, `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` -> `[B, H, Sq, Dv]`.
+///
+/// This is the plain formulation (it materializes the `[B, H, Sq, Sk]` score matrix, also in
+/// the backward pass); every attention in the model goes through this function so that a
+/// chunked / fused memory-efficient kernel can replace it in one place.
+pub fn scaled_dot_product_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let d = q.dims()[3];
+    let scale = 1.0 / (d as f64).sqrt();
+    let scores = q.matmul(k.swap_dims(2, 3)) * scale;
+    activation::softmax(scores, 3).matmul(v)
+}
+
+/// diffusers `WanAttention` (text-to-video): q/k/v projections, RMSNorm of the full q and k
+/// across all heads, optional RoPE on q and k, attention, output projection.
+#[derive(Module, Debug)]
+pub struct WanAttention<B: Backend> {
+    /// Query projection `dim -> dim`.
+    pub to_q: Linear<B>,
+    /// Key projection `dim -> dim`.
+    pub to_k: Linear<B>,
+    /// Value projection `dim -> dim`.
+    pub to_v: Linear<B>,
+    /// Output projection; a one-element list so its keys are `to_out.0.*` as in diffusers
+    /// (where `to_out = [Linear, Dropout]`).
+    pub to_out: Vec<Linear<B>>,
+    /// RMSNorm of the projected queries over all heads (`dim` wide).
+    pub norm_q: RmsNorm<B>,
+    /// RMSNorm of the projected keys over all heads (`dim` wide).
+    pub norm_k: RmsNorm<B>,
+    /// Number of heads.
+    pub heads: usize,
+}
+
+impl<B: Backend> WanAttention<B> {
+    /// Parameters at `path` for a `heads x head_dim` attention with norm epsilon `eps`.
+    pub fn init(init: &ParamInit<B>, path: &str, heads: usize, head_dim: usize, eps: f64) -> Self {
+        let dim = heads * head_dim;
+        Self {
+            to_q: Linear::init(init, &join(path, "to_q"), dim, dim, true),
+            to_k: Linear::init(init, &join(path, "to_k"), dim, dim, true),
+            to_v: Linear::init(init, &join(path, "to_v"), dim, dim, true),
+            to_out: vec![Linear::init(init, &join(path, "to_out.0"), dim, dim, true)],
+            norm_q: RmsNorm::init(init, &join(path, "norm_q"), dim, eps),
+            norm_k: RmsNorm::init(init, &join(path, "norm_k"), dim, eps),
+            heads,
+        }
+    }
+
+    /// Self-attention when `context` is `None`, cross-attention otherwise.
+    ///
+    /// `x [B, S, dim]`, `context [B, L, dim]`, `rope` tables for the `S` tokens (applied to q
+    /// and k) -> `[B, S, dim]`.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        context: Option<Tensor<B, 3>>,
+        rope: Option<&RopeTables<B>>,
+    ) -> Tensor<B, 3> {
+        let [b, s, dim] = x.dims();
+        let h = self.heads;
+        let hd = dim / h;
+        let kv = context.unwrap_or_else(|| x.clone());
+        let l = kv.dims()[1];
+        let q = self.norm_q.forward(self.to_q.forward(x));
+        let k = self.norm_k.forward(self.to_k.forward(kv.clone()));
+        let v = self.to_v.forward(kv);
+        let mut q = q.reshape([b, s, h, hd]);
+        let mut k = k.reshape([b, l, h, hd]);
+        let v = v.reshape([b, l, h, hd]);
+        if let Some(rope) = rope {
+            q = rope.apply(q);
+            k = rope.apply(k);
+        }
+        let o =
+            scaled_dot_product_attention(q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
+        let o = o.swap_dims(1, 2).reshape([b, s, dim]);
+        self.to_out[0].forward(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    type B = burn::backend::Flex;
+
+    #[test]
+    fn sdpa_matches_naive_loop() {
+        let dev = Default::default();
+        let q = Tensor::<B, 4>::random([1, 2, 3, 4], Distribution::Normal(0.0, 1.0), &dev);
+        let k = Tensor::<B, 4>::random([1, 2, 5, 4], Distribution::Normal(0.0, 1.0), &dev);
+        let v = Tensor::<B, 4>::random([1, 2, 5, 3], Distribution::Normal(0.0, 1.0), &dev);
+        let o = scaled_dot_product_attention(q.clone(), k.clone(), v.clone());
+        assert_eq!(o.dims(), [1, 2, 3, 3]);
+        let (q, k, v, o): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) = (
+            q.into_data().to_vec().unwrap(),
+            k.into_data().to_vec().unwrap(),
+            v.into_data().to_vec().unwrap(),
+            o.into_data().to_vec().unwrap(),
+        );
+        for h in 0..2 {
+            for i in 0..3 {
+                let s: Vec<f64> = (0..5)
+                    .map(|j| {
+                        (0..4)
+                            .map(|c| (q[(h * 3 + i) * 4 + c] * k[(h * 5 + j) * 4 + c]) as f64)
+                            .sum::<f64>()
+                            / 2.0
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..3 {
+                    let want: f64 = (0..5)
+                        .map(|j| e[j] / z * v[(h * 5 + j) * 3 + c] as f64)
+                        .sum();
+                    let got = o[(h * 3 + i) * 3 + c] as f64;
+                    assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+                }
+            }
+        }
+    }
+}

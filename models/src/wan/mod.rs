@@ -1,0 +1,23 @@
+//! The Wan video diffusion transformer (diffusers `WanTransformer3DModel`, text-to-video).
+//!
+//! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded
+//! lazy initialization), [`linear`], [`norm`], [`embeddings`] (patch / timestep / text),
+//! [`rope`], [`attention`], [`block`], [`model`] and [`weights`] (safetensors I/O in the
+//! diffusers layout). Module field names equal the diffusers state-dict keys.
+
+pub mod attention;
+pub mod block;
+pub mod config;
+pub mod embeddings;
+pub mod init;
+pub mod linear;
+pub mod model;
+pub mod norm;
+pub mod presets;
+pub mod rope;
+pub mod weights;
+
+pub use config::{ConfigError, RopeSplit, WanConfig};
+pub use linear::Linear;
+pub use model::{Captured, Intermediates, WanModel};
+pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};

@@ -1,0 +1,106 @@
+//! Named [`WanConfig`] presets.
+
+use std::collections::BTreeMap;
+
+use super::config::WanConfig;
+
+/// Names accepted by [`WanConfig::preset`].
+pub const PRESET_NAMES: &[&str] = &["wan-tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"];
+
+/// The common shape of the Wan2.1 text-to-video models.
+fn wan21_t2v(num_layers: usize, heads: usize, ffn_dim: usize) -> WanConfig {
+    WanConfig {
+        class_name: Some("WanTransformer3DModel".into()),
+        diffusers_version: Some("0.33.0.dev0".into()),
+        patch_size: [1, 2, 2],
+        num_attention_heads: heads,
+        attention_head_dim: 128,
+        in_channels: 16,
+        out_channels: 16,
+        text_dim: 4096,
+        freq_dim: 256,
+        ffn_dim,
+        num_layers,
+        cross_attn_norm: true,
+        qk_norm: Some("rms_norm_across_heads".into()),
+        eps: 1e-6,
+        image_dim: None,
+        added_kv_proj_dim: None,
+        rope_max_seq_len: 1024,
+        pos_embed_seq_len: None,
+        extra: BTreeMap::new(),
+    }
+}
+
+impl WanConfig {
+    /// A named preset, or `None` for an unknown name (see [`Self::preset_names`]).
+    ///
+    /// - `wan-tiny`: the golden-fixture model of `shared/fixtures/wan_tiny/config.json`
+    ///   (2 layers, 2 heads x 16, ffn 64, text_dim 32, freq_dim 32, 4 channels, patch
+    ///   `[1, 2, 2]`, rope_max_seq_len 32).
+    /// - `wan2.1-t2v-1.3b`: `transformer/config.json` of the Hugging Face repository
+    ///   `Wan-AI/Wan2.1-T2V-1.3B-Diffusers` (30 layers, 12 heads x 128, ffn 8960).
+    /// - `wan2.1-t2v-14b`: `transformer/config.json` of `Wan-AI/Wan2.1-T2V-14B-Diffusers`
+    ///   (40 layers, 40 heads x 128, ffn 13824).
+    ///
+    /// Both Wan2.1 presets: text_dim 4096 (UMT5-XXL), freq_dim 256, patch `[1, 2, 2]`,
+    /// 16 latent channels in and out, eps 1e-6, rope_max_seq_len 1024, cross_attn_norm true,
+    /// qk_norm `rms_norm_across_heads`, no image conditioning.
+    pub fn preset(name: &str) -> Option<WanConfig> {
+        match name {
+            "wan-tiny" => Some(WanConfig {
+                class_name: Some("WanTransformer3DModel".into()),
+                diffusers_version: Some("0.42.1".into()),
+                patch_size: [1, 2, 2],
+                num_attention_heads: 2,
+                attention_head_dim: 16,
+                in_channels: 4,
+                out_channels: 4,
+                text_dim: 32,
+                freq_dim: 32,
+                ffn_dim: 64,
+                num_layers: 2,
+                cross_attn_norm: true,
+                qk_norm: Some("rms_norm_across_heads".into()),
+                eps: 1e-6,
+                image_dim: None,
+                added_kv_proj_dim: None,
+                rope_max_seq_len: 32,
+                pos_embed_seq_len: None,
+                extra: BTreeMap::new(),
+            }),
+            "wan2.1-t2v-1.3b" => Some(wan21_t2v(30, 12, 8960)),
+            "wan2.1-t2v-14b" => Some(wan21_t2v(40, 40, 13824)),
+            _ => None,
+        }
+    }
+
+    /// Names of the presets, for listings and error messages.
+    pub fn preset_names() -> &'static [&'static str] {
+        PRESET_NAMES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_is_valid() {
+        for name in WanConfig::preset_names() {
+            let c = WanConfig::preset(name).unwrap();
+            c.validate().unwrap();
+        }
+        assert!(WanConfig::preset("nope").is_none());
+    }
+
+    #[test]
+    fn wan21_sizes() {
+        let small = WanConfig::preset("wan2.1-t2v-1.3b").unwrap();
+        assert_eq!(small.inner_dim(), 1536);
+        let big = WanConfig::preset("wan2.1-t2v-14b").unwrap();
+        assert_eq!(big.inner_dim(), 5120);
+        assert_eq!(big.num_layers, 40);
+        assert_eq!(big.ffn_dim, 13824);
+    }
+}

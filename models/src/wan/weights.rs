@@ -1,0 +1,226 @@
+//! Wan weight I/O in the diffusers layout.
+//!
+//! A diffusers `transformer/` folder holds `config.json` and either one
+//! `diffusion_pytorch_model.safetensors` or shards listed by
+//! `diffusion_pytorch_model.safetensors.index.json` (`{"weight_map": {key: shard}}`). Keys are
+//! the module paths of [`WanModel`] unchanged; tensors may be f32, bf16, f16 or f64 on disk.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+use reel_core::io::{
+    check_shapes, is_supported_dtype, load_module_tensors, load_module_tensors_report,
+    module_to_safetensors_as, read_safetensors, read_safetensors_header, LoadOptions, StoreDtype,
+    WeightError,
+};
+use reel_core::params::named_param_shapes;
+
+use super::config::{ConfigError, WanConfig};
+use super::model::WanModel;
+
+/// File name of a single-file diffusers checkpoint.
+pub const WEIGHTS_FILE: &str = "diffusion_pytorch_model.safetensors";
+/// File name of the shard index of a sharded diffusers checkpoint.
+pub const INDEX_FILE: &str = "diffusion_pytorch_model.safetensors.index.json";
+/// File name of the model config.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// An error while loading a pretrained Wan model.
+#[derive(Debug, thiserror::Error)]
+pub enum WanLoadError {
+    /// The config is unreadable or invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The weights are unreadable or do not match the model.
+    #[error(transparent)]
+    Weights(#[from] WeightError),
+}
+
+/// Where the weights of a checkpoint live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightSource {
+    /// One safetensors file.
+    Single(PathBuf),
+    /// A shard index and the shard files it names (in sorted order).
+    Sharded {
+        /// The `*.safetensors.index.json` file.
+        index: PathBuf,
+        /// The distinct shard files.
+        shards: Vec<PathBuf>,
+    },
+}
+
+/// Resolve `path`: a diffusers `transformer/` folder (index preferred when present, else the
+/// single file), a `.safetensors` file, or a `.safetensors.index.json` file.
+pub fn resolve_weights(path: impl AsRef<Path>) -> Result<WeightSource, WeightError> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let index = path.join(INDEX_FILE);
+        if index.is_file() {
+            return sharded(&index);
+        }
+        let single = path.join(WEIGHTS_FILE);
+        if single.is_file() {
+            return Ok(WeightSource::Single(single));
+        }
+        return Err(WeightError::Format {
+            path: path.to_path_buf(),
+            message: format!("folder has neither `{WEIGHTS_FILE}` nor `{INDEX_FILE}`"),
+        });
+    }
+    if path.to_string_lossy().ends_with(".index.json") {
+        return sharded(path);
+    }
+    if !path.is_file() {
+        return Err(WeightError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+        });
+    }
+    Ok(WeightSource::Single(path.to_path_buf()))
+}
+
+fn sharded(index: &Path) -> Result<WeightSource, WeightError> {
+    let map = read_weight_map(index)?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let shards: BTreeSet<&String> = map.values().collect();
+    Ok(WeightSource::Sharded {
+        index: index.to_path_buf(),
+        shards: shards.into_iter().map(|s| dir.join(s)).collect(),
+    })
+}
+
+/// The `weight_map` (key -> shard file name) of a shard index file.
+pub fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, WeightError> {
+    let text = std::fs::read_to_string(index).map_err(|source| WeightError::Io {
+        path: index.to_path_buf(),
+        source,
+    })?;
+    let bad = |message: String| WeightError::Format {
+        path: index.to_path_buf(),
+        message,
+    };
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    map.iter()
+        .map(|(k, v)| match v.as_str() {
+            Some(s) => Ok((k.clone(), s.to_string())),
+            None => Err(bad(format!("`weight_map.{k}` is not a file name"))),
+        })
+        .collect()
+}
+
+/// Load weights into `model` from a folder, a `.safetensors` file or a shard index (see
+/// [`resolve_weights`]). Strict: all missing, unexpected and wrongly shaped keys are
+/// reported together, naming the file (or index). Shards are checked from their headers
+/// first and then loaded one at a time, so peak host memory is one shard.
+pub fn load_weights<B: Backend>(
+    model: WanModel<B>,
+    path: impl AsRef<Path>,
+) -> Result<WanModel<B>, WeightError> {
+    match resolve_weights(path)? {
+        WeightSource::Single(file) => {
+            let (tensors, _) = read_safetensors(&file)?;
+            load_module_tensors(model, &tensors, &LoadOptions::from_source(file.display()))
+        }
+        WeightSource::Sharded { index, shards } => load_sharded(model, &index, &shards),
+    }
+}
+
+fn load_sharded<B: Backend>(
+    mut model: WanModel<B>,
+    index: &Path,
+    shards: &[PathBuf],
+) -> Result<WanModel<B>, WeightError> {
+    // 1. Check every key and shape from the shard headers, all problems in one error.
+    let mut found: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for shard in shards {
+        for (key, header) in read_safetensors_header(shard)? {
+            if !is_supported_dtype(&header.dtype) {
+                return Err(WeightError::UnsupportedDtype {
+                    path: shard.clone(),
+                    key,
+                    dtype: header.dtype,
+                });
+            }
+            if found.insert(key.clone(), header.shape).is_some() {
+                return Err(WeightError::InvalidTensor {
+                    path: shard.clone(),
+                    key,
+                    message: "key appears in more than one shard".into(),
+                });
+            }
+        }
+    }
+    let params = named_param_shapes::<B, _>(&model);
+    let mismatch = check_shapes(&params, &found, &LoadOptions::from_source(index.display()));
+    if !mismatch.is_empty() {
+        return Err(WeightError::Mismatch(Box::new(mismatch)));
+    }
+    // 2. Load shard by shard.
+    let partial = LoadOptions {
+        strict: false,
+        allow_missing: true,
+        source: String::new(),
+    };
+    for shard in shards {
+        let (tensors, _) = read_safetensors(shard)?;
+        let opts = LoadOptions {
+            source: shard.display().to_string(),
+            ..partial.clone()
+        };
+        model = load_module_tensors_report(model, &tensors, &opts)?.0;
+    }
+    Ok(model)
+}
+
+impl<B: Backend> WanModel<B> {
+    /// Load weights into this model (see [`load_weights`]).
+    pub fn load_weights(self, path: impl AsRef<Path>) -> Result<Self, WeightError> {
+        load_weights(self, path)
+    }
+
+    /// Build a model from a diffusers `transformer/` folder: `config.json` plus the weights.
+    pub fn from_pretrained(
+        dir: impl AsRef<Path>,
+        device: &B::Device,
+    ) -> Result<Self, WanLoadError> {
+        let dir = dir.as_ref();
+        let config = WanConfig::from_json_file(dir.join(CONFIG_FILE))?;
+        let model = config.try_init::<B>(device, 0)?;
+        Ok(load_weights(model, dir)?)
+    }
+
+    /// Write a diffusers `transformer/` folder: `config.json` and
+    /// `diffusion_pytorch_model.safetensors` (f32, metadata `format = pt`), keys exactly the
+    /// diffusers state-dict keys.
+    pub fn save_pretrained(&self, dir: impl AsRef<Path>) -> Result<(), WeightError> {
+        self.save_pretrained_as(dir, StoreDtype::F32)
+    }
+
+    /// [`Self::save_pretrained`] with a chosen storage dtype (bf16 halves the size).
+    pub fn save_pretrained_as(
+        &self,
+        dir: impl AsRef<Path>,
+        dtype: StoreDtype,
+    ) -> Result<(), WeightError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| WeightError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let config_path = dir.join(CONFIG_FILE);
+        std::fs::write(&config_path, self.config.to_json_string() + "\n").map_err(|source| {
+            WeightError::Io {
+                path: config_path.clone(),
+                source,
+            }
+        })?;
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        module_to_safetensors_as(self, dir.join(WEIGHTS_FILE), Some(meta), dtype)
+    }
+}

@@ -1,0 +1,118 @@
+//! Shared helpers for the Wan tests: fixture access, comparisons, gradient collection.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use reel_core::io::read_safetensors;
+use reel_core::params::PathStack;
+use reel_models::{WanConfig, WanModel};
+
+/// Inference backend.
+pub type Cpu = burn::backend::Flex;
+/// Training backend.
+pub type TestBackend = burn::backend::Autodiff<burn::backend::Flex>;
+
+/// The golden fixture folder: `$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to
+/// the workspace. Panics (the test fails) when it is missing.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = std::env::var_os("REEL_WAN_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/fixtures/wan_tiny"
+            ))
+        });
+    assert!(
+        dir.join("config.json").is_file() && dir.join("model.safetensors").is_file(),
+        "Wan golden fixtures not found in `{}`: set REEL_WAN_FIXTURES to the folder holding \
+         config.json, model.safetensors, inputs.safetensors, outputs.safetensors and \
+         train_step.safetensors",
+        dir.display()
+    );
+    dir
+}
+
+/// All tensors of a fixture file.
+pub fn fixture(name: &str) -> BTreeMap<String, TensorData> {
+    let path = fixtures_dir().join(name);
+    read_safetensors(&path)
+        .unwrap_or_else(|e| panic!("cannot read fixture: {e}"))
+        .0
+}
+
+/// The fixture config.
+pub fn fixture_config() -> WanConfig {
+    WanConfig::from_json_file(fixtures_dir().join("config.json")).unwrap()
+}
+
+/// The fixture model A (`model.safetensors`) on backend `B`.
+pub fn fixture_model<B: Backend>(device: &B::Device) -> WanModel<B> {
+    let model = fixture_config().init::<B>(device);
+    model
+        .load_weights(fixtures_dir().join("model.safetensors"))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A tensor of rank `D` from host data.
+pub fn tensor<B: Backend, const D: usize>(data: &TensorData, device: &B::Device) -> Tensor<B, D> {
+    Tensor::from_data(data.clone(), device)
+}
+
+/// Host f32 values.
+pub fn values(data: &TensorData) -> Vec<f32> {
+    data.to_vec::<f32>().unwrap()
+}
+
+/// `(max |a - b|, max |b|)`; panics on shape mismatch.
+pub fn max_err(name: &str, got: &TensorData, want: &TensorData) -> (f64, f64) {
+    assert_eq!(got.shape, want.shape, "{name}: shape");
+    let (g, w) = (values(got), values(want));
+    let mut err = 0f64;
+    let mut scale = 0f64;
+    for (a, b) in g.iter().zip(&w) {
+        assert!(a.is_finite(), "{name}: non-finite value");
+        err = err.max((*a as f64 - *b as f64).abs());
+        scale = scale.max((*b as f64).abs());
+    }
+    (err, scale)
+}
+
+/// The gradient of every float parameter, keyed by dotted path.
+pub fn named_grads<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &B::Gradients,
+) -> BTreeMap<String, TensorData> {
+    struct V<'a, B: AutodiffBackend> {
+        path: PathStack,
+        grads: &'a B::Gradients,
+        out: BTreeMap<String, TensorData>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_, B> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name);
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let path = self.path.joined();
+            let g = param
+                .val()
+                .grad(self.grads)
+                .unwrap_or_else(|| panic!("no gradient for `{path}`"));
+            self.out.insert(path, g.into_data());
+        }
+    }
+    let mut v = V::<B> {
+        path: PathStack::default(),
+        grads,
+        out: BTreeMap::new(),
+    };
+    module.visit(&mut v);
+    v.out
+}

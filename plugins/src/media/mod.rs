@@ -1,0 +1,127 @@
+//! Writing clips and images for people to look at: animated GIFs, PNGs and contact sheets.
+//!
+//! Pixels are `[u8; 3]` RGB, row-major. Clips come from
+//! [`clip_to_rgb`](crate::data::clip_to_rgb) or any other decoder.
+
+mod gif;
+mod png;
+
+use std::path::PathBuf;
+
+pub use self::gif::write_gif;
+pub use self::png::write_png;
+
+/// Gutter colour of contact sheets.
+pub const GUTTER: [u8; 3] = [0, 0, 0];
+
+/// Errors of the media writers; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// Creating or writing the file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The encoder rejected the image.
+    #[error("{path}: encoding failed: {reason}")]
+    Encode {
+        /// The file.
+        path: PathBuf,
+        /// The encoder's message.
+        reason: String,
+    },
+    /// The pixels do not match the stated size, or the size is out of the format's range.
+    #[error("{path}: invalid image: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Nearest-neighbour upscaling of a `width × height` image by an integer `scale` (`0` is
+/// treated as 1). Returns `width·scale × height·scale` pixels.
+pub fn upscale(rgb: &[[u8; 3]], width: usize, height: usize, scale: u32) -> Vec<[u8; 3]> {
+    let s = scale.max(1) as usize;
+    let out_w = width * s;
+    let mut out = Vec::with_capacity(out_w * height * s);
+    for y in 0..height * s {
+        let row = &rgb[(y / s) * width..(y / s + 1) * width];
+        out.extend((0..out_w).map(|x| row[x / s]));
+    }
+    out
+}
+
+/// Lay clips out as one image: one row per clip, one column per frame, each frame upscaled by
+/// `scale`, with 1-pixel [`GUTTER`] lines between and around the cells. Every frame is
+/// `w × h`; rows with fewer frames leave their trailing cells as gutter colour. Returns
+/// `(pixels, width, height)`.
+///
+/// # Panics
+/// If a frame does not hold `w·h` pixels.
+pub fn contact_sheet(
+    clips: &[Vec<Vec<[u8; 3]>>],
+    w: usize,
+    h: usize,
+    scale: u32,
+) -> (Vec<[u8; 3]>, usize, usize) {
+    let s = scale.max(1) as usize;
+    let (cell_w, cell_h) = (w * s, h * s);
+    let cols = clips.iter().map(Vec::len).max().unwrap_or(0);
+    let width = cols * (cell_w + 1) + 1;
+    let height = clips.len() * (cell_h + 1) + 1;
+    let mut sheet = vec![GUTTER; width * height];
+    for (r, clip) in clips.iter().enumerate() {
+        for (c, frame) in clip.iter().enumerate() {
+            assert_eq!(frame.len(), w * h, "contact_sheet: frame {c} of clip {r}");
+            let big = upscale(frame, w, h, scale);
+            let (x0, y0) = (1 + c * (cell_w + 1), 1 + r * (cell_h + 1));
+            for y in 0..cell_h {
+                let dst = (y0 + y) * width + x0;
+                sheet[dst..dst + cell_w].copy_from_slice(&big[y * cell_w..(y + 1) * cell_w]);
+            }
+        }
+    }
+    (sheet, width, height)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upscale_repeats_pixels() {
+        let img = [[1, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]];
+        let big = upscale(&img, 2, 2, 2);
+        assert_eq!(big.len(), 16);
+        assert_eq!(big[0..4], [img[0], img[0], img[1], img[1]]);
+        assert_eq!(big[4..8], [img[0], img[0], img[1], img[1]]);
+        assert_eq!(big[12..16], [img[2], img[2], img[3], img[3]]);
+        assert_eq!(upscale(&img, 2, 2, 0), img);
+    }
+
+    #[test]
+    fn contact_sheet_layout() {
+        let frame = |v: u8| vec![[v, v, v]; 6];
+        let clips = vec![vec![frame(10), frame(20), frame(30)], vec![frame(40)]];
+        let (sheet, width, height) = contact_sheet(&clips, 3, 2, 2);
+        assert_eq!((width, height), (3 * 7 + 1, 2 * 5 + 1));
+        assert_eq!(sheet.len(), width * height);
+        let at = |x: usize, y: usize| sheet[y * width + x];
+        assert_eq!(at(0, 0), GUTTER);
+        assert_eq!(at(1, 1), [10; 3]);
+        assert_eq!(at(6, 4), [10; 3]);
+        assert_eq!(at(7, 1), GUTTER);
+        assert_eq!(at(8, 1), [20; 3]);
+        assert_eq!(at(15, 4), [30; 3]);
+        assert_eq!(at(1, 5), GUTTER);
+        assert_eq!(at(1, 6), [40; 3]);
+        assert_eq!(at(8, 6), GUTTER);
+        assert_eq!(contact_sheet(&[], 3, 2, 2), (vec![GUTTER], 1, 1));
+    }
+}

@@ -1,0 +1,12 @@
+//! `reel check`: validate a config completely without training.
+
+use std::path::Path;
+
+use reel_core::config::load_run_config;
+
+/// Validate `config` and print a one-line summary.
+pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
+    let loaded = load_run_config(config, set)?;
+    println!("ok: {}: {}", config.display(), super::describe(&loaded));
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! CLI subcommands.
+pub mod check;
+pub mod list;
+pub mod train;
+
+use reel_core::backend::BackendName;
+use reel_core::config::LoadedConfig;
+
+/// Run `$body` with the type alias `B` bound to the backend the config names.
+#[macro_export]
+macro_rules! with_backend {
+    ($loaded:expr, |$b:ident| $body:expr) => {{
+        match $loaded.config.runtime.backend {
+            reel_core::backend::BackendName::Cpu => {
+                type $b = reel_core::backend::CpuBackend;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            reel_core::backend::BackendName::Cuda => {
+                type $b = reel_core::backend::CudaBackend;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(anyhow::anyhow!(
+                "backend `{}` is not compiled in: rebuild with `--features cuda`",
+                other.as_str()
+            )),
+        }
+    }};
+}
+
+/// One-line description of a loaded config.
+pub fn describe(loaded: &LoadedConfig) -> String {
+    let c = &loaded.config;
+    let roles: Vec<String> = c
+        .models
+        .iter()
+        .map(|(n, r)| format!("{n}={}{}", r.arch, if r.trainable { "*" } else { "" }))
+        .collect();
+    let backend = match c.runtime.backend {
+        BackendName::Cpu => "cpu",
+        BackendName::Cuda => "cuda",
+    };
+    format!(
+        "method `{}`, roles [{}] (* = trainable), backend {backend}, {} steps",
+        method_kind(loaded),
+        roles.join(", "),
+        c.training.max_steps
+    )
+}
+
+/// The `kind` of the `[method]` table.
+pub fn method_kind(loaded: &LoadedConfig) -> String {
+    toml::from_str::<toml::Table>(&loaded.resolved_toml)
+        .ok()
+        .and_then(|t| t.get("method")?.get("kind")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}

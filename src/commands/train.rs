@@ -1,0 +1,52 @@
+//! `reel train`: run (or resume) a training run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use reel_core::config::load_run_config;
+use reel_core::trainer::{train, TrainOptions};
+
+use crate::with_backend;
+
+/// Install a Ctrl-C handler: the first SIGINT asks the trainer to checkpoint and stop at the
+/// next step boundary; a second one exits at once (checkpoints are written atomically, so
+/// nothing on disk is corrupted).
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let res = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            eprintln!("\nreel: second interrupt, exiting now");
+            std::process::exit(130);
+        }
+        eprintln!("\nreel: interrupt received, writing a checkpoint at the end of this step (Ctrl-C again to exit now)");
+    });
+    if let Err(e) = res {
+        eprintln!("reel: warning: cannot install the Ctrl-C handler: {e}");
+    }
+    flag
+}
+
+/// Load, validate and train.
+pub fn run(config: &Path, set: &[String], resume: Option<String>, output: Option<PathBuf>) -> anyhow::Result<()> {
+    let loaded = load_run_config(config, set)?;
+    eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
+    let opts = TrainOptions {
+        resume,
+        output_dir: output,
+        interrupt: Some(interrupt_flag()),
+    };
+    let summary = with_backend!(loaded, |B| train::<B>(&loaded, &opts).map_err(anyhow::Error::from))?;
+    let losses: Vec<String> = summary.last_losses.iter().map(|(k, v)| format!("{k}={v:.4}")).collect();
+    eprintln!(
+        "reel: done: {} steps, last {}, checkpoint {}",
+        summary.steps,
+        losses.join(" "),
+        summary.checkpoint.display()
+    );
+    if summary.skipped_steps > 0 {
+        eprintln!("reel: {} step(s) were skipped for non-finite values", summary.skipped_steps);
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `reel`: train, check, sample and evaluate video diffusion transformers.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+// Plugin crates register themselves at link time; reference each so the linker keeps them.
+use reel_methods as _;
+use reel_plugins as _;
+
+/// Reel: a typed, reproducible training framework for video diffusion transformers.
+#[derive(Parser, Debug)]
+#[command(name = "reel", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train a run from a TOML config.
+    Train {
+        /// The run config (TOML).
+        config: PathBuf,
+        /// Override a config value: `--set training.max_steps=100` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Resume from `latest` or a checkpoint folder.
+        #[arg(long)]
+        resume: Option<String>,
+        /// Output folder (overrides `[runtime] output_dir`).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Validate a config completely without training.
+    Check {
+        /// The run config (TOML).
+        config: PathBuf,
+        /// Override a config value (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// List every registered plugin with its summary.
+    List,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train {
+            config,
+            set,
+            resume,
+            output,
+        } => commands::train::run(&config, &set, resume, output),
+        Command::Check { config, set } => commands::check::run(&config, &set),
+        Command::List => commands::list::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use reel_core::backend::CpuBackend;
+use reel_core::config::{parse_run_config, LoadedConfig};
+use reel_core::trainer::{train, TrainOptions, TrainSummary};
+
+// Link the example plugin crate so its registrations exist in the test binary.
+pub use custom_method as _;
+
+/// The CPU backend the tests train on.
+pub type TestBackend = CpuBackend;
+
+/// A two-role toy run; `method_extra` and `training_extra` are appended to those tables.
+pub fn toy_config(method_extra: &str, training_extra: &str) -> String {
+    format!(
+        r#"
+[runtime]
+seed = 7
+
+[models.student]
+arch = "toy"
+preset = "tiny"
+trainable = true
+
+[models.critic]
+arch = "toy"
+preset = "tiny"
+trainable = true
+
+[method]
+kind = "toy"
+{method_extra}
+
+[data]
+kind = "toy"
+batch_size = 4
+
+[optimizer]
+lr = 0.01
+
+[training]
+max_steps = 6
+{training_extra}
+"#
+    )
+}
+
+/// Parse a config from text with overrides.
+pub fn load(text: &str, overrides: &[&str]) -> LoadedConfig {
+    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    parse_run_config(text, Path::new("test.toml"), &o).unwrap_or_else(|e| panic!("config should load: {e}"))
+}
+
+/// Train in `dir`.
+pub fn run(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSummary {
+    let opts = TrainOptions {
+        resume: resume.map(str::to_string),
+        output_dir: Some(dir.to_path_buf()),
+        interrupt: None,
+    };
+    train::<TestBackend>(loaded, &opts).unwrap_or_else(|e| panic!("training should succeed: {e}"))
+}
+
+/// All tensors of a safetensors file as flat f32 vectors.
+pub fn tensors(path: &Path) -> BTreeMap<String, Vec<f32>> {
+    let (t, _) = reel_core::io::read_safetensors(path).unwrap_or_else(|e| panic!("{e}"));
+    t.into_iter().map(|(k, d)| (k, d.to_vec::<f32>().unwrap())).collect()
+}
+
+/// The checkpoint folder of `step` in run `dir`.
+pub fn ckpt(dir: &Path, step: u64) -> std::path::PathBuf {
+    dir.join("checkpoints").join(format!("step-{step:08}"))
+}
+
+/// Max |a − b| over two tensor maps with equal keys.
+pub fn max_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f32 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .flat_map(|(k, va)| va.iter().zip(&b[k]).map(|(x, y)| (x - y).abs()))
+        .fold(0.0, f32::max)
+}
