@@ -57,7 +57,7 @@ pub fn cfg_combine<B: Backend, const D: usize>(cond: Tensor<B, D>, uncond: Tenso
 
 /// Density of training σ before the shift.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
-#[serde(tag = "density", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TimestepDensity {
     /// Uniform in (0, 1).
     #[default]

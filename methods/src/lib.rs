@@ -1,1 +1,9 @@
-//! stub
+//! Reel training methods: flow-matching fine-tuning (and, as they land, DMD2 and adversarial
+//! distillation). Each method registers itself with one typetag impl plus one
+//! `register_plugin!` line.
+#![warn(missing_docs)]
+
+pub mod common;
+pub mod finetune;
+
+pub use finetune::{FinetuneConfig, flow_matching_loss};

@@ -2,8 +2,10 @@
 //! equal checkpoint keys), its presets and its weight I/O.
 #![warn(missing_docs)]
 
+pub mod role;
 pub mod wan;
 
+pub use role::{build_wan_role, wan_config_for};
 pub use wan::{WanConfig, WanModel};
 
 /// Architecture name under which the Wan model is registered (`arch = "wan"` in run configs).
