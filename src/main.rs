@@ -45,6 +45,8 @@ enum Command {
     },
     /// List every registered plugin with its summary.
     List,
+    /// Benchmark the forward pass and the training step of Wan presets.
+    Bench(commands::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         } => commands::train::run(&config, &set, resume, output),
         Command::Check { config, set } => commands::check::run(&config, &set),
         Command::List => commands::list::run(),
+        Command::Bench(args) => commands::bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,10 +12,15 @@ use crate::callback::{BuildCallback, CallbackConfig};
 use crate::config::ConfigError;
 use crate::method::{BuildContext, BuildMethod, MethodConfig, MethodError, TrainingMethod};
 
-/// The default CPU backend: Burn's pure-Rust `Flex` backend with autodiff.
+/// The default CPU backend: Burn's `ndarray` backend with autodiff.
 ///
-/// Flex was measured faster than `ndarray` for training-shaped work (see README, "Performance").
-pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;
+/// Measured side by side against Burn's `Flex` backend on the Wan training step
+/// (`reel bench --backend cpu` vs `--backend flex`), ndarray was about 1.8x faster: Flex's
+/// broadcast and strided element-wise kernels are 10-25x slower (see README, "Performance").
+pub type CpuBackend = burn::backend::Autodiff<burn::backend::NdArray>;
+
+/// Burn's pure-Rust `Flex` CPU backend with autodiff (`[runtime] backend = "flex"`).
+pub type FlexBackend = burn::backend::Autodiff<burn::backend::Flex>;
 
 /// The CUDA backend with autodiff (cargo feature `cuda`).
 #[cfg(feature = "cuda")]
@@ -25,9 +30,11 @@ pub type CudaBackend = burn::backend::Autodiff<burn::backend::Cuda>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendName {
-    /// Burn's Flex CPU backend (always compiled).
+    /// The default CPU backend, Burn's ndarray (always compiled).
     #[default]
     Cpu,
+    /// Burn's Flex CPU backend (always compiled).
+    Flex,
     /// Burn's CUDA backend (cargo feature `cuda`).
     Cuda,
 }
@@ -36,7 +43,7 @@ impl BackendName {
     /// Whether this backend is compiled into the current binary.
     pub fn is_compiled(self) -> bool {
         match self {
-            BackendName::Cpu => true,
+            BackendName::Cpu | BackendName::Flex => true,
             BackendName::Cuda => cfg!(feature = "cuda"),
         }
     }
@@ -57,6 +64,7 @@ impl BackendName {
     pub fn as_str(self) -> &'static str {
         match self {
             BackendName::Cpu => "cpu",
+            BackendName::Flex => "flex",
             BackendName::Cuda => "cuda",
         }
     }
@@ -105,29 +113,30 @@ macro_rules! impl_reel_backend {
     };
 }
 
-impl_reel_backend!(CpuBackend, "cpu (flex)", |_i: usize| Default::default());
+impl_reel_backend!(CpuBackend, "cpu (ndarray)", |_i: usize| Default::default());
+impl_reel_backend!(FlexBackend, "flex", |_i: usize| Default::default());
 #[cfg(feature = "cuda")]
 impl_reel_backend!(CudaBackend, "cuda", |i: usize| burn::backend::cuda::CudaDevice::new(i));
 
 /// Supertrait bundle: a plugin config that can build for every compiled backend.
 /// Implemented automatically for any type with a generic `BuildMethod<B>` impl.
 #[cfg(not(feature = "cuda"))]
-pub trait BuildMethodAll: BuildMethod<CpuBackend> {}
+pub trait BuildMethodAll: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> {}
 #[cfg(not(feature = "cuda"))]
-impl<T: BuildMethod<CpuBackend> + ?Sized> BuildMethodAll for T {}
+impl<T: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + ?Sized> BuildMethodAll for T {}
 /// Supertrait bundle: a plugin config that can build for every compiled backend.
 #[cfg(feature = "cuda")]
-pub trait BuildMethodAll: BuildMethod<CpuBackend> + BuildMethod<CudaBackend> {}
+pub trait BuildMethodAll: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend> {}
 #[cfg(feature = "cuda")]
-impl<T: BuildMethod<CpuBackend> + BuildMethod<CudaBackend> + ?Sized> BuildMethodAll for T {}
+impl<T: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend> + ?Sized> BuildMethodAll for T {}
 
 /// Supertrait bundle for callbacks (see [`BuildMethodAll`]).
 #[cfg(not(feature = "cuda"))]
-pub trait BuildCallbackAll: BuildCallback<CpuBackend> {}
+pub trait BuildCallbackAll: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> {}
 #[cfg(not(feature = "cuda"))]
-impl<T: BuildCallback<CpuBackend> + ?Sized> BuildCallbackAll for T {}
+impl<T: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + ?Sized> BuildCallbackAll for T {}
 /// Supertrait bundle for callbacks (see [`BuildMethodAll`]).
 #[cfg(feature = "cuda")]
-pub trait BuildCallbackAll: BuildCallback<CpuBackend> + BuildCallback<CudaBackend> {}
+pub trait BuildCallbackAll: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + BuildCallback<CudaBackend> {}
 #[cfg(feature = "cuda")]
-impl<T: BuildCallback<CpuBackend> + BuildCallback<CudaBackend> + ?Sized> BuildCallbackAll for T {}
+impl<T: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + BuildCallback<CudaBackend> + ?Sized> BuildCallbackAll for T {}

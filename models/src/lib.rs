@@ -2,9 +2,11 @@
 //! equal checkpoint keys), its presets and its weight I/O.
 #![warn(missing_docs)]
 
+pub mod lora;
 pub mod role;
 pub mod wan;
 
+pub use lora::{apply_lora, load_lora, merge_and_unload, save_lora, LoraError, LoraSpec};
 pub use role::{build_wan_role, wan_config_for};
 pub use wan::{WanConfig, WanModel};
 

@@ -8,6 +8,7 @@ use burn::tensor::backend::Backend;
 use reel_core::config::ConfigError;
 use reel_core::role::RoleConfig;
 
+use crate::lora::apply_lora;
 use crate::wan::{WanConfig, WanModel};
 
 /// The architecture config a role table selects (preset or `config.json`), with paths
@@ -47,7 +48,10 @@ reel_core::register_model!(
 
 /// Build the Wan model of one role: architecture from the preset / `config.json`, weights
 /// from `weights` (diffusers folder or file) or a seeded init. Frozen roles get
-/// `require_grad = false` parameters. Errors are messages naming the file or key.
+/// `require_grad = false` parameters. A role with a LoRA adapter gets fresh adapters on the
+/// targeted layers and frozen base weights (see [`crate::lora::apply_lora`]; without an
+/// adapter `init_seed` the adapter seed derives from `default_seed`), so only the adapter is
+/// trained and checkpointed. Errors are messages naming the file or key.
 pub fn build_wan_role<B: Backend>(
     role: &RoleConfig,
     resolve: impl Fn(&Path) -> PathBuf,
@@ -61,6 +65,15 @@ pub fn build_wan_role<B: Backend>(
     let model = match &role.weights {
         Some(w) => model.load_weights(resolve(w)).map_err(|e| e.to_string())?,
         None => model,
+    };
+    let model = match &role.adapter {
+        None => model,
+        Some(adapter) => {
+            let spec = adapter
+                .lora()
+                .ok_or_else(|| format!("adapter {adapter:?} is not supported by the Wan model (only `kind = \"lora\"`)"))?;
+            apply_lora(model, &spec, default_seed).map_err(|e| format!("adapter: {e}"))?
+        }
     };
     Ok(if role.trainable { model } else { burn::module::Module::no_grad(model) })
 }

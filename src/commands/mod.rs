@@ -1,9 +1,9 @@
 //! CLI subcommands.
+pub mod bench;
 pub mod check;
 pub mod list;
 pub mod train;
 
-use reel_core::backend::BackendName;
 use reel_core::config::LoadedConfig;
 
 /// Run `$body` with the type alias `B` bound to the backend the config names.
@@ -13,6 +13,10 @@ macro_rules! with_backend {
         match $loaded.config.runtime.backend {
             reel_core::backend::BackendName::Cpu => {
                 type $b = reel_core::backend::CpuBackend;
+                $body
+            }
+            reel_core::backend::BackendName::Flex => {
+                type $b = reel_core::backend::FlexBackend;
                 $body
             }
             #[cfg(feature = "cuda")]
@@ -37,10 +41,7 @@ pub fn describe(loaded: &LoadedConfig) -> String {
         .iter()
         .map(|(n, r)| format!("{n}={}{}", r.arch, if r.trainable { "*" } else { "" }))
         .collect();
-    let backend = match c.runtime.backend {
-        BackendName::Cpu => "cpu",
-        BackendName::Cuda => "cuda",
-    };
+    let backend = c.runtime.backend.as_str();
     format!(
         "method `{}`, roles [{}] (* = trainable), backend {backend}, {} steps",
         method_kind(loaded),

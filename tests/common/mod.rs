@@ -52,7 +52,8 @@ max_steps = 6
 /// Parse a config from text with overrides.
 pub fn load(text: &str, overrides: &[&str]) -> LoadedConfig {
     let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    parse_run_config(text, Path::new("test.toml"), &o).unwrap_or_else(|e| panic!("config should load: {e}"))
+    parse_run_config(text, Path::new("test.toml"), &o)
+        .unwrap_or_else(|e| panic!("config should load: {e}"))
 }
 
 /// Train in `dir`.
@@ -68,7 +69,9 @@ pub fn run(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSumm
 /// All tensors of a safetensors file as flat f32 vectors.
 pub fn tensors(path: &Path) -> BTreeMap<String, Vec<f32>> {
     let (t, _) = reel_core::io::read_safetensors(path).unwrap_or_else(|e| panic!("{e}"));
-    t.into_iter().map(|(k, d)| (k, d.to_vec::<f32>().unwrap())).collect()
+    t.into_iter()
+        .map(|(k, d)| (k, d.to_vec::<f32>().unwrap()))
+        .collect()
 }
 
 /// The checkpoint folder of `step` in run `dir`.

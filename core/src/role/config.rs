@@ -15,6 +15,11 @@ pub trait AdapterConfig: Debug + Send + Sync {
     fn validate(&self) -> Result<(), ConfigError>;
     /// Downcast support for the model crates that apply adapters.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// The LoRA this adapter describes, if it is one (the model crates apply it when they
+    /// build the role). Adapters of other kinds keep the default `None`.
+    fn lora(&self) -> Option<super::LoraSpec> {
+        None
+    }
 }
 
 /// One role model (`[models.student]`, `[models.teacher]`, ...).

@@ -399,6 +399,7 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
         Some(c) => c,
         None => store.resolve("latest", &fingerprint)?.0,
     };
+    publish_final(&checkpoint, &run_dir)?;
     Ok(TrainSummary {
         run_dir,
         steps: step,
@@ -406,4 +407,21 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
         checkpoint,
         skipped_steps,
     })
+}
+
+/// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path
+/// other configs can name (e.g. a DMD2 teacher: `weights = "runs/quickstart/final/student.ema.safetensors"`).
+fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
+    let final_dir = run_dir.join("final");
+    std::fs::create_dir_all(&final_dir).map_err(|e| io_err(&final_dir, e))?;
+    let entries = std::fs::read_dir(checkpoint).map_err(|e| io_err(checkpoint, e))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.ends_with(".safetensors") && !name.contains(".optim.") {
+            let tmp = final_dir.join(format!(".{name}.tmp"));
+            std::fs::copy(e.path(), &tmp).map_err(|err| io_err(&tmp, err))?;
+            std::fs::rename(&tmp, final_dir.join(&name)).map_err(|err| io_err(&final_dir, err))?;
+        }
+    }
+    Ok(())
 }

@@ -21,8 +21,18 @@ pub fn patchify<B: Backend>(x: Tensor<B, 5>, patch: [usize; 3]) -> Tensor<B, 3> 
         "video [F, H, W] = [{f_in}, {h_in}, {w_in}] is not divisible by patch_size {patch:?}"
     );
     let (f, h, w) = (f_in / pt, h_in / ph, w_in / pw);
-    x.reshape([b, c, f, pt, h, ph, w, pw])
-        .permute([0, 2, 4, 6, 1, 3, 5, 7])
+    // Done in steps of at most 6 dimensions (some backends, e.g. ndarray, stop at 6):
+    // [B·C, f, pt, h, ph, W] -> [B·C, f, h, pt, ph, W]
+    let x = x
+        .reshape([b * c, f, pt, h, ph, w_in])
+        .permute([0, 1, 3, 2, 4, 5]);
+    // [B·C·f·h, pt·ph, w, pw] -> [B·C·f·h, w, pt·ph, pw]: K = (pt, ph, pw)
+    let x = x
+        .reshape([b * c * f * h, pt * ph, w, pw])
+        .permute([0, 2, 1, 3]);
+    // [B, C, f, h, w, K] -> [B, f, h, w, C, K]
+    x.reshape([b, c, f, h, w, pt * ph * pw])
+        .permute([0, 2, 3, 4, 1, 5])
         .reshape([b, f * h * w, c * pt * ph * pw])
 }
 
@@ -44,9 +54,14 @@ pub fn unpatchify<B: Backend>(
         pt * ph * pw * channels,
         "feature width {feat} does not match patch {patch:?} x {channels} channels"
     );
-    tokens
-        .reshape([b, f, h, w, pt, ph, pw, channels])
-        .permute([0, 7, 1, 4, 2, 5, 3, 6])
+    // Done in steps of at most 6 dimensions (some backends, e.g. ndarray, stop at 6):
+    // [B, N, K, C] -> [B, C, N, K]
+    let x = tokens
+        .reshape([b, n, pt * ph * pw, channels])
+        .permute([0, 3, 1, 2]);
+    // [B·C·f, h, w, pt, ph, pw] -> [B·C·f, pt, h, ph, w, pw], i.e. (f, pt, h, ph, w, pw).
+    x.reshape([b * channels * f, h, w, pt, ph, pw])
+        .permute([0, 3, 1, 4, 2, 5])
         .reshape([b, channels, f * pt, h * ph, w * pw])
 }
 

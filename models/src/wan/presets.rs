@@ -5,7 +5,14 @@ use std::collections::BTreeMap;
 use super::config::WanConfig;
 
 /// Names accepted by [`WanConfig::preset`].
-pub const PRESET_NAMES: &[&str] = &["wan-tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"];
+pub const PRESET_NAMES: &[&str] = &[
+    "wan-tiny",
+    "wan-quickstart",
+    "wan-bench-small",
+    "wan-bench-medium",
+    "wan2.1-t2v-1.3b",
+    "wan2.1-t2v-14b",
+];
 
 /// The common shape of the Wan2.1 text-to-video models.
 fn wan21_t2v(num_layers: usize, heads: usize, ffn_dim: usize) -> WanConfig {
@@ -32,12 +39,41 @@ fn wan21_t2v(num_layers: usize, heads: usize, ffn_dim: usize) -> WanConfig {
     }
 }
 
+/// A small made-up Wan for CPU work on the synthetic data (4 latent channels, text_dim 32).
+fn small(num_layers: usize, heads: usize, head_dim: usize, ffn_dim: usize) -> WanConfig {
+    WanConfig {
+        class_name: Some("WanTransformer3DModel".into()),
+        diffusers_version: Some("0.42.1".into()),
+        patch_size: [1, 2, 2],
+        num_attention_heads: heads,
+        attention_head_dim: head_dim,
+        in_channels: 4,
+        out_channels: 4,
+        text_dim: 32,
+        freq_dim: 64,
+        ffn_dim,
+        num_layers,
+        cross_attn_norm: true,
+        qk_norm: Some("rms_norm_across_heads".into()),
+        eps: 1e-6,
+        image_dim: None,
+        added_kv_proj_dim: None,
+        rope_max_seq_len: 64,
+        pos_embed_seq_len: None,
+        extra: BTreeMap::new(),
+    }
+}
+
 impl WanConfig {
     /// A named preset, or `None` for an unknown name (see [`Self::preset_names`]).
     ///
     /// - `wan-tiny`: the golden-fixture model of `shared/fixtures/wan_tiny/config.json`
     ///   (2 layers, 2 heads x 16, ffn 64, text_dim 32, freq_dim 32, 4 channels, patch
     ///   `[1, 2, 2]`, rope_max_seq_len 32).
+    /// - `wan-quickstart`: made up for the CPU quickstart on the synthetic data (4 layers,
+    ///   4 heads x 24, ffn 384, text_dim 32, freq_dim 64, 4 channels, patch `[1, 2, 2]`).
+    /// - `wan-bench-small` / `wan-bench-medium`: made up for benchmarks (4 layers, 4 x 32,
+    ///   ffn 512 / 8 layers, 8 x 64, ffn 2048), same I/O as `wan-quickstart`.
     /// - `wan2.1-t2v-1.3b`: `transformer/config.json` of the Hugging Face repository
     ///   `Wan-AI/Wan2.1-T2V-1.3B-Diffusers` (30 layers, 12 heads x 128, ffn 8960).
     /// - `wan2.1-t2v-14b`: `transformer/config.json` of `Wan-AI/Wan2.1-T2V-14B-Diffusers`
@@ -69,6 +105,9 @@ impl WanConfig {
                 pos_embed_seq_len: None,
                 extra: BTreeMap::new(),
             }),
+            "wan-quickstart" => Some(small(4, 4, 24, 384)),
+            "wan-bench-small" => Some(small(4, 4, 32, 512)),
+            "wan-bench-medium" => Some(small(8, 8, 64, 2048)),
             "wan2.1-t2v-1.3b" => Some(wan21_t2v(30, 12, 8960)),
             "wan2.1-t2v-14b" => Some(wan21_t2v(40, 40, 13824)),
             _ => None,

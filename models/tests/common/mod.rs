@@ -12,9 +12,9 @@ use reel_core::params::PathStack;
 use reel_models::{WanConfig, WanModel};
 
 /// Inference backend.
-pub type Cpu = burn::backend::Flex;
+pub type Cpu = burn::backend::NdArray;
 /// Training backend.
-pub type TestBackend = burn::backend::Autodiff<burn::backend::Flex>;
+pub type TestBackend = burn::backend::Autodiff<burn::backend::NdArray>;
 
 /// The golden fixture folder: `$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to
 /// the workspace. Panics (the test fails) when it is missing.

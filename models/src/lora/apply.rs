@@ -1,0 +1,216 @@
+//! Applying a [`LoraSpec`] to a [`WanModel`]: find the targeted linear layers by module path
+//! (PEFT's list semantics), freeze every base parameter, attach seeded `A` / zero `B`.
+
+use burn::module::{Module, Param, ParamId};
+use burn::tensor::{backend::Backend, Shape, Tensor, TensorData};
+
+use reel_core::role::{target_matches, LoraSpec};
+
+use super::LoraError;
+use crate::wan::init::SplitMix64;
+use crate::wan::{Linear, WanModel};
+
+/// Module paths of every linear layer of a Wan model, with `{}` for the block index. These
+/// are the names a LoRA `target_modules` entry may end with (see [`is_known_target`]).
+pub const WAN_LINEAR_MODULES: &[&str] = &[
+    "condition_embedder.time_embedder.linear_1",
+    "condition_embedder.time_embedder.linear_2",
+    "condition_embedder.time_proj",
+    "condition_embedder.text_embedder.linear_1",
+    "condition_embedder.text_embedder.linear_2",
+    "blocks.{}.attn1.to_q",
+    "blocks.{}.attn1.to_k",
+    "blocks.{}.attn1.to_v",
+    "blocks.{}.attn1.to_out.0",
+    "blocks.{}.attn2.to_q",
+    "blocks.{}.attn2.to_k",
+    "blocks.{}.attn2.to_v",
+    "blocks.{}.attn2.to_out.0",
+    "blocks.{}.ffn.net.0.proj",
+    "blocks.{}.ffn.net.2",
+    "proj_out",
+];
+
+/// Whether `target` names some Wan linear layer under PEFT's suffix rule: its dotted parts
+/// are the trailing parts of one of [`WAN_LINEAR_MODULES`] (`{}` matching any block index).
+/// `"to_q"`, `"attn2.to_v"`, `"blocks.3.ffn.net.2"` and `"proj_out"` are known; `"to_x"`
+/// and `"norm_q"` (not a linear layer) are not.
+pub fn is_known_target(target: &str) -> bool {
+    let parts: Vec<&str> = target.split('.').collect();
+    if target.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        return false;
+    }
+    WAN_LINEAR_MODULES.iter().any(|pattern| {
+        let pat: Vec<&str> = pattern.split('.').collect();
+        parts.len() <= pat.len()
+            && pat[pat.len() - parts.len()..]
+                .iter()
+                .zip(&parts)
+                .all(|(p, t)| p == t || (*p == "{}" && t.chars().all(|c| c.is_ascii_digit())))
+    })
+}
+
+/// Every linear layer of `model` with its dotted module path, in module order.
+pub fn wan_linears_mut<B: Backend>(model: &mut WanModel<B>) -> Vec<(String, &mut Linear<B>)> {
+    let ce = &mut model.condition_embedder;
+    let mut out: Vec<(String, &mut Linear<B>)> = vec![
+        ("condition_embedder.time_embedder.linear_1".into(), &mut ce.time_embedder.linear_1),
+        ("condition_embedder.time_embedder.linear_2".into(), &mut ce.time_embedder.linear_2),
+        ("condition_embedder.time_proj".into(), &mut ce.time_proj),
+        ("condition_embedder.text_embedder.linear_1".into(), &mut ce.text_embedder.linear_1),
+        ("condition_embedder.text_embedder.linear_2".into(), &mut ce.text_embedder.linear_2),
+    ];
+    for (i, block) in model.blocks.iter_mut().enumerate() {
+        for (name, attn) in [("attn1", &mut block.attn1), ("attn2", &mut block.attn2)] {
+            out.push((format!("blocks.{i}.{name}.to_q"), &mut attn.to_q));
+            out.push((format!("blocks.{i}.{name}.to_k"), &mut attn.to_k));
+            out.push((format!("blocks.{i}.{name}.to_v"), &mut attn.to_v));
+            for (j, o) in attn.to_out.iter_mut().enumerate() {
+                out.push((format!("blocks.{i}.{name}.to_out.{j}"), o));
+            }
+        }
+        out.push((format!("blocks.{i}.ffn.net.0.proj"), &mut block.ffn.net.0.proj));
+        out.push((format!("blocks.{i}.ffn.net.2"), &mut block.ffn.net.2));
+    }
+    out.push(("proj_out".into(), &mut model.proj_out));
+    out
+}
+
+/// Salt mixed into the run seed when the spec gives no `init_seed`.
+const RUN_SEED_SALT: u64 = 0x4C6F_5241_0000_0001;
+
+fn path_hash(s: &str) -> u64 {
+    // FNV-1a: each module path gets its own stream.
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The initial `lora_A` values of the module at `path`: PEFT's default
+/// (`kaiming_uniform_(a=sqrt(5))`), i.e. uniform in `[-1/sqrt(in), 1/sqrt(in)]`, drawn from
+/// a generator seeded by `(seed, path)`.
+pub fn lora_a_init_values(seed: u64, path: &str, rank: usize, d_in: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed ^ path_hash(path).rotate_left(23));
+    rng.next_u64();
+    let bound = 1.0 / (d_in as f64).sqrt();
+    (0..rank * d_in)
+        .map(|_| ((2.0 * rng.next_open01() - 1.0) * bound) as f32)
+        .collect()
+}
+
+/// A trainable parameter of `shape` created on first use from `values`.
+fn lazy_param<B: Backend>(device: B::Device, shape: [usize; 2], values: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> Param<Tensor<B, 2>> {
+    Param::uninitialized(
+        ParamId::new(),
+        move |device, require_grad| {
+            Tensor::<B, 2>::from_data(TensorData::new(values(), shape), device).set_require_grad(require_grad)
+        },
+        device,
+        true,
+        Shape::new(shape),
+    )
+}
+
+/// Attach a fresh adapter (seeded `A`, zero `B`) to every linear layer `spec` targets and
+/// freeze every other parameter (`require_grad = false`: no gradients, no optimizer state,
+/// not in checkpoints). The adapter weights are created lazily, so loading a trained adapter
+/// afterwards never draws the random values.
+///
+/// `run_seed` is used (salted) when `spec.init_seed` is `None`. Errors: an invalid spec, a
+/// target that matches no layer of this model, or a layer that already has an adapter.
+pub fn apply_lora<B: Backend>(model: WanModel<B>, spec: &LoraSpec, run_seed: u64) -> Result<WanModel<B>, LoraError> {
+    spec.validate().map_err(|e| LoraError::Spec(e.to_string()))?;
+    let seed = spec.init_seed.unwrap_or(run_seed ^ RUN_SEED_SALT);
+    let mut model = model.no_grad();
+    let mut matched = vec![false; spec.target_modules.len()];
+    for (path, lin) in wan_linears_mut(&mut model) {
+        let hits: Vec<usize> = (0..matched.len())
+            .filter(|&i| target_matches(&path, &spec.target_modules[i]))
+            .collect();
+        if hits.is_empty() {
+            continue;
+        }
+        if lin.has_lora() {
+            return Err(LoraError::Spec(format!("`{path}` already has a LoRA adapter")));
+        }
+        for i in hits {
+            matched[i] = true;
+        }
+        let (d_in, d_out, r) = (lin.in_features(), lin.out_features(), spec.rank);
+        let device = lin.weight.lazy_device();
+        let p = path.clone();
+        let a = lazy_param::<B>(device.clone(), [r, d_in], move || lora_a_init_values(seed, &p, r, d_in));
+        let b = lazy_param::<B>(device, [d_out, r], move || vec![0.0; d_out * r]);
+        lin.attach_lora(a, b, spec.scaling());
+    }
+    let unmatched: Vec<&str> = spec
+        .target_modules
+        .iter()
+        .zip(&matched)
+        .filter(|(_, m)| !**m)
+        .map(|(t, _)| t.as_str())
+        .collect();
+    if !unmatched.is_empty() {
+        return Err(LoraError::Spec(format!(
+            "target_modules {unmatched:?} match no linear layer of this model (linear layers: {})",
+            WAN_LINEAR_MODULES.join(", ")
+        )));
+    }
+    Ok(model)
+}
+
+/// Module paths of the layers that carry an adapter.
+pub fn lora_module_paths<B: Backend>(model: &mut WanModel<B>) -> Vec<String> {
+    wan_linears_mut(model)
+        .into_iter()
+        .filter(|(_, l)| l.has_lora())
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// Set the runtime multiplier of every adapter (diffusers `attention_kwargs={"scale": s}`):
+/// the adapter branch becomes `s · alpha / r · B A x`. Returns the number of adapted layers.
+/// Has no effect on layers whose adapter is merged until they are unmerged.
+pub fn set_lora_scale<B: Backend>(model: &mut WanModel<B>, scale: f64) -> usize {
+    let mut n = 0;
+    for (_, lin) in wan_linears_mut(model) {
+        if lin.has_lora() {
+            lin.lora_multiplier = scale;
+            n += 1;
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_targets_follow_the_suffix_rule() {
+        for t in ["to_q", "to_out.0", "attn2.to_v", "blocks.3.ffn.net.2", "net.0.proj", "proj_out", "time_proj", "0.attn1.to_k"] {
+            assert!(is_known_target(t), "{t}");
+        }
+        for t in ["", "to_x", "norm_q", "to_out", "blocks.x.attn1.to_q", "attn3.to_q", "a..b", "patch_embedding"] {
+            assert!(!is_known_target(t), "{t}");
+        }
+    }
+
+    #[test]
+    fn template_list_equals_the_model_layers() {
+        let mut cfg = crate::WanConfig::preset("wan-tiny").unwrap();
+        cfg.num_layers = 1;
+        let mut model = cfg.init::<burn::backend::Flex>(&Default::default());
+        let paths: Vec<String> = wan_linears_mut(&mut model).into_iter().map(|(p, _)| p).collect();
+        let want: Vec<String> = WAN_LINEAR_MODULES.iter().map(|p| p.replace("{}", "0")).collect();
+        assert_eq!(paths, want);
+    }
+
+    #[test]
+    fn a_init_is_seeded_and_kaiming_bounded() {
+        let a = lora_a_init_values(5, "blocks.0.attn1.to_q", 4, 64);
+        assert_eq!(a, lora_a_init_values(5, "blocks.0.attn1.to_q", 4, 64));
+        assert_ne!(a, lora_a_init_values(5, "blocks.0.attn1.to_k", 4, 64));
+        assert_ne!(a, lora_a_init_values(6, "blocks.0.attn1.to_q", 4, 64));
+        assert!(a.iter().all(|v| v.abs() <= 0.125));
+        assert!(a.iter().any(|v| v.abs() > 0.1));
+    }
+}

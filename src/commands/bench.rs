@@ -1,0 +1,192 @@
+//! `reel bench`: time the Wan forward pass and the full training step (forward, backward,
+//! AdamW) on a backend, after warm-up, and print a table (or JSON).
+//!
+//! FLOP count (multiply-add = 2 FLOP), per forward pass, with `N` video tokens, `L` text
+//! tokens, width `d`, FFN width `f`, `n` blocks and batch `B`:
+//! `B·n·[N·(12d² + 4df + 4Nd + 4Ld) + L·4d²]`; a training step counts 3× the forward.
+
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
+use reel_core::optim::OptimizerConfig;
+use reel_core::rng::StreamRng;
+use reel_core::role::{RoleHandle, TrainableRole};
+use reel_methods::flow_matching_loss;
+use reel_models::WanConfig;
+use serde::Serialize;
+
+/// What to benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Wan preset(s) (`reel list` shows them); repeat for several.
+    #[arg(long = "preset", default_values_t = vec!["wan-quickstart".to_string()])]
+    pub presets: Vec<String>,
+    /// Latent frames / height / width (token count = F/pt · H/ph · W/pw).
+    #[arg(long, num_args = 3, value_names = ["F", "H", "W"], default_values_t = vec![8, 16, 16])]
+    pub shape: Vec<usize>,
+    /// Batch size.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Text tokens.
+    #[arg(long, default_value_t = 8)]
+    pub text_len: usize,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    /// Untimed warm-up repetitions.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One benchmark row.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    preset: String,
+    backend: String,
+    batch: usize,
+    tokens: usize,
+    forward_ms: Stats,
+    train_step_ms: Stats,
+    train_tokens_per_s: f64,
+    train_gflops: f64,
+    forward_gflops: f64,
+    peak_rss_mib: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
+    Stats {
+        median: v[v.len() / 2],
+        min: v[0],
+        max: v[v.len() - 1],
+    }
+}
+
+/// Peak resident memory of this process in MiB (Linux `VmHWM`), 0 when unknown.
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Forward FLOPs of one batch (see module docs).
+pub fn forward_flops(c: &WanConfig, batch: usize, tokens: usize, text_len: usize) -> f64 {
+    let d = c.inner_dim() as f64;
+    let f = c.ffn_dim as f64;
+    let (n, l) = (tokens as f64, text_len as f64);
+    batch as f64 * c.num_layers as f64 * (n * (12.0 * d * d + 4.0 * d * f + 4.0 * n * d + 4.0 * l * d) + l * 4.0 * d * d)
+}
+
+fn run_one<B: AutodiffBackend>(args: &BenchArgs, preset: &str, device: &B::Device) -> anyhow::Result<BenchRow> {
+    let cfg = WanConfig::preset(preset)
+        .ok_or_else(|| anyhow::anyhow!("unknown preset `{preset}`, expected one of {:?}", WanConfig::preset_names()))?;
+    let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
+    let [pt, ph, pw] = cfg.patch_size;
+    if f % pt != 0 || h % ph != 0 || w % pw != 0 {
+        anyhow::bail!("shape {f}x{h}x{w} is not divisible by the patch {pt}x{ph}x{pw}");
+    }
+    let tokens = (f / pt) * (h / ph) * (w / pw);
+    let b = args.batch;
+    let mut rng = StreamRng::from_seed(0);
+    let x0: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
+    let noise: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
+    let text: Tensor<B, 3> = rng.normal_tensor([b, args.text_len, cfg.text_dim], device);
+    let sigma = Tensor::<B, 1>::full([b], 0.5, device);
+    let model = cfg.try_init::<B>(device, 0)?;
+    let mut role = TrainableRole::new("student", model, OptimizerConfig::default(), Some(1.0), 1000);
+
+    let mut fwd = vec![];
+    for i in 0..args.warmup + args.steps {
+        let m = role.model_valid();
+        let t0 = Instant::now();
+        let out = m.forward(x0.clone().inner(), sigma.clone().inner().mul_scalar(1000.0), text.clone().inner());
+        let _ = out.sum().into_scalar();
+        if i >= args.warmup {
+            fwd.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let mut train = vec![];
+    for i in 0..args.warmup + args.steps {
+        let t0 = Instant::now();
+        let (loss, _) = flow_matching_loss(role.model(), x0.clone(), noise.clone(), sigma.clone(), text.clone(), false);
+        let grads = loss.backward();
+        role.accumulate(&grads, 1.0);
+        let n2 = role.grad_norm_sq().expect("gradients").into_scalar();
+        let n: f64 = burn::tensor::ElementConversion::elem::<f64>(n2).sqrt();
+        role.apply_update(i as u64, if n > 1.0 { 1.0 / n } else { 1.0 });
+        // Force the update to complete before stopping the clock.
+        let _ = role.trainable_tensors().len();
+        if i >= args.warmup {
+            train.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let ffl = forward_flops(&cfg, b, tokens, args.text_len);
+    let fwd = stats(fwd);
+    let train = stats(train);
+    Ok(BenchRow {
+        preset: preset.to_string(),
+        backend: args.backend.clone(),
+        batch: b,
+        tokens,
+        train_tokens_per_s: (b * tokens) as f64 / (train.median / 1e3),
+        train_gflops: 3.0 * ffl / (train.median / 1e3) / 1e9,
+        forward_gflops: ffl / (fwd.median / 1e3) / 1e9,
+        forward_ms: fwd,
+        train_step_ms: train,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+fn run_backend<B: AutodiffBackend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<Vec<BenchRow>> {
+    args.presets.iter().map(|p| run_one::<B>(args, p, device)).collect()
+}
+
+/// Run the benchmark and print the table.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.shape.len() != 3 {
+        anyhow::bail!("--shape takes three numbers: F H W");
+    }
+    let rows = match args.backend.as_str() {
+        "cpu" | "ndarray" => run_backend::<reel_core::backend::CpuBackend>(args, &Default::default())?,
+        "flex" => run_backend::<reel_core::backend::FlexBackend>(args, &Default::default())?,
+        #[cfg(feature = "cuda")]
+        "cuda" => run_backend::<reel_core::backend::CudaBackend>(args, &burn::backend::cuda::CudaDevice::new(0))?,
+        other => anyhow::bail!("backend `{other}` is not compiled in (cpu = ndarray and flex always; cuda with --features cuda)"),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<18} {:<8} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
+        "preset", "backend", "batch", "tokens", "forward ms (med/min/max)", "train step ms (med/min/max)", "tok/s", "fwd GF/s", "trn GF/s", "peak MiB"
+    );
+    for r in rows {
+        println!(
+            "{:<18} {:<8} {:>5} {:>6} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>10.0} {:>9.2} {:>9.2} {:>9.0}",
+            r.preset, r.backend, r.batch, r.tokens, r.forward_ms.median, r.forward_ms.min, r.forward_ms.max,
+            r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max, r.train_tokens_per_s, r.forward_gflops, r.train_gflops, r.peak_rss_mib
+        );
+    }
+    Ok(())
+}
