@@ -47,6 +47,12 @@ enum Command {
     List,
     /// Benchmark the forward pass and the training step of Wan presets.
     Bench(commands::bench::BenchArgs),
+    /// Generate clips from a checkpoint (latents + GIFs).
+    Sample(commands::sample::SampleArgs),
+    /// Score generated clips with the data's evaluator (caption accuracy); prints JSON.
+    Eval(commands::eval::EvalArgs),
+    /// Export a checkpoint's role: merged diffusers `transformer/` folder or LoRA adapter file.
+    Export(commands::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +67,9 @@ fn main() -> ExitCode {
         Command::Check { config, set } => commands::check::run(&config, &set),
         Command::List => commands::list::run(),
         Command::Bench(args) => commands::bench::run(&args),
+        Command::Sample(args) => commands::sample::run(&args),
+        Command::Eval(args) => commands::eval::run(&args),
+        Command::Export(args) => commands::export::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -204,7 +204,6 @@ fn check_samples(dir: &Path, step: u64, captions: &[String]) {
 
 #[test]
 fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
-    let started = std::time::Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let straight = tmp.path().join("straight");
     run(&load(CONFIG, &[]), &straight, None);
@@ -304,7 +303,6 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
             "EMA differs from the weights at step {s}"
         );
     }
-    let straight_secs = started.elapsed().as_secs_f64();
 
     // Resume: run to 5 (checkpoints at 4 and 5), resume from step 4 up to 6.
     let split = tmp.path().join("split");
@@ -355,10 +353,6 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
         [5, 6]
     );
     assert!(split.join("loss.png").is_file());
-    eprintln!(
-        "straight run + checks: {straight_secs:.1}s, total: {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
 }
 
 #[test]

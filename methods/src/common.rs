@@ -125,3 +125,39 @@ pub fn split_clips<B: Backend>(x: Tensor<B, 5>, spec: &DataSpec) -> Vec<Vec<f32>
     let all = x.into_data().convert::<f32>().to_vec::<f32>().expect("f32 clips");
     all.chunks(spec.latent_numel()).map(<[f32]>::to_vec).collect()
 }
+
+/// Fresh noise for step `step` (≥ 1) of a few-step sampler: prompt `i` draws from a stream of
+/// `(seed, i, step)`, independent of [`request_noise`] (which is step 0).
+pub fn request_step_noise<B: Backend>(req: &SampleRequest, step: usize, device: &B::Device) -> Tensor<B, 5> {
+    let s = &req.spec;
+    let per = s.latent_numel();
+    let mut v = Vec::with_capacity(per * req.prompts.len());
+    for i in 0..req.prompts.len() {
+        let key = req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9) ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        v.extend(StreamRng::from_seed(key).normal_vec(per));
+    }
+    Tensor::from_data(
+        TensorData::new(v, [req.prompts.len(), s.channels, s.frames, s.height, s.width]),
+        device,
+    )
+}
+
+/// Few-step x0 sampling (DMD-style, FastVideo `WanDMDPipeline`): start from the request's
+/// noise at `sigmas[0]`; at each σ predict `x0 = x − σ·v` (with classifier-free guidance on
+/// `v` unless `guidance == 1`) and, before every later step, re-noise it to the next σ with
+/// fresh noise from [`request_step_noise`]. Returns the last `x0`. Deterministic in the
+/// request's seed.
+pub fn sample_few_step<B: Backend>(model: &WanModel<B>, req: &SampleRequest, sigmas: &[f64], guidance: f64, device: &B::Device) -> Vec<Vec<f32>> {
+    let (cond, uncond) = request_text::<B>(req, device);
+    let mut x = request_noise::<B>(req, device);
+    let mut x0 = x.clone();
+    for (k, &sigma) in sigmas.iter().enumerate() {
+        if k > 0 {
+            let noise = request_step_noise::<B>(req, k, device);
+            x = x0.clone().mul_scalar(1.0 - sigma).add(noise.mul_scalar(sigma));
+        }
+        let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
+        x0 = x.clone().sub(v.mul_scalar(sigma));
+    }
+    split_clips(x0, &req.spec)
+}

@@ -4,6 +4,8 @@
 #![warn(missing_docs)]
 
 pub mod common;
+pub mod dmd2;
 pub mod finetune;
 
+pub use dmd2::{Dmd2Config, Rollout};
 pub use finetune::{FinetuneConfig, flow_matching_loss};

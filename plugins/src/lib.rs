@@ -3,4 +3,5 @@
 
 pub mod callbacks;
 pub mod data;
+pub mod lora;
 pub mod media;

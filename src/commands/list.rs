@@ -10,7 +10,14 @@ pub fn run() -> anyhow::Result<()> {
         if of_kind.is_empty() {
             continue;
         }
-        println!("{kind}s:");
+        let title = match kind {
+            PluginKind::Data => "data sources",
+            PluginKind::Method => "methods",
+            PluginKind::Model => "models",
+            PluginKind::Adapter => "adapters",
+            PluginKind::Callback => "callbacks",
+        };
+        println!("{title}:");
         for p in of_kind {
             println!("  {:<20} {}", p.name, p.summary);
         }

@@ -1,7 +1,11 @@
 //! CLI subcommands.
 pub mod bench;
 pub mod check;
+pub mod eval;
+pub mod export;
+pub mod inference;
 pub mod list;
+pub mod sample;
 pub mod train;
 
 use reel_core::config::LoadedConfig;

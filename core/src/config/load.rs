@@ -99,10 +99,9 @@ pub fn parse_run_config(text: &str, path: &Path, overrides: &[String]) -> Result
         let (keys, value) = parse_override(spec).map_err(|e| e.in_file(path))?;
         apply_override(&mut root, &keys, value).map_err(|e| e.in_file(path))?;
     }
-    let config: RunConfig = serde_path_to_error::deserialize(root.clone()).map_err(|e| {
-        let key = e.path().to_string();
-        let key = if key == "." { String::new() } else { key };
-        ConfigError::new(key, one_line(&e.into_inner().to_string())).in_file(path)
+    let config: RunConfig = deserialize(&root).map_err(|(key, msg)| {
+        let key = refine_key(&root, &key, &msg);
+        ConfigError::new(key, msg).in_file(path)
     })?;
     config.validate().map_err(|e| e.in_file(path))?;
     let resolved_toml = toml::to_string_pretty(&root).unwrap_or_else(|_| text.to_string());
@@ -112,6 +111,75 @@ pub fn parse_run_config(text: &str, path: &Path, overrides: &[String]) -> Result
         base_dir: base_dir_for(path),
         resolved_toml,
     })
+}
+
+/// Deserialize with key-path tracking: `Err((dotted key, one-line message))`.
+fn deserialize(root: &toml::Value) -> Result<RunConfig, (String, String)> {
+    serde_path_to_error::deserialize(root.clone()).map_err(|e| {
+        let key = e.path().to_string();
+        let key = if key == "." { String::new() } else { key };
+        let msg = one_line(&e.into_inner().to_string());
+        // serde reports the enclosing table again at the end ("... in `data`"): drop it.
+        let msg = match msg.rsplit_once(" in `") {
+            Some((head, tail)) if tail.ends_with('`') && !tail[..tail.len() - 1].contains('`') => head.to_string(),
+            _ => msg,
+        };
+        (key, msg)
+    })
+}
+
+/// The value at a serde path like `callbacks[0].adapter` in a TOML tree.
+fn value_at<'a>(root: &'a toml::Value, key: &str) -> Option<&'a toml::Value> {
+    let mut cur = root;
+    for part in key.split('.').filter(|p| !p.is_empty()) {
+        let (name, idx) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            cur = cur.get(name)?;
+        }
+        if let Some(i) = idx {
+            cur = cur.get(i)?;
+        }
+    }
+    Some(cur)
+}
+
+/// Plugin tables (`kind = ...`) are buffered by typetag, which loses the path of a field
+/// inside them. Find the field: the key whose removal changes the error is the culprit.
+fn refine_key(root: &toml::Value, key: &str, msg: &str) -> String {
+    let Some(toml::Value::Table(table)) = value_at(root, key) else {
+        return key.to_string();
+    };
+    for field in table.keys().filter(|k| k.as_str() != "kind") {
+        let mut probe = root.clone();
+        if let Some(toml::Value::Table(t)) = value_at_mut(&mut probe, key) {
+            t.remove(field);
+        }
+        match deserialize(&probe) {
+            Err((k, m)) if k == key && m == msg => continue,
+            _ => return if key.is_empty() { field.clone() } else { format!("{key}.{field}") },
+        }
+    }
+    key.to_string()
+}
+
+fn value_at_mut<'a>(root: &'a mut toml::Value, key: &str) -> Option<&'a mut toml::Value> {
+    let mut cur = root;
+    for part in key.split('.').filter(|p| !p.is_empty()) {
+        let (name, idx) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            cur = cur.get_mut(name)?;
+        }
+        if let Some(i) = idx {
+            cur = cur.get_mut(i)?;
+        }
+    }
+    Some(cur)
 }
 
 fn one_line(s: &str) -> String {

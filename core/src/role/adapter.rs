@@ -73,7 +73,10 @@ impl LoraSpec {
             ));
         }
         if let Some(t) = self.target_modules.iter().find(|t| t.trim().is_empty()) {
-            return Err(ConfigError::new("target_modules", format!("empty module name {t:?}")));
+            return Err(ConfigError::new(
+                "target_modules",
+                format!("empty module name {t:?}"),
+            ));
         }
         check::in_half_open("dropout", self.dropout, 0.0, 1.0)?;
         if self.dropout > 0.0 {
@@ -124,13 +127,55 @@ mod tests {
         let ok = LoraSpec::new(4, vec!["to_q".into()]);
         assert!(ok.validate().is_ok());
         let key = |s: LoraSpec| s.validate().unwrap_err().key;
-        assert_eq!(key(LoraSpec { rank: 0, ..ok.clone() }), "rank");
-        assert_eq!(key(LoraSpec { alpha: 0.0, ..ok.clone() }), "alpha");
-        assert_eq!(key(LoraSpec { alpha: f64::NAN, ..ok.clone() }), "alpha");
-        assert_eq!(key(LoraSpec { target_modules: vec![], ..ok.clone() }), "target_modules");
-        assert_eq!(key(LoraSpec { target_modules: vec![" ".into()], ..ok.clone() }), "target_modules");
-        assert_eq!(key(LoraSpec { dropout: 1.5, ..ok.clone() }), "dropout");
-        let msg = LoraSpec { dropout: 0.1, ..ok }.validate().unwrap_err().to_string();
-        assert!(msg.contains("not supported") && !msg.contains('\n'), "{msg}");
+        assert_eq!(
+            key(LoraSpec {
+                rank: 0,
+                ..ok.clone()
+            }),
+            "rank"
+        );
+        assert_eq!(
+            key(LoraSpec {
+                alpha: 0.0,
+                ..ok.clone()
+            }),
+            "alpha"
+        );
+        assert_eq!(
+            key(LoraSpec {
+                alpha: f64::NAN,
+                ..ok.clone()
+            }),
+            "alpha"
+        );
+        assert_eq!(
+            key(LoraSpec {
+                target_modules: vec![],
+                ..ok.clone()
+            }),
+            "target_modules"
+        );
+        assert_eq!(
+            key(LoraSpec {
+                target_modules: vec![" ".into()],
+                ..ok.clone()
+            }),
+            "target_modules"
+        );
+        assert_eq!(
+            key(LoraSpec {
+                dropout: 1.5,
+                ..ok.clone()
+            }),
+            "dropout"
+        );
+        let msg = LoraSpec { dropout: 0.1, ..ok }
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("not supported") && !msg.contains('\n'),
+            "{msg}"
+        );
     }
 }

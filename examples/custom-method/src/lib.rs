@@ -5,6 +5,8 @@
 //! The integration tests use it to exercise the trainer loop (cadence, two optimizers,
 //! accumulation, clipping, resume) without a video model. It is not linked into `reel`.
 
+pub mod minimal;
+
 use burn::module::{Module, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};

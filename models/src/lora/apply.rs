@@ -54,11 +54,23 @@ pub fn is_known_target(target: &str) -> bool {
 pub fn wan_linears_mut<B: Backend>(model: &mut WanModel<B>) -> Vec<(String, &mut Linear<B>)> {
     let ce = &mut model.condition_embedder;
     let mut out: Vec<(String, &mut Linear<B>)> = vec![
-        ("condition_embedder.time_embedder.linear_1".into(), &mut ce.time_embedder.linear_1),
-        ("condition_embedder.time_embedder.linear_2".into(), &mut ce.time_embedder.linear_2),
+        (
+            "condition_embedder.time_embedder.linear_1".into(),
+            &mut ce.time_embedder.linear_1,
+        ),
+        (
+            "condition_embedder.time_embedder.linear_2".into(),
+            &mut ce.time_embedder.linear_2,
+        ),
         ("condition_embedder.time_proj".into(), &mut ce.time_proj),
-        ("condition_embedder.text_embedder.linear_1".into(), &mut ce.text_embedder.linear_1),
-        ("condition_embedder.text_embedder.linear_2".into(), &mut ce.text_embedder.linear_2),
+        (
+            "condition_embedder.text_embedder.linear_1".into(),
+            &mut ce.text_embedder.linear_1,
+        ),
+        (
+            "condition_embedder.text_embedder.linear_2".into(),
+            &mut ce.text_embedder.linear_2,
+        ),
     ];
     for (i, block) in model.blocks.iter_mut().enumerate() {
         for (name, attn) in [("attn1", &mut block.attn1), ("attn2", &mut block.attn2)] {
@@ -69,7 +81,10 @@ pub fn wan_linears_mut<B: Backend>(model: &mut WanModel<B>) -> Vec<(String, &mut
                 out.push((format!("blocks.{i}.{name}.to_out.{j}"), o));
             }
         }
-        out.push((format!("blocks.{i}.ffn.net.0.proj"), &mut block.ffn.net.0.proj));
+        out.push((
+            format!("blocks.{i}.ffn.net.0.proj"),
+            &mut block.ffn.net.0.proj,
+        ));
         out.push((format!("blocks.{i}.ffn.net.2"), &mut block.ffn.net.2));
     }
     out.push(("proj_out".into(), &mut model.proj_out));
@@ -81,7 +96,9 @@ const RUN_SEED_SALT: u64 = 0x4C6F_5241_0000_0001;
 
 fn path_hash(s: &str) -> u64 {
     // FNV-1a: each module path gets its own stream.
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The initial `lora_A` values of the module at `path`: PEFT's default
@@ -97,11 +114,16 @@ pub fn lora_a_init_values(seed: u64, path: &str, rank: usize, d_in: usize) -> Ve
 }
 
 /// A trainable parameter of `shape` created on first use from `values`.
-fn lazy_param<B: Backend>(device: B::Device, shape: [usize; 2], values: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> Param<Tensor<B, 2>> {
+fn lazy_param<B: Backend>(
+    device: B::Device,
+    shape: [usize; 2],
+    values: impl Fn() -> Vec<f32> + Send + Sync + 'static,
+) -> Param<Tensor<B, 2>> {
     Param::uninitialized(
         ParamId::new(),
         move |device, require_grad| {
-            Tensor::<B, 2>::from_data(TensorData::new(values(), shape), device).set_require_grad(require_grad)
+            Tensor::<B, 2>::from_data(TensorData::new(values(), shape), device)
+                .set_require_grad(require_grad)
         },
         device,
         true,
@@ -116,8 +138,13 @@ fn lazy_param<B: Backend>(device: B::Device, shape: [usize; 2], values: impl Fn(
 ///
 /// `run_seed` is used (salted) when `spec.init_seed` is `None`. Errors: an invalid spec, a
 /// target that matches no layer of this model, or a layer that already has an adapter.
-pub fn apply_lora<B: Backend>(model: WanModel<B>, spec: &LoraSpec, run_seed: u64) -> Result<WanModel<B>, LoraError> {
-    spec.validate().map_err(|e| LoraError::Spec(e.to_string()))?;
+pub fn apply_lora<B: Backend>(
+    model: WanModel<B>,
+    spec: &LoraSpec,
+    run_seed: u64,
+) -> Result<WanModel<B>, LoraError> {
+    spec.validate()
+        .map_err(|e| LoraError::Spec(e.to_string()))?;
     let seed = spec.init_seed.unwrap_or(run_seed ^ RUN_SEED_SALT);
     let mut model = model.no_grad();
     let mut matched = vec![false; spec.target_modules.len()];
@@ -129,7 +156,9 @@ pub fn apply_lora<B: Backend>(model: WanModel<B>, spec: &LoraSpec, run_seed: u64
             continue;
         }
         if lin.has_lora() {
-            return Err(LoraError::Spec(format!("`{path}` already has a LoRA adapter")));
+            return Err(LoraError::Spec(format!(
+                "`{path}` already has a LoRA adapter"
+            )));
         }
         for i in hits {
             matched[i] = true;
@@ -137,7 +166,9 @@ pub fn apply_lora<B: Backend>(model: WanModel<B>, spec: &LoraSpec, run_seed: u64
         let (d_in, d_out, r) = (lin.in_features(), lin.out_features(), spec.rank);
         let device = lin.weight.lazy_device();
         let p = path.clone();
-        let a = lazy_param::<B>(device.clone(), [r, d_in], move || lora_a_init_values(seed, &p, r, d_in));
+        let a = lazy_param::<B>(device.clone(), [r, d_in], move || {
+            lora_a_init_values(seed, &p, r, d_in)
+        });
         let b = lazy_param::<B>(device, [d_out, r], move || vec![0.0; d_out * r]);
         lin.attach_lora(a, b, spec.scaling());
     }
@@ -186,10 +217,28 @@ mod tests {
 
     #[test]
     fn known_targets_follow_the_suffix_rule() {
-        for t in ["to_q", "to_out.0", "attn2.to_v", "blocks.3.ffn.net.2", "net.0.proj", "proj_out", "time_proj", "0.attn1.to_k"] {
+        for t in [
+            "to_q",
+            "to_out.0",
+            "attn2.to_v",
+            "blocks.3.ffn.net.2",
+            "net.0.proj",
+            "proj_out",
+            "time_proj",
+            "0.attn1.to_k",
+        ] {
             assert!(is_known_target(t), "{t}");
         }
-        for t in ["", "to_x", "norm_q", "to_out", "blocks.x.attn1.to_q", "attn3.to_q", "a..b", "patch_embedding"] {
+        for t in [
+            "",
+            "to_x",
+            "norm_q",
+            "to_out",
+            "blocks.x.attn1.to_q",
+            "attn3.to_q",
+            "a..b",
+            "patch_embedding",
+        ] {
             assert!(!is_known_target(t), "{t}");
         }
     }
@@ -199,8 +248,14 @@ mod tests {
         let mut cfg = crate::WanConfig::preset("wan-tiny").unwrap();
         cfg.num_layers = 1;
         let mut model = cfg.init::<burn::backend::Flex>(&Default::default());
-        let paths: Vec<String> = wan_linears_mut(&mut model).into_iter().map(|(p, _)| p).collect();
-        let want: Vec<String> = WAN_LINEAR_MODULES.iter().map(|p| p.replace("{}", "0")).collect();
+        let paths: Vec<String> = wan_linears_mut(&mut model)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let want: Vec<String> = WAN_LINEAR_MODULES
+            .iter()
+            .map(|p| p.replace("{}", "0"))
+            .collect();
         assert_eq!(paths, want);
     }
 

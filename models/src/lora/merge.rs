@@ -70,14 +70,21 @@ mod tests {
         let before = named_tensor_data(&base);
         let spec = LoraSpec {
             alpha: 6.0,
-            ..LoraSpec::new(3, vec!["to_q".into(), "ffn.net.2".into(), "proj_out".into()])
+            ..LoraSpec::new(
+                3,
+                vec!["to_q".into(), "ffn.net.2".into(), "proj_out".into()],
+            )
         };
         let mut model = apply_lora(base, &spec, 0).unwrap();
         // Give B non-zero values so the adapter changes the output.
         for (_, lin) in wan_linears_mut(&mut model) {
             if let Some(b) = lin.lora_B.as_mut() {
                 let shape = b.weight.lazy_shape();
-                let v = Tensor::<B, 2>::random([shape[0], shape[1]], Distribution::Normal(0.0, 0.1), &dev);
+                let v = Tensor::<B, 2>::random(
+                    [shape[0], shape[1]],
+                    Distribution::Normal(0.0, 0.1),
+                    &dev,
+                );
                 b.weight = burn::module::Param::from_tensor(v);
             }
         }
@@ -93,10 +100,20 @@ mod tests {
         assert!(max_abs(run(&model), adapted.clone()) < 1e-4);
         unload_lora(&mut model);
         for ((k, a), (_, b)) in before.iter().zip(named_tensor_data(&model).iter()) {
-            let d = a.to_vec::<f32>().unwrap().iter().zip(b.to_vec::<f32>().unwrap()).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            let d = a
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .zip(b.to_vec::<f32>().unwrap())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
             assert!(d < 1e-6, "{k}: {d}");
         }
         let merged = merge_and_unload(apply_lora(cfg.init_seeded::<B>(&dev, 3), &spec, 0).unwrap());
-        assert_eq!(named_tensor_data(&merged).len(), before.len(), "no adapter keys left");
+        assert_eq!(
+            named_tensor_data(&merged).len(),
+            before.len(),
+            "no adapter keys left"
+        );
     }
 }

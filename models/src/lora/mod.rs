@@ -7,7 +7,8 @@
 //! - [`merge`]: fold adapters into the weights and back (`W' = W + alpha/r · B A`);
 //! - [`io`]: read and write adapter files in the diffusers / PEFT safetensors layout
 //!   (`transformer.<module>.lora_A.weight`, `__metadata__.lora_adapter_metadata`), and read
-//!   ComfyUI-style Wan files (`diffusion_model.blocks.0.self_attn.q.lora_down.weight`).
+//!   ComfyUI-style Wan files (`diffusion_model.blocks.0.self_attn.q.lora_down.weight`);
+//!   [`format`] holds the key mappings and the metadata JSON.
 //!
 //! Each adapted [`Linear`](crate::wan::Linear) holds `lora_A.weight [r, in]` and
 //! `lora_B.weight [out, r]`, so a model's parameter paths equal the PEFT keys without the
@@ -15,6 +16,7 @@
 //! require gradients) holds exactly the adapter.
 
 pub mod apply;
+pub mod format;
 pub mod io;
 pub mod merge;
 
@@ -27,8 +29,12 @@ use reel_core::io::WeightError;
 use reel_core::params::PathStack;
 pub use reel_core::role::LoraSpec;
 
-pub use apply::{apply_lora, is_known_target, lora_module_paths, set_lora_scale, wan_linears_mut, WAN_LINEAR_MODULES};
-pub use io::{load_lora, lora_metadata_json, read_lora_file, save_lora, KeyStyle, LoraFile, LORA_WEIGHTS_FILE};
+pub use apply::{
+    apply_lora, is_known_target, lora_module_paths, set_lora_scale, wan_linears_mut,
+    WAN_LINEAR_MODULES,
+};
+pub use format::{comfy_module_to_diffusers, lora_metadata_json, KeyStyle, METADATA_KEY};
+pub use io::{apply_lora_file, load_lora, read_lora_file, save_lora, LoraFile, LORA_WEIGHTS_FILE};
 pub use merge::{merge_and_unload, merge_lora, unload_lora, unmerge_lora};
 
 pub use crate::wan::linear::LoraWeight;
@@ -97,7 +103,9 @@ pub fn lora_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Tensor
 
 /// The adapted module paths of a set of adapter keys, with their `(A, B)` key pair.
 /// Errors on a key that is not an adapter key or a module with only one of the two.
-pub fn pair_lora_keys<'a>(keys: impl IntoIterator<Item = &'a String>) -> Result<BTreeMap<String, (String, String)>, String> {
+pub fn pair_lora_keys<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+) -> Result<BTreeMap<String, (String, String)>, String> {
     let mut a = BTreeMap::new();
     let mut b = BTreeMap::new();
     for k in keys {
@@ -106,17 +114,27 @@ pub fn pair_lora_keys<'a>(keys: impl IntoIterator<Item = &'a String>) -> Result<
         } else if let Some(m) = k.strip_suffix(LORA_B_SUFFIX) {
             b.insert(m.to_string(), k.clone());
         } else {
-            return Err(format!("`{k}` is not a LoRA key (expected `<module>.lora_A.weight` / `.lora_B.weight`)"));
+            return Err(format!(
+                "`{k}` is not a LoRA key (expected `<module>.lora_A.weight` / `.lora_B.weight`)"
+            ));
         }
     }
-    let lonely: Vec<&String> = a.keys().filter(|m| !b.contains_key(*m)).chain(b.keys().filter(|m| !a.contains_key(*m))).collect();
+    let lonely: Vec<&String> = a
+        .keys()
+        .filter(|m| !b.contains_key(*m))
+        .chain(b.keys().filter(|m| !a.contains_key(*m)))
+        .collect();
     if !lonely.is_empty() {
-        return Err(format!("modules with only one of lora_A / lora_B: {lonely:?}"));
+        return Err(format!(
+            "modules with only one of lora_A / lora_B: {lonely:?}"
+        ));
     }
-    Ok(a.into_iter().map(|(m, ka)| {
-        let kb = b.remove(&m).expect("paired above");
-        (m, (ka, kb))
-    }).collect())
+    Ok(a.into_iter()
+        .map(|(m, ka)| {
+            let kb = b.remove(&m).expect("paired above");
+            (m, (ka, kb))
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -125,7 +143,9 @@ mod tests {
 
     #[test]
     fn keys_pair_up_or_fail_with_the_key() {
-        let keys: Vec<String> = ["x.to_q.lora_A.weight", "x.to_q.lora_B.weight"].map(String::from).to_vec();
+        let keys: Vec<String> = ["x.to_q.lora_A.weight", "x.to_q.lora_B.weight"]
+            .map(String::from)
+            .to_vec();
         let p = pair_lora_keys(&keys).unwrap();
         assert_eq!(p["x.to_q"].1, "x.to_q.lora_B.weight");
         let err = pair_lora_keys(&keys[..1].to_vec()).unwrap_err();

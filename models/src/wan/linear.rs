@@ -231,19 +231,32 @@ mod tests {
     fn lora_branch_merge_and_unmerge() {
         let mut lin = layer();
         // A = [1, 1, 1] (r = 1), B = [1, -2]^T, scaling 0.5, multiplier 2 -> factor 1.
-        lin.attach_lora(param(vec![1.0, 1.0, 1.0], [1, 3]), param(vec![1.0, -2.0], [2, 1]), 0.5);
+        lin.attach_lora(
+            param(vec![1.0, 1.0, 1.0], [1, 3]),
+            param(vec![1.0, -2.0], [2, 1]),
+            0.5,
+        );
         lin.lora_multiplier = 2.0;
         assert_eq!(lin.lora_rank(), Some(1));
         // A x: row 1 -> 0, row 2 -> 3; B (A x): [0, 0], [3, -6].
         let want = vec![-1.5f32, -3.0, 7.5, 6.0];
-        assert_eq!(lin.forward(input()).into_data().to_vec::<f32>().unwrap(), want);
+        assert_eq!(
+            lin.forward(input()).into_data().to_vec::<f32>().unwrap(),
+            want
+        );
         assert!(lin.merge_lora());
         assert!(!lin.merge_lora(), "merging twice is a no-op");
-        assert_eq!(lin.forward(input()).into_data().to_vec::<f32>().unwrap(), want);
+        assert_eq!(
+            lin.forward(input()).into_data().to_vec::<f32>().unwrap(),
+            want
+        );
         assert!(lin.unmerge_lora());
         let w = lin.weight.val().into_data().to_vec::<f32>().unwrap();
         assert_eq!(w, vec![1.0, 2., 3., 4., 5., 6.]);
         lin.detach_lora();
-        assert_eq!(lin.forward(input()).into_data().to_vec::<f32>().unwrap(), vec![-1.5, -3.0, 4.5, 12.0]);
+        assert_eq!(
+            lin.forward(input()).into_data().to_vec::<f32>().unwrap(),
+            vec![-1.5, -3.0, 4.5, 12.0]
+        );
     }
 }

@@ -30,7 +30,7 @@ pub mod ema;
 pub mod logging;
 pub mod validation;
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 
 use reel_core::callback::CallbackError;
@@ -51,11 +51,9 @@ pub(crate) fn io_error(path: &Path, e: impl std::fmt::Display) -> CallbackError 
 /// in-place progress line left on the current row (the progress line redraws at the next
 /// step).
 pub(crate) fn print_line(line: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = if err.is_terminal() {
-        writeln!(err, "\r\x1b[2K{line}")
+    if std::io::stderr().is_terminal() {
+        eprintln!("\r\x1b[2K{line}");
     } else {
-        writeln!(err, "{line}")
-    };
-    let _ = err.flush();
+        eprintln!("{line}");
+    }
 }

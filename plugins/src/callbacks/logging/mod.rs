@@ -27,6 +27,7 @@ pub mod jsonl;
 pub mod plot;
 pub mod progress;
 pub mod tensorboard;
+pub mod tfrecord;
 
 use std::path::PathBuf;
 

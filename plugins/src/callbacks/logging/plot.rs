@@ -92,6 +92,24 @@ pub fn tick_label(v: f64) -> String {
     }
 }
 
+/// Round tick values (1, 2 or 5 × 10^k apart, as close to `target` of them as such steps
+/// allow) inside `[lo, hi]`.
+pub fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
+    let raw = (hi - lo) / target.max(1) as f64;
+    if !(raw.is_finite() && raw > 0.0) {
+        return vec![lo];
+    }
+    let mag = 10f64.powf(raw.log10().floor());
+    let count = |step: f64| ((hi - lo) / step - target as f64).abs();
+    let step = [0.5, 1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .min_by(|a, b| count(*a).total_cmp(&count(*b)))
+        .unwrap_or(mag);
+    let (first, last) = ((lo / step).ceil() as i64, (hi / step).floor() as i64);
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
 /// Pixels of a `WIDTH × HEIGHT` loss plot of `series` (an empty frame when there is none).
 pub fn render(series: &[Series]) -> Vec<[u8; 3]> {
     let mut img = vec![WHITE; WIDTH * HEIGHT];
@@ -122,43 +140,35 @@ pub fn render(series: &[Series]) -> Vec<[u8; 3]> {
     let pad = 0.05 * (hi - lo);
     (lo, hi) = (lo - pad, hi + pad);
     let px = |s: f64| x0 as f64 + (s - smin) / (smax - smin) * (x1 - x0) as f64;
-    let py = |v: f64| y1 as f64 - (fy(v) - lo) / (hi - lo) * (y1 - y0) as f64;
+    let ty = |t: f64| y1 as f64 - (t - lo) / (hi - lo) * (y1 - y0) as f64;
+    let py = |v: f64| ty(fy(v));
 
-    // Grid and tick labels.
-    const TICKS: usize = 5;
+    // Grid and tick labels: round values; powers of ten on a log axis.
     let th = GLYPH_H * TEXT_SCALE;
-    for i in 0..=TICKS {
-        let t = i as f64 / TICKS as f64;
-        let gy = (y1 as f64 - t * (y1 - y0) as f64).round() as usize;
-        line(
-            &mut img,
-            (x0 as f64, gy as f64),
-            (x1 as f64, gy as f64),
-            GRID,
-            1,
-        );
-        let value = lo + t * (hi - lo);
-        let label = tick_label(if log { 10f64.powf(value) } else { value });
+    let decades: Vec<f64> = (lo.ceil() as i64..=hi.floor() as i64)
+        .map(|e| e as f64)
+        .collect();
+    let yticks = if log && decades.len() >= 2 {
+        decades
+    } else {
+        nice_ticks(lo, hi, 5)
+    };
+    for t in yticks {
+        let gy = ty(t).round();
+        line(&mut img, (x0 as f64, gy), (x1 as f64, gy), GRID, 1);
+        let label = tick_label(if log { 10f64.powf(t) } else { t });
         let lx = x0.saturating_sub(text_width(&label, TEXT_SCALE) + 6);
-        draw_text(
-            &mut img,
-            WIDTH,
-            lx,
-            gy.saturating_sub(th / 2),
-            &label,
-            TEXT_SCALE,
-            BLACK,
-        );
-        let gx = (x0 as f64 + t * (x1 - x0) as f64).round() as usize;
-        line(
-            &mut img,
-            (gx as f64, y0 as f64),
-            (gx as f64, y1 as f64),
-            GRID,
-            1,
-        );
-        let label = format!("{}", (smin + t * (smax - smin)).round() as i64);
-        let lx = gx.saturating_sub(text_width(&label, TEXT_SCALE) / 2);
+        let ly = (gy as usize).saturating_sub(th / 2);
+        draw_text(&mut img, WIDTH, lx, ly, &label, TEXT_SCALE, BLACK);
+    }
+    for s in nice_ticks(smin, smax, 6)
+        .into_iter()
+        .filter(|s| s.fract() == 0.0)
+    {
+        let gx = px(s).round();
+        line(&mut img, (gx, y0 as f64), (gx, y1 as f64), GRID, 1);
+        let label = format!("{}", s as i64);
+        let lx = (gx as usize).saturating_sub(text_width(&label, TEXT_SCALE) / 2);
         draw_text(&mut img, WIDTH, lx, y1 + 8, &label, TEXT_SCALE, BLACK);
     }
     line(
@@ -289,6 +299,12 @@ mod tests {
         assert_eq!(tick_label(0.5), "0.5");
         assert_eq!(tick_label(12.0), "12");
         assert_eq!(tick_label(0.00123), "1.2E-3");
+        assert_eq!(nice_ticks(1.4, 4.2, 5), [1.5, 2.0, 2.5, 3.0, 3.5, 4.0]);
+        assert_eq!(
+            nice_ticks(1.0, 60.0, 6),
+            [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+        );
+        assert_eq!(nice_ticks(0.0, 0.0, 5), [0.0]);
     }
 
     #[test]

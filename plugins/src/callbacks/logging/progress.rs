@@ -130,17 +130,16 @@ impl Progress {
     pub fn step(&mut self, report: &StepReport, is_final: bool) {
         let mean = self.push_time(report.step_seconds);
         let line = format_line(report, mean, self.started.elapsed().as_secs_f64());
-        let mut err = std::io::stderr().lock();
         if self.terminal {
-            let _ = write!(err, "\r\x1b[2K{line}");
+            eprint!("\r\x1b[2K{line}");
             if is_final {
-                let _ = writeln!(err);
+                eprintln!();
             }
+            let _ = std::io::stderr().flush();
             self.drawn = !is_final;
         } else if report.step.is_multiple_of(self.every) || is_final || report.skipped {
-            let _ = writeln!(err, "{line}");
+            eprintln!("{line}");
         }
-        let _ = err.flush();
     }
 
     /// End an in-place line (before the run ends without a final step).

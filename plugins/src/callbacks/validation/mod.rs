@@ -26,7 +26,7 @@
 //! at_end = true         # also validate after the last step
 //! ```
 
-use std::path::{Path, PathBuf};
+pub mod output;
 
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::callback::{
@@ -34,22 +34,18 @@ use reel_core::callback::{
     ValidationReport,
 };
 use reel_core::config::{check, ConfigError};
-use reel_core::data::{negative_or_zeros, ClipScore, DataSpec};
+use reel_core::data::{negative_or_zeros, ClipScore};
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
+pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
-use crate::data::clip_to_rgb;
-use crate::media::{contact_sheet, write_gif, write_png};
 
 reel_core::register_plugin!(
     Callback,
     "validation",
     "Sample validation prompts: GIFs, a contact sheet and evaluator scores (val/overall)"
 );
-
-/// Frame delay of the GIFs, in hundredths of a second.
-const GIF_DELAY_CS: u16 = 12;
 
 fn default_num_prompts() -> usize {
     8
@@ -125,73 +121,6 @@ pub struct ValidationCallback {
     warned_no_prompts: bool,
 }
 
-/// File name of clip `i`: `<i>-<caption>.gif`, spaces as `_`, other characters that are not
-/// alphanumeric, `-` or `.` dropped (`clip` for an empty caption).
-pub fn clip_file_name(i: usize, caption: &str) -> String {
-    let mut stem: String = caption
-        .trim()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('_'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' || c == '.' => Some(c),
-            _ => None,
-        })
-        .take(80)
-        .collect();
-    if stem.is_empty() {
-        stem = "clip".into();
-    }
-    format!("{i}-{stem}.gif")
-}
-
-/// Upscaling factor of GIFs and sheets: 8, less for large latents (at most ~256 px a side).
-pub fn display_scale(spec: &DataSpec) -> u32 {
-    (256 / spec.height.max(spec.width).max(1)).clamp(1, 8) as u32
-}
-
-/// Mean scores over clips: `("val/overall", ..)` first, then `val/<criterion>` in the order
-/// the criteria first appear.
-pub fn mean_scores(scores: &[ClipScore]) -> Vec<(String, f64)> {
-    if scores.is_empty() {
-        return Vec::new();
-    }
-    let n = scores.len() as f64;
-    let mut out = vec![(
-        "val/overall".to_string(),
-        scores.iter().map(|s| s.overall as f64).sum::<f64>() / n,
-    )];
-    let mut sums: Vec<(String, f64)> = Vec::new();
-    for s in scores {
-        for (name, v) in &s.criteria {
-            match sums.iter_mut().find(|(k, _)| k == name) {
-                Some((_, acc)) => *acc += *v as f64,
-                None => sums.push((name.clone(), *v as f64)),
-            }
-        }
-    }
-    out.extend(sums.into_iter().map(|(k, v)| (format!("val/{k}"), v / n)));
-    out
-}
-
-/// The printed summary line of one validation.
-pub fn summary_line(step: u64, metrics: &[(String, f64)], clips: usize, sheet: &Path) -> String {
-    let scores = match metrics.split_first() {
-        Some(((_, overall), rest)) => {
-            let parts: Vec<String> = rest
-                .iter()
-                .map(|(k, v)| format!("{} {v:.2}", k.trim_start_matches("val/")))
-                .collect();
-            if parts.is_empty() {
-                format!("overall {overall:.3}")
-            } else {
-                format!("overall {overall:.3} ({})", parts.join(", "))
-            }
-        }
-        None => format!("{clips} clips"),
-    };
-    format!("validation @ step {step}: {scores} -> {}", sheet.display())
-}
-
 impl ValidationCallback {
     /// A callback for `cfg` (assumed validated).
     pub fn new(cfg: ValidationConfig) -> Self {
@@ -253,23 +182,8 @@ impl ValidationCallback {
             std::fs::remove_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
         }
         std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
-        let scale = display_scale(&spec);
-        let media = |e: crate::media::MediaError| CallbackError::Other(format!("validation: {e}"));
-        let mut files: Vec<PathBuf> = Vec::new();
-        let mut frames_all = Vec::with_capacity(clips.len());
-        for (i, (clip, caption)) in clips.iter().zip(&captions).enumerate() {
-            let frames = clip_to_rgb(clip, &spec);
-            let path = dir.join(clip_file_name(i, caption));
-            write_gif(&path, &frames, spec.width, spec.height, scale, GIF_DELAY_CS)
-                .map_err(media)?;
-            files.push(path);
-            frames_all.push(frames);
-        }
-        let (sheet, w, h) = contact_sheet(&frames_all, spec.width, spec.height, scale);
-        let sheet_path = dir.join("sheet.png");
-        write_png(&sheet_path, &sheet, w, h).map_err(media)?;
-        files.push(sheet_path.clone());
-
+        let mut files = output::write_clips(&dir, &clips, &captions, &spec)?;
+        let sheet_path = dir.join(output::SHEET_FILE);
         let mut metrics = Vec::new();
         if let Some(evaluator) = ctx.data.evaluator() {
             let scores: Vec<ClipScore> = clips
@@ -278,28 +192,8 @@ impl ValidationCallback {
                 .map(|(clip, caption)| evaluator.score(clip, &spec, caption))
                 .collect();
             metrics = mean_scores(&scores);
-            let per_clip: Vec<serde_json::Value> = scores
-                .iter()
-                .zip(&captions)
-                .zip(&files)
-                .map(|((s, caption), file)| {
-                    let criteria: serde_json::Map<String, serde_json::Value> = s
-                        .criteria
-                        .iter()
-                        .map(|(k, v)| (k.clone(), serde_json::json!(v)))
-                        .collect();
-                    serde_json::json!({
-                        "caption": caption,
-                        "file": file.file_name().map(|f| f.to_string_lossy().to_string()),
-                        "overall": s.overall,
-                        "criteria": criteria,
-                    })
-                })
-                .collect();
-            let doc = serde_json::json!({ "step": step, "metrics": metrics.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(), "clips": per_clip });
-            let path = dir.join("scores.json");
-            let text = serde_json::to_string_pretty(&doc).expect("scores serialize");
-            std::fs::write(&path, text).map_err(|e| io_error(&path, e))?;
+            let path = dir.join(output::SCORES_FILE);
+            output::write_scores(&path, step, &metrics, &captions, &files, &scores)?;
             files.push(path);
         }
         print_line(&summary_line(step, &metrics, clips.len(), &sheet_path));
@@ -401,45 +295,5 @@ mod tests {
         assert!(parse("every_steps = 1\nevery = 2")
             .unwrap_err()
             .contains("every"));
-    }
-
-    #[test]
-    fn file_names_scale_and_means() {
-        assert_eq!(
-            clip_file_name(3, "a red square moving left"),
-            "3-a_red_square_moving_left.gif"
-        );
-        assert_eq!(clip_file_name(0, "../x/y?"), "0-..xy.gif");
-        assert_eq!(clip_file_name(1, ""), "1-clip.gif");
-        let spec = |h, w| DataSpec {
-            channels: 4,
-            frames: 4,
-            height: h,
-            width: w,
-            text_len: 8,
-            text_dim: 32,
-        };
-        assert_eq!(display_scale(&spec(16, 16)), 8);
-        assert_eq!(display_scale(&spec(60, 104)), 2);
-        assert_eq!(display_scale(&spec(512, 512)), 1);
-        let score = |c: f32, s: f32, overall: f32| ClipScore {
-            criteria: vec![("colour".into(), c), ("shape".into(), s)],
-            overall,
-        };
-        let m = mean_scores(&[score(1.0, 1.0, 1.0), score(1.0, 0.0, 0.0)]);
-        assert_eq!(
-            m,
-            [
-                ("val/overall".to_string(), 0.5),
-                ("val/colour".to_string(), 1.0),
-                ("val/shape".to_string(), 0.5)
-            ]
-        );
-        let line = summary_line(4, &m, 2, Path::new("runs/x/samples/step-4/sheet.png"));
-        assert_eq!(
-            line,
-            "validation @ step 4: overall 0.500 (colour 1.00, shape 0.50) -> runs/x/samples/step-4/sheet.png"
-        );
-        assert!(summary_line(4, &[], 2, Path::new("s.png")).contains("2 clips"));
     }
 }

@@ -1,0 +1,261 @@
+//! The `[method] kind = "dmd2"` configuration: fields, defaults and validation.
+
+use serde::{Deserialize, Serialize};
+
+use reel_core::config::{check, ConfigError};
+use reel_core::flow::shift_sigma;
+use reel_core::method::MethodConfig;
+use reel_core::optim::{OptimizerConfig, OptimizerPatch};
+use reel_core::role::RoleRequirement;
+
+use super::loss::CfgForm;
+use super::rollout::DenoisingSchedule;
+
+/// Where the point the student denoises comes from (FastVideo `rollout_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Rollout {
+    /// From pure noise through the student's own few-step trajectory (text-only data works).
+    #[default]
+    Simulate,
+    /// A data latent noised to a listed step.
+    DataLatent,
+}
+
+/// `[method] kind = "dmd2"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dmd2Config {
+    /// How the student's input is produced: `"simulate"` (default) or `"data_latent"`.
+    #[serde(default)]
+    pub rollout: Rollout,
+    /// The student's model timesteps, strictly decreasing, each in `1..=1000` (FastVideo
+    /// `dmd_denoising_steps`; default `[1000, 750, 500, 250]`).
+    #[serde(default = "default_steps")]
+    pub denoising_steps: Vec<u32>,
+    /// Map the listed timesteps through the shifted schedule (`σ = shift(t/1000)`) instead of
+    /// `σ = t/1000` (FastVideo `warp_denoising_step`; default false).
+    #[serde(default)]
+    pub warp_denoising_steps: bool,
+    /// Timestep shift of the score σ (and of warped steps). Default 3 (FastVideo's Wan
+    /// `flow_shift` default; its Wan DMD2 example sets 8).
+    #[serde(default = "default_shift")]
+    pub shift: f64,
+    /// Guidance of the teacher's real score (FastVideo `real_score_guidance_scale`; default
+    /// 4.5, its Wan example).
+    #[serde(default = "default_guidance")]
+    pub guidance_scale: f64,
+    /// CFG parameterisation of the real score: `"uncond"` (default, `uncond + g·(cond −
+    /// uncond)`) or `"legacy"` (`cond + g·(cond − uncond)`).
+    #[serde(default)]
+    pub cfg_form: CfgForm,
+    /// Lower bound of the score σ as a fraction of the schedule (default 0.02).
+    #[serde(default = "default_min_ratio")]
+    pub min_timestep_ratio: f64,
+    /// Upper bound of the score σ (default 0.98).
+    #[serde(default = "default_max_ratio")]
+    pub max_timestep_ratio: f64,
+    /// The student updates on steps with `step % generator_update_interval == 0` (0-based;
+    /// default 5). The critic updates every step.
+    #[serde(default = "default_interval")]
+    pub generator_update_interval: u64,
+    /// Critic optimizer settings on top of `[optimizer]` (FastVideo `fake_score_*`); a
+    /// `[models.critic.optimizer]` table still overrides these.
+    #[serde(default)]
+    pub critic_optimizer: Option<OptimizerPatch>,
+    /// Default sampling steps for validation / `reel sample` (default: all listed steps; at
+    /// most that many).
+    #[serde(default)]
+    pub sample_steps: Option<usize>,
+}
+
+fn default_steps() -> Vec<u32> {
+    vec![1000, 750, 500, 250]
+}
+fn default_shift() -> f64 {
+    3.0
+}
+fn default_guidance() -> f64 {
+    4.5
+}
+fn default_min_ratio() -> f64 {
+    0.02
+}
+fn default_max_ratio() -> f64 {
+    0.98
+}
+fn default_interval() -> u64 {
+    5
+}
+
+impl Default for Dmd2Config {
+    fn default() -> Self {
+        Self {
+            rollout: Rollout::Simulate,
+            denoising_steps: default_steps(),
+            warp_denoising_steps: false,
+            shift: default_shift(),
+            guidance_scale: default_guidance(),
+            cfg_form: CfgForm::Uncond,
+            min_timestep_ratio: default_min_ratio(),
+            max_timestep_ratio: default_max_ratio(),
+            generator_update_interval: default_interval(),
+            critic_optimizer: None,
+            sample_steps: None,
+        }
+    }
+}
+
+impl Dmd2Config {
+    /// Whether the student (generator) updates at 0-based global step `step`.
+    pub fn generator_due(&self, step: u64) -> bool {
+        step.is_multiple_of(self.generator_update_interval.max(1))
+    }
+
+    /// The student's schedule.
+    pub fn schedule(&self) -> DenoisingSchedule {
+        DenoisingSchedule::new(&self.denoising_steps, self.warp_denoising_steps, self.shift)
+    }
+
+    /// A score σ from a uniform draw `u ∈ [0, 1)`: shifted, then clamped to
+    /// `[min_timestep_ratio, max_timestep_ratio]` (FastVideo `_sample_score_timestep`).
+    pub fn score_sigma(&self, u: f64) -> f64 {
+        shift_sigma(u, self.shift).clamp(self.min_timestep_ratio, self.max_timestep_ratio)
+    }
+
+    /// Default number of sampling steps.
+    pub fn default_sample_steps(&self) -> usize {
+        self.sample_steps.unwrap_or(self.denoising_steps.len())
+    }
+}
+
+#[typetag::serde(name = "dmd2")]
+impl MethodConfig for Dmd2Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let steps = &self.denoising_steps;
+        if steps.is_empty() {
+            return Err(ConfigError::new(
+                "denoising_steps",
+                "expected at least one timestep",
+            ));
+        }
+        for (i, &t) in steps.iter().enumerate() {
+            if !(1..=1000).contains(&t) {
+                return Err(ConfigError::new(
+                    format!("denoising_steps[{i}]"),
+                    format!("expected a timestep in 1..=1000, got {t}"),
+                ));
+            }
+            if i > 0 && t >= steps[i - 1] {
+                return Err(ConfigError::new(
+                    format!("denoising_steps[{i}]"),
+                    format!(
+                        "timesteps must be strictly decreasing, got {} then {t}",
+                        steps[i - 1]
+                    ),
+                ));
+            }
+        }
+        check::positive_f64("shift", self.shift)?;
+        if !(self.guidance_scale.is_finite() && self.guidance_scale >= 0.0) {
+            return Err(ConfigError::new(
+                "guidance_scale",
+                format!("expected a finite number >= 0, got {}", self.guidance_scale),
+            ));
+        }
+        check::in_range("min_timestep_ratio", self.min_timestep_ratio, 0.0, 1.0)?;
+        check::in_range("max_timestep_ratio", self.max_timestep_ratio, 0.0, 1.0)?;
+        if self.min_timestep_ratio > self.max_timestep_ratio {
+            return Err(ConfigError::new(
+                "min_timestep_ratio",
+                format!(
+                    "must not exceed max_timestep_ratio ({} > {})",
+                    self.min_timestep_ratio, self.max_timestep_ratio
+                ),
+            ));
+        }
+        if self.generator_update_interval == 0 {
+            return Err(ConfigError::new(
+                "generator_update_interval",
+                "expected an integer >= 1, got 0",
+            ));
+        }
+        if let Some(p) = &self.critic_optimizer {
+            p.apply(&OptimizerConfig::default())
+                .validate()
+                .map_err(|e| e.in_section("critic_optimizer"))?;
+        }
+        if let Some(n) = self.sample_steps {
+            check::positive_usize("sample_steps", n)?;
+            if n > steps.len() {
+                return Err(ConfigError::new(
+                    "sample_steps",
+                    format!(
+                        "at most the {} entries of denoising_steps, got {n}",
+                        steps.len()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn roles(&self) -> Vec<RoleRequirement> {
+        vec![
+            RoleRequirement::trainable("student"),
+            RoleRequirement::frozen("teacher"),
+            RoleRequirement::trainable("critic"),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Result<Dmd2Config, String> {
+        let c: Dmd2Config = toml::from_str(extra).map_err(|e| e.to_string())?;
+        MethodConfig::validate(&c).map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn defaults_and_cadence() {
+        let c = parse("").unwrap();
+        assert_eq!(c, Dmd2Config::default());
+        assert_eq!(c.default_sample_steps(), 4);
+        let due: Vec<u64> = (0..11).filter(|&s| c.generator_due(s)).collect();
+        assert_eq!(due, vec![0, 5, 10]);
+        assert!((c.score_sigma(0.0) - 0.02).abs() < 1e-12);
+        assert!((c.score_sigma(0.999_999) - 0.98).abs() < 1e-12);
+        assert!((c.score_sigma(0.5) - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_values_name_their_keys() {
+        for (text, key) in [
+            ("denoising_steps = []", "`denoising_steps`"),
+            ("denoising_steps = [1000, 1000]", "`denoising_steps[1]`"),
+            ("denoising_steps = [1001]", "`denoising_steps[0]`"),
+            ("shift = 0.0", "`shift`"),
+            ("guidance_scale = -1.0", "`guidance_scale`"),
+            (
+                "min_timestep_ratio = 0.9\nmax_timestep_ratio = 0.5",
+                "`min_timestep_ratio`",
+            ),
+            ("max_timestep_ratio = 1.5", "`max_timestep_ratio`"),
+            (
+                "generator_update_interval = 0",
+                "`generator_update_interval`",
+            ),
+            ("critic_optimizer = { lr = -1.0 }", "`critic_optimizer.lr`"),
+            ("sample_steps = 5", "`sample_steps`"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        assert!(parse("rollout = \"data\"").is_err());
+        assert!(parse("cfg_form = \"legacy\"\nrollout = \"data_latent\"").is_ok());
+        assert!(parse("unknown = 1").is_err());
+    }
+}

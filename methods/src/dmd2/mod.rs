@@ -1,0 +1,397 @@
+//! `kind = "dmd2"`: DMD2 distribution-matching distillation of a few-step student, following
+//! FastVideo's trainer (`fastvideo/train/methods/distribution_matching/dmd2.py`).
+//!
+//! Roles: `student` (trainable, the few-step generator), `teacher` (frozen, the real score,
+//! loaded without autodiff) and `critic` (trainable, the fake score).
+//!
+//! Each step (0-based global step `s`):
+//! 1. **Generator**, only when `s % generator_update_interval == 0` (steps 0, 5, 10, … with
+//!    the default 5; FastVideo's `_should_update_student`): the student's sample `x0` from a
+//!    rollout ([`rollout`]), then the distribution-matching loss against the critic and the
+//!    teacher ([`loss`]); gradients go to the student only. Reported as `generator_loss`.
+//! 2. **Critic**, every step: flow matching of the critic on the detached student sample
+//!    (the generator step's sample when it ran, else a rollout without gradients). Reported
+//!    as `critic_loss`.
+//!
+//! The unconditional text is the data source's negative embedding (zeros when it has none).
+//! Every random draw (rollout index, noises, score σ, critic σ) is keyed by the step and the
+//! sample index, so a sample draws the same numbers whatever micro-batch it lands in. The
+//! critic loss is a mean of per-sample terms, so gradient accumulation equals a larger batch
+//! for it; the generator loss divides by a micro-batch-wide normaliser (as in FastVideo) and
+//! is therefore only approximately batch-size invariant.
+//!
+//! Sampling ([`TrainingMethod::sample`]) is the student's few-step sampler over
+//! `denoising_steps` (x0 prediction at each step, re-noising to the next σ with fresh noise
+//! from the request seed), without classifier-free guidance unless the request asks for it.
+//!
+//! ```toml
+//! [method]
+//! kind = "dmd2"
+//! rollout = "simulate"
+//! denoising_steps = [1000, 750, 500, 250]
+//! guidance_scale = 4.5
+//! generator_update_interval = 5
+//! critic_optimizer = { lr = 8e-6, betas = [0.0, 0.999] }
+//! ```
+
+pub mod config;
+pub mod loss;
+pub mod rollout;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::Tensor;
+
+use reel_core::flow::sigma_tensor;
+use reel_core::method::{
+    Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
+    TrainingMethod,
+};
+use reel_core::role::{RoleHandle, TrainableRole};
+use reel_models::{WanConfig, WanModel};
+
+use crate::common::{load_frozen_role, load_role, per_sample_noise, sample_few_step};
+pub use config::{Dmd2Config, Rollout};
+pub use loss::{critic_loss, dmd_scores, generator_loss, CfgForm, CriticLoss, DmdScores};
+pub use rollout::{data_latent_input, simulate_input, student_x0, DenoisingSchedule, RolloutDraws};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+reel_core::register_plugin!(
+    Method,
+    "dmd2",
+    "DMD2 distillation: few-step student vs frozen teacher (real score) and trained critic (fake score)"
+);
+
+/// The student, teacher and critic must agree on latent channels and text width.
+fn check_io(name: &str, model: &WanConfig, student: &WanConfig) -> Result<(), MethodError> {
+    let io = |c: &WanConfig| (c.in_channels, c.out_channels, c.text_dim);
+    if io(model) != io(student) {
+        return Err(MethodError::Model {
+            role: name.to_string(),
+            message: format!(
+                "(in_channels, out_channels, text_dim) = {:?} differ from the student's {:?}",
+                io(model),
+                io(student)
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+        let max_steps = ctx.training.max_steps;
+        let student_model = load_role(ctx, "student")?;
+        let critic_model = load_role(ctx, "critic")?;
+        check_io("critic", &critic_model.config, &student_model.config)?;
+        let teacher = load_frozen_role(ctx, "teacher")?;
+        check_io("teacher", &teacher.config, &student_model.config)?;
+        let student = TrainableRole::new(
+            "student",
+            student_model,
+            ctx.role_optimizer("student", None),
+            ctx.role_max_grad_norm("student"),
+            max_steps,
+        );
+        let critic = TrainableRole::new(
+            "critic",
+            critic_model,
+            ctx.role_optimizer("critic", self.critic_optimizer.as_ref()),
+            ctx.role_max_grad_norm("critic"),
+            max_steps,
+        );
+        Ok(Box::new(Dmd2 {
+            schedule: self.schedule(),
+            cfg: self.clone(),
+            student,
+            critic,
+            teacher,
+            device: ctx.device.clone(),
+        }))
+    }
+}
+
+/// The runtime DMD2 method.
+pub struct Dmd2<B: AutodiffBackend> {
+    cfg: Dmd2Config,
+    schedule: DenoisingSchedule,
+    student: TrainableRole<B, WanModel<B>>,
+    critic: TrainableRole<B, WanModel<B>>,
+    teacher: WanModel<Inner<B>>,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> Dmd2<B> {
+    /// Per-sample score σ drawn from stream `stream`.
+    fn score_sigmas(&self, ctx: &StepContext, indices: &[usize], stream: &str) -> Vec<f32> {
+        indices
+            .iter()
+            .map(|&i| {
+                self.cfg
+                    .score_sigma(ctx.rng.stream(ctx.step, i as u64, stream).uniform())
+                    as f32
+            })
+            .collect()
+    }
+
+    /// The rollout's noisy input (no gradients) and its σ `[B]`.
+    fn rollout_input(
+        &self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+        text: Tensor<Inner<B>, 3>,
+    ) -> (Tensor<Inner<B>, 5>, Vec<f32>) {
+        let simulate = self.cfg.rollout == Rollout::Simulate;
+        let draws = RolloutDraws::<Inner<B>>::draw(
+            ctx,
+            &batch.indices,
+            batch.latents.dims(),
+            self.schedule.len(),
+            simulate,
+            &self.device,
+        );
+        if simulate {
+            simulate_input(&self.student.model_valid(), &self.schedule, &draws, text)
+        } else {
+            data_latent_input(batch.latents.clone().inner(), &self.schedule, &draws)
+        }
+    }
+}
+
+impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError> {
+        let idx = &batch.indices;
+        let dims = batch.latents.dims();
+        let [n, l, d] = batch.text.dims();
+        let text = batch.text.clone();
+        let text_i = text.clone().inner();
+        let uncond_i = batch.negative_text.clone().inner().expand([n, l, d]);
+        let (x_t, sigma) = self.rollout_input(batch, ctx, text_i.clone());
+        let mut out = StepOutput::default();
+
+        let sample = if self.cfg.generator_due(ctx.step) {
+            let (x0, _) = student_x0(
+                self.student.model(),
+                Tensor::from_inner(x_t),
+                sigma_tensor::<B>(&sigma, &self.device),
+                text.clone(),
+            );
+            let x0_i = x0.clone().inner();
+            let scores = dmd_scores(
+                x0_i.clone(),
+                per_sample_noise::<Inner<B>>(ctx, idx, dims, "dmd2-score-noise", &self.device),
+                sigma_tensor::<Inner<B>>(
+                    &self.score_sigmas(ctx, idx, "dmd2-score-sigma"),
+                    &self.device,
+                ),
+                &self.critic.model_valid(),
+                &self.teacher,
+                text_i,
+                uncond_i,
+                self.cfg.guidance_scale,
+                self.cfg.cfg_form,
+            );
+            let loss = generator_loss(x0, scores.grad);
+            let grads = loss.backward();
+            self.student.accumulate(&grads, ctx.grad_scale());
+            out = out.with_loss("generator_loss", loss);
+            x0_i
+        } else {
+            student_x0(
+                &self.student.model_valid(),
+                x_t,
+                sigma_tensor::<Inner<B>>(&sigma, &self.device),
+                text_i,
+            )
+            .0
+        };
+
+        let critic = critic_loss(
+            self.critic.model(),
+            Tensor::from_inner(sample),
+            per_sample_noise::<B>(ctx, idx, dims, "dmd2-critic-noise", &self.device),
+            sigma_tensor::<B>(
+                &self.score_sigmas(ctx, idx, "dmd2-critic-sigma"),
+                &self.device,
+            ),
+            text,
+        );
+        let grads = critic.loss.backward();
+        self.critic.accumulate(&grads, ctx.grad_scale());
+        Ok(out.with_loss("critic_loss", critic.loss))
+    }
+
+    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
+        vec![&mut self.student, &mut self.critic]
+    }
+
+    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
+        vec![&self.student, &self.critic]
+    }
+
+    fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
+        let steps = req.steps.unwrap_or(self.cfg.default_sample_steps());
+        let sigmas = self.schedule.sampling_sigmas(steps).ok_or_else(|| {
+            MethodError::Unsupported(format!(
+                "dmd2 samples with 1 to {} steps (the entries of `method.denoising_steps`), {steps} were requested",
+                self.schedule.len()
+            ))
+        })?;
+        let guidance = req.guidance.unwrap_or(1.0);
+        let model = self.student.model_valid();
+        Ok(sample_few_step(
+            &model,
+            req,
+            &sigmas,
+            guidance,
+            &self.device,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Bool, Tensor};
+    use reel_core::data::{DataSpec, Prompt, TextCondition};
+    use reel_core::optim::OptimizerConfig;
+    use reel_core::rng::{RunRng, StreamRng};
+
+    type B = burn::backend::Autodiff<burn::backend::NdArray>;
+    type I = burn::backend::NdArray;
+
+    fn method(rollout: Rollout) -> Dmd2<B> {
+        let dev = Default::default();
+        let tiny = WanConfig::preset("wan-tiny").unwrap();
+        let cfg = Dmd2Config {
+            rollout,
+            guidance_scale: 3.0,
+            ..Default::default()
+        };
+        let opt = OptimizerConfig {
+            lr: 1e-3,
+            ..Default::default()
+        };
+        Dmd2 {
+            schedule: cfg.schedule(),
+            cfg,
+            student: TrainableRole::new(
+                "student",
+                tiny.init_seeded::<B>(&dev, 1),
+                opt.clone(),
+                None,
+                10,
+            ),
+            critic: TrainableRole::new("critic", tiny.init_seeded::<B>(&dev, 2), opt, None, 10),
+            teacher: tiny.init_seeded::<I>(&dev, 3),
+            device: dev,
+        }
+    }
+
+    fn batch() -> Batch<B> {
+        let dev = Default::default();
+        let mut r = StreamRng::from_seed(1);
+        Batch {
+            latents: r.normal_tensor([2, 4, 2, 8, 8], &dev),
+            text: r.normal_tensor([2, 8, 32], &dev),
+            text_mask: Tensor::<B, 2, Bool>::from_data([[true; 8]; 2], &dev),
+            negative_text: Tensor::zeros([1, 8, 32], &dev),
+            indices: vec![4, 9],
+            captions: vec![String::new(); 2],
+        }
+    }
+
+    fn ctx(step: u64) -> StepContext {
+        StepContext {
+            step,
+            micro: 0,
+            num_micro: 1,
+            max_steps: 10,
+            rng: RunRng::new(3),
+        }
+    }
+
+    #[test]
+    fn cadence_losses_and_a_frozen_teacher() {
+        for rollout in [Rollout::Simulate, Rollout::DataLatent] {
+            let mut m = method(rollout);
+            let b = batch();
+            let probe = |m: &Dmd2<B>| {
+                let t = Tensor::<I, 1>::from_floats([500.0, 250.0], &Default::default());
+                m.teacher
+                    .forward(b.latents.clone().inner(), t, b.text.clone().inner())
+                    .into_data()
+            };
+            let before = probe(&m);
+            for step in 0..6u64 {
+                let out = m.micro_step(&b, &ctx(step)).unwrap();
+                let names: Vec<&str> = out.losses.iter().map(|(n, _)| n.as_str()).collect();
+                let due = step % 5 == 0;
+                let want: &[&str] = if due {
+                    &["generator_loss", "critic_loss"]
+                } else {
+                    &["critic_loss"]
+                };
+                assert_eq!(names, want, "{rollout:?} step {step}");
+                assert_eq!(
+                    m.student.has_pending_grads(),
+                    due,
+                    "{rollout:?} step {step}"
+                );
+                assert!(m.critic.has_pending_grads());
+                for role in m.roles_mut() {
+                    role.apply_update(step, 1.0);
+                }
+            }
+            assert_eq!(probe(&m), before, "the teacher must never change");
+            assert_eq!(
+                m.roles().iter().map(|r| r.name()).collect::<Vec<_>>(),
+                ["student", "critic"]
+            );
+        }
+    }
+
+    #[test]
+    fn sampler_is_deterministic_and_honours_steps() {
+        let mut m = method(Rollout::Simulate);
+        let spec = DataSpec {
+            channels: 4,
+            frames: 2,
+            height: 8,
+            width: 8,
+            text_len: 8,
+            text_dim: 32,
+        };
+        let prompt = |v: f32| Prompt {
+            caption: String::new(),
+            text: TextCondition {
+                embedding: vec![v; 8 * 32],
+                mask: vec![true; 8],
+            },
+        };
+        let mut req = SampleRequest {
+            prompts: vec![prompt(0.1), prompt(-0.2)],
+            negative: None,
+            steps: None,
+            guidance: None,
+            seed: 7,
+            spec,
+        };
+        let a = m.sample(&req).unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].len(), spec.latent_numel());
+        assert_eq!(a, m.sample(&req).unwrap(), "same seed, same clips");
+        req.steps = Some(2);
+        assert_ne!(a, m.sample(&req).unwrap(), "2 steps differ from 4");
+        req.steps = Some(5);
+        let e = m.sample(&req).unwrap_err().to_string();
+        assert!(e.contains("denoising_steps"), "{e}");
+    }
+}

@@ -1,0 +1,108 @@
+//! `reel eval`: generate clips for N captions of the data and score them with the data's
+//! evaluator (the synthetic data's caption accuracy). Prints JSON.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use reel_core::backend::ReelBackend;
+use reel_core::data::{negative_or_zeros, ClipScore};
+use reel_core::method::SampleRequest;
+use serde::Serialize;
+
+use super::inference::{load, read_config, Source};
+use crate::with_backend;
+
+/// `reel eval` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    source: Source,
+    /// Number of clips (captions are taken from the data samples 0..N, so all captions are
+    /// covered evenly).
+    #[arg(long, default_value_t = 64)]
+    clips: usize,
+    /// Sampling steps (method default when omitted).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Guidance scale (method default when omitted).
+    #[arg(long)]
+    guidance: Option<f64>,
+    /// Noise seed.
+    #[arg(long, default_value_t = 12345)]
+    seed: u64,
+    /// Clips per sampling batch.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+}
+
+/// The JSON report.
+#[derive(Debug, Serialize)]
+pub struct EvalReport {
+    checkpoint: Option<String>,
+    ema: bool,
+    clips: usize,
+    steps: Option<usize>,
+    guidance: Option<f64>,
+    overall: f64,
+    criteria: Vec<(String, f64)>,
+    seconds_per_clip: f64,
+}
+
+fn eval<B: ReelBackend>(args: &EvalArgs, loaded: &reel_core::config::LoadedConfig) -> anyhow::Result<EvalReport> {
+    let mut l = load::<B>(&args.source, loaded)?;
+    let evaluator = l.source.evaluator().context("this data source has no evaluator")?;
+    let spec = l.source.spec();
+    let negative = negative_or_zeros(&*l.source);
+    let mut prompts = vec![];
+    for i in 0..args.clips {
+        let s = l.source.get(i % l.source.len())?;
+        let p = l.source.prompt_for(&s.caption).with_context(|| format!("no prompt for caption `{}`", s.caption))?;
+        prompts.push(p);
+    }
+    let t0 = Instant::now();
+    let mut scores: Vec<ClipScore> = vec![];
+    for (b, chunk) in prompts.chunks(args.batch.max(1)).enumerate() {
+        let req = SampleRequest {
+            prompts: chunk.to_vec(),
+            negative: Some(negative.clone()),
+            steps: args.steps,
+            guidance: args.guidance,
+            seed: args.seed.wrapping_add(b as u64 * 1_000_003),
+            spec,
+        };
+        let clips = l.method.sample(&req)?;
+        for (clip, p) in clips.iter().zip(chunk) {
+            scores.push(evaluator.score(clip, &spec, &p.caption));
+        }
+        eprint!("\rreel eval: {}/{} clips", scores.len(), args.clips);
+    }
+    eprintln!();
+    let secs = t0.elapsed().as_secs_f64() / args.clips.max(1) as f64;
+    let n = scores.len().max(1) as f64;
+    let overall = scores.iter().map(|s| s.overall as f64).sum::<f64>() / n;
+    let mut criteria: Vec<(String, f64)> = vec![];
+    if let Some(first) = scores.first() {
+        for (i, (name, _)) in first.criteria.iter().enumerate() {
+            let mean = scores.iter().map(|s| s.criteria.get(i).map(|c| c.1 as f64).unwrap_or(0.0)).sum::<f64>() / n;
+            criteria.push((name.clone(), mean));
+        }
+    }
+    Ok(EvalReport {
+        checkpoint: l.checkpoint.map(|c| c.display().to_string()),
+        ema: l.ema,
+        clips: scores.len(),
+        steps: args.steps,
+        guidance: args.guidance,
+        overall,
+        criteria,
+        seconds_per_clip: secs,
+    })
+}
+
+/// Run `reel eval`.
+pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
+    let loaded = read_config(&args.source)?;
+    let report = with_backend!(loaded, |B| eval::<B>(args, &loaded))?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

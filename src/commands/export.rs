@@ -1,0 +1,190 @@
+//! `reel export`: turn a checkpoint's role weights into files other tools load.
+//!
+//! ```text
+//! reel export runs/lora_quickstart --out exported/transformer                  # merged model
+//! reel export runs/lora_quickstart --out exported/lora --format lora           # adapter only
+//! reel export runs/x/checkpoints/step-00000300 --config run.toml --role student --ema --out o
+//! ```
+//!
+//! The role is rebuilt from the run config (architecture, base weights, adapter), the
+//! checkpoint's `<role>.safetensors` (or `<role>.ema.safetensors` with `--ema`) is loaded into
+//! its trainable parameters (exact key check), then:
+//! - `--format diffusers` (default): adapters are merged (`W + alpha/r · B A`) and dropped,
+//!   and the model is written as a diffusers `transformer/` folder (`config.json` +
+//!   `diffusion_pytorch_model.safetensors`) into `--out`;
+//! - `--format lora`: the adapter is written as `<out>/pytorch_lora_weights.safetensors` in
+//!   the diffusers/PEFT layout with `lora_adapter_metadata`.
+//!
+//! Export runs on the CPU backend (it only reads, merges and writes weights).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use reel_core::backend::CpuBackend;
+use reel_core::checkpoint::CheckpointStore;
+use reel_core::config::{load_run_config, LoadedConfig};
+use reel_core::role::{RoleHandle, TrainableRole};
+use reel_core::trainer::{config_fingerprint, ema_file, weights_file};
+use reel_models::lora::{merge_and_unload, save_lora};
+use reel_models::{build_wan_role, WanModel, ARCH_NAME};
+
+/// Output layout of `reel export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// The whole model (adapters merged) as a diffusers `transformer/` folder.
+    Diffusers,
+    /// Only the LoRA adapter, as diffusers' `pytorch_lora_weights.safetensors`.
+    Lora,
+}
+
+/// `reel export` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportArgs {
+    /// A checkpoint folder (`.../checkpoints/step-N`, or a run's `final/`) or a run folder
+    /// (its newest intact checkpoint is used).
+    pub checkpoint: PathBuf,
+    /// The run config; defaults to the checkpoint's `config.toml`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The role to export.
+    #[arg(long, default_value = "student")]
+    pub role: String,
+    /// Export the EMA weights (`<role>.ema.safetensors`) instead of the live ones.
+    #[arg(long)]
+    pub ema: bool,
+    /// Output folder.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Diffusers)]
+    pub format: ExportFormat,
+    /// Override a config value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// The config: `--config`, else the checkpoint's (or run's) own copy.
+fn read_config(args: &ExportArgs) -> anyhow::Result<LoadedConfig> {
+    let path = match &args.config {
+        Some(c) => c.clone(),
+        None => ["config.toml", "config.resolved.toml"]
+            .iter()
+            .map(|n| args.checkpoint.join(n))
+            .find(|p| p.is_file())
+            .with_context(|| {
+                format!(
+                    "{} holds no config.toml: pass --config",
+                    args.checkpoint.display()
+                )
+            })?,
+    };
+    Ok(load_run_config(&path, &args.set)?)
+}
+
+/// The folder holding `<role>.safetensors`: the path itself, or the newest intact
+/// checkpoint of a run folder.
+fn checkpoint_dir(path: &Path, role: &str, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
+    if path.join("manifest.json").is_file() || path.join(weights_file(role)).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let store = CheckpointStore::new(path, usize::MAX);
+    let (dir, _, warnings) = store
+        .resolve("latest", &config_fingerprint(loaded))
+        .with_context(|| format!("no checkpoint of role `{role}` under {}", path.display()))?;
+    for w in warnings {
+        eprintln!("reel: warning: {w}");
+    }
+    Ok(dir)
+}
+
+/// Rebuild role `name` from the config and load the checkpoint file into its trainable
+/// parameters; returns the model (inference backend) and the file used.
+pub fn load_role_weights(
+    loaded: &LoadedConfig,
+    name: &str,
+    dir: &Path,
+    ema: bool,
+) -> anyhow::Result<(
+    WanModel<<CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend>,
+    PathBuf,
+)> {
+    let cfg = &loaded.config;
+    let Some(role) = cfg.models.get(name) else {
+        bail!(
+            "the config has no role `{name}` (roles: {:?})",
+            cfg.models.keys().collect::<Vec<_>>()
+        );
+    };
+    if role.arch != ARCH_NAME {
+        bail!(
+            "role `{name}` has arch `{}`: only `{ARCH_NAME}` models can be exported",
+            role.arch
+        );
+    }
+    if !role.trainable {
+        bail!("role `{name}` is frozen: its checkpoint holds no weights (export its `weights` directly)");
+    }
+    let file = dir.join(if ema {
+        ema_file(name)
+    } else {
+        weights_file(name)
+    });
+    if !file.is_file() {
+        bail!(
+            "{} not found{}",
+            file.display(),
+            if ema {
+                " (the run had no EMA callback?)"
+            } else {
+                ""
+            }
+        );
+    }
+    let resolve = |p: &Path| {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            loaded.base_dir.join(p)
+        }
+    };
+    let device = Default::default();
+    let model = build_wan_role::<CpuBackend>(role, resolve, cfg.runtime.seed, &device)
+        .map_err(|e| anyhow::anyhow!("role `{name}`: {e}"))?;
+    let mut handle = TrainableRole::new(name, model, cfg.optimizer.clone(), None, 1);
+    let (tensors, _) =
+        reel_core::checkpoint::read_tensors(dir, &file.file_name().unwrap().to_string_lossy())?;
+    handle.load_trainable_tensors(&tensors)?;
+    Ok((handle.model_valid(), file))
+}
+
+/// Run `reel export`.
+pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
+    let loaded = read_config(args)?;
+    let dir = checkpoint_dir(&args.checkpoint, &args.role, &loaded)?;
+    let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
+    let written = match args.format {
+        ExportFormat::Diffusers => {
+            let model = merge_and_unload(model);
+            model.save_pretrained(&args.out)?;
+            args.out.clone()
+        }
+        ExportFormat::Lora => {
+            let role = &loaded.config.models[&args.role];
+            let Some(spec) = role.adapter.as_ref().and_then(|a| a.lora()) else {
+                bail!(
+                    "role `{}` has no LoRA adapter: use `--format diffusers`",
+                    args.role
+                );
+            };
+            save_lora(&model, &spec, &args.out)?
+        }
+    };
+    eprintln!(
+        "reel: exported role `{}` from {} to {}",
+        args.role,
+        file.display(),
+        written.display()
+    );
+    println!("{}", written.display());
+    Ok(())
+}

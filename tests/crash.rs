@@ -1,0 +1,155 @@
+//! Crash anywhere: the real `reel` binary is killed at deterministic points (during every
+//! checkpoint file write, before the manifest, before the rename, after a step) and at
+//! random moments with SIGKILL; each time `--resume latest` finishes with exactly the weights
+//! of an uninterrupted run. Ctrl-C writes a checkpoint and a resume continues from it.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{ckpt, tensors};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reel");
+
+const CONFIG: &str = r#"
+[runtime]
+seed = 11
+[models.student]
+arch = "wan"
+preset = "wan-tiny"
+trainable = true
+[method]
+kind = "finetune"
+cfg_dropout = 0.2
+[data]
+kind = "synthetic"
+batch_size = 2
+num_samples = 8
+frames = 2
+height = 12
+width = 12
+[optimizer]
+lr = 1e-3
+[training]
+max_steps = 4
+checkpoint_every = 1
+keep_last = 2
+[[callbacks]]
+kind = "ema"
+decay = 0.9
+"#;
+
+fn reel(config: &Path, out: &Path, extra: &[&str], fault: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("train").arg(config).arg("--output").arg(out).args(extra);
+    cmd.env_remove("REEL_FAULT");
+    if let Some(f) = fault {
+        cmd.env("REEL_FAULT", f);
+    }
+    cmd.output().expect("run reel")
+}
+
+fn final_weights(out: &Path) -> Vec<std::collections::BTreeMap<String, Vec<f32>>> {
+    let d = ckpt(out, 4);
+    ["student.safetensors", "student.optim.safetensors", "student.ema.safetensors"]
+        .iter()
+        .map(|f| tensors(&d.join(f)))
+        .collect()
+}
+
+/// Resume until the run completes (a kill before the first checkpoint restarts from scratch).
+fn finish(config: &Path, out: &Path) {
+    let has_ckpt = out.join("checkpoints/latest").is_file();
+    let args: &[&str] = if has_ckpt { &["--resume", "latest"] } else { &[] };
+    let o = reel(config, out, args, None);
+    assert!(o.status.success(), "resume failed: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn killed_at_every_fault_point_resume_matches_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let reference = tmp.path().join("reference");
+    let o = reel(&config, &reference, &[], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = final_weights(&reference);
+
+    // 4 checkpoints x 5 files (weights, optimizer, ema, state, config) = 20 file points.
+    let mut points: Vec<String> = (1..=20).map(|n| format!("checkpoint-file:{n}")).collect();
+    points.extend((1..=4).map(|n| format!("checkpoint-manifest:{n}")));
+    points.extend((1..=4).map(|n| format!("checkpoint-rename:{n}")));
+    points.extend((1..=3).map(|n| format!("step-end:{n}")));
+    let mut killed = 0;
+    for (i, point) in points.iter().enumerate() {
+        let out = tmp.path().join(format!("run-{i}"));
+        let o = reel(&config, &out, &[], Some(point));
+        if !o.status.success() {
+            killed += 1;
+            assert!(String::from_utf8_lossy(&o.stderr).contains("REEL_FAULT"), "{point}: died for another reason");
+        }
+        finish(&config, &out);
+        assert_eq!(final_weights(&out), want, "{point}: resumed run differs");
+    }
+    assert_eq!(killed, points.len(), "every fault point must be reached");
+    eprintln!("{killed} kill points, all resumed to identical weights");
+}
+
+#[test]
+fn sigkill_at_random_moments_never_loses_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG.replace("max_steps = 4", "max_steps = 4\n")).unwrap();
+    let reference = tmp.path().join("reference");
+    assert!(reel(&config, &reference, &[], None).status.success());
+    let want = final_weights(&reference);
+    // Delays spread over start-up, steps and checkpoint writes (deterministic list).
+    for (i, ms) in [40u64, 90, 150, 220, 300, 420, 600].iter().enumerate() {
+        let out = tmp.path().join(format!("kill-{i}"));
+        let mut child = Command::new(BIN)
+            .arg("train")
+            .arg(&config)
+            .arg("--output")
+            .arg(&out)
+            .env_remove("REEL_FAULT")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(*ms));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+        finish(&config, &out);
+        assert_eq!(final_weights(&out), want, "killed after {ms} ms: resumed run differs");
+    }
+}
+
+#[test]
+fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG.replace("max_steps = 4", "max_steps = 100000").replace("checkpoint_every = 1", "checkpoint_every = 100000")).unwrap();
+    let out = tmp.path().join("run");
+    let child = Command::new(BIN)
+        .arg("train")
+        .arg(&config)
+        .arg("--output")
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "an interrupted run exits non-zero");
+    assert!(err.contains("interrupted at step"), "{err}");
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    let step: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();
+    assert!(step >= 1, "at least one step ran before the interrupt");
+    let o = reel(&config, &out, &["--resume", "latest", "--set", &format!("training.max_steps={}", step + 2)], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(ckpt(&out, step + 2).join("manifest.json").is_file());
+}

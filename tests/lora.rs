@@ -1,0 +1,352 @@
+//! LoRA end to end on the CPU: a finetune run with an adapter trains and checkpoints only the
+//! adapter; `reel export` writes an adapter file with the same keys as diffusers' (fixture)
+//! that loads back to identical outputs, and a merged diffusers folder; bad adapter configs
+//! fail with one-line errors naming the key.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn::tensor::{Tensor, TensorData};
+use common::*;
+use reel_core::config::parse_run_config;
+use reel_core::io::{load_module_tensors, read_safetensors, LoadOptions};
+use reel_models::lora::{load_lora, read_lora_file};
+use reel_models::{build_wan_role, WanConfig, WanModel};
+
+// Keep the plugin registrations (finetune, dmd2, lora, synthetic, ema) in this test binary.
+use reel_methods as _;
+use reel_plugins as _;
+
+type Cpu = <TestBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+
+/// The golden fixture folder (`$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to
+/// the workspace); the test fails when it is missing.
+fn fixtures_dir() -> PathBuf {
+    let dir = std::env::var_os("REEL_WAN_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/fixtures/wan_tiny"
+            ))
+        });
+    let file = dir.join("pytorch_lora_weights.safetensors");
+    assert!(
+        file.is_file(),
+        "LoRA fixture not found: {} (set REEL_WAN_FIXTURES)",
+        file.display()
+    );
+    dir
+}
+
+/// A wan-tiny finetune run with a LoRA on the fixture adapter's targets.
+fn lora_config(targets: &[String], extra_adapter: &str) -> String {
+    format!(
+        r#"
+[runtime]
+seed = 11
+
+[models.student]
+arch = "wan"
+preset = "wan-tiny"
+init_seed = 5
+trainable = true
+
+[models.student.adapter]
+kind = "lora"
+rank = 4
+alpha = 8
+target_modules = {targets:?}
+{extra_adapter}
+
+[method]
+kind = "finetune"
+
+[data]
+kind = "synthetic"
+batch_size = 2
+num_samples = 8
+frames = 2
+height = 12
+width = 12
+
+[optimizer]
+lr = 0.01
+
+[training]
+max_steps = 3
+
+[[callbacks]]
+kind = "ema"
+decay = 0.5
+"#
+    )
+}
+
+fn fixture_targets() -> Vec<String> {
+    read_lora_file(fixtures_dir().join("pytorch_lora_weights.safetensors"))
+        .unwrap()
+        .spec
+        .target_modules
+}
+
+fn reel(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_reel"))
+        .args(args)
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "reel {args:?} failed: {err}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn forward(model: &WanModel<Cpu>) -> Vec<f32> {
+    let dev = Default::default();
+    let x = Tensor::<Cpu, 5>::from_data(
+        TensorData::new(
+            (0..2 * 4 * 2 * 12 * 12)
+                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+                .collect::<Vec<_>>(),
+            [2, 4, 2, 12, 12],
+        ),
+        &dev,
+    );
+    let t = Tensor::<Cpu, 1>::from_floats([250.0, 750.0], &dev);
+    let ctx = Tensor::<Cpu, 3>::from_data(
+        TensorData::new(
+            (0..2 * 8 * 32)
+                .map(|i| ((i * 13 % 29) as f32 / 14.0) - 1.0)
+                .collect::<Vec<_>>(),
+            [2, 8, 32],
+        ),
+        &dev,
+    );
+    model
+        .forward(x, t, ctx)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn base_model() -> WanModel<Cpu> {
+    WanConfig::preset("wan-tiny")
+        .unwrap()
+        .init_seeded::<Cpu>(&Default::default(), 5)
+}
+
+#[test]
+fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let text = lora_config(&fixture_targets(), "init_seed = 3");
+    let loaded = load(&text, &[]);
+    let summary = run(&loaded, &run_dir, None);
+    assert_eq!(summary.steps, 3);
+
+    // Checkpoint: adapter weights only, optimizer moments only for them.
+    let ckpt = summary.checkpoint.clone();
+    let weights = tensors(&ckpt.join("student.safetensors"));
+    let fixture_keys: Vec<String> =
+        read_safetensors(fixtures_dir().join("pytorch_lora_weights.safetensors"))
+            .unwrap()
+            .0
+            .into_keys()
+            .collect();
+    let want: Vec<String> = fixture_keys
+        .iter()
+        .map(|k| k.strip_prefix("transformer.").unwrap().to_string())
+        .collect();
+    assert_eq!(
+        weights.keys().cloned().collect::<Vec<_>>(),
+        want,
+        "checkpoint = adapter keys"
+    );
+    let optim = tensors(&ckpt.join("student.optim.safetensors"));
+    let mut want_optim: Vec<String> = want
+        .iter()
+        .flat_map(|k| [format!("exp_avg.{k}"), format!("exp_avg_sq.{k}")])
+        .collect();
+    want_optim.sort();
+    assert_eq!(
+        optim.keys().cloned().collect::<Vec<_>>(),
+        want_optim,
+        "moments for the adapter only"
+    );
+    let b_norm: f32 = weights
+        .iter()
+        .filter(|(k, _)| k.ends_with("lora_B.weight"))
+        .flat_map(|(_, v)| v.iter().map(|x| x.abs()))
+        .sum();
+    assert!(b_norm > 0.0, "lora_B moved away from zero");
+
+    // Export the adapter (diffusers layout): same keys and metadata fields as the fixture.
+    let cfg_path = tmp.path().join("run.toml");
+    std::fs::write(&cfg_path, &text).unwrap();
+    let (ck, cfg) = (ckpt.to_str().unwrap(), cfg_path.to_str().unwrap());
+    let lora_out = tmp.path().join("lora");
+    let file = reel(&[
+        "export",
+        ck,
+        "--config",
+        cfg,
+        "--format",
+        "lora",
+        "--out",
+        lora_out.to_str().unwrap(),
+    ]);
+    let (exported, meta) = read_safetensors(&file).unwrap();
+    assert_eq!(
+        exported.keys().cloned().collect::<Vec<_>>(),
+        fixture_keys,
+        "diffusers keys"
+    );
+    let meta: serde_json::Value =
+        serde_json::from_str(&meta.unwrap()["lora_adapter_metadata"]).unwrap();
+    assert_eq!(
+        (
+            meta["transformer.r"].as_u64(),
+            meta["transformer.lora_alpha"].as_f64()
+        ),
+        (Some(4), Some(8.0))
+    );
+
+    // Loaded back onto the base model: identical to the role rebuilt with the checkpoint.
+    let from_file = load_lora(base_model(), &file).unwrap();
+    let role = &loaded.config.models["student"];
+    let rebuilt = build_wan_role::<Cpu>(
+        role,
+        Path::to_path_buf,
+        loaded.config.runtime.seed,
+        &Default::default(),
+    )
+    .unwrap();
+    let ck_tensors: BTreeMap<String, TensorData> =
+        read_safetensors(ckpt.join("student.safetensors"))
+            .unwrap()
+            .0;
+    let opts = LoadOptions {
+        allow_missing: true,
+        ..LoadOptions::default()
+    };
+    let rebuilt = load_module_tensors(rebuilt, &ck_tensors, &opts).unwrap();
+    let (a, b) = (forward(&from_file), forward(&rebuilt));
+    assert_eq!(a, b, "saved and reloaded adapter gives identical outputs");
+    assert!(
+        max_abs_diff(&a, &forward(&base_model())) > 1e-4,
+        "the adapter changes the output"
+    );
+
+    // Merged diffusers export: equals the adapted model; untargeted weights are the base's.
+    let merged_out = tmp.path().join("transformer");
+    reel(&[
+        "export",
+        ck,
+        "--config",
+        cfg,
+        "--out",
+        merged_out.to_str().unwrap(),
+    ]);
+    let merged = WanModel::<Cpu>::from_pretrained(&merged_out, &Default::default()).unwrap();
+    let d = max_abs_diff(&forward(&merged), &a);
+    eprintln!("merged export vs adapter: max |diff| = {d:.3e}");
+    assert!(d < 1e-4, "merged export differs by {d}");
+    let merged_w = read_safetensors(merged_out.join("diffusion_pytorch_model.safetensors"))
+        .unwrap()
+        .0;
+    assert!(
+        !merged_w.keys().any(|k| k.contains("lora_")),
+        "no adapter keys in the merged model"
+    );
+    let base_w: BTreeMap<String, TensorData> = reel_core::params::named_tensor_data(&base_model())
+        .into_iter()
+        .collect();
+    assert_eq!(
+        merged_w["blocks.0.ffn.net.2.weight"], base_w["blocks.0.ffn.net.2.weight"],
+        "frozen weights unchanged"
+    );
+    assert_ne!(
+        merged_w["blocks.0.attn1.to_q.weight"], base_w["blocks.0.attn1.to_q.weight"],
+        "targeted weights merged"
+    );
+
+    // The EMA shadow exports the same way.
+    let ema_file = reel(&[
+        "export",
+        run_dir.to_str().unwrap(),
+        "--ema",
+        "--format",
+        "lora",
+        "--out",
+        tmp.path().join("ema").to_str().unwrap(),
+    ]);
+    assert_eq!(
+        read_safetensors(&ema_file)
+            .unwrap()
+            .0
+            .into_keys()
+            .collect::<Vec<_>>(),
+        fixture_keys
+    );
+}
+
+fn config_error(text: &str) -> String {
+    let err = parse_run_config(text, Path::new("lora.toml"), &[])
+        .expect_err("config must be rejected")
+        .to_string();
+    assert!(!err.contains('\n'), "one-line error: {err}");
+    err
+}
+
+#[test]
+fn bad_adapter_configs_name_the_key() {
+    let targets = fixture_targets();
+    let good = lora_config(&targets, "");
+    parse_run_config(&good, Path::new("lora.toml"), &[]).unwrap();
+    let shipped = include_str!("../configs/lora_quickstart.toml");
+    parse_run_config(shipped, Path::new("configs/lora_quickstart.toml"), &[]).unwrap();
+
+    let err = config_error(&good.replace("rank = 4", "rank = 0"));
+    assert!(err.contains("models.student.adapter.rank"), "{err}");
+    let err = config_error(&lora_config(&["to_q".into(), "to_qq".into()], ""));
+    assert!(
+        err.contains("models.student.adapter.target_modules[1]") && err.contains("to_qq"),
+        "{err}"
+    );
+    let err = config_error(&good.replace("alpha = 8", "alpha = 0.0"));
+    assert!(err.contains("models.student.adapter.alpha"), "{err}");
+    let err = config_error(&lora_config(&targets, "dropout = 0.1"));
+    assert!(
+        err.contains("models.student.adapter.dropout") && err.contains("not supported"),
+        "{err}"
+    );
+    let err = config_error(&lora_config(&targets, "rnak = 3"));
+    assert!(
+        err.contains("models.student.adapter") && err.contains("rnak"),
+        "{err}"
+    );
+
+    // An adapter on a frozen role (the DMD2 teacher).
+    let dmd2 = good
+        .replace("kind = \"finetune\"", "kind = \"dmd2\"")
+        .replace(
+            "[method]",
+            "[models.teacher]\narch = \"wan\"\npreset = \"wan-tiny\"\n[models.teacher.adapter]\nkind = \"lora\"\nrank = 2\n\n\
+             [models.critic]\narch = \"wan\"\npreset = \"wan-tiny\"\ntrainable = true\n\n[method]",
+        );
+    let err = config_error(&dmd2);
+    assert!(
+        err.contains("models.teacher.adapter") && err.contains("trainable"),
+        "{err}"
+    );
+}
