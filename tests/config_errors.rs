@@ -25,58 +25,272 @@ enum Edit {
 fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
     use Edit::*;
     vec![
-        ("unknown method kind", Set(&["method.kind=nope"]), &["method", "nope", "finetune"]),
-        ("unknown data kind", Set(&["data.kind=nope"]), &["data", "nope", "synthetic"]),
-        ("unknown callback kind", Append("[[callbacks]]\nkind = \"nope\"\n"), &["callbacks", "nope"]),
-        ("unknown adapter kind", Append("[models.student.adapter]\nkind = \"nope\"\n"), &["models.student.adapter", "nope"]),
-        ("unknown architecture", Set(&["models.student.arch=resnet"]), &["models.student.arch", "resnet", "wan"]),
-        ("unknown preset", Set(&["models.student.preset=wan-huge"]), &["models.student.preset", "wan-huge", "wan-tiny"]),
-        ("unknown backend", Set(&["runtime.backend=tpu"]), &["runtime.backend", "tpu", "cpu"]),
-        ("backend not compiled", Set(&["runtime.backend=cuda"]), &["runtime.backend", "--features cuda"]),
-        ("unknown dtype", Set(&["runtime.dtype=f8"]), &["runtime.dtype", "f8"]),
-        ("unknown top-level table", Append("[extra]\nx = 1\n"), &["extra"]),
-        ("unknown key in runtime", Set(&["runtime.sede=3"]), &["runtime", "sede"]),
-        ("unknown key in method", Set(&["method.learning_rate=3"]), &["method", "learning_rate"]),
-        ("unknown key in data", Set(&["data.colour=3"]), &["data", "colour"]),
-        ("unknown key in optimizer", Set(&["optimizer.momentum=0.9"]), &["optimizer", "momentum"]),
-        ("unknown key in training", Set(&["training.epochs=3"]), &["training", "epochs"]),
-        ("unknown key in a role", Set(&["models.student.frozen=true"]), &["models.student", "frozen"]),
-        ("wrong type: max_steps string", Set(&["training.max_steps=\"ten\""]), &["training.max_steps"]),
-        ("wrong type: lr string", Set(&["optimizer.lr=\"fast\""]), &["optimizer.lr"]),
-        ("wrong type: betas scalar", Set(&["optimizer.betas=0.9"]), &["optimizer.betas"]),
-        ("wrong type: trainable string", Set(&["models.student.trainable=\"yes\""]), &["models.student.trainable"]),
-        ("wrong type: batch_size float", Set(&["data.batch_size=2.5"]), &["data.batch_size"]),
-        ("wrong type: seed negative", Set(&["runtime.seed=-1"]), &["runtime.seed"]),
-        ("out of range: max_steps 0", Set(&["training.max_steps=0"]), &["training.max_steps", ">= 1"]),
-        ("out of range: lr negative", Set(&["optimizer.lr=-1e-4"]), &["optimizer.lr", "positive"]),
-        ("out of range: lr zero", Set(&["optimizer.lr=0.0"]), &["optimizer.lr"]),
-        ("out of range: beta1 = 1", Set(&["optimizer.betas=[1.0, 0.999]"]), &["optimizer.betas[0]"]),
-        ("out of range: beta2 negative", Set(&["optimizer.betas=[0.9, -0.1]"]), &["optimizer.betas[1]"]),
-        ("out of range: eps 0", Set(&["optimizer.eps=0.0"]), &["optimizer.eps"]),
-        ("out of range: weight decay 2", Set(&["optimizer.weight_decay=2.0"]), &["optimizer.weight_decay"]),
-        ("out of range: min_lr_ratio", Set(&["optimizer.min_lr_ratio=1.5"]), &["optimizer.min_lr_ratio"]),
-        ("unknown schedule", Set(&["optimizer.schedule=step"]), &["optimizer.schedule", "cosine"]),
-        ("out of range: grad accumulation 0", Set(&["training.grad_accumulation=0"]), &["training.grad_accumulation"]),
-        ("out of range: max_grad_norm 0", Set(&["training.max_grad_norm=0.0"]), &["training.max_grad_norm"]),
-        ("out of range: checkpoint_every 0", Set(&["training.checkpoint_every=0"]), &["training.checkpoint_every"]),
-        ("out of range: keep_last 0", Set(&["training.keep_last=0"]), &["training.keep_last"]),
-        ("unknown non-finite policy", Set(&["training.non_finite=ignore"]), &["training.non_finite", "skip"]),
-        ("out of range: shift 0", Set(&["method.shift=0.0"]), &["method.shift"]),
-        ("out of range: cfg_dropout 1", Set(&["method.cfg_dropout=1.0"]), &["method.cfg_dropout"]),
-        ("out of range: sample_steps 0", Set(&["method.sample_steps=0"]), &["method.sample_steps"]),
-        ("unknown sigma density", Set(&["method.sigma_density.kind=gamma"]), &["method.sigma_density", "gamma"]),
-        ("out of range: logit_std", Set(&["method.sigma_density.logit_std=-1.0"]), &["method.sigma_density.logit_std"]),
-        ("out of range: data batch_size 0", Set(&["data.batch_size=0"]), &["data.batch_size"]),
-        ("out of range: data height", Set(&["data.height=4"]), &["data.height"]),
-        ("missing role", Replace("[models.student]", "[models.teacher]"), &["models.student", "missing role"]),
-        ("unexpected role", Append("[models.critic]\narch = \"wan\"\npreset = \"wan-tiny\"\n"), &["models.critic", "unexpected role"]),
-        ("frozen role where training needs it", Set(&["models.student.trainable=false"]), &["models.student.trainable"]),
-        ("preset and config both", Set(&["models.student.config=x.json"]), &["models.student.config", "not both"]),
-        ("optimizer on a frozen role", Replace("trainable = true", "trainable = true\n[models.student.optimizer]\nmomentum = 1"), &["models.student.optimizer", "momentum"]),
-        ("missing method table", Replace("[method]\nkind = \"finetune\"", "[methodx]\nkind = \"finetune\""), &["method"]),
-        ("missing training.max_steps", Replace("max_steps = 1200", ""), &["training", "max_steps"]),
-        ("invalid TOML", Append("this is not toml\n"), &["invalid TOML"]),
-        ("bad --set syntax", Set(&["training.max_steps"]), &["--set", "key.path=value"]),
+        (
+            "unknown method kind",
+            Set(&["method.kind=nope"]),
+            &["method", "nope", "finetune"],
+        ),
+        (
+            "unknown data kind",
+            Set(&["data.kind=nope"]),
+            &["data", "nope", "synthetic"],
+        ),
+        (
+            "unknown callback kind",
+            Append("[[callbacks]]\nkind = \"nope\"\n"),
+            &["callbacks", "nope"],
+        ),
+        (
+            "unknown adapter kind",
+            Append("[models.student.adapter]\nkind = \"nope\"\n"),
+            &["models.student.adapter", "nope"],
+        ),
+        (
+            "unknown architecture",
+            Set(&["models.student.arch=resnet"]),
+            &["models.student.arch", "resnet", "wan"],
+        ),
+        (
+            "unknown preset",
+            Set(&["models.student.preset=wan-huge"]),
+            &["models.student.preset", "wan-huge", "wan-tiny"],
+        ),
+        (
+            "unknown backend",
+            Set(&["runtime.backend=tpu"]),
+            &["runtime.backend", "tpu", "cpu"],
+        ),
+        (
+            "backend not compiled",
+            Set(&["runtime.backend=cuda"]),
+            &["runtime.backend", "--features cuda"],
+        ),
+        (
+            "unknown dtype",
+            Set(&["runtime.dtype=f8"]),
+            &["runtime.dtype", "f8"],
+        ),
+        (
+            "unknown top-level table",
+            Append("[extra]\nx = 1\n"),
+            &["extra"],
+        ),
+        (
+            "unknown key in runtime",
+            Set(&["runtime.sede=3"]),
+            &["runtime", "sede"],
+        ),
+        (
+            "unknown key in method",
+            Set(&["method.learning_rate=3"]),
+            &["method", "learning_rate"],
+        ),
+        (
+            "unknown key in data",
+            Set(&["data.colour=3"]),
+            &["data", "colour"],
+        ),
+        (
+            "unknown key in optimizer",
+            Set(&["optimizer.momentum=0.9"]),
+            &["optimizer", "momentum"],
+        ),
+        (
+            "unknown key in training",
+            Set(&["training.epochs=3"]),
+            &["training", "epochs"],
+        ),
+        (
+            "unknown key in a role",
+            Set(&["models.student.frozen=true"]),
+            &["models.student", "frozen"],
+        ),
+        (
+            "wrong type: max_steps string",
+            Set(&["training.max_steps=\"ten\""]),
+            &["training.max_steps"],
+        ),
+        (
+            "wrong type: lr string",
+            Set(&["optimizer.lr=\"fast\""]),
+            &["optimizer.lr"],
+        ),
+        (
+            "wrong type: betas scalar",
+            Set(&["optimizer.betas=0.9"]),
+            &["optimizer.betas"],
+        ),
+        (
+            "wrong type: trainable string",
+            Set(&["models.student.trainable=\"yes\""]),
+            &["models.student.trainable"],
+        ),
+        (
+            "wrong type: batch_size float",
+            Set(&["data.batch_size=2.5"]),
+            &["data.batch_size"],
+        ),
+        (
+            "wrong type: seed negative",
+            Set(&["runtime.seed=-1"]),
+            &["runtime.seed"],
+        ),
+        (
+            "out of range: max_steps 0",
+            Set(&["training.max_steps=0"]),
+            &["training.max_steps", ">= 1"],
+        ),
+        (
+            "out of range: lr negative",
+            Set(&["optimizer.lr=-1e-4"]),
+            &["optimizer.lr", "positive"],
+        ),
+        (
+            "out of range: lr zero",
+            Set(&["optimizer.lr=0.0"]),
+            &["optimizer.lr"],
+        ),
+        (
+            "out of range: beta1 = 1",
+            Set(&["optimizer.betas=[1.0, 0.999]"]),
+            &["optimizer.betas[0]"],
+        ),
+        (
+            "out of range: beta2 negative",
+            Set(&["optimizer.betas=[0.9, -0.1]"]),
+            &["optimizer.betas[1]"],
+        ),
+        (
+            "out of range: eps 0",
+            Set(&["optimizer.eps=0.0"]),
+            &["optimizer.eps"],
+        ),
+        (
+            "out of range: weight decay 2",
+            Set(&["optimizer.weight_decay=2.0"]),
+            &["optimizer.weight_decay"],
+        ),
+        (
+            "out of range: min_lr_ratio",
+            Set(&["optimizer.min_lr_ratio=1.5"]),
+            &["optimizer.min_lr_ratio"],
+        ),
+        (
+            "unknown schedule",
+            Set(&["optimizer.schedule=step"]),
+            &["optimizer.schedule", "cosine"],
+        ),
+        (
+            "out of range: grad accumulation 0",
+            Set(&["training.grad_accumulation=0"]),
+            &["training.grad_accumulation"],
+        ),
+        (
+            "out of range: max_grad_norm 0",
+            Set(&["training.max_grad_norm=0.0"]),
+            &["training.max_grad_norm"],
+        ),
+        (
+            "out of range: checkpoint_every 0",
+            Set(&["training.checkpoint_every=0"]),
+            &["training.checkpoint_every"],
+        ),
+        (
+            "out of range: keep_last 0",
+            Set(&["training.keep_last=0"]),
+            &["training.keep_last"],
+        ),
+        (
+            "unknown non-finite policy",
+            Set(&["training.non_finite=ignore"]),
+            &["training.non_finite", "skip"],
+        ),
+        (
+            "out of range: shift 0",
+            Set(&["method.shift=0.0"]),
+            &["method.shift"],
+        ),
+        (
+            "out of range: cfg_dropout 1",
+            Set(&["method.cfg_dropout=1.0"]),
+            &["method.cfg_dropout"],
+        ),
+        (
+            "out of range: sample_steps 0",
+            Set(&["method.sample_steps=0"]),
+            &["method.sample_steps"],
+        ),
+        (
+            "unknown sigma density",
+            Set(&["method.sigma_density.kind=gamma"]),
+            &["method.sigma_density", "gamma"],
+        ),
+        (
+            "out of range: logit_std",
+            Set(&["method.sigma_density.logit_std=-1.0"]),
+            &["method.sigma_density.logit_std"],
+        ),
+        (
+            "out of range: data batch_size 0",
+            Set(&["data.batch_size=0"]),
+            &["data.batch_size"],
+        ),
+        (
+            "out of range: data height",
+            Set(&["data.height=4"]),
+            &["data.height"],
+        ),
+        (
+            "missing role",
+            Replace("[models.student]", "[models.teacher]"),
+            &["models.student", "missing role"],
+        ),
+        (
+            "unexpected role",
+            Append("[models.critic]\narch = \"wan\"\npreset = \"wan-tiny\"\n"),
+            &["models.critic", "unexpected role"],
+        ),
+        (
+            "frozen role where training needs it",
+            Set(&["models.student.trainable=false"]),
+            &["models.student.trainable"],
+        ),
+        (
+            "preset and config both",
+            Set(&["models.student.config=x.json"]),
+            &["models.student.config", "not both"],
+        ),
+        (
+            "optimizer on a frozen role",
+            Replace(
+                "trainable = true",
+                "trainable = true\n[models.student.optimizer]\nmomentum = 1",
+            ),
+            &["models.student.optimizer", "momentum"],
+        ),
+        (
+            "missing method table",
+            Replace(
+                "[method]\nkind = \"finetune\"",
+                "[methodx]\nkind = \"finetune\"",
+            ),
+            &["method"],
+        ),
+        (
+            "missing training.max_steps",
+            Replace("max_steps = 1000", ""),
+            &["training", "max_steps"],
+        ),
+        (
+            "invalid TOML",
+            Append("this is not toml\n"),
+            &["invalid TOML"],
+        ),
+        (
+            "bad --set syntax",
+            Set(&["training.max_steps"]),
+            &["--set", "key.path=value"],
+        ),
     ]
 }
 
@@ -89,12 +303,14 @@ fn every_shipped_config_is_accepted() {
         if p.extension().is_some_and(|x| x == "toml") {
             // GPU recipes name the cuda backend, which the default build does not compile in.
             let text = std::fs::read_to_string(&p).unwrap();
-            let set: Vec<String> = if text.contains("backend = \"cuda\"") && !cfg!(feature = "cuda") {
+            let set: Vec<String> = if text.contains("backend = \"cuda\"") && !cfg!(feature = "cuda")
+            {
                 vec!["runtime.backend=cpu".into()]
             } else {
                 vec![]
             };
-            load_run_config(&p, &set).unwrap_or_else(|e| panic!("{} should be valid: {e}", p.display()));
+            load_run_config(&p, &set)
+                .unwrap_or_else(|e| panic!("{} should be valid: {e}", p.display()));
             n += 1;
         }
     }
@@ -108,7 +324,10 @@ fn bad_configs_fail_with_a_one_line_error_naming_the_key() {
     let mut seen = std::collections::BTreeSet::new();
     for (what, edit, expect) in cases {
         let (text, sets) = match edit {
-            Edit::Set(s) => (BASE.to_string(), s.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
+            Edit::Set(s) => (
+                BASE.to_string(),
+                s.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+            ),
             Edit::Replace(a, b) => {
                 assert!(BASE.contains(a), "{what}: base config lacks `{a}`");
                 (BASE.replacen(a, b, 1), vec![])
@@ -120,10 +339,16 @@ fn bad_configs_fail_with_a_one_line_error_naming_the_key() {
             Err(e) => e.to_string(),
         };
         assert!(!err.contains('\n'), "{what}: error is not one line: {err}");
-        assert!(err.starts_with("bad.toml: "), "{what}: error does not name the file: {err}");
+        assert!(
+            err.starts_with("bad.toml: "),
+            "{what}: error does not name the file: {err}"
+        );
         for s in expect {
             assert!(err.contains(s), "{what}: error lacks `{s}`: {err}");
         }
-        assert!(seen.insert(err.clone()), "{what}: same error as another case: {err}");
+        assert!(
+            seen.insert(err.clone()),
+            "{what}: same error as another case: {err}"
+        );
     }
 }

@@ -43,7 +43,11 @@ decay = 0.9
 
 fn reel(config: &Path, out: &Path, extra: &[&str], fault: Option<&str>) -> std::process::Output {
     let mut cmd = Command::new(BIN);
-    cmd.arg("train").arg(config).arg("--output").arg(out).args(extra);
+    cmd.arg("train")
+        .arg(config)
+        .arg("--output")
+        .arg(out)
+        .args(extra);
     cmd.env_remove("REEL_FAULT");
     if let Some(f) = fault {
         cmd.env("REEL_FAULT", f);
@@ -53,18 +57,30 @@ fn reel(config: &Path, out: &Path, extra: &[&str], fault: Option<&str>) -> std::
 
 fn final_weights(out: &Path) -> Vec<std::collections::BTreeMap<String, Vec<f32>>> {
     let d = ckpt(out, 4);
-    ["student.safetensors", "student.optim.safetensors", "student.ema.safetensors"]
-        .iter()
-        .map(|f| tensors(&d.join(f)))
-        .collect()
+    [
+        "student.safetensors",
+        "student.optim.safetensors",
+        "student.ema.safetensors",
+    ]
+    .iter()
+    .map(|f| tensors(&d.join(f)))
+    .collect()
 }
 
 /// Resume until the run completes (a kill before the first checkpoint restarts from scratch).
 fn finish(config: &Path, out: &Path) {
     let has_ckpt = out.join("checkpoints/latest").is_file();
-    let args: &[&str] = if has_ckpt { &["--resume", "latest"] } else { &[] };
+    let args: &[&str] = if has_ckpt {
+        &["--resume", "latest"]
+    } else {
+        &[]
+    };
     let o = reel(config, out, args, None);
-    assert!(o.status.success(), "resume failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "resume failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -88,7 +104,10 @@ fn killed_at_every_fault_point_resume_matches_an_uninterrupted_run() {
         let o = reel(&config, &out, &[], Some(point));
         if !o.status.success() {
             killed += 1;
-            assert!(String::from_utf8_lossy(&o.stderr).contains("REEL_FAULT"), "{point}: died for another reason");
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("REEL_FAULT"),
+                "{point}: died for another reason"
+            );
         }
         finish(&config, &out);
         assert_eq!(final_weights(&out), want, "{point}: resumed run differs");
@@ -121,7 +140,11 @@ fn sigkill_at_random_moments_never_loses_the_run() {
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
         finish(&config, &out);
-        assert_eq!(final_weights(&out), want, "killed after {ms} ms: resumed run differs");
+        assert_eq!(
+            final_weights(&out),
+            want,
+            "killed after {ms} ms: resumed run differs"
+        );
     }
 }
 
@@ -129,7 +152,13 @@ fn sigkill_at_random_moments_never_loses_the_run() {
 fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("run.toml");
-    std::fs::write(&config, CONFIG.replace("max_steps = 4", "max_steps = 100000").replace("checkpoint_every = 1", "checkpoint_every = 100000")).unwrap();
+    std::fs::write(
+        &config,
+        CONFIG
+            .replace("max_steps = 4", "max_steps = 100000")
+            .replace("checkpoint_every = 1", "checkpoint_every = 100000"),
+    )
+    .unwrap();
     let out = tmp.path().join("run");
     let child = Command::new(BIN)
         .arg("train")
@@ -141,7 +170,11 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "an interrupted run exits non-zero");
@@ -149,7 +182,17 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     let step: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();
     assert!(step >= 1, "at least one step ran before the interrupt");
-    let o = reel(&config, &out, &["--resume", "latest", "--set", &format!("training.max_steps={}", step + 2)], None);
+    let o = reel(
+        &config,
+        &out,
+        &[
+            "--resume",
+            "latest",
+            "--set",
+            &format!("training.max_steps={}", step + 2),
+        ],
+        None,
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(ckpt(&out, step + 2).join("manifest.json").is_file());
 }

@@ -116,7 +116,9 @@ macro_rules! impl_reel_backend {
 impl_reel_backend!(CpuBackend, "cpu (ndarray)", |_i: usize| Default::default());
 impl_reel_backend!(FlexBackend, "flex", |_i: usize| Default::default());
 #[cfg(feature = "cuda")]
-impl_reel_backend!(CudaBackend, "cuda", |i: usize| burn::backend::cuda::CudaDevice::new(i));
+impl_reel_backend!(CudaBackend, "cuda", |i: usize| {
+    burn::backend::cuda::CudaDevice::new(i)
+});
 
 /// Supertrait bundle: a plugin config that can build for every compiled backend.
 /// Implemented automatically for any type with a generic `BuildMethod<B>` impl.
@@ -126,9 +128,15 @@ pub trait BuildMethodAll: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> {}
 impl<T: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + ?Sized> BuildMethodAll for T {}
 /// Supertrait bundle: a plugin config that can build for every compiled backend.
 #[cfg(feature = "cuda")]
-pub trait BuildMethodAll: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend> {}
+pub trait BuildMethodAll:
+    BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend>
+{
+}
 #[cfg(feature = "cuda")]
-impl<T: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend> + ?Sized> BuildMethodAll for T {}
+impl<T: BuildMethod<CpuBackend> + BuildMethod<FlexBackend> + BuildMethod<CudaBackend> + ?Sized>
+    BuildMethodAll for T
+{
+}
 
 /// Supertrait bundle for callbacks (see [`BuildMethodAll`]).
 #[cfg(not(feature = "cuda"))]
@@ -137,6 +145,16 @@ pub trait BuildCallbackAll: BuildCallback<CpuBackend> + BuildCallback<FlexBacken
 impl<T: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + ?Sized> BuildCallbackAll for T {}
 /// Supertrait bundle for callbacks (see [`BuildMethodAll`]).
 #[cfg(feature = "cuda")]
-pub trait BuildCallbackAll: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + BuildCallback<CudaBackend> {}
+pub trait BuildCallbackAll:
+    BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + BuildCallback<CudaBackend>
+{
+}
 #[cfg(feature = "cuda")]
-impl<T: BuildCallback<CpuBackend> + BuildCallback<FlexBackend> + BuildCallback<CudaBackend> + ?Sized> BuildCallbackAll for T {}
+impl<
+        T: BuildCallback<CpuBackend>
+            + BuildCallback<FlexBackend>
+            + BuildCallback<CudaBackend>
+            + ?Sized,
+    > BuildCallbackAll for T
+{
+}

@@ -25,7 +25,11 @@ fn per_sample<B: Backend>(values: Tensor<B, 1>) -> Tensor<B, 5> {
 }
 
 /// `x_t = (1−σ)·x0 + σ·ε` with per-sample `σ` `[B]`; `x0`, `noise`: `[B, C, F, H, W]`.
-pub fn add_noise<B: Backend>(x0: Tensor<B, 5>, noise: Tensor<B, 5>, sigma: Tensor<B, 1>) -> Tensor<B, 5> {
+pub fn add_noise<B: Backend>(
+    x0: Tensor<B, 5>,
+    noise: Tensor<B, 5>,
+    sigma: Tensor<B, 1>,
+) -> Tensor<B, 5> {
     let s = per_sample(sigma);
     x0.mul(s.clone().neg().add_scalar(1.0)).add(noise.mul(s))
 }
@@ -36,7 +40,11 @@ pub fn velocity_target<B: Backend>(x0: Tensor<B, 5>, noise: Tensor<B, 5>) -> Ten
 }
 
 /// `x0 = x_t − σ·v` with per-sample `σ` `[B]`.
-pub fn x0_from_velocity<B: Backend>(x_t: Tensor<B, 5>, v: Tensor<B, 5>, sigma: Tensor<B, 1>) -> Tensor<B, 5> {
+pub fn x0_from_velocity<B: Backend>(
+    x_t: Tensor<B, 5>,
+    v: Tensor<B, 5>,
+    sigma: Tensor<B, 1>,
+) -> Tensor<B, 5> {
     x_t.sub(v.mul(per_sample(sigma)))
 }
 
@@ -51,7 +59,11 @@ pub fn sigma_tensor<B: Backend>(values: &[f32], device: &B::Device) -> Tensor<B,
 }
 
 /// Classifier-free guidance: `uncond + g·(cond − uncond)`.
-pub fn cfg_combine<B: Backend, const D: usize>(cond: Tensor<B, D>, uncond: Tensor<B, D>, scale: f64) -> Tensor<B, D> {
+pub fn cfg_combine<B: Backend, const D: usize>(
+    cond: Tensor<B, D>,
+    uncond: Tensor<B, D>,
+    scale: f64,
+) -> Tensor<B, D> {
     uncond.clone().add(cond.sub(uncond).mul_scalar(scale))
 }
 
@@ -91,13 +103,18 @@ impl TimestepDensity {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match *self {
             TimestepDensity::Uniform => Ok(()),
-            TimestepDensity::LogitNormal { logit_mean, logit_std } => {
+            TimestepDensity::LogitNormal {
+                logit_mean,
+                logit_std,
+            } => {
                 if !logit_mean.is_finite() {
                     return Err(ConfigError::new("logit_mean", "expected a finite number"));
                 }
                 check::positive_f64("logit_std", logit_std)
             }
-            TimestepDensity::Mode { mode_scale } => check::in_range("mode_scale", mode_scale, 0.0, 1.8),
+            TimestepDensity::Mode { mode_scale } => {
+                check::in_range("mode_scale", mode_scale, 0.0, 1.8)
+            }
         }
     }
 
@@ -105,7 +122,10 @@ impl TimestepDensity {
     pub fn sample(&self, rng: &mut StreamRng) -> f64 {
         let s = match *self {
             TimestepDensity::Uniform => rng.uniform(),
-            TimestepDensity::LogitNormal { logit_mean, logit_std } => {
+            TimestepDensity::LogitNormal {
+                logit_mean,
+                logit_std,
+            } => {
                 let z = logit_mean + logit_std * rng.normal();
                 1.0 / (1.0 + (-z).exp())
             }
@@ -120,7 +140,9 @@ impl TimestepDensity {
 
     /// Draw `n` shifted sigmas.
     pub fn sample_shifted(&self, n: usize, shift: f64, rng: &mut StreamRng) -> Vec<f32> {
-        (0..n).map(|_| shift_sigma(self.sample(rng), shift) as f32).collect()
+        (0..n)
+            .map(|_| shift_sigma(self.sample(rng), shift) as f32)
+            .collect()
     }
 }
 
@@ -159,7 +181,11 @@ pub fn sigmas_from_timesteps(timesteps: &[f64], shift: Option<f64>) -> Vec<f64> 
 /// Euler integration of the flow ODE from `x` (pure noise at `sigmas[0]`) down to
 /// `sigmas.last()`: `x ← x + (σ_next − σ)·v(x, σ)`. `velocity(x, σ)` returns `v` with the
 /// same shape as `x` (apply CFG inside it with [`cfg_combine`]).
-pub fn euler_sample<B: Backend, F>(mut x: Tensor<B, 5>, sigmas: &[f64], mut velocity: F) -> Tensor<B, 5>
+pub fn euler_sample<B: Backend, F>(
+    mut x: Tensor<B, 5>,
+    sigmas: &[f64],
+    mut velocity: F,
+) -> Tensor<B, 5>
 where
     F: FnMut(Tensor<B, 5>, f64) -> Tensor<B, 5>,
 {
@@ -217,7 +243,10 @@ mod tests {
         let mut r = StreamRng::from_seed(5);
         for d in [
             TimestepDensity::Uniform,
-            TimestepDensity::LogitNormal { logit_mean: 0.0, logit_std: 1.0 },
+            TimestepDensity::LogitNormal {
+                logit_mean: 0.0,
+                logit_std: 1.0,
+            },
             TimestepDensity::Mode { mode_scale: 1.29 },
         ] {
             let v = d.sample_shifted(2000, 3.0, &mut r);

@@ -63,6 +63,9 @@ pub struct PluginDescriptor {
 
 inventory::collect!(PluginDescriptor);
 
+/// A model architecture's check of a role table.
+pub type RoleCheck = fn(&crate::role::RoleConfig) -> Result<(), crate::config::ConfigError>;
+
 /// A registered model architecture (`arch = "<name>"`), with a check of the role table
 /// (preset known, config file readable...) run by `reel check` before anything loads.
 #[derive(Debug)]
@@ -72,7 +75,7 @@ pub struct ModelArch {
     /// One-line summary for `reel list`.
     pub summary: &'static str,
     /// Validates a role table for this architecture; keys relative to the role table.
-    pub check: fn(&crate::role::RoleConfig) -> Result<(), crate::config::ConfigError>,
+    pub check: RoleCheck,
 }
 
 inventory::collect!(ModelArch);
@@ -92,9 +95,7 @@ macro_rules! register_model {
 }
 
 /// The role-table check of architecture `name`, if registered.
-pub fn model_check(
-    name: &str,
-) -> Option<fn(&crate::role::RoleConfig) -> Result<(), crate::config::ConfigError>> {
+pub fn model_check(name: &str) -> Option<RoleCheck> {
     inventory::iter::<ModelArch>
         .into_iter()
         .find(|m| m.name == name)
@@ -121,12 +122,19 @@ macro_rules! register_plugin {
 
 /// Every registered plugin (model architectures included), sorted by kind then name.
 pub fn plugins() -> Vec<PluginDescriptor> {
-    let mut all: Vec<PluginDescriptor> = inventory::iter::<PluginDescriptor>.into_iter().copied().collect();
-    all.extend(inventory::iter::<ModelArch>.into_iter().map(|m| PluginDescriptor {
-        kind: PluginKind::Model,
-        name: m.name,
-        summary: m.summary,
-    }));
+    let mut all: Vec<PluginDescriptor> = inventory::iter::<PluginDescriptor>
+        .into_iter()
+        .copied()
+        .collect();
+    all.extend(
+        inventory::iter::<ModelArch>
+            .into_iter()
+            .map(|m| PluginDescriptor {
+                kind: PluginKind::Model,
+                name: m.name,
+                summary: m.summary,
+            }),
+    );
     all.sort_by(|a, b| (a.kind, a.name).cmp(&(b.kind, b.name)));
     all
 }

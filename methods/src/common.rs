@@ -11,11 +11,16 @@ use reel_core::rng::StreamRng;
 use reel_models::{build_wan_role, WanModel};
 
 /// Load the Wan model of role `name` on the autodiff backend.
-pub fn load_role<B: AutodiffBackend>(ctx: &BuildContext<B>, name: &str) -> Result<WanModel<B>, MethodError> {
+pub fn load_role<B: AutodiffBackend>(
+    ctx: &BuildContext<B>,
+    name: &str,
+) -> Result<WanModel<B>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(|message| MethodError::Model {
-        role: name.to_string(),
-        message,
+    build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(|message| {
+        MethodError::Model {
+            role: name.to_string(),
+            message,
+        }
     })
 }
 
@@ -25,17 +30,23 @@ pub fn load_frozen_role<B: AutodiffBackend>(
     name: &str,
 ) -> Result<WanModel<B::InnerBackend>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(|message| {
-        MethodError::Model {
+    build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(
+        |message| MethodError::Model {
             role: name.to_string(),
             message,
-        }
-    })
+        },
+    )
 }
 
 /// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),
 /// so the draws of a sample do not depend on how samples are grouped into micro-batches.
-pub fn per_sample_noise<B: Backend>(ctx: &StepContext, indices: &[usize], dims: [usize; 5], stream: &str, device: &B::Device) -> Tensor<B, 5> {
+pub fn per_sample_noise<B: Backend>(
+    ctx: &StepContext,
+    indices: &[usize],
+    dims: [usize; 5],
+    stream: &str,
+    device: &B::Device,
+) -> Tensor<B, 5> {
     let per = dims[1] * dims[2] * dims[3] * dims[4];
     let mut v = Vec::with_capacity(per * indices.len());
     for &i in indices {
@@ -46,19 +57,28 @@ pub fn per_sample_noise<B: Backend>(ctx: &StepContext, indices: &[usize], dims: 
 
 /// One uniform draw in `[0, 1)` per sample, keyed like [`per_sample_noise`].
 pub fn per_sample_uniform(ctx: &StepContext, indices: &[usize], stream: &str) -> Vec<f64> {
-    indices.iter().map(|&i| ctx.rng.stream(ctx.step, i as u64, stream).uniform()).collect()
+    indices
+        .iter()
+        .map(|&i| ctx.rng.stream(ctx.step, i as u64, stream).uniform())
+        .collect()
 }
 
 /// Replace the text of samples where `drop[b]` with the negative embedding `[1, L, D]`.
-pub fn drop_text<B: Backend>(text: Tensor<B, 3>, negative: Tensor<B, 3>, drop: &[bool]) -> Tensor<B, 3> {
+pub fn drop_text<B: Backend>(
+    text: Tensor<B, 3>,
+    negative: Tensor<B, 3>,
+    drop: &[bool],
+) -> Tensor<B, 3> {
     if !drop.iter().any(|&d| d) {
         return text;
     }
     let [b, l, d] = text.dims();
     let keep: Vec<f32> = drop.iter().map(|&x| if x { 0.0 } else { 1.0 }).collect();
-    let keep = Tensor::<B, 1>::from_data(TensorData::new(keep, [b]), &text.device()).reshape([b, 1, 1]);
+    let keep =
+        Tensor::<B, 1>::from_data(TensorData::new(keep, [b]), &text.device()).reshape([b, 1, 1]);
     let neg = negative.expand([b, l, d]);
-    text.mul(keep.clone()).add(neg.mul(keep.neg().add_scalar(1.0)))
+    text.mul(keep.clone())
+        .add(neg.mul(keep.neg().add_scalar(1.0)))
 }
 
 /// Initial noise for a sampling request: prompt `i` draws from a stream of `(seed, i)`.
@@ -67,16 +87,24 @@ pub fn request_noise<B: Backend>(req: &SampleRequest, device: &B::Device) -> Ten
     let per = s.latent_numel();
     let mut v = Vec::with_capacity(per * req.prompts.len());
     for i in 0..req.prompts.len() {
-        v.extend(StreamRng::from_seed(req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9)).normal_vec(per));
+        v.extend(
+            StreamRng::from_seed(req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9)).normal_vec(per),
+        );
     }
     Tensor::from_data(
-        TensorData::new(v, [req.prompts.len(), s.channels, s.frames, s.height, s.width]),
+        TensorData::new(
+            v,
+            [req.prompts.len(), s.channels, s.frames, s.height, s.width],
+        ),
         device,
     )
 }
 
 /// Conditional `[N, L, D]` and unconditional `[N, L, D]` text tensors of a request.
-pub fn request_text<B: Backend>(req: &SampleRequest, device: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>) {
+pub fn request_text<B: Backend>(
+    req: &SampleRequest,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let spec = &req.spec;
     let zeros = TextCondition {
         embedding: vec![0.0; spec.text_numel()],
@@ -85,7 +113,10 @@ pub fn request_text<B: Backend>(req: &SampleRequest, device: &B::Device) -> (Ten
     let neg = req.negative.as_ref().unwrap_or(&zeros);
     let conds: Vec<&TextCondition> = req.prompts.iter().map(|p| &p.text).collect();
     let negs: Vec<&TextCondition> = req.prompts.iter().map(|_| neg).collect();
-    (text_tensors::<B>(&conds, spec, device).0, text_tensors::<B>(&negs, spec, device).0)
+    (
+        text_tensors::<B>(&conds, spec, device).0,
+        text_tensors::<B>(&negs, spec, device).0,
+    )
 }
 
 /// Model velocity at σ with classifier-free guidance (`guidance == 1` skips the
@@ -105,39 +136,67 @@ pub fn guided_velocity<B: Backend>(
         return model.forward(x, t, cond.clone());
     }
     let t = Tensor::<B, 1>::full([2 * n], sigma * TIMESTEP_SCALE, &device);
-    let both = model.forward(Tensor::cat(vec![x.clone(), x], 0), t, Tensor::cat(vec![cond.clone(), uncond.clone()], 0));
+    let both = model.forward(
+        Tensor::cat(vec![x.clone(), x], 0),
+        t,
+        Tensor::cat(vec![cond.clone(), uncond.clone()], 0),
+    );
     let c = both.clone().narrow(0, 0, n);
     let u = both.narrow(0, n, n);
     cfg_combine(c, u, guidance)
 }
 
 /// Euler flow-matching sampling of a request with `steps` steps and `shift`.
-pub fn sample_euler<B: Backend>(model: &WanModel<B>, req: &SampleRequest, steps: usize, guidance: f64, shift: f64, device: &B::Device) -> Vec<Vec<f32>> {
+pub fn sample_euler<B: Backend>(
+    model: &WanModel<B>,
+    req: &SampleRequest,
+    steps: usize,
+    guidance: f64,
+    shift: f64,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let (cond, uncond) = request_text::<B>(req, device);
     let x = request_noise::<B>(req, device);
     let sigmas = sampling_sigmas(steps, shift);
-    let out = euler_sample(x, &sigmas, |x, s| guided_velocity(model, x, s, &cond, &uncond, guidance));
+    let out = euler_sample(x, &sigmas, |x, s| {
+        guided_velocity(model, x, s, &cond, &uncond, guidance)
+    });
     split_clips(out, &req.spec)
 }
 
 /// Host clips `[C, F, H, W]` from a batch tensor.
 pub fn split_clips<B: Backend>(x: Tensor<B, 5>, spec: &DataSpec) -> Vec<Vec<f32>> {
-    let all = x.into_data().convert::<f32>().to_vec::<f32>().expect("f32 clips");
-    all.chunks(spec.latent_numel()).map(<[f32]>::to_vec).collect()
+    let all = x
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 clips");
+    all.chunks(spec.latent_numel())
+        .map(<[f32]>::to_vec)
+        .collect()
 }
 
 /// Fresh noise for step `step` (≥ 1) of a few-step sampler: prompt `i` draws from a stream of
 /// `(seed, i, step)`, independent of [`request_noise`] (which is step 0).
-pub fn request_step_noise<B: Backend>(req: &SampleRequest, step: usize, device: &B::Device) -> Tensor<B, 5> {
+pub fn request_step_noise<B: Backend>(
+    req: &SampleRequest,
+    step: usize,
+    device: &B::Device,
+) -> Tensor<B, 5> {
     let s = &req.spec;
     let per = s.latent_numel();
     let mut v = Vec::with_capacity(per * req.prompts.len());
     for i in 0..req.prompts.len() {
-        let key = req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9) ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        let key = req.seed
+            ^ (i as u64).wrapping_mul(0x9E37_79B9)
+            ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
         v.extend(StreamRng::from_seed(key).normal_vec(per));
     }
     Tensor::from_data(
-        TensorData::new(v, [req.prompts.len(), s.channels, s.frames, s.height, s.width]),
+        TensorData::new(
+            v,
+            [req.prompts.len(), s.channels, s.frames, s.height, s.width],
+        ),
         device,
     )
 }
@@ -147,14 +206,23 @@ pub fn request_step_noise<B: Backend>(req: &SampleRequest, step: usize, device: 
 /// `v` unless `guidance == 1`) and, before every later step, re-noise it to the next σ with
 /// fresh noise from [`request_step_noise`]. Returns the last `x0`. Deterministic in the
 /// request's seed.
-pub fn sample_few_step<B: Backend>(model: &WanModel<B>, req: &SampleRequest, sigmas: &[f64], guidance: f64, device: &B::Device) -> Vec<Vec<f32>> {
+pub fn sample_few_step<B: Backend>(
+    model: &WanModel<B>,
+    req: &SampleRequest,
+    sigmas: &[f64],
+    guidance: f64,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let (cond, uncond) = request_text::<B>(req, device);
     let mut x = request_noise::<B>(req, device);
     let mut x0 = x.clone();
     for (k, &sigma) in sigmas.iter().enumerate() {
         if k > 0 {
             let noise = request_step_noise::<B>(req, k, device);
-            x = x0.clone().mul_scalar(1.0 - sigma).add(noise.mul_scalar(sigma));
+            x = x0
+                .clone()
+                .mul_scalar(1.0 - sigma)
+                .add(noise.mul_scalar(sigma));
         }
         let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
         x0 = x.clone().sub(v.mul_scalar(sigma));

@@ -11,9 +11,13 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use reel_core::config::{check, ConfigError};
-use reel_core::flow::{add_noise, shift_sigma, sigma_tensor, timesteps_from_sigmas, velocity_target, x0_from_velocity, TimestepDensity};
+use reel_core::flow::{
+    add_noise, shift_sigma, sigma_tensor, timesteps_from_sigmas, velocity_target, x0_from_velocity,
+    TimestepDensity,
+};
 use reel_core::method::{
-    Batch, BuildContext, BuildMethod, MethodConfig, MethodError, SampleRequest, StepContext, StepOutput, TrainingMethod,
+    Batch, BuildContext, BuildMethod, MethodConfig, MethodError, SampleRequest, StepContext,
+    StepOutput, TrainingMethod,
 };
 use reel_core::role::{RoleHandle, RoleRequirement, TrainableRole};
 use reel_models::WanModel;
@@ -73,7 +77,9 @@ impl Default for FinetuneConfig {
 #[typetag::serde(name = "finetune")]
 impl MethodConfig for FinetuneConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        self.sigma_density.validate().map_err(|e| e.in_section("sigma_density"))?;
+        self.sigma_density
+            .validate()
+            .map_err(|e| e.in_section("sigma_density"))?;
         check::positive_f64("shift", self.shift)?;
         check::in_half_open("cfg_dropout", self.cfg_dropout, 0.0, 1.0)?;
         check::positive_usize("sample_steps", self.sample_steps)?;
@@ -89,10 +95,17 @@ impl MethodConfig for FinetuneConfig {
     }
 }
 
-reel_core::register_plugin!(Method, "finetune", "Flow-matching fine-tuning of the student (velocity or x0 target, CFG dropout)");
+reel_core::register_plugin!(
+    Method,
+    "finetune",
+    "Flow-matching fine-tuning of the student (velocity or x0 target, CFG dropout)"
+);
 
 impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
-    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let model = load_role(ctx, "student")?;
         let student = TrainableRole::new(
             "student",
@@ -129,7 +142,10 @@ pub fn flow_matching_loss<B: burn::tensor::backend::Backend>(
     let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
     let pred = model.forward(x_t.clone(), timesteps_from_sigmas(sigma.clone()), text);
     let loss = if precondition_outputs {
-        x0_from_velocity(x_t, pred.clone(), sigma).sub(x0).square().mean()
+        x0_from_velocity(x_t, pred.clone(), sigma)
+            .sub(x0)
+            .square()
+            .mean()
     } else {
         pred.clone().sub(velocity_target(x0, noise)).square().mean()
     };
@@ -137,7 +153,11 @@ pub fn flow_matching_loss<B: burn::tensor::backend::Backend>(
 }
 
 impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
-    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError> {
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError> {
         let dims = batch.latents.dims();
         let idx = &batch.indices;
         let sigmas: Vec<f32> = idx
@@ -179,6 +199,13 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
         let steps = req.steps.unwrap_or(self.cfg.sample_steps);
         let guidance = req.guidance.unwrap_or(self.cfg.guidance_scale);
         let shift = self.cfg.sample_shift.unwrap_or(self.cfg.shift);
-        Ok(sample_euler(&model, req, steps, guidance, shift, &self.device))
+        Ok(sample_euler(
+            &model,
+            req,
+            steps,
+            guidance,
+            shift,
+            &self.device,
+        ))
     }
 }

@@ -8,4 +8,4 @@ pub mod dmd2;
 pub mod finetune;
 
 pub use dmd2::{Dmd2Config, Rollout};
-pub use finetune::{FinetuneConfig, flow_matching_loss};
+pub use finetune::{flow_matching_loss, FinetuneConfig};

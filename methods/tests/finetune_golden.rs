@@ -15,9 +15,14 @@ use reel_models::{WanConfig, WanModel};
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 
 fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("REEL_WAN_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/wan_tiny"))
-    });
+    let dir = std::env::var_os("REEL_WAN_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/fixtures/wan_tiny"
+            ))
+        });
     assert!(
         dir.join("train_step.safetensors").is_file(),
         "Wan golden fixtures not found in `{}` (set REEL_WAN_FIXTURES)",
@@ -27,7 +32,9 @@ fn fixtures_dir() -> PathBuf {
 }
 
 fn fixture(name: &str) -> BTreeMap<String, TensorData> {
-    read_safetensors(fixtures_dir().join(name)).unwrap_or_else(|e| panic!("{e}")).0
+    read_safetensors(fixtures_dir().join(name))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .0
 }
 
 fn tensor<const D: usize>(d: &TensorData) -> Tensor<B, D> {
@@ -36,13 +43,19 @@ fn tensor<const D: usize>(d: &TensorData) -> Tensor<B, D> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn check(name: &str, got: &[f32], want: &[f32], rel: f32) -> f32 {
     let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     let err = max_abs_diff(got, want);
-    assert!(err <= rel * scale, "{name}: max abs error {err:e} > {rel:e} x {scale}");
+    assert!(
+        err <= rel * scale,
+        "{name}: max abs error {err:e} > {rel:e} x {scale}"
+    );
     err
 }
 
@@ -69,28 +82,46 @@ fn finetune_step_and_two_adamw_steps_match_torch() {
 
     let mut report = vec![];
     for step in 0..2u64 {
-        let (loss, pred) =
-            flow_matching_loss(role.model(), x0.clone(), noise.clone(), sigma.clone(), text.clone(), false);
+        let (loss, pred) = flow_matching_loss(
+            role.model(),
+            x0.clone(),
+            noise.clone(),
+            sigma.clone(),
+            text.clone(),
+            false,
+        );
         let loss_key = if step == 0 { "loss" } else { "loss_step2" };
         let l = loss.clone().into_data().to_vec::<f32>().unwrap();
         let want = golden[loss_key].to_vec::<f32>().unwrap();
         report.push((loss_key.to_string(), check(loss_key, &l, &want, 1e-5)));
         if step == 0 {
             let p = pred.into_data().to_vec::<f32>().unwrap();
-            report.push(("pred".into(), check("pred", &p, &golden["pred"].to_vec::<f32>().unwrap(), 2e-5)));
+            report.push((
+                "pred".into(),
+                check("pred", &p, &golden["pred"].to_vec::<f32>().unwrap(), 2e-5),
+            ));
         }
         let grads = loss.backward();
         role.accumulate(&grads, 1.0);
         role.apply_update(step, 1.0);
-        let prefix = if step == 0 { "adamw_step1." } else { "adamw_step2." };
+        let prefix = if step == 0 {
+            "adamw_step1."
+        } else {
+            "adamw_step2."
+        };
         let params: BTreeMap<String, TensorData> = role.trainable_tensors().into_iter().collect();
         let mut n = 0;
         for (k, want) in golden.iter().filter(|(k, _)| k.starts_with(prefix)) {
             let name = &k[prefix.len()..];
-            let got = params.get(name).unwrap_or_else(|| panic!("no parameter `{name}`"));
+            let got = params
+                .get(name)
+                .unwrap_or_else(|| panic!("no parameter `{name}`"));
             assert_eq!(got.shape, want.shape, "{name}");
             // Adam's first step moves every weight by ~lr = 1e-3: the tolerance is far below it.
-            let err = max_abs_diff(&got.to_vec::<f32>().unwrap(), &want.to_vec::<f32>().unwrap());
+            let err = max_abs_diff(
+                &got.to_vec::<f32>().unwrap(),
+                &want.to_vec::<f32>().unwrap(),
+            );
             assert!(err < 2e-6, "{k}: max abs error {err:e}");
             report.push((k.clone(), err));
             n += 1;

@@ -13,21 +13,34 @@ use crate::wan::{WanConfig, WanModel};
 
 /// The architecture config a role table selects (preset or `config.json`), with paths
 /// resolved by `resolve`.
-pub fn wan_config_for(role: &RoleConfig, resolve: impl Fn(&Path) -> PathBuf) -> Result<WanConfig, ConfigError> {
+pub fn wan_config_for(
+    role: &RoleConfig,
+    resolve: impl Fn(&Path) -> PathBuf,
+) -> Result<WanConfig, ConfigError> {
     let cfg = match (&role.preset, &role.config) {
         (Some(name), _) => WanConfig::preset(name).ok_or_else(|| {
             ConfigError::new(
                 "preset",
-                format!("unknown Wan preset `{name}`, expected one of {:?}", WanConfig::preset_names()),
+                format!(
+                    "unknown Wan preset `{name}`, expected one of {:?}",
+                    WanConfig::preset_names()
+                ),
             )
         })?,
         (None, Some(path)) => {
             let p = resolve(path);
-            WanConfig::from_json_file(&p).map_err(|e| ConfigError::new("config", format!("{}: {e}", p.display())))?
+            WanConfig::from_json_file(&p)
+                .map_err(|e| ConfigError::new("config", format!("{}: {e}", p.display())))?
         }
-        (None, None) => return Err(ConfigError::new("preset", "missing: give `preset` or `config`")),
+        (None, None) => {
+            return Err(ConfigError::new(
+                "preset",
+                "missing: give `preset` or `config`",
+            ))
+        }
     };
-    cfg.validate().map_err(|e| ConfigError::new("preset", e.to_string()))?;
+    cfg.validate()
+        .map_err(|e| ConfigError::new("preset", e.to_string()))?;
     Ok(cfg)
 }
 
@@ -75,5 +88,9 @@ pub fn build_wan_role<B: Backend>(
             apply_lora(model, &spec, default_seed).map_err(|e| format!("adapter: {e}"))?
         }
     };
-    Ok(if role.trainable { model } else { burn::module::Module::no_grad(model) })
+    Ok(if role.trainable {
+        model
+    } else {
+        burn::module::Module::no_grad(model)
+    })
 }

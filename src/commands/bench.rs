@@ -94,12 +94,22 @@ pub fn forward_flops(c: &WanConfig, batch: usize, tokens: usize, text_len: usize
     let d = c.inner_dim() as f64;
     let f = c.ffn_dim as f64;
     let (n, l) = (tokens as f64, text_len as f64);
-    batch as f64 * c.num_layers as f64 * (n * (12.0 * d * d + 4.0 * d * f + 4.0 * n * d + 4.0 * l * d) + l * 4.0 * d * d)
+    batch as f64
+        * c.num_layers as f64
+        * (n * (12.0 * d * d + 4.0 * d * f + 4.0 * n * d + 4.0 * l * d) + l * 4.0 * d * d)
 }
 
-fn run_one<B: AutodiffBackend>(args: &BenchArgs, preset: &str, device: &B::Device) -> anyhow::Result<BenchRow> {
-    let cfg = WanConfig::preset(preset)
-        .ok_or_else(|| anyhow::anyhow!("unknown preset `{preset}`, expected one of {:?}", WanConfig::preset_names()))?;
+fn run_one<B: AutodiffBackend>(
+    args: &BenchArgs,
+    preset: &str,
+    device: &B::Device,
+) -> anyhow::Result<BenchRow> {
+    let cfg = WanConfig::preset(preset).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown preset `{preset}`, expected one of {:?}",
+            WanConfig::preset_names()
+        )
+    })?;
     let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
     let [pt, ph, pw] = cfg.patch_size;
     if f % pt != 0 || h % ph != 0 || w % pw != 0 {
@@ -113,13 +123,23 @@ fn run_one<B: AutodiffBackend>(args: &BenchArgs, preset: &str, device: &B::Devic
     let text: Tensor<B, 3> = rng.normal_tensor([b, args.text_len, cfg.text_dim], device);
     let sigma = Tensor::<B, 1>::full([b], 0.5, device);
     let model = cfg.try_init::<B>(device, 0)?;
-    let mut role = TrainableRole::new("student", model, OptimizerConfig::default(), Some(1.0), 1000);
+    let mut role = TrainableRole::new(
+        "student",
+        model,
+        OptimizerConfig::default(),
+        Some(1.0),
+        1000,
+    );
 
     let mut fwd = vec![];
     for i in 0..args.warmup + args.steps {
         let m = role.model_valid();
         let t0 = Instant::now();
-        let out = m.forward(x0.clone().inner(), sigma.clone().inner().mul_scalar(1000.0), text.clone().inner());
+        let out = m.forward(
+            x0.clone().inner(),
+            sigma.clone().inner().mul_scalar(1000.0),
+            text.clone().inner(),
+        );
         let _ = out.sum().into_scalar();
         if i >= args.warmup {
             fwd.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -128,7 +148,14 @@ fn run_one<B: AutodiffBackend>(args: &BenchArgs, preset: &str, device: &B::Devic
     let mut train = vec![];
     for i in 0..args.warmup + args.steps {
         let t0 = Instant::now();
-        let (loss, _) = flow_matching_loss(role.model(), x0.clone(), noise.clone(), sigma.clone(), text.clone(), false);
+        let (loss, _) = flow_matching_loss(
+            role.model(),
+            x0.clone(),
+            noise.clone(),
+            sigma.clone(),
+            text.clone(),
+            false,
+        );
         let grads = loss.backward();
         role.accumulate(&grads, 1.0);
         let n2 = role.grad_norm_sq().expect("gradients").into_scalar();
@@ -157,8 +184,14 @@ fn run_one<B: AutodiffBackend>(args: &BenchArgs, preset: &str, device: &B::Devic
     })
 }
 
-fn run_backend<B: AutodiffBackend>(args: &BenchArgs, device: &B::Device) -> anyhow::Result<Vec<BenchRow>> {
-    args.presets.iter().map(|p| run_one::<B>(args, p, device)).collect()
+fn run_backend<B: AutodiffBackend>(
+    args: &BenchArgs,
+    device: &B::Device,
+) -> anyhow::Result<Vec<BenchRow>> {
+    args.presets
+        .iter()
+        .map(|p| run_one::<B>(args, p, device))
+        .collect()
 }
 
 /// Run the benchmark and print the table.
@@ -179,7 +212,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     println!(
         "{:<18} {:<8} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
-        "preset", "backend", "batch", "tokens", "forward ms (med/min/max)", "train step ms (med/min/max)", "tok/s", "fwd GF/s", "trn GF/s", "peak MiB"
+        "preset",
+        "backend",
+        "batch",
+        "tokens",
+        "forward ms (med/min/max)",
+        "train step ms (med/min/max)",
+        "tok/s",
+        "fwd GF/s",
+        "trn GF/s",
+        "peak MiB"
     );
     for r in rows {
         println!(

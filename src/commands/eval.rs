@@ -48,15 +48,24 @@ pub struct EvalReport {
     seconds_per_clip: f64,
 }
 
-fn eval<B: ReelBackend>(args: &EvalArgs, loaded: &reel_core::config::LoadedConfig) -> anyhow::Result<EvalReport> {
+fn eval<B: ReelBackend>(
+    args: &EvalArgs,
+    loaded: &reel_core::config::LoadedConfig,
+) -> anyhow::Result<EvalReport> {
     let mut l = load::<B>(&args.source, loaded)?;
-    let evaluator = l.source.evaluator().context("this data source has no evaluator")?;
+    let evaluator = l
+        .source
+        .evaluator()
+        .context("this data source has no evaluator")?;
     let spec = l.source.spec();
     let negative = negative_or_zeros(&*l.source);
     let mut prompts = vec![];
     for i in 0..args.clips {
         let s = l.source.get(i % l.source.len())?;
-        let p = l.source.prompt_for(&s.caption).with_context(|| format!("no prompt for caption `{}`", s.caption))?;
+        let p = l
+            .source
+            .prompt_for(&s.caption)
+            .with_context(|| format!("no prompt for caption `{}`", s.caption))?;
         prompts.push(p);
     }
     let t0 = Instant::now();
@@ -83,7 +92,11 @@ fn eval<B: ReelBackend>(args: &EvalArgs, loaded: &reel_core::config::LoadedConfi
     let mut criteria: Vec<(String, f64)> = vec![];
     if let Some(first) = scores.first() {
         for (i, (name, _)) in first.criteria.iter().enumerate() {
-            let mean = scores.iter().map(|s| s.criteria.get(i).map(|c| c.1 as f64).unwrap_or(0.0)).sum::<f64>() / n;
+            let mean = scores
+                .iter()
+                .map(|s| s.criteria.get(i).map(|c| c.1 as f64).unwrap_or(0.0))
+                .sum::<f64>()
+                / n;
             criteria.push((name.clone(), mean));
         }
     }

@@ -94,7 +94,10 @@ pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Resu
     let mut checkpoint = None;
     let mut ema = false;
     if !src.untrained {
-        let path = src.checkpoint.as_ref().context("give a checkpoint or run folder (or --untrained)")?;
+        let path = src
+            .checkpoint
+            .as_ref()
+            .context("give a checkpoint or run folder (or --untrained)")?;
         let dir = checkpoint_dir(path, loaded)?;
         load_checkpoint_into(&dir, &mut *method)?;
         if !src.no_ema {

@@ -36,7 +36,10 @@ pub struct SampleArgs {
     out: PathBuf,
 }
 
-fn sample<B: ReelBackend>(args: &SampleArgs, loaded: &reel_core::config::LoadedConfig) -> anyhow::Result<()> {
+fn sample<B: ReelBackend>(
+    args: &SampleArgs,
+    loaded: &reel_core::config::LoadedConfig,
+) -> anyhow::Result<()> {
     let mut l = load::<B>(&args.source, loaded)?;
     let spec = l.source.spec();
     let prompts = if args.prompts.is_empty() {
@@ -61,15 +64,26 @@ fn sample<B: ReelBackend>(args: &SampleArgs, loaded: &reel_core::config::LoadedC
         spec,
     };
     let clips = l.method.sample(&req)?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
     for (i, (clip, p)) in clips.iter().zip(&prompts).enumerate() {
         let stem = format!("{i:02}-{}", p.caption.replace(' ', "_"));
-        let data = TensorData::new(clip.clone(), [spec.channels, spec.frames, spec.height, spec.width]);
+        let data = TensorData::new(
+            clip.clone(),
+            [spec.channels, spec.frames, spec.height, spec.width],
+        );
         let st = args.out.join(format!("{stem}.safetensors"));
         reel_core::io::write_safetensors(&st, &[("latents".to_string(), data)], None)?;
         if spec.channels == 4 {
             let gif = args.out.join(format!("{stem}.gif"));
-            write_gif(&gif, &clip_to_rgb(clip, &spec), spec.width, spec.height, 8, 12)?;
+            write_gif(
+                &gif,
+                &clip_to_rgb(clip, &spec),
+                spec.width,
+                spec.height,
+                8,
+                12,
+            )?;
         }
         println!("{}", args.out.join(&stem).display());
     }

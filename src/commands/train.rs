@@ -29,7 +29,12 @@ fn interrupt_flag() -> Arc<AtomicBool> {
 }
 
 /// Load, validate and train.
-pub fn run(config: &Path, set: &[String], resume: Option<String>, output: Option<PathBuf>) -> anyhow::Result<()> {
+pub fn run(
+    config: &Path,
+    set: &[String],
+    resume: Option<String>,
+    output: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let loaded = load_run_config(config, set)?;
     eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
     let opts = TrainOptions {
@@ -37,8 +42,13 @@ pub fn run(config: &Path, set: &[String], resume: Option<String>, output: Option
         output_dir: output,
         interrupt: Some(interrupt_flag()),
     };
-    let summary = with_backend!(loaded, |B| train::<B>(&loaded, &opts).map_err(anyhow::Error::from))?;
-    let losses: Vec<String> = summary.last_losses.iter().map(|(k, v)| format!("{k}={v:.4}")).collect();
+    let summary = with_backend!(loaded, |B| train::<B>(&loaded, &opts)
+        .map_err(anyhow::Error::from))?;
+    let losses: Vec<String> = summary
+        .last_losses
+        .iter()
+        .map(|(k, v)| format!("{k}={v:.4}"))
+        .collect();
     eprintln!(
         "reel: done: {} steps, last {}, checkpoint {}",
         summary.steps,
@@ -46,7 +56,10 @@ pub fn run(config: &Path, set: &[String], resume: Option<String>, output: Option
         summary.checkpoint.display()
     );
     if summary.skipped_steps > 0 {
-        eprintln!("reel: {} step(s) were skipped for non-finite values", summary.skipped_steps);
+        eprintln!(
+            "reel: {} step(s) were skipped for non-finite values",
+            summary.skipped_steps
+        );
     }
     Ok(())
 }

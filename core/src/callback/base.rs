@@ -93,23 +93,39 @@ pub trait Callback<B: AutodiffBackend>: Send {
         Ok(())
     }
     /// After every optimizer step.
-    fn on_step_end(&mut self, ctx: &mut CallbackContext<B>, report: &StepReport) -> Result<(), CallbackError> {
+    fn on_step_end(
+        &mut self,
+        ctx: &mut CallbackContext<B>,
+        report: &StepReport,
+    ) -> Result<(), CallbackError> {
         let _ = (ctx, report);
         Ok(())
     }
     /// After a validation pass (produced by any callback).
-    fn on_validation(&mut self, ctx: &mut CallbackContext<B>, report: &ValidationReport) -> Result<(), CallbackError> {
+    fn on_validation(
+        &mut self,
+        ctx: &mut CallbackContext<B>,
+        report: &ValidationReport,
+    ) -> Result<(), CallbackError> {
         let _ = (ctx, report);
         Ok(())
     }
     /// While a checkpoint is written: write state files into `dir` (a temporary folder that is
     /// renamed into place when complete). Return the file names written.
-    fn on_checkpoint(&mut self, ctx: &mut CallbackContext<B>, dir: &Path) -> Result<Vec<String>, CallbackError> {
+    fn on_checkpoint(
+        &mut self,
+        ctx: &mut CallbackContext<B>,
+        dir: &Path,
+    ) -> Result<Vec<String>, CallbackError> {
         let _ = (ctx, dir);
         Ok(Vec::new())
     }
     /// Restore state from a checkpoint folder (resume).
-    fn load_state(&mut self, ctx: &mut CallbackContext<B>, dir: &Path) -> Result<(), CallbackError> {
+    fn load_state(
+        &mut self,
+        ctx: &mut CallbackContext<B>,
+        dir: &Path,
+    ) -> Result<(), CallbackError> {
         let _ = (ctx, dir);
         Ok(())
     }

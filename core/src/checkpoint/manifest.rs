@@ -71,7 +71,8 @@ pub fn sha256_file(path: &Path) -> Result<FileEntry, CheckpointError> {
 /// Write `bytes` to `path` and fsync it.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let mut f = fs::File::create(path).map_err(|e| CheckpointError::io(path, e))?;
-    f.write_all(bytes).map_err(|e| CheckpointError::io(path, e))?;
+    f.write_all(bytes)
+        .map_err(|e| CheckpointError::io(path, e))?;
     f.sync_all().map_err(|e| CheckpointError::io(path, e))?;
     Ok(())
 }
@@ -98,7 +99,10 @@ impl Manifest {
         if m.format != FORMAT_VERSION {
             return Err(CheckpointError::Damaged {
                 dir: dir.to_path_buf(),
-                reason: format!("manifest format {} is not supported (expected {FORMAT_VERSION})", m.format),
+                reason: format!(
+                    "manifest format {} is not supported (expected {FORMAT_VERSION})",
+                    m.format
+                ),
             });
         }
         Ok(m)
@@ -118,7 +122,10 @@ impl Manifest {
             if actual.bytes != entry.bytes {
                 return Err(CheckpointError::Damaged {
                     dir: dir.to_path_buf(),
-                    reason: format!("file `{name}` has {} bytes, manifest says {} (truncated?)", actual.bytes, entry.bytes),
+                    reason: format!(
+                        "file `{name}` has {} bytes, manifest says {} (truncated?)",
+                        actual.bytes, entry.bytes
+                    ),
                 });
             }
             if actual.sha256 != entry.sha256 {

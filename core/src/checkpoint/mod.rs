@@ -143,7 +143,11 @@ impl CheckpointStore {
     /// Start a checkpoint for `step` in a fresh temporary folder.
     pub fn begin(&self, step: u64) -> Result<PendingCheckpoint, CheckpointError> {
         fs::create_dir_all(&self.root).map_err(|e| CheckpointError::io(&self.root, e))?;
-        let dir = self.root.join(format!(".tmp-{}-{}", step_dir_name(step), std::process::id()));
+        let dir = self.root.join(format!(
+            ".tmp-{}-{}",
+            step_dir_name(step),
+            std::process::id()
+        ));
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(|e| CheckpointError::io(&dir, e))?;
         }
@@ -153,7 +157,11 @@ impl CheckpointStore {
 
     /// Finish a checkpoint: hash every file, write the manifest, rename the folder into place,
     /// point `latest` at it, prune old checkpoints. Returns the final folder.
-    pub fn commit(&self, pending: PendingCheckpoint, config_fingerprint: &str) -> Result<PathBuf, CheckpointError> {
+    pub fn commit(
+        &self,
+        pending: PendingCheckpoint,
+        config_fingerprint: &str,
+    ) -> Result<PathBuf, CheckpointError> {
         let mut files = BTreeMap::new();
         collect_files(&pending.dir, &pending.dir, &mut files)?;
         let manifest = Manifest {
@@ -169,7 +177,11 @@ impl CheckpointStore {
         let final_dir = self.root.join(step_dir_name(pending.step));
         if final_dir.exists() {
             // Re-saving a step (e.g. after a resume): move the old copy aside first.
-            let trash = self.root.join(format!(".old-{}-{}", step_dir_name(pending.step), std::process::id()));
+            let trash = self.root.join(format!(
+                ".old-{}-{}",
+                step_dir_name(pending.step),
+                std::process::id()
+            ));
             fs::rename(&final_dir, &trash).map_err(|e| CheckpointError::io(&final_dir, e))?;
             let _ = fs::remove_dir_all(&trash);
         }
@@ -178,7 +190,8 @@ impl CheckpointStore {
         sync_dir(&self.root);
         let latest_tmp = self.root.join(format!(".latest.tmp{}", std::process::id()));
         write_synced(&latest_tmp, step_dir_name(pending.step).as_bytes())?;
-        fs::rename(&latest_tmp, self.root.join("latest")).map_err(|e| CheckpointError::io(&self.root, e))?;
+        fs::rename(&latest_tmp, self.root.join("latest"))
+            .map_err(|e| CheckpointError::io(&self.root, e))?;
         sync_dir(&self.root);
         self.prune();
         Ok(final_dir)
@@ -190,12 +203,15 @@ impl CheckpointStore {
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
-                if let Some(n) = name.strip_prefix("step-").and_then(|s| s.parse::<u64>().ok()) {
+                if let Some(n) = name
+                    .strip_prefix("step-")
+                    .and_then(|s| s.parse::<u64>().ok())
+                {
                     out.push((n, e.path()));
                 }
             }
         }
-        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out.sort_by_key(|e| std::cmp::Reverse(e.0));
         out
     }
 
@@ -219,7 +235,9 @@ impl CheckpointStore {
         let m = Manifest::read(dir)?;
         m.verify(dir)?;
         if m.config_fingerprint != config_fingerprint {
-            return Err(CheckpointError::ConfigMismatch { dir: dir.to_path_buf() });
+            return Err(CheckpointError::ConfigMismatch {
+                dir: dir.to_path_buf(),
+            });
         }
         Ok(m)
     }
@@ -227,7 +245,11 @@ impl CheckpointStore {
     /// Resolve `--resume latest` (newest intact checkpoint, falling back past damaged ones)
     /// or `--resume <dir>` (that folder, verified). Returns the folder, its manifest, and
     /// warnings about checkpoints that were skipped.
-    pub fn resolve(&self, spec: &str, config_fingerprint: &str) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
+    pub fn resolve(
+        &self,
+        spec: &str,
+        config_fingerprint: &str,
+    ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
         if spec != "latest" {
             let dir = PathBuf::from(spec);
             let m = Self::verify(&dir, config_fingerprint)?;
@@ -247,14 +269,22 @@ impl CheckpointStore {
             match Self::verify(&dir, config_fingerprint) {
                 Ok(m) => return Ok((dir, m, warnings)),
                 Err(e @ CheckpointError::ConfigMismatch { .. }) => return Err(e),
-                Err(e) => warnings.push(format!("skipping {e}; falling back to an older checkpoint")),
+                Err(e) => {
+                    warnings.push(format!("skipping {e}; falling back to an older checkpoint"))
+                }
             }
         }
-        Err(CheckpointError::NoCheckpoint { dir: self.root.clone() })
+        Err(CheckpointError::NoCheckpoint {
+            dir: self.root.clone(),
+        })
     }
 }
 
-fn collect_files(base: &Path, dir: &Path, out: &mut BTreeMap<String, FileEntry>) -> Result<(), CheckpointError> {
+fn collect_files(
+    base: &Path,
+    dir: &Path,
+    out: &mut BTreeMap<String, FileEntry>,
+) -> Result<(), CheckpointError> {
     let rd = fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
     for e in rd {
         let e = e.map_err(|e| CheckpointError::io(dir, e))?;
@@ -262,15 +292,22 @@ fn collect_files(base: &Path, dir: &Path, out: &mut BTreeMap<String, FileEntry>)
         if p.is_dir() {
             collect_files(base, &p, out)?;
         } else {
-            let rel = p.strip_prefix(base).expect("under base").to_string_lossy().replace('\\', "/");
+            let rel = p
+                .strip_prefix(base)
+                .expect("under base")
+                .to_string_lossy()
+                .replace('\\', "/");
             out.insert(rel, sha256_file(&p)?);
         }
     }
     Ok(())
 }
 
+/// Tensors by key plus the file's string metadata.
+pub type TensorsWithMetadata = (BTreeMap<String, TensorData>, HashMap<String, String>);
+
 /// Read a safetensors file of a checkpoint (as f32 tensors).
-pub fn read_tensors(dir: &Path, name: &str) -> Result<(BTreeMap<String, TensorData>, HashMap<String, String>), CheckpointError> {
+pub fn read_tensors(dir: &Path, name: &str) -> Result<TensorsWithMetadata, CheckpointError> {
     let p = dir.join(name);
     let (t, m) = read_safetensors(&p).map_err(|e| CheckpointError::Damaged {
         dir: dir.to_path_buf(),
@@ -285,9 +322,14 @@ mod tests {
 
     fn save(store: &CheckpointStore, step: u64, fp: &str) -> PathBuf {
         let p = store.begin(step).unwrap();
-        p.write_bytes("state.json", format!("{{\"step\":{step}}}").as_bytes()).unwrap();
-        p.write_tensors("w.safetensors", &[("a".into(), TensorData::new(vec![step as f32; 4], [2, 2]))], None)
+        p.write_bytes("state.json", format!("{{\"step\":{step}}}").as_bytes())
             .unwrap();
+        p.write_tensors(
+            "w.safetensors",
+            &[("a".into(), TensorData::new(vec![step as f32; 4], [2, 2]))],
+            None,
+        )
+        .unwrap();
         store.commit(p, fp).unwrap()
     }
 
@@ -316,7 +358,10 @@ mod tests {
         assert!(err.to_string().contains("damaged"), "{err}");
         // Another config.
         let err = store.resolve("latest", "other").unwrap_err();
-        assert!(matches!(err, CheckpointError::ConfigMismatch { .. }), "{err}");
+        assert!(
+            matches!(err, CheckpointError::ConfigMismatch { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -331,7 +376,12 @@ mod tests {
         assert!(warn[0].contains("manifest"), "{warn:?}");
         let w = d1.join("w.safetensors");
         let len = fs::metadata(&w).unwrap().len();
-        fs::File::options().write(true).open(&w).unwrap().set_len(len - 3).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&w)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
         let err = store.resolve("latest", "fp").unwrap_err();
         assert!(matches!(err, CheckpointError::NoCheckpoint { .. }), "{err}");
     }

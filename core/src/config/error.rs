@@ -73,7 +73,10 @@ pub mod check {
         if value.is_finite() && value > 0.0 {
             Ok(())
         } else {
-            Err(ConfigError::new(key, format!("expected a positive number, got {value}")))
+            Err(ConfigError::new(
+                key,
+                format!("expected a positive number, got {value}"),
+            ))
         }
     }
 
@@ -82,7 +85,10 @@ pub mod check {
         if value >= 1 {
             Ok(())
         } else {
-            Err(ConfigError::new(key, format!("expected an integer >= 1, got {value}")))
+            Err(ConfigError::new(
+                key,
+                format!("expected an integer >= 1, got {value}"),
+            ))
         }
     }
 

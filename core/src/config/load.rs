@@ -33,7 +33,10 @@ pub fn parse_override(spec: &str) -> Result<(Vec<String>, toml::Value), ConfigEr
     })?;
     let key = key.trim();
     if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
-        return Err(ConfigError::new("--set", format!("bad key path `{key}` in `{spec}`")));
+        return Err(ConfigError::new(
+            "--set",
+            format!("bad key path `{key}` in `{spec}`"),
+        ));
     }
     let raw = raw.trim();
     let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
@@ -45,7 +48,11 @@ pub fn parse_override(spec: &str) -> Result<(Vec<String>, toml::Value), ConfigEr
 
 /// Apply one override to a TOML tree, creating tables as needed. Numeric parts index arrays
 /// (`callbacks.0.decay`).
-pub fn apply_override(root: &mut toml::Value, path: &[String], value: toml::Value) -> Result<(), ConfigError> {
+pub fn apply_override(
+    root: &mut toml::Value,
+    path: &[String],
+    value: toml::Value,
+) -> Result<(), ConfigError> {
     let full = path.join(".");
     let mut cur = root;
     for (i, part) in path.iter().enumerate() {
@@ -56,7 +63,8 @@ pub fn apply_override(root: &mut toml::Value, path: &[String], value: toml::Valu
                     t.insert(part.clone(), value);
                     return Ok(());
                 }
-                t.entry(part.clone()).or_insert_with(|| toml::Value::Table(Default::default()))
+                t.entry(part.clone())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
             }
             toml::Value::Array(a) => {
                 let idx: usize = part.parse().map_err(|_| {
@@ -64,7 +72,10 @@ pub fn apply_override(root: &mut toml::Value, path: &[String], value: toml::Valu
                 })?;
                 let len = a.len();
                 let slot = a.get_mut(idx).ok_or_else(|| {
-                    ConfigError::new(full.clone(), format!("index {idx} out of range (array has {len} entries)"))
+                    ConfigError::new(
+                        full.clone(),
+                        format!("index {idx} out of range (array has {len} entries)"),
+                    )
                 })?;
                 if last {
                     *slot = value;
@@ -75,7 +86,10 @@ pub fn apply_override(root: &mut toml::Value, path: &[String], value: toml::Valu
             _ => {
                 return Err(ConfigError::new(
                     full.clone(),
-                    format!("cannot set below `{}`: it is not a table", path[..i].join(".")),
+                    format!(
+                        "cannot set below `{}`: it is not a table",
+                        path[..i].join(".")
+                    ),
                 ))
             }
         };
@@ -91,10 +105,17 @@ pub fn load_run_config(path: &Path, overrides: &[String]) -> Result<LoadedConfig
 }
 
 /// Like [`load_run_config`] on TOML text (`path` is used for messages and relative paths).
-pub fn parse_run_config(text: &str, path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+pub fn parse_run_config(
+    text: &str,
+    path: &Path,
+    overrides: &[String],
+) -> Result<LoadedConfig, ConfigError> {
     let mut root: toml::Value = toml::from_str::<toml::Table>(text)
         .map(toml::Value::Table)
-        .map_err(|e| ConfigError::new("", format!("invalid TOML: {}", one_line(&e.to_string()))).in_file(path))?;
+        .map_err(|e| {
+            ConfigError::new("", format!("invalid TOML: {}", one_line(&e.to_string())))
+                .in_file(path)
+        })?;
     for spec in overrides {
         let (keys, value) = parse_override(spec).map_err(|e| e.in_file(path))?;
         apply_override(&mut root, &keys, value).map_err(|e| e.in_file(path))?;
@@ -121,7 +142,9 @@ fn deserialize(root: &toml::Value) -> Result<RunConfig, (String, String)> {
         let msg = one_line(&e.into_inner().to_string());
         // serde reports the enclosing table again at the end ("... in `data`"): drop it.
         let msg = match msg.rsplit_once(" in `") {
-            Some((head, tail)) if tail.ends_with('`') && !tail[..tail.len() - 1].contains('`') => head.to_string(),
+            Some((head, tail)) if tail.ends_with('`') && !tail[..tail.len() - 1].contains('`') => {
+                head.to_string()
+            }
             _ => msg,
         };
         (key, msg)
@@ -159,7 +182,13 @@ fn refine_key(root: &toml::Value, key: &str, msg: &str) -> String {
         }
         match deserialize(&probe) {
             Err((k, m)) if k == key && m == msg => continue,
-            _ => return if key.is_empty() { field.clone() } else { format!("{key}.{field}") },
+            _ => {
+                return if key.is_empty() {
+                    field.clone()
+                } else {
+                    format!("{key}.{field}")
+                }
+            }
         }
     }
     key.to_string()
@@ -193,7 +222,14 @@ mod tests {
     #[test]
     fn override_parses_types_and_creates_tables() {
         let mut root = toml::Value::Table(Default::default());
-        for spec in ["a.b=3", "a.c=1e-4", "a.d=true", "a.e=[1, 2]", "a.f=hello", "a.g=\"q\""] {
+        for spec in [
+            "a.b=3",
+            "a.c=1e-4",
+            "a.d=true",
+            "a.e=[1, 2]",
+            "a.f=hello",
+            "a.g=\"q\"",
+        ] {
             let (k, v) = parse_override(spec).unwrap();
             apply_override(&mut root, &k, v).unwrap();
         }
@@ -208,7 +244,9 @@ mod tests {
 
     #[test]
     fn override_indexes_arrays_and_rejects_bad_paths() {
-        let mut root: toml::Value = toml::from_str::<toml::Table>("[[cb]]\nx = 1\n").map(toml::Value::Table).unwrap();
+        let mut root: toml::Value = toml::from_str::<toml::Table>("[[cb]]\nx = 1\n")
+            .map(toml::Value::Table)
+            .unwrap();
         let (k, v) = parse_override("cb.0.x=5").unwrap();
         apply_override(&mut root, &k, v).unwrap();
         assert_eq!(root["cb"][0]["x"].as_integer(), Some(5));

@@ -117,14 +117,20 @@ impl TrainingConfig {
     /// Check ranges; keys relative to `[training]`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_steps == 0 {
-            return Err(ConfigError::new("max_steps", "expected an integer >= 1, got 0"));
+            return Err(ConfigError::new(
+                "max_steps",
+                "expected an integer >= 1, got 0",
+            ));
         }
         check::positive_usize("grad_accumulation", self.grad_accumulation)?;
         if let Some(n) = self.max_grad_norm {
             check::positive_f64("max_grad_norm", n)?;
         }
         if self.checkpoint_every == Some(0) {
-            return Err(ConfigError::new("checkpoint_every", "expected an integer >= 1, got 0"));
+            return Err(ConfigError::new(
+                "checkpoint_every",
+                "expected an integer >= 1, got 0",
+            ));
         }
         check::positive_usize("keep_last", self.keep_last)?;
         Ok(())
@@ -160,12 +166,17 @@ impl RunConfig {
     /// registered architectures, the method's roles, adapters, callbacks.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.runtime.backend.check_compiled()?;
-        self.training.validate().map_err(|e| e.in_section("training"))?;
-        self.optimizer.validate().map_err(|e| e.in_section("optimizer"))?;
+        self.training
+            .validate()
+            .map_err(|e| e.in_section("training"))?;
+        self.optimizer
+            .validate()
+            .map_err(|e| e.in_section("optimizer"))?;
         self.method.validate().map_err(|e| e.in_section("method"))?;
         self.data.validate().map_err(|e| e.in_section("data"))?;
         for (i, cb) in self.callbacks.iter().enumerate() {
-            cb.validate().map_err(|e| e.in_section(&format!("callbacks[{i}]")))?;
+            cb.validate()
+                .map_err(|e| e.in_section(&format!("callbacks[{i}]")))?;
         }
         let required = self.method.roles();
         for req in &required {

@@ -36,7 +36,12 @@ pub struct Loader {
 
 impl Loader {
     /// A loader starting at cursor 0. Fails on an empty source.
-    pub fn new(source: Arc<dyn DataSource>, batch_size: usize, shuffle: bool, seed: u64) -> Result<Self, DataError> {
+    pub fn new(
+        source: Arc<dyn DataSource>,
+        batch_size: usize,
+        shuffle: bool,
+        seed: u64,
+    ) -> Result<Self, DataError> {
         if source.is_empty() {
             return Err(DataError::Empty {
                 source_name: format!("{source:?}").chars().take(120).collect(),
@@ -77,7 +82,9 @@ impl Loader {
             return offset;
         }
         if self.perm_epoch != Some(epoch) {
-            let mut rng = StreamRng::from_seed(self.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xDA7A);
+            let mut rng = StreamRng::from_seed(
+                self.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xDA7A,
+            );
             let mut perm: Vec<usize> = (0..len as usize).collect();
             for i in (1..perm.len()).rev() {
                 let j = rng.below(i as u64 + 1) as usize;
@@ -152,7 +159,10 @@ pub fn text_tensors<B: Backend>(
         mask.extend_from_slice(&t.mask);
     }
     (
-        Tensor::from_data(TensorData::new(emb, [n, spec.text_len, spec.text_dim]), device),
+        Tensor::from_data(
+            TensorData::new(emb, [n, spec.text_len, spec.text_dim]),
+            device,
+        ),
         Tensor::from_data(TensorData::new(mask, [n, spec.text_len]), device),
     )
 }
@@ -183,7 +193,10 @@ pub fn to_device<B: Backend>(
     let (negative_text, _) = text_tensors::<B>(&[negative], spec, device);
     Batch {
         latents: Tensor::from_data(
-            TensorData::new(lat, [n, spec.channels, spec.frames, spec.height, spec.width]),
+            TensorData::new(
+                lat,
+                [n, spec.channels, spec.frames, spec.height, spec.width],
+            ),
             device,
         ),
         text,
@@ -202,7 +215,14 @@ mod tests {
     struct Counting(usize);
     impl DataSource for Counting {
         fn spec(&self) -> DataSpec {
-            DataSpec { channels: 1, frames: 1, height: 1, width: 1, text_len: 1, text_dim: 1 }
+            DataSpec {
+                channels: 1,
+                frames: 1,
+                height: 1,
+                width: 1,
+                text_len: 1,
+                text_dim: 1,
+            }
         }
         fn len(&self) -> usize {
             self.0
@@ -210,7 +230,10 @@ mod tests {
         fn get(&self, index: usize) -> Result<Sample, DataError> {
             Ok(Sample {
                 latents: vec![index as f32],
-                text: TextCondition { embedding: vec![0.0], mask: vec![true] },
+                text: TextCondition {
+                    embedding: vec![0.0],
+                    mask: vec![true],
+                },
                 caption: String::new(),
             })
         }

@@ -127,7 +127,11 @@ pub struct SampleRequest {
 pub trait TrainingMethod<B: AutodiffBackend>: Send {
     /// Forward and backward on one micro-batch; accumulate gradients (scaled by
     /// `ctx.grad_scale()`) into the roles that update at `ctx.step`.
-    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError>;
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError>;
 
     /// The trainable roles (for optimizer steps, checkpoints and callbacks).
     fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>>;
@@ -181,12 +185,19 @@ impl<B: Backend> BuildContext<'_, B> {
     /// The table of role `name` (presence was checked during validation).
     pub fn role(&self, name: &str) -> Result<&RoleConfig, MethodError> {
         self.roles.get(name).ok_or_else(|| {
-            MethodError::Config(ConfigError::new(format!("models.{name}"), "missing role table"))
+            MethodError::Config(ConfigError::new(
+                format!("models.{name}"),
+                "missing role table",
+            ))
         })
     }
 
     /// The optimizer of role `name`: `[optimizer]`, then the method's patch, then the role's.
-    pub fn role_optimizer(&self, name: &str, method_patch: Option<&OptimizerPatch>) -> OptimizerConfig {
+    pub fn role_optimizer(
+        &self,
+        name: &str,
+        method_patch: Option<&OptimizerPatch>,
+    ) -> OptimizerConfig {
         let mut cfg = self.optimizer.clone();
         if let Some(p) = method_patch {
             cfg = p.apply(&cfg);
@@ -220,7 +231,10 @@ impl<B: Backend> BuildContext<'_, B> {
 /// covered.
 pub trait BuildMethod<B: AutodiffBackend> {
     /// Build the method (loads its role models).
-    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError>;
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError>;
 }
 
 /// Serializable method configuration (`[method] kind = "..."`).

@@ -52,11 +52,21 @@ pub fn adamw_update<B: Backend>(
 ) -> (Tensor<B, 1>, Moments<B>) {
     let [b1, b2] = cfg.betas;
     let (m, v) = match moments {
-        Some(Moments { exp_avg, exp_avg_sq }) => (
-            exp_avg.mul_scalar(b1).add(grad.clone().mul_scalar(1.0 - b1)),
-            exp_avg_sq.mul_scalar(b2).add(grad.square().mul_scalar(1.0 - b2)),
+        Some(Moments {
+            exp_avg,
+            exp_avg_sq,
+        }) => (
+            exp_avg
+                .mul_scalar(b1)
+                .add(grad.clone().mul_scalar(1.0 - b1)),
+            exp_avg_sq
+                .mul_scalar(b2)
+                .add(grad.square().mul_scalar(1.0 - b2)),
         ),
-        None => (grad.clone().mul_scalar(1.0 - b1), grad.square().mul_scalar(1.0 - b2)),
+        None => (
+            grad.clone().mul_scalar(1.0 - b1),
+            grad.square().mul_scalar(1.0 - b2),
+        ),
     };
     let bc1 = 1.0 - b1.powi(k as i32);
     let bc2_sqrt = (1.0 - b2.powi(k as i32)).sqrt();

@@ -53,11 +53,18 @@ pub trait RoleHandle<B: AutodiffBackend>: Send {
     /// The trainable parameters (those that require gradients) copied to the host.
     fn trainable_tensors(&self) -> Vec<(String, TensorData)>;
     /// Replace the trainable parameters from host tensors (exact key set and shapes).
-    fn load_trainable_tensors(&mut self, tensors: &BTreeMap<String, TensorData>) -> Result<(), RoleStateError>;
+    fn load_trainable_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+    ) -> Result<(), RoleStateError>;
     /// Optimizer state as host tensors (`exp_avg.<path>`, `exp_avg_sq.<path>`) plus step count.
     fn optimizer_tensors(&self) -> (Vec<(String, TensorData)>, u64);
     /// Restore the optimizer state.
-    fn load_optimizer_tensors(&mut self, tensors: &BTreeMap<String, TensorData>, step: u64) -> Result<(), RoleStateError>;
+    fn load_optimizer_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+        step: u64,
+    ) -> Result<(), RoleStateError>;
     /// Update the EMA shadow `e ← d·e + (1−d)·p` (initialised from the weights on first use).
     fn ema_update(&mut self, decay: f64);
     /// Whether an EMA shadow exists.
@@ -67,7 +74,10 @@ pub trait RoleHandle<B: AutodiffBackend>: Send {
     /// EMA shadow as host tensors.
     fn ema_tensors(&self) -> Vec<(String, TensorData)>;
     /// Restore the EMA shadow.
-    fn load_ema_tensors(&mut self, tensors: &BTreeMap<String, TensorData>) -> Result<(), RoleStateError>;
+    fn load_ema_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+    ) -> Result<(), RoleStateError>;
 }
 
 /// A trainable role owning its module `M`.
@@ -132,7 +142,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for TrainableCollector<B> {
         if value.is_require_grad() {
             let dims = value.dims().to_vec();
             let n = dims.iter().product::<usize>();
-            self.out.push((self.path.joined(), value.inner().reshape([n]), dims));
+            self.out
+                .push((self.path.joined(), value.inner().reshape([n]), dims));
         }
     }
 }
@@ -145,7 +156,11 @@ struct Replace<'a, B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> NamedParamMapper<B> for Replace<'_, B> {
-    fn map<const D: usize>(&mut self, path: &str, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+    fn map<const D: usize>(
+        &mut self,
+        path: &str,
+        param: Param<Tensor<B, D>>,
+    ) -> Param<Tensor<B, D>> {
         let Some(new) = self.values.remove(path) else {
             return param;
         };
@@ -193,7 +208,9 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
 
     /// The current module (autodiff).
     pub fn model(&self) -> &M {
-        self.model.as_ref().expect("role model is always present outside updates")
+        self.model
+            .as_ref()
+            .expect("role model is always present outside updates")
     }
 
     /// The current module without autodiff (for no-grad inference: sampling, targets).
@@ -233,9 +250,16 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
         c.out
     }
 
-    fn replace(&mut self, mut values: HashMap<String, Tensor<Inner<B>, 1>>, old: Option<&mut BTreeMap<String, Tensor<Inner<B>, 1>>>) {
+    fn replace(
+        &mut self,
+        mut values: HashMap<String, Tensor<Inner<B>, 1>>,
+        old: Option<&mut BTreeMap<String, Tensor<Inner<B>, 1>>>,
+    ) {
         let model = self.model.take().expect("role model present");
-        let mut r = Replace::<B> { values: &mut values, old };
+        let mut r = Replace::<B> {
+            values: &mut values,
+            old,
+        };
         self.model = Some(map_named(model, &mut r));
         assert!(
             values.is_empty(),
@@ -256,9 +280,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
         for (k, shape) in expected {
             match tensors.get(k) {
                 None => missing.push(k.clone()),
-                Some(d) if d.shape.as_slice() != shape.as_slice() => {
-                    wrong_shape.push(format!("{k}: expected {shape:?}, found {:?}", d.shape.as_slice()))
-                }
+                Some(d) if d.shape.as_slice() != shape.as_slice() => wrong_shape.push(format!(
+                    "{k}: expected {shape:?}, found {:?}",
+                    d.shape.as_slice()
+                )),
                 _ => {}
             }
         }
@@ -281,9 +306,20 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
     }
 
     fn flat_from_data(&self, d: &TensorData) -> Tensor<Inner<B>, 1> {
-        let device = self.model().devices().into_iter().next().unwrap_or_default();
+        let device = self
+            .model()
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
         let n = d.num_elements();
-        let data = TensorData::new(d.clone().convert::<f32>().to_vec::<f32>().expect("f32 data"), [n]);
+        let data = TensorData::new(
+            d.clone()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .expect("f32 data"),
+            [n],
+        );
         Tensor::from_data(data, &device)
     }
 }
@@ -298,7 +334,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
     }
 
     fn grad_norm_sq(&self) -> Option<Tensor<Inner<B>, 1>> {
-        let parts: Vec<Tensor<Inner<B>, 1>> = self.grads.values().map(|g| g.clone().square().sum()).collect();
+        let parts: Vec<Tensor<Inner<B>, 1>> = self
+            .grads
+            .values()
+            .map(|g| g.clone().square().sum())
+            .collect();
         if parts.is_empty() {
             None
         } else {
@@ -313,15 +353,27 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         let lr = self.optimizer.lr_at(step, self.max_steps);
         let k = self.state.step + 1;
         let grads = std::mem::take(&mut self.grads);
-        let params: HashMap<String, Tensor<Inner<B>, 1>> =
-            self.trainable().into_iter().map(|(k, t, _)| (k, t)).collect();
+        let params: HashMap<String, Tensor<Inner<B>, 1>> = self
+            .trainable()
+            .into_iter()
+            .map(|(k, t, _)| (k, t))
+            .collect();
         let mut new_values = HashMap::new();
         for (path, g) in grads {
             let p = params
                 .get(&path)
-                .unwrap_or_else(|| panic!("role `{}`: gradient for unknown parameter `{path}`", self.name))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "role `{}`: gradient for unknown parameter `{path}`",
+                        self.name
+                    )
+                })
                 .clone();
-            let g = if grad_scale == 1.0 { g } else { g.mul_scalar(grad_scale) };
+            let g = if grad_scale == 1.0 {
+                g
+            } else {
+                g.mul_scalar(grad_scale)
+            };
             let prev = self.state.moments.remove(&path);
             let (updated, moments) = adamw_update(&self.optimizer, lr, k, p, g, prev);
             self.state.moments.insert(path.clone(), moments);
@@ -354,10 +406,20 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
             .collect()
     }
 
-    fn load_trainable_tensors(&mut self, tensors: &BTreeMap<String, TensorData>) -> Result<(), RoleStateError> {
-        let expected: Vec<(String, Vec<usize>)> = self.trainable().into_iter().map(|(k, _, s)| (k, s)).collect();
+    fn load_trainable_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+    ) -> Result<(), RoleStateError> {
+        let expected: Vec<(String, Vec<usize>)> = self
+            .trainable()
+            .into_iter()
+            .map(|(k, _, s)| (k, s))
+            .collect();
         self.check_keys("weights", &expected, tensors)?;
-        let values = tensors.iter().map(|(k, d)| (k.clone(), self.flat_from_data(d))).collect();
+        let values = tensors
+            .iter()
+            .map(|(k, d)| (k.clone(), self.flat_from_data(d)))
+            .collect();
         self.replace(values, None);
         Ok(())
     }
@@ -367,12 +429,19 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         for (k, m) in &self.state.moments {
             let n = m.exp_avg.dims()[0];
             out.push((format!("exp_avg.{k}"), to_data(m.exp_avg.clone(), &[n])));
-            out.push((format!("exp_avg_sq.{k}"), to_data(m.exp_avg_sq.clone(), &[n])));
+            out.push((
+                format!("exp_avg_sq.{k}"),
+                to_data(m.exp_avg_sq.clone(), &[n]),
+            ));
         }
         (out, self.state.step)
     }
 
-    fn load_optimizer_tensors(&mut self, tensors: &BTreeMap<String, TensorData>, step: u64) -> Result<(), RoleStateError> {
+    fn load_optimizer_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+        step: u64,
+    ) -> Result<(), RoleStateError> {
         // Moments exist for every parameter that has received a gradient; each parameter has
         // both moments or neither, with the flattened parameter shape.
         let trainable = self.trainable();
@@ -388,7 +457,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         self.check_keys("optimizer state", &expected, tensors)?;
         let mut moments = BTreeMap::new();
         for (k, _, _) in &trainable {
-            if let (Some(m), Some(v)) = (tensors.get(&format!("exp_avg.{k}")), tensors.get(&format!("exp_avg_sq.{k}"))) {
+            if let (Some(m), Some(v)) = (
+                tensors.get(&format!("exp_avg.{k}")),
+                tensors.get(&format!("exp_avg_sq.{k}")),
+            ) {
                 moments.insert(
                     k.clone(),
                     Moments {
@@ -429,8 +501,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         match &self.ema {
             None => vec![],
             Some(e) => {
-                let shapes: HashMap<String, Vec<usize>> =
-                    self.trainable().into_iter().map(|(k, _, s)| (k, s)).collect();
+                let shapes: HashMap<String, Vec<usize>> = self
+                    .trainable()
+                    .into_iter()
+                    .map(|(k, _, s)| (k, s))
+                    .collect();
                 e.iter()
                     .map(|(k, t)| (k.clone(), to_data(t.clone(), &shapes[k])))
                     .collect()
@@ -438,10 +513,22 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         }
     }
 
-    fn load_ema_tensors(&mut self, tensors: &BTreeMap<String, TensorData>) -> Result<(), RoleStateError> {
-        let expected: Vec<(String, Vec<usize>)> = self.trainable().into_iter().map(|(k, _, s)| (k, s)).collect();
+    fn load_ema_tensors(
+        &mut self,
+        tensors: &BTreeMap<String, TensorData>,
+    ) -> Result<(), RoleStateError> {
+        let expected: Vec<(String, Vec<usize>)> = self
+            .trainable()
+            .into_iter()
+            .map(|(k, _, s)| (k, s))
+            .collect();
         self.check_keys("ema", &expected, tensors)?;
-        self.ema = Some(tensors.iter().map(|(k, d)| (k.clone(), self.flat_from_data(d))).collect());
+        self.ema = Some(
+            tensors
+                .iter()
+                .map(|(k, d)| (k.clone(), self.flat_from_data(d)))
+                .collect(),
+        );
         Ok(())
     }
 }

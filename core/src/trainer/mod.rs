@@ -44,7 +44,9 @@ pub enum TrainError {
     #[error(transparent)]
     Callback(#[from] CallbackError),
     /// NaN/inf with the `stop` policy; the last good state was checkpointed.
-    #[error("non-finite values at step {step}: {what}; the last good state was saved to {checkpoint}")]
+    #[error(
+        "non-finite values at step {step}: {what}; the last good state was saved to {checkpoint}"
+    )]
     NonFinite {
         /// Step (0-based) that produced them.
         step: u64,
@@ -103,9 +105,17 @@ pub fn run_dir_for(loaded: &LoadedConfig, output: Option<&Path>) -> PathBuf {
         return o.to_path_buf();
     }
     if let Some(o) = &loaded.config.runtime.output_dir {
-        return if o.is_absolute() { o.clone() } else { loaded.base_dir.join(o) };
+        return if o.is_absolute() {
+            o.clone()
+        } else {
+            loaded.base_dir.join(o)
+        };
     }
-    let stem = loaded.path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "run".into());
+    let stem = loaded
+        .path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_else(|| "run".into());
     loaded.base_dir.join("runs").join(stem)
 }
 
@@ -113,7 +123,11 @@ pub fn run_dir_for(loaded: &LoadedConfig, output: Option<&Path>) -> PathBuf {
 /// Changing `max_steps`, callbacks or logging keeps checkpoints resumable.
 pub fn config_fingerprint(loaded: &LoadedConfig) -> String {
     let root: toml::Table = toml::from_str(&loaded.resolved_toml).unwrap_or_default();
-    let pick = |k: &str| root.get(k).map(|v| serde_json::to_string(v).unwrap_or_default()).unwrap_or_default();
+    let pick = |k: &str| {
+        root.get(k)
+            .map(|v| serde_json::to_string(v).unwrap_or_default())
+            .unwrap_or_default()
+    };
     sha256_hex(format!("models={}\nmethod={}", pick("models"), pick("method")).as_bytes())
 }
 
@@ -137,7 +151,10 @@ pub fn build_method<B: ReelBackend>(
 }
 
 /// Load a checkpoint folder into a freshly built method (for `sample` / `eval`).
-pub fn load_checkpoint_into<B: AutodiffBackend>(dir: &Path, method: &mut dyn TrainingMethod<B>) -> Result<TrainerState, TrainError> {
+pub fn load_checkpoint_into<B: AutodiffBackend>(
+    dir: &Path,
+    method: &mut dyn TrainingMethod<B>,
+) -> Result<TrainerState, TrainError> {
     state::restore(dir, method)
 }
 
@@ -149,7 +166,10 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
 }
 
 /// Train a run to `max_steps` (or until interrupted) on backend `B`.
-pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<TrainSummary, TrainError> {
+pub fn train<B: ReelBackend>(
+    loaded: &LoadedConfig,
+    opts: &TrainOptions,
+) -> Result<TrainSummary, TrainError> {
     let cfg = &loaded.config;
     let device = B::device_for(cfg.runtime.device);
     let run_dir = run_dir_for(loaded, opts.output_dir.as_deref());
@@ -160,7 +180,12 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
     let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
     let spec = source.spec();
     let negative = negative_or_zeros(&*source);
-    let mut loader = Loader::new(source.clone(), cfg.data.batch_size(), cfg.data.shuffle(), cfg.runtime.seed)?;
+    let mut loader = Loader::new(
+        source.clone(),
+        cfg.data.batch_size(),
+        cfg.data.shuffle(),
+        cfg.runtime.seed,
+    )?;
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut callbacks: Vec<Box<dyn Callback<B>>> = cfg
         .callbacks
@@ -175,7 +200,11 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
     let mut step = 0u64;
     let mut resumed_from = None;
     if let Some(spec_str) = &opts.resume {
-        let resume_spec = if spec_str == "latest" { "latest".to_string() } else { spec_str.clone() };
+        let resume_spec = if spec_str == "latest" {
+            "latest".to_string()
+        } else {
+            spec_str.clone()
+        };
         let (dir, _manifest, warnings) = store.resolve(&resume_spec, &fingerprint)?;
         for w in warnings {
             eprintln!("reel: warning: {w}");
@@ -184,7 +213,10 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
         if st.seed != cfg.runtime.seed {
             return Err(ConfigError::new(
                 "runtime.seed",
-                format!("the checkpoint was trained with seed {}, the config says {}", st.seed, cfg.runtime.seed),
+                format!(
+                    "the checkpoint was trained with seed {}, the config says {}",
+                    st.seed, cfg.runtime.seed
+                ),
             )
             .in_file(&loaded.path)
             .into());
@@ -228,7 +260,11 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
     };
 
     while step < max_steps {
-        if opts.interrupt.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+        if opts
+            .interrupt
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::SeqCst))
+        {
             let mut ctx = CallbackContext {
                 step,
                 max_steps,
@@ -239,8 +275,18 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
                 validations: vec![],
                 is_final: false,
             };
-            let dir = state::save(&store, &trainer_state(step, loader.cursor()), &loaded.resolved_toml, &fingerprint, &mut callbacks, &mut ctx)?;
-            return Err(TrainError::Interrupted { step, checkpoint: dir });
+            let dir = state::save(
+                &store,
+                &trainer_state(step, loader.cursor()),
+                &loaded.resolved_toml,
+                &fingerprint,
+                &mut callbacks,
+                &mut ctx,
+            )?;
+            return Err(TrainError::Interrupted {
+                step,
+                checkpoint: dir,
+            });
         }
         let t0 = Instant::now();
         let cursor_before = loader.cursor();
@@ -289,7 +335,11 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
                 .to_vec::<f64>()
                 .expect("scalars convert to f64")
         };
-        let losses: Vec<(String, f64)> = loss_names.iter().cloned().zip(values.iter().copied()).collect();
+        let losses: Vec<(String, f64)> = loss_names
+            .iter()
+            .cloned()
+            .zip(values.iter().copied())
+            .collect();
         let norms: Vec<(String, f64)> = updating
             .iter()
             .cloned()
@@ -310,7 +360,10 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
             match cfg.training.non_finite {
                 NonFinitePolicy::Skip => {
                     skipped_steps += 1;
-                    eprintln!("reel: step {step}: non-finite {}: update skipped (non_finite = \"skip\")", bad.join(", "));
+                    eprintln!(
+                        "reel: step {step}: non-finite {}: update skipped (non_finite = \"skip\")",
+                        bad.join(", ")
+                    );
                 }
                 NonFinitePolicy::Stop => {
                     let mut ctx = CallbackContext {
@@ -323,7 +376,14 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
                         validations: vec![],
                         is_final: false,
                     };
-                    let dir = state::save(&store, &trainer_state(step, cursor_before), &loaded.resolved_toml, &fingerprint, &mut callbacks, &mut ctx)?;
+                    let dir = state::save(
+                        &store,
+                        &trainer_state(step, cursor_before),
+                        &loaded.resolved_toml,
+                        &fingerprint,
+                        &mut callbacks,
+                        &mut ctx,
+                    )?;
                     return Err(TrainError::NonFinite {
                         step,
                         what: bad.join(", "),
@@ -377,9 +437,20 @@ pub fn train<B: ReelBackend>(loaded: &LoadedConfig, opts: &TrainOptions) -> Resu
                 cb.on_validation(&mut ctx, v)?;
             }
         }
-        let due = is_final || cfg.training.checkpoint_every.is_some_and(|n| step % n == 0);
+        let due = is_final
+            || cfg
+                .training
+                .checkpoint_every
+                .is_some_and(|n| step.is_multiple_of(n));
         if due {
-            match state::save(&store, &trainer_state(step, loader.cursor()), &loaded.resolved_toml, &fingerprint, &mut callbacks, &mut ctx) {
+            match state::save(
+                &store,
+                &trainer_state(step, loader.cursor()),
+                &loaded.resolved_toml,
+                &fingerprint,
+                &mut callbacks,
+                &mut ctx,
+            ) {
                 Ok(dir) => last_checkpoint = Some(dir),
                 Err(e) => match cfg.training.on_save_error {
                     SaveErrorPolicy::Stop => return Err(e),

@@ -24,7 +24,12 @@ pub fn ema_file(role: &str) -> String {
 }
 
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
-    Some(pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    )
 }
 
 /// Write a complete checkpoint of the current state; returns its folder.
@@ -40,11 +45,23 @@ pub(crate) fn save<B: AutodiffBackend>(
     let mut opt_steps = BTreeMap::new();
     for role in ctx.method.roles() {
         let name = role.name().to_string();
-        let step_meta = meta(&[("role", name.clone()), ("step", state.step.to_string()), ("format", "reel".into())]);
-        pending.write_tensors(&weights_file(&name), &role.trainable_tensors(), step_meta.clone())?;
+        let step_meta = meta(&[
+            ("role", name.clone()),
+            ("step", state.step.to_string()),
+            ("format", "reel".into()),
+        ]);
+        pending.write_tensors(
+            &weights_file(&name),
+            &role.trainable_tensors(),
+            step_meta.clone(),
+        )?;
         let (opt, k) = role.optimizer_tensors();
         opt_steps.insert(name.clone(), k);
-        pending.write_tensors(&optim_file(&name), &opt, meta(&[("optimizer_step", k.to_string())]))?;
+        pending.write_tensors(
+            &optim_file(&name),
+            &opt,
+            meta(&[("optimizer_step", k.to_string())]),
+        )?;
         if role.has_ema() {
             pending.write_tensors(&ema_file(&name), &role.ema_tensors(), step_meta)?;
         }
@@ -68,20 +85,24 @@ pub(crate) fn restore<B: AutodiffBackend>(
 ) -> Result<TrainerState, TrainError> {
     let text = std::fs::read_to_string(dir.join("state.json"))
         .map_err(|e| crate::checkpoint::CheckpointError::io(&dir.join("state.json"), e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| crate::checkpoint::CheckpointError::Damaged {
-        dir: dir.to_path_buf(),
-        reason: format!("state.json: {e}"),
-    })?;
+    let state: TrainerState =
+        serde_json::from_str(&text).map_err(|e| crate::checkpoint::CheckpointError::Damaged {
+            dir: dir.to_path_buf(),
+            reason: format!("state.json: {e}"),
+        })?;
     for role in method.roles_mut() {
         let name = role.name().to_string();
         let (w, _) = read_tensors(dir, &weights_file(&name))?;
-        role.load_trainable_tensors(&w).map_err(crate::method::MethodError::from)?;
+        role.load_trainable_tensors(&w)
+            .map_err(crate::method::MethodError::from)?;
         let (o, _) = read_tensors(dir, &optim_file(&name))?;
         let k = state.optimizer_steps.get(&name).copied().unwrap_or(0);
-        role.load_optimizer_tensors(&o, k).map_err(crate::method::MethodError::from)?;
+        role.load_optimizer_tensors(&o, k)
+            .map_err(crate::method::MethodError::from)?;
         if dir.join(ema_file(&name)).is_file() {
             let (e, _) = read_tensors(dir, &ema_file(&name))?;
-            role.load_ema_tensors(&e).map_err(crate::method::MethodError::from)?;
+            role.load_ema_tensors(&e)
+                .map_err(crate::method::MethodError::from)?;
         }
     }
     method.load_state(&state.method_state)?;

@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 use reel_core::config::ConfigError;
 use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Sample, TextCondition};
 use reel_core::method::{
-    Batch, BuildContext, BuildMethod, MethodConfig, MethodError, StepContext, StepOutput, TrainingMethod,
+    Batch, BuildContext, BuildMethod, MethodConfig, MethodError, StepContext, StepOutput,
+    TrainingMethod,
 };
-use reel_core::role::{RoleConfig, RoleHandle, RoleRequirement, TrainableRole};
 use reel_core::rng::StreamRng;
+use reel_core::role::{RoleConfig, RoleHandle, RoleRequirement, TrainableRole};
 
 // ---------------------------------------------------------------------------------------
 // Model: a linear map from the flattened latent to `out` features.
@@ -36,9 +37,16 @@ impl<B: Backend> ToyModel<B> {
     /// Deterministic init from `seed`.
     pub fn new(inputs: usize, outputs: usize, seed: u64, device: &B::Device) -> Self {
         let mut rng = StreamRng::from_seed(seed);
-        let w: Vec<f32> = rng.normal_vec(inputs * outputs).iter().map(|v| v / (inputs as f32).sqrt()).collect();
+        let w: Vec<f32> = rng
+            .normal_vec(inputs * outputs)
+            .iter()
+            .map(|v| v / (inputs as f32).sqrt())
+            .collect();
         Self {
-            weight: Param::from_tensor(Tensor::from_data(TensorData::new(w, [outputs, inputs]), device)),
+            weight: Param::from_tensor(Tensor::from_data(
+                TensorData::new(w, [outputs, inputs]),
+                device,
+            )),
             bias: Param::from_tensor(Tensor::zeros([outputs], device)),
         }
     }
@@ -46,14 +54,18 @@ impl<B: Backend> ToyModel<B> {
     /// `x` `[B, in]` → `[B, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let out = self.bias.dims()[0];
-        x.matmul(self.weight.val().transpose()).add(self.bias.val().reshape([1, out]))
+        x.matmul(self.weight.val().transpose())
+            .add(self.bias.val().reshape([1, out]))
     }
 }
 
 fn check_toy_role(role: &RoleConfig) -> Result<(), ConfigError> {
     match role.preset.as_deref() {
         Some("tiny") | None => Ok(()),
-        Some(other) => Err(ConfigError::new("preset", format!("unknown toy preset `{other}`, expected one of [\"tiny\"]"))),
+        Some(other) => Err(ConfigError::new(
+            "preset",
+            format!("unknown toy preset `{other}`, expected one of [\"tiny\"]"),
+        )),
     }
 }
 reel_core::register_model!("toy", "Toy linear model (example crate)", check_toy_role);
@@ -80,7 +92,14 @@ struct ToyData(usize);
 
 impl DataSource for ToyData {
     fn spec(&self) -> DataSpec {
-        DataSpec { channels: 1, frames: 1, height: 2, width: 2, text_len: 1, text_dim: 2 }
+        DataSpec {
+            channels: 1,
+            frames: 1,
+            height: 2,
+            width: 2,
+            text_len: 1,
+            text_dim: 2,
+        }
     }
     fn len(&self) -> usize {
         self.0
@@ -89,7 +108,10 @@ impl DataSource for ToyData {
         let mut r = StreamRng::from_seed(1000 + index as u64);
         Ok(Sample {
             latents: r.normal_vec(4),
-            text: TextCondition { embedding: r.normal_vec(2), mask: vec![true] },
+            text: TextCondition {
+                embedding: r.normal_vec(2),
+                mask: vec![true],
+            },
             caption: format!("toy {index}"),
         })
     }
@@ -147,7 +169,10 @@ pub struct ToyMethod<B: AutodiffBackend> {
 const OUT: usize = 3;
 
 impl<B: AutodiffBackend> BuildMethod<B> for ToyMethodConfig {
-    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let n = ctx.data_spec.latent_numel();
         let s = ctx.role("student")?;
         let c = ctx.role("critic")?;
@@ -156,8 +181,20 @@ impl<B: AutodiffBackend> BuildMethod<B> for ToyMethodConfig {
         let max = ctx.training.max_steps;
         Ok(Box::new(ToyMethod {
             cfg: self.clone(),
-            student: TrainableRole::new("student", student, ctx.role_optimizer("student", None), ctx.role_max_grad_norm("student"), max),
-            critic: TrainableRole::new("critic", critic, ctx.role_optimizer("critic", None), ctx.role_max_grad_norm("critic"), max),
+            student: TrainableRole::new(
+                "student",
+                student,
+                ctx.role_optimizer("student", None),
+                ctx.role_max_grad_norm("student"),
+                max,
+            ),
+            critic: TrainableRole::new(
+                "critic",
+                critic,
+                ctx.role_optimizer("critic", None),
+                ctx.role_max_grad_norm("critic"),
+                max,
+            ),
             device: ctx.device.clone(),
         }))
     }
@@ -167,18 +204,28 @@ impl<B: AutodiffBackend> BuildMethod<B> for ToyMethodConfig {
 impl MethodConfig for ToyMethodConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.student_interval == 0 {
-            return Err(ConfigError::new("student_interval", "expected an integer >= 1, got 0"));
+            return Err(ConfigError::new(
+                "student_interval",
+                "expected an integer >= 1, got 0",
+            ));
         }
         Ok(())
     }
     fn roles(&self) -> Vec<RoleRequirement> {
-        vec![RoleRequirement::trainable("student"), RoleRequirement::trainable("critic")]
+        vec![
+            RoleRequirement::trainable("student"),
+            RoleRequirement::trainable("critic"),
+        ]
     }
 }
 reel_core::register_plugin!(Method, "toy", "Toy two-role regression (example crate)");
 
 impl<B: AutodiffBackend> TrainingMethod<B> for ToyMethod<B> {
-    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError> {
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError> {
         let [b, c, f, h, w] = batch.latents.dims();
         let x = batch.latents.clone().reshape([b, c * f * h * w]);
         // Fixed target map plus per-sample noise (keyed by sample index, so accumulation
@@ -187,13 +234,21 @@ impl<B: AutodiffBackend> TrainingMethod<B> for ToyMethod<B> {
         let mut noise = Vec::with_capacity(b * OUT);
         for &i in &batch.indices {
             let mut r = ctx.rng.stream(ctx.step, i as u64, "toy-noise");
-            noise.extend(r.normal_vec(OUT).into_iter().map(|v| v * self.cfg.noise as f32));
+            noise.extend(
+                r.normal_vec(OUT)
+                    .into_iter()
+                    .map(|v| v * self.cfg.noise as f32),
+            );
         }
         let noise = Tensor::<B, 2>::from_data(TensorData::new(noise, [b, OUT]), &self.device);
-        let target = target_map.forward(x.clone()).detach().mul_scalar(self.cfg.target_scale).add(noise);
+        let target = target_map
+            .forward(x.clone())
+            .detach()
+            .mul_scalar(self.cfg.target_scale)
+            .add(noise);
         let mut out = StepOutput::default();
         let pred = self.student.model().forward(x);
-        let student_due = ctx.step % self.cfg.student_interval == 0;
+        let student_due = ctx.step.is_multiple_of(self.cfg.student_interval);
         if student_due {
             let loss = pred.clone().sub(target).square().mean();
             let grads = loss.backward();
@@ -201,7 +256,16 @@ impl<B: AutodiffBackend> TrainingMethod<B> for ToyMethod<B> {
             out = out.with_loss("student_loss", loss);
         }
         let critic_pred = self.critic.model().forward(pred.detach());
-        let critic_loss = critic_pred.sub(batch.latents.clone().reshape([b, c * f * h * w]).narrow(1, 0, OUT)).square().mean();
+        let critic_loss = critic_pred
+            .sub(
+                batch
+                    .latents
+                    .clone()
+                    .reshape([b, c * f * h * w])
+                    .narrow(1, 0, OUT),
+            )
+            .square()
+            .mean();
         let grads = critic_loss.backward();
         self.critic.accumulate(&grads, ctx.grad_scale());
         Ok(out.with_loss("critic_loss", critic_loss))

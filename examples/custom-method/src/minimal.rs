@@ -26,14 +26,27 @@ impl MethodConfig for FixedSigma {
         vec![RoleRequirement::trainable("student")]
     }
 }
-reel_core::register_plugin!(Method, "fixed_sigma", "Flow matching at one noise level (README example)");
+reel_core::register_plugin!(
+    Method,
+    "fixed_sigma",
+    "Flow matching at one noise level (README example)"
+);
 
 impl<B: AutodiffBackend> BuildMethod<B> for FixedSigma {
-    fn build_method(&self, ctx: &BuildContext<B>) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let model = reel_methods::common::load_role(ctx, "student")?;
-        let (opt, clip) = (ctx.role_optimizer("student", None), ctx.role_max_grad_norm("student"));
+        let (opt, clip) = (
+            ctx.role_optimizer("student", None),
+            ctx.role_max_grad_norm("student"),
+        );
         let student = TrainableRole::new("student", model, opt, clip, ctx.training.max_steps);
-        Ok(Box::new(FixedSigmaMethod { sigma: self.sigma as f32, student }))
+        Ok(Box::new(FixedSigmaMethod {
+            sigma: self.sigma as f32,
+            student,
+        }))
     }
 }
 
@@ -43,14 +56,19 @@ struct FixedSigmaMethod<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> TrainingMethod<B> for FixedSigmaMethod<B> {
-    fn micro_step(&mut self, batch: &Batch<B>, ctx: &StepContext) -> Result<StepOutput<B>, MethodError> {
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError> {
         let x0 = batch.latents.clone();
         let device = x0.device();
         let mut rng = ctx.rng.stream(ctx.step, ctx.micro as u64, "noise");
         let noise = rng.normal_tensor(x0.dims(), &device);
         let sigma = reel_core::flow::sigma_tensor::<B>(&vec![self.sigma; x0.dims()[0]], &device);
         let text = batch.text.clone();
-        let (loss, _) = reel_methods::flow_matching_loss(self.student.model(), x0, noise, sigma, text, false);
+        let (loss, _) =
+            reel_methods::flow_matching_loss(self.student.model(), x0, noise, sigma, text, false);
         self.student.accumulate(&loss.backward(), ctx.grad_scale());
         Ok(StepOutput::default().with_loss("loss", loss))
     }

@@ -1,0 +1,73 @@
+//! A short version of the quickstart (the shipped `configs/quickstart.toml`, fewer steps and
+//! a smaller model) runs end to end: checkpoints, final weights, samples, metrics, TensorBoard
+//! events and the loss curve, and `reel eval` scores its final checkpoint.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_reel");
+
+#[test]
+fn short_quickstart_runs_end_to_end_and_evaluates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("qs");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/quickstart.toml");
+    let o = Command::new(BIN)
+        .args(["train", config, "--output"])
+        .arg(&out)
+        .args([
+            "--set",
+            "models.student.preset=wan-tiny",
+            "--set",
+            "training.max_steps=4",
+            "--set",
+            "training.checkpoint_every=2",
+            "--set",
+            "callbacks.2.every_steps=2",
+            "--set",
+            "callbacks.2.num_prompts=2",
+            "--set",
+            "callbacks.2.sampling_steps=2",
+            "--set",
+            "data.batch_size=2",
+            "--set",
+            "data.frames=2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("validation @ step 4"), "{err}");
+    for f in [
+        "checkpoints/step-00000004/manifest.json",
+        "final/student.safetensors",
+        "final/student.ema.safetensors",
+        "samples/step-00000004/sheet.png",
+        "metrics.jsonl",
+        "loss.png",
+        "config.resolved.toml",
+    ] {
+        let found = out.join(f).exists()
+            || (f.starts_with("samples/")
+                && std::fs::read_dir(out.join("samples")).is_ok_and(|mut d| d.next().is_some()));
+        assert!(found, "missing {f}");
+    }
+    assert!(
+        std::fs::read_dir(out.join("tensorboard"))
+            .unwrap()
+            .next()
+            .is_some(),
+        "no TensorBoard events"
+    );
+    let o = Command::new(BIN)
+        .args(["eval"])
+        .arg(&out)
+        .args(["--clips", "2", "--steps", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let overall = report["overall"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&overall), "{report}");
+    assert_eq!(report["clips"], 2);
+    assert_eq!(report["ema"], true);
+}
