@@ -66,6 +66,16 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["runtime.backend", "--features cuda"],
         ),
         (
+            "bf16 not implemented",
+            Set(&["runtime.dtype=bf16"]),
+            &["runtime.dtype", "not implemented"],
+        ),
+        (
+            "activation checkpointing not implemented",
+            Set(&["models.student.gradient_checkpointing=true"]),
+            &["models.student.gradient_checkpointing", "not implemented"],
+        ),
+        (
             "unknown dtype",
             Set(&["runtime.dtype=f8"]),
             &["runtime.dtype", "f8"],

@@ -21,7 +21,7 @@ pub enum Precision {
     /// float32 everywhere.
     #[default]
     F32,
-    /// bfloat16 compute with float32 master weights (CUDA only).
+    /// bfloat16 compute with float32 master weights (planned; rejected until implemented).
     Bf16,
 }
 
@@ -166,6 +166,12 @@ impl RunConfig {
     /// registered architectures, the method's roles, adapters, callbacks.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.runtime.backend.check_compiled()?;
+        if self.runtime.dtype == Precision::Bf16 {
+            return Err(ConfigError::new(
+                "runtime.dtype",
+                "bf16 compute is not implemented yet: use \"f32\"",
+            ));
+        }
         self.training
             .validate()
             .map_err(|e| e.in_section("training"))?;

@@ -53,7 +53,8 @@ pub struct RoleConfig {
     /// Gradient clipping by global L2 norm for this role (overrides `training.max_grad_norm`).
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
-    /// Recompute each transformer block in the backward pass (less memory, more compute).
+    /// Recompute each transformer block in the backward pass (planned; `true` is rejected
+    /// until it is implemented).
     #[serde(default)]
     pub gradient_checkpointing: bool,
 }
@@ -95,6 +96,12 @@ impl RoleConfig {
                     "only meaningful on a trainable role",
                 ));
             }
+        }
+        if self.gradient_checkpointing {
+            return Err(ConfigError::new(
+                "gradient_checkpointing",
+                "block-level activation checkpointing is not implemented yet: remove it or set false",
+            ));
         }
         if let Some(n) = self.max_grad_norm {
             check::positive_f64("max_grad_norm", n)?;
