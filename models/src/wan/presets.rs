@@ -71,7 +71,11 @@ impl WanConfig {
     ///   (2 layers, 2 heads x 16, ffn 64, text_dim 32, freq_dim 32, 4 channels, patch
     ///   `[1, 2, 2]`, rope_max_seq_len 32).
     /// - `wan-quickstart`: made up for the CPU quickstart on the synthetic data (4 layers,
-    ///   4 heads x 24, ffn 384, text_dim 32, freq_dim 64, 4 channels, patch `[1, 2, 2]`).
+    ///   2 heads x 48, ffn 384, text_dim 32, freq_dim 64, 4 channels, patch `[1, 2, 2]`).
+    ///   Wan has no absolute position embedding, only 3-axis RoPE, so a head must be wide
+    ///   enough for each axis to get several frequencies: with 48 dims per head each spatial
+    ///   axis gets 8 of them (with 24, only 4, and a small model learned temporally incoherent
+    ///   clips in the same number of steps).
     /// - `wan-bench-small` / `wan-bench-medium`: made up for benchmarks (4 layers, 4 x 32,
     ///   ffn 512 / 8 layers, 8 x 64, ffn 2048), same I/O as `wan-quickstart`.
     /// - `wan2.1-t2v-1.3b`: `transformer/config.json` of the Hugging Face repository
@@ -105,7 +109,7 @@ impl WanConfig {
                 pos_embed_seq_len: None,
                 extra: BTreeMap::new(),
             }),
-            "wan-quickstart" => Some(small(4, 4, 24, 384)),
+            "wan-quickstart" => Some(small(4, 2, 48, 384)),
             "wan-bench-small" => Some(small(4, 4, 32, 512)),
             "wan-bench-medium" => Some(small(8, 8, 64, 2048)),
             "wan2.1-t2v-1.3b" => Some(wan21_t2v(30, 12, 8960)),

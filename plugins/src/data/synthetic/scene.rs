@@ -130,8 +130,15 @@ pub struct Scene {
 
 impl Scene {
     /// Draw a random placement (size and start position) that keeps the object inside the
-    /// frame for the whole clip.
-    pub fn sample<R: Rng + ?Sized>(caption: Caption, geometry: &Geometry, rng: &mut R) -> Self {
+    /// frame for the whole clip. With `jitter = None` the path may lie anywhere in the frame;
+    /// with `Some(j)` it is the centred path (the object crosses the middle of the frame)
+    /// shifted by at most `j` pixels along and across the motion axis.
+    pub fn sample<R: Rng + ?Sized>(
+        caption: Caption,
+        geometry: &Geometry,
+        jitter: Option<usize>,
+        rng: &mut R,
+    ) -> Self {
         let sizes = geometry.sizes(caption.shape);
         let size = sizes[rng.random_range(0..sizes.len())];
         let d = caption.direction;
@@ -141,11 +148,22 @@ impl Scene {
         } else {
             geometry.width
         };
+        let across_max = across_extent - size;
+        // Inclusive range of start positions: the whole frame, or centre ± jitter.
+        let range = |max: usize| match jitter {
+            None => (0, max),
+            Some(j) => {
+                let centre = max / 2;
+                (centre.saturating_sub(j), (centre + j).min(max))
+            }
+        };
+        let (along_lo, along_hi) = range(along_max);
+        let (across_lo, across_hi) = range(across_max);
         Scene {
             caption,
             size,
-            along: rng.random_range(0..=along_max),
-            across: rng.random_range(0..=across_extent - size),
+            along: rng.random_range(along_lo..=along_hi),
+            across: rng.random_range(across_lo..=across_hi),
         }
     }
 
@@ -247,7 +265,8 @@ mod tests {
             let g = Geometry::new(&s);
             for caption in Caption::all() {
                 for _ in 0..20 {
-                    let scene = Scene::sample(caption, &g, &mut rng);
+                    let jitter = [None, Some(0), Some(1), Some(50)][rng.random_range(0..4)];
+                    let scene = Scene::sample(caption, &g, jitter, &mut rng);
                     let first = scene.top_left(&g, 0);
                     let last = scene.top_left(&g, g.frames - 1);
                     for t in 0..g.frames {
@@ -269,6 +288,30 @@ mod tests {
                     assert_eq!(clip.len(), s.latent_numel());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn jitter_keeps_the_path_near_the_centre() {
+        let g = Geometry::new(&spec(6, 12, 12));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for caption in Caption::all() {
+            let mut starts = std::collections::BTreeSet::new();
+            for _ in 0..50 {
+                let fixed = Scene::sample(caption, &g, Some(0), &mut rng);
+                starts.insert((fixed.along + fixed.size / 2, fixed.across + fixed.size / 2));
+                let near = Scene::sample(caption, &g, Some(1), &mut rng);
+                let centred = Scene {
+                    along: (g.extent(caption.direction) - near.size - g.travel(caption.direction))
+                        / 2,
+                    across: (12 - near.size) / 2,
+                    ..near
+                };
+                assert!(near.along.abs_diff(centred.along) <= 1, "{near:?}");
+                assert!(near.across.abs_diff(centred.across) <= 1, "{near:?}");
+            }
+            // Only the size varies without jitter: at most two start points (one per size).
+            assert!(starts.len() <= 2, "{caption}: {starts:?}");
         }
     }
 
