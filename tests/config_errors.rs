@@ -288,7 +288,7 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
         ),
         (
             "missing training.max_steps",
-            Replace("max_steps = 1000", ""),
+            Replace("max_steps = 1500", ""),
             &["training", "max_steps"],
         ),
         (
