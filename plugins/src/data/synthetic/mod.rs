@@ -96,8 +96,9 @@ pub struct SyntheticConfig {
     pub text_dim: usize,
     /// Placement of the moving shape. Absent (the default): anywhere in the frame. A number
     /// `j`: the path through the middle of the frame, shifted by at most `j` pixels along and
-    /// across the motion — an easier data set (one clip per caption, up to jitter and size)
-    /// that a small model learns in minutes on a CPU.
+    /// across the motion (one clip per caption, up to jitter and size). Not easier for Wan:
+    /// it has no absolute position embedding, and `wan-quickstart` did not learn the fixed
+    /// position within 800 steps (measured), so the quickstart leaves this unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<usize>,
 }
