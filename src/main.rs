@@ -53,6 +53,9 @@ enum Command {
     Eval(commands::eval::EvalArgs),
     /// Export a checkpoint's role: merged diffusers `transformer/` folder or LoRA adapter file.
     Export(commands::export::ExportArgs),
+    /// Data set tools: `reel data export` writes a config's data as parquet or safetensors.
+    #[command(subcommand)]
+    Data(commands::data::DataCommand),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => commands::sample::run(&args),
         Command::Eval(args) => commands::eval::run(&args),
         Command::Export(args) => commands::export::run(&args),
+        Command::Data(cmd) => commands::data::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

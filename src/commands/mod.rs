@@ -1,6 +1,7 @@
 //! CLI subcommands.
 pub mod bench;
 pub mod check;
+pub mod data;
 pub mod eval;
 pub mod export;
 pub mod inference;

@@ -1,7 +1,15 @@
 //! Data sources shipped with Reel.
 //!
 //! - [`synthetic`]: moving coloured shapes in latent form, with a caption evaluator.
+//! - [`fastvideo`]: FastVideo's preprocessed parquet datasets (`fastvideo_parquet`).
+//! - [`safetensors_dir`]: a folder of per-sample safetensors files (`safetensors`).
 
+pub mod fastvideo;
+pub mod files;
+pub mod safetensors_dir;
 pub mod synthetic;
+pub mod tensors;
 
+pub use fastvideo::{FastVideoParquetConfig, FastVideoParquetSource};
+pub use safetensors_dir::{SafetensorsDirConfig, SafetensorsDirSource};
 pub use synthetic::{clip_to_rgb, SyntheticConfig, SyntheticEvaluator, SyntheticSource};

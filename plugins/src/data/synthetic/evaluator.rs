@@ -54,9 +54,25 @@ impl Detection {
     }
 }
 
-/// Scores clips of the `synthetic` source against captions of its grammar.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SyntheticEvaluator;
+/// Scores clips of the `synthetic` source against captions of its grammar. Holds the
+/// source's object size and speed so that the evaluator and the renderer agree on sizes and
+/// on the expected displacement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyntheticEvaluator {
+    /// Base object size (`None`: the default, 40% of the smaller side).
+    pub object_size: Option<usize>,
+    /// Motion speed in pixels per frame.
+    pub speed: usize,
+}
+
+impl Default for SyntheticEvaluator {
+    fn default() -> Self {
+        SyntheticEvaluator {
+            object_size: None,
+            speed: 1,
+        }
+    }
+}
 
 /// The object found in one frame.
 struct Blob {
@@ -171,7 +187,7 @@ impl SyntheticEvaluator {
         if spec.channels != CHANNELS || clip.len() != spec.latent_numel() || spec.frames < 2 {
             return None;
         }
-        let g = Geometry::new(spec);
+        let g = Geometry::with_motion(spec, self.object_size, self.speed);
         let (f, h, w) = (g.frames, g.height, g.width);
         let plane = f * h * w;
         let min_area = ((0.3 * (g.base * g.base) as f32) as usize).max(3);

@@ -63,6 +63,9 @@ fn default_text_len() -> usize {
 fn default_text_dim() -> usize {
     32
 }
+fn default_speed() -> usize {
+    1
+}
 
 /// Configuration of the `synthetic` source (`[data] kind = "synthetic"`). Every field has a
 /// default; the defaults give `[4, 8, 16, 16]` latents and `[8, 32]` text embeddings.
@@ -101,6 +104,14 @@ pub struct SyntheticConfig {
     /// position within 800 steps (measured), so the quickstart leaves this unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<usize>,
+    /// Motion speed in pixels per frame (default 1). The path is clamped to the frame, so
+    /// `speed · (F-1)` beyond `side - object_size - 2` does not move further.
+    #[serde(default = "default_speed")]
+    pub speed: usize,
+    /// Base object size in pixels: squares are drawn `s` and `s+1` wide, discs `s+1` and `s+2`
+    /// (default: 40% of the smaller side, e.g. 5 at 12×12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_size: Option<usize>,
 }
 
 impl Default for SyntheticConfig {
@@ -115,6 +126,8 @@ impl Default for SyntheticConfig {
             text_len: default_text_len(),
             text_dim: default_text_dim(),
             jitter: None,
+            speed: default_speed(),
+            object_size: None,
         }
     }
 }
@@ -177,6 +190,19 @@ impl DataConfig for SyntheticConfig {
             words,
         )?;
         check_range("text_dim", self.text_dim, 1, 65536, "")?;
+        check_range("speed", self.speed, 1, 64, " (pixels per frame)")?;
+        let min_side = self.height.min(self.width);
+        if let Some(size) = self.object_size {
+            // The largest drawing (size + 2) plus at least 1 px of travel must fit.
+            let most = min_side.saturating_sub(3).max(3);
+            check_range(
+                "object_size",
+                size,
+                3,
+                most,
+                &format!(" (3 px up to the smaller side {min_side} minus room to move)"),
+            )?;
+        }
         Ok(())
     }
 
@@ -216,7 +242,7 @@ impl SyntheticSource {
         )));
         SyntheticSource {
             config: config.clone(),
-            geometry: Geometry::new(&config.spec()),
+            geometry: Geometry::with_motion(&config.spec(), config.object_size, config.speed),
             order,
         }
     }
@@ -299,7 +325,10 @@ impl DataSource for SyntheticSource {
     }
 
     fn evaluator(&self) -> Option<Arc<dyn ClipEvaluator>> {
-        Some(Arc::new(SyntheticEvaluator))
+        Some(Arc::new(SyntheticEvaluator {
+            object_size: self.config.object_size,
+            speed: self.config.speed,
+        }))
     }
 }
 

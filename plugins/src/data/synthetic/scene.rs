@@ -63,19 +63,30 @@ pub struct Geometry {
     pub height: usize,
     /// Width `W`.
     pub width: usize,
-    /// Base object size: `round(0.4 · min(H, W))` (6 px at 16×16).
+    /// Base object size: `round(0.4 · min(H, W))` by default (6 px at 16×16).
     pub base: usize,
+    /// Motion speed in pixels per frame (default 1); the path is clamped to the frame.
+    pub speed: usize,
 }
 
 impl Geometry {
-    /// Geometry of clips of `spec`'s frames, height and width.
+    /// Geometry of clips of `spec`'s frames, height and width, with the default object size
+    /// and a speed of 1 px/frame.
     pub fn new(spec: &DataSpec) -> Self {
+        Self::with_motion(spec, None, 1)
+    }
+
+    /// Geometry with an explicit base object size (`None`: `round(0.4 · min(H, W))`, at
+    /// least 3) and speed in pixels per frame (at least 1).
+    pub fn with_motion(spec: &DataSpec, object_size: Option<usize>, speed: usize) -> Self {
         let min_side = spec.height.min(spec.width);
+        let default_base = (min_side as f32 * 0.4).round() as usize;
         Geometry {
             frames: spec.frames,
             height: spec.height,
             width: spec.width,
-            base: ((min_side as f32 * 0.4).round() as usize).max(3),
+            base: object_size.unwrap_or(default_base).max(3),
+            speed: speed.max(1),
         }
     }
 
@@ -102,10 +113,11 @@ impl Geometry {
         }
     }
 
-    /// Total displacement in pixels from the first to the last frame: `min(F-1, extent -
-    /// max_size)`, i.e. 1 px/frame when the frame is large enough.
+    /// Total displacement in pixels from the first to the last frame: `min(speed·(F-1),
+    /// extent - max_size)`, i.e. `speed` px/frame when the frame is large enough.
     pub fn travel(&self, direction: Direction) -> usize {
-        (self.frames.saturating_sub(1)).min(self.extent(direction).saturating_sub(self.max_size()))
+        (self.speed * self.frames.saturating_sub(1))
+            .min(self.extent(direction).saturating_sub(self.max_size()))
     }
 
     /// Displacement after `t` frames (`round(travel · t / (F-1))`).

@@ -20,7 +20,11 @@ fn noise(n: usize, sigma: f32, rng: &mut ChaCha8Rng) -> Vec<f32> {
 
 /// Every placement the generator can draw, for every caption.
 fn all_scenes(spec: &DataSpec) -> Vec<Scene> {
-    let g = Geometry::new(spec);
+    all_scenes_in(&Geometry::new(spec))
+}
+
+/// Every placement the generator can draw in geometry `g`, for every caption.
+fn all_scenes_in(g: &Geometry) -> Vec<Scene> {
     let mut out = Vec::new();
     for caption in Caption::all() {
         let d = caption.direction;
@@ -53,7 +57,7 @@ fn spec_of(frames: usize, height: usize, width: usize) -> DataSpec {
 
 #[test]
 fn every_ground_truth_clip_scores_one() {
-    let eval = SyntheticEvaluator;
+    let eval = SyntheticEvaluator::default();
     for spec in [spec_of(8, 16, 16), spec_of(16, 12, 20), spec_of(4, 24, 16)] {
         let g = Geometry::new(&spec);
         let scenes = all_scenes(&spec);
@@ -70,8 +74,97 @@ fn every_ground_truth_clip_scores_one() {
 }
 
 #[test]
+fn speed_and_object_size_are_shared_by_renderer_and_evaluator() {
+    let spec = spec_of(4, 12, 12);
+    let (slow, fast) = (
+        Geometry::new(&spec),
+        Geometry::with_motion(&spec, Some(4), 2),
+    );
+    assert_eq!((slow.base, slow.travel(Direction::Left)), (5, 3));
+    assert_eq!((fast.base, fast.travel(Direction::Left)), (4, 6));
+    // A path clamped by the frame: 3 px/frame over 3 frames would need 9 px, only 6 fit.
+    assert_eq!(
+        Geometry::with_motion(&spec, Some(4), 3).travel(Direction::Up),
+        6
+    );
+    let eval = SyntheticEvaluator {
+        object_size: Some(4),
+        speed: 2,
+    };
+    let scenes = all_scenes_in(&fast);
+    assert!(scenes.len() >= 32);
+    for scene in &scenes {
+        let clip = scene.render(&fast);
+        let score = eval.score(&clip, &spec, &scene.caption.to_string());
+        assert_eq!(score.overall, 1.0, "{scene:?} {score:?}");
+    }
+    // The evaluator asks for half the configured travel: half the speed still passes, a
+    // still object does not.
+    let scene = scenes[0];
+    let half = Geometry { speed: 1, ..fast };
+    let clip = scene.render(&half);
+    let det = eval.detect(&clip, &spec).expect("object found");
+    assert_eq!(det.caption(), Some(scene.caption), "{det:?}");
+    let slow_clip = Scene { size: 4, ..scene }.render(&Geometry { speed: 0, ..fast });
+    let det = eval.detect(&slow_clip, &spec).expect("object found");
+    assert_eq!(
+        det.direction, None,
+        "a still object has no direction: {det:?}"
+    );
+
+    // The source hands out the matching evaluator.
+    let source = SyntheticSource::new(&SyntheticConfig {
+        frames: 4,
+        height: 12,
+        width: 12,
+        speed: 2,
+        object_size: Some(4),
+        ..Default::default()
+    });
+    assert_eq!(source.geometry(), fast);
+    for i in 0..64 {
+        let sample = source.get(i).unwrap();
+        let score = source
+            .evaluator()
+            .unwrap()
+            .score(&sample.latents, &spec, &sample.caption);
+        assert_eq!(score.overall, 1.0, "sample {i}: {score:?}");
+    }
+}
+
+#[test]
+fn bad_speed_and_object_size_name_the_key() {
+    for (edit, key) in [
+        (
+            SyntheticConfig {
+                speed: 0,
+                ..Default::default()
+            },
+            "speed",
+        ),
+        (
+            SyntheticConfig {
+                object_size: Some(2),
+                ..Default::default()
+            },
+            "object_size",
+        ),
+        (
+            SyntheticConfig {
+                object_size: Some(14),
+                ..Default::default()
+            },
+            "object_size",
+        ),
+    ] {
+        let err = edit.validate().unwrap_err();
+        assert!(err.to_string().contains(key), "{err}");
+    }
+}
+
+#[test]
 fn noisy_ground_truth_still_scores_high() {
-    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator);
+    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator::default());
     let source = SyntheticSource::new(&SyntheticConfig::default());
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut correct = 0;
@@ -86,7 +179,7 @@ fn noisy_ground_truth_still_scores_high() {
 
 #[test]
 fn pure_noise_and_empty_clips_score_zero() {
-    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator);
+    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator::default());
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut any = 0.0;
     for i in 0..64 {
@@ -119,7 +212,7 @@ fn pure_noise_and_empty_clips_score_zero() {
 
 #[test]
 fn wrong_captions_fail_exactly_the_wrong_attributes() {
-    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator);
+    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator::default());
     let source = SyntheticSource::new(&SyntheticConfig::default());
     for i in 0..32 {
         let s = source.get(i).unwrap();
@@ -142,7 +235,7 @@ fn wrong_captions_fail_exactly_the_wrong_attributes() {
 
 #[test]
 fn other_motions_fail_direction() {
-    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator);
+    let (spec, eval) = (spec_of(8, 16, 16), SyntheticEvaluator::default());
     let g = Geometry::new(&spec);
     let caption = Caption::parse("a blue circle moving right").unwrap();
     for d in [Direction::Left, Direction::Up, Direction::Down] {

@@ -1,0 +1,211 @@
+//! Reading single records of FastVideo's parquet files column by column.
+//!
+//! Only the columns Reel needs are decoded; rows before the wanted one are skipped with the
+//! column readers' `skip_records` (whole pages are skipped without decompressing where the
+//! page headers allow), so random access does not decode the whole row group.
+
+use std::fs::File;
+use std::path::Path;
+
+use parquet::column::reader::ColumnReader;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::schema::types::SchemaDescriptor;
+
+/// Names of the columns of FastVideo's text-to-video schema that Reel reads.
+pub const REQUIRED_COLUMNS: [&str; 6] = [
+    "vae_latent_bytes",
+    "vae_latent_shape",
+    "vae_latent_dtype",
+    "text_embedding_bytes",
+    "text_embedding_shape",
+    "text_embedding_dtype",
+];
+
+/// Leaf-column indices of the columns Reel reads in one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Columns {
+    /// `vae_latent_bytes`, `vae_latent_shape`, `vae_latent_dtype`, `text_embedding_bytes`,
+    /// `text_embedding_shape`, `text_embedding_dtype`, in [`REQUIRED_COLUMNS`] order.
+    pub required: [usize; 6],
+    /// `caption`, when present.
+    pub caption: Option<usize>,
+}
+
+/// The leaf column whose top-level field is `name` (a list column's leaf is its element).
+fn leaf(schema: &SchemaDescriptor, name: &str) -> Option<usize> {
+    (0..schema.num_columns()).find(|&i| {
+        schema
+            .column(i)
+            .path()
+            .parts()
+            .first()
+            .is_some_and(|p| p == name)
+    })
+}
+
+impl Columns {
+    /// Locate the columns in `schema`; the error names the missing columns.
+    pub fn find(schema: &SchemaDescriptor) -> Result<Self, String> {
+        let found: Vec<Option<usize>> = REQUIRED_COLUMNS.iter().map(|n| leaf(schema, n)).collect();
+        let missing: Vec<&str> = REQUIRED_COLUMNS
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "missing column(s) {} (expected FastVideo's preprocessed schema with {})",
+                missing.join(", "),
+                REQUIRED_COLUMNS.join(", ")
+            ));
+        }
+        let mut required = [0usize; 6];
+        for (r, f) in required.iter_mut().zip(found) {
+            *r = f.expect("checked above");
+        }
+        Ok(Columns {
+            required,
+            caption: leaf(schema, "caption"),
+        })
+    }
+}
+
+/// One record's raw values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawRecord {
+    /// Latent bytes, shape and dtype name.
+    pub latent: (Vec<u8>, Vec<i64>, String),
+    /// Text-embedding bytes, shape and dtype name.
+    pub text: (Vec<u8>, Vec<i64>, String),
+    /// Caption (empty when the column is absent or null).
+    pub caption: String,
+}
+
+/// An open parquet file.
+pub struct ParquetFile {
+    reader: SerializedFileReader<File>,
+}
+
+impl ParquetFile {
+    /// Open `path` and parse its footer.
+    pub fn open(path: &Path) -> Result<Self, String> {
+        let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+        let reader = SerializedFileReader::new(file)
+            .map_err(|e| format!("not a readable parquet file: {e}"))?;
+        Ok(ParquetFile { reader })
+    }
+
+    /// The file's schema.
+    pub fn schema(&self) -> &SchemaDescriptor {
+        self.reader.metadata().file_metadata().schema_descr()
+    }
+
+    /// Row count of each row group.
+    pub fn row_group_rows(&self) -> Vec<usize> {
+        self.reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|rg| rg.num_rows().max(0) as usize)
+            .collect()
+    }
+
+    /// Read row `row` of row group `group`.
+    pub fn read(&self, columns: &Columns, group: usize, row: usize) -> Result<RawRecord, String> {
+        let rg = self
+            .reader
+            .get_row_group(group)
+            .map_err(|e| format!("row group {group}: {e}"))?;
+        let column = |i: usize| {
+            rg.get_column_reader(i)
+                .map_err(|e| format!("column {}: {e}", self.schema().column(i).path()))
+        };
+        let [lb, ls, ld, tb, ts, td] = columns.required;
+        let bytes = |i: usize| read_bytes(column(i)?, row, &self.column_name(i));
+        let text = |i: usize| {
+            bytes(i).and_then(|b| {
+                String::from_utf8(b).map_err(|_| format!("{} is not UTF-8", self.column_name(i)))
+            })
+        };
+        let shape = |i: usize| read_i64_list(column(i)?, row, &self.column_name(i));
+        let caption = match columns.caption {
+            Some(c) => read_optional_bytes(column(c)?, row, "caption")?
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        Ok(RawRecord {
+            latent: (bytes(lb)?, shape(ls)?, text(ld)?),
+            text: (bytes(tb)?, shape(ts)?, text(td)?),
+            caption,
+        })
+    }
+
+    fn column_name(&self, i: usize) -> String {
+        self.schema()
+            .column(i)
+            .path()
+            .parts()
+            .first()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn skip(skipped: parquet::errors::Result<usize>, row: usize, name: &str) -> Result<(), String> {
+    match skipped {
+        Ok(n) if n == row => Ok(()),
+        Ok(n) => Err(format!(
+            "{name}: only {n} rows before row {row} (truncated column)"
+        )),
+        Err(e) => Err(format!("{name}: {e}")),
+    }
+}
+
+/// A byte-array value that may be null.
+fn read_optional_bytes(
+    reader: ColumnReader,
+    row: usize,
+    name: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    let ColumnReader::ByteArrayColumnReader(mut r) = reader else {
+        return Err(format!("{name}: expected a binary/string column"));
+    };
+    skip(r.skip_records(row), row, name)?;
+    let (mut defs, mut values) = (Vec::new(), Vec::new());
+    let (records, _, _) = r
+        .read_records(1, Some(&mut defs), None, &mut values)
+        .map_err(|e| format!("{name}: {e}"))?;
+    if records != 1 {
+        return Err(format!("{name}: row {row} is missing (truncated column)"));
+    }
+    Ok(values.first().map(|v| v.data().to_vec()))
+}
+
+/// A byte-array value that must be present.
+fn read_bytes(reader: ColumnReader, row: usize, name: &str) -> Result<Vec<u8>, String> {
+    read_optional_bytes(reader, row, name)?.ok_or_else(|| format!("{name} is null"))
+}
+
+/// A list of int64 values (a tensor shape).
+fn read_i64_list(reader: ColumnReader, row: usize, name: &str) -> Result<Vec<i64>, String> {
+    let ColumnReader::Int64ColumnReader(mut r) = reader else {
+        return Err(format!("{name}: expected a list of int64"));
+    };
+    skip(r.skip_records(row), row, name)?;
+    let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    let (records, levels, _) = r
+        .read_records(1, Some(&mut defs), Some(&mut reps), &mut values)
+        .map_err(|e| format!("{name}: {e}"))?;
+    if records != 1 {
+        return Err(format!("{name}: row {row} is missing (truncated column)"));
+    }
+    if values.len() != levels && !(values.is_empty() && levels == 1) {
+        return Err(format!("{name} holds null elements"));
+    }
+    if values.is_empty() {
+        return Err(format!("{name} is null or empty"));
+    }
+    Ok(values)
+}

@@ -1,0 +1,471 @@
+//! The `safetensors` data source: a folder of per-sample safetensors files.
+//!
+//! Each file holds one sample:
+//! - `latents`: `[C, F, H, W]` (or `[C, H, W]`, or `[1, C, F, H, W]`), float32 / float16 /
+//!   bfloat16 / float64;
+//! - `text_embedding`: `[L, D]` (or `[1, L, D]`), padded or cropped to `text_len` tokens;
+//! - optionally `text_attention_mask`: `[L]` (or `[1, L]`), any numeric or bool dtype; its
+//!   non-zero count is the number of real tokens (otherwise all `L` stored tokens are real);
+//! - optionally the caption in the header metadata (`__metadata__.caption`).
+//!
+//! Files are found recursively and ordered by path; sample `i` is the `i`-th file. Every
+//! sample must have the first one's latent shape and text width.
+//!
+//! ```toml
+//! [data]
+//! kind = "safetensors"
+//! path = "data/latents"
+//! batch_size = 2
+//! text_len = 512
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use reel_core::config::{check, ConfigError};
+use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample};
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+
+use super::fastvideo::decode_tensor;
+use super::files::find_files;
+use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
+
+reel_core::register_plugin!(
+    Data,
+    "safetensors",
+    "A folder of per-sample safetensors files (`latents`, `text_embedding`)"
+);
+
+fn default_batch_size() -> usize {
+    1
+}
+fn default_text_len() -> usize {
+    512
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Configuration of the `safetensors` source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetensorsDirConfig {
+    /// A folder searched recursively for `*.safetensors`. Relative paths are resolved against
+    /// the working directory, like every path in a run config.
+    pub path: PathBuf,
+    /// Samples per micro-batch (default 1).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Text tokens after padding / cropping (default 512).
+    #[serde(default = "default_text_len")]
+    pub text_len: usize,
+    /// Latent normalisation: `"none"` (default: latents are stored normalised) or `"wan"`.
+    #[serde(default)]
+    pub normalize: LatentNorm,
+    /// Seeded reshuffle every epoch (default true).
+    #[serde(default = "default_true")]
+    pub shuffle: bool,
+}
+
+#[typetag::serde(name = "safetensors")]
+impl DataConfig for SafetensorsDirConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.path.as_os_str().is_empty() {
+            return Err(ConfigError::new(
+                "path",
+                "expected a folder of .safetensors files",
+            ));
+        }
+        check::positive_usize("batch_size", self.batch_size)?;
+        check::positive_usize("text_len", self.text_len)
+    }
+
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    fn shuffle(&self) -> bool {
+        self.shuffle
+    }
+
+    fn build(&self, base_dir: &Path) -> Result<Box<dyn DataSource>, DataError> {
+        Ok(Box::new(SafetensorsDirSource::open(
+            &base_dir.join(&self.path),
+            self.text_len,
+            self.normalize,
+        )?))
+    }
+}
+
+/// The `safetensors` source (see the [module docs](self)).
+#[derive(Debug)]
+pub struct SafetensorsDirSource {
+    files: Vec<PathBuf>,
+    spec: DataSpec,
+    normalize: LatentNorm,
+}
+
+/// One decoded file, before shape checks against the data set.
+struct Decoded {
+    latent_dims: [usize; 4],
+    latents: Vec<f32>,
+    text: Vec<f32>,
+    text_dims: [usize; 2],
+    valid_tokens: Option<usize>,
+    caption: String,
+}
+
+fn tensor<'a>(
+    st: &'a SafeTensors<'a>,
+    name: &str,
+) -> Result<safetensors::tensor::TensorView<'a>, String> {
+    st.tensor(name).map_err(|_| {
+        let mut names = st.names();
+        names.sort();
+        format!("no tensor `{name}` (found: {names:?})")
+    })
+}
+
+fn dtype_name(dtype: Dtype) -> String {
+    format!("{dtype:?}")
+}
+
+fn decode_file(path: &Path) -> Result<Decoded, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let shape_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let lat = tensor(&st, "latents")?;
+    let latent_shape = shape_i64(lat.shape());
+    let latent_dims = latent_dims(&latent_shape)?;
+    let latents = decode_tensor(lat.data(), &latent_shape, &dtype_name(lat.dtype()))
+        .map_err(|e| format!("latents: {e}"))?;
+    let txt = tensor(&st, "text_embedding")?;
+    let text_shape = shape_i64(txt.shape());
+    let text_dims = text_dims(&text_shape)?;
+    let text = decode_tensor(txt.data(), &text_shape, &dtype_name(txt.dtype()))
+        .map_err(|e| format!("text_embedding: {e}"))?;
+    let valid_tokens = match st.tensor("text_attention_mask") {
+        Ok(mask) => {
+            let n: usize = mask.shape().iter().product();
+            if n != text_dims[0] {
+                return Err(format!(
+                    "text_attention_mask has {n} entries, text_embedding has {} tokens",
+                    text_dims[0]
+                ));
+            }
+            let width = mask.dtype().bitsize().div_ceil(8);
+            Some(
+                mask.data()
+                    .chunks_exact(width.max(1))
+                    .filter(|c| c.iter().any(|&b| b != 0))
+                    .count(),
+            )
+        }
+        Err(_) => None,
+    };
+    let caption = SafeTensors::read_metadata(&bytes)
+        .ok()
+        .and_then(|(_, m)| m.metadata().as_ref()?.get("caption").cloned())
+        .unwrap_or_default();
+    Ok(Decoded {
+        latent_dims,
+        latents,
+        text,
+        text_dims,
+        valid_tokens,
+        caption,
+    })
+}
+
+impl SafetensorsDirSource {
+    /// Find the files under `path` and read the first one for the data set's shapes.
+    pub fn open(path: &Path, text_len: usize, normalize: LatentNorm) -> Result<Self, DataError> {
+        let files = find_files(path, "safetensors")?;
+        let first = decode_file(&files[0]).map_err(|reason| DataError::Record {
+            file: files[0].clone(),
+            record: 0,
+            reason,
+        })?;
+        let [channels, frames, height, width] = first.latent_dims;
+        normalize
+            .check_channels(channels)
+            .map_err(|reason| DataError::Record {
+                file: files[0].clone(),
+                record: 0,
+                reason,
+            })?;
+        Ok(SafetensorsDirSource {
+            spec: DataSpec {
+                channels,
+                frames,
+                height,
+                width,
+                text_len,
+                text_dim: first.text_dims[1],
+            },
+            files,
+            normalize,
+        })
+    }
+}
+
+impl DataSource for SafetensorsDirSource {
+    fn spec(&self) -> DataSpec {
+        self.spec
+    }
+
+    fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    fn get(&self, index: usize) -> Result<Sample, DataError> {
+        let file = self.files.get(index).ok_or(DataError::OutOfRange {
+            index,
+            len: self.files.len(),
+        })?;
+        // One sample per file: the record index inside the file is 0.
+        let bad = |reason: String| DataError::Record {
+            file: file.clone(),
+            record: 0,
+            reason,
+        };
+        let d = decode_file(file).map_err(bad)?;
+        let spec = self.spec;
+        let want = [spec.channels, spec.frames, spec.height, spec.width];
+        if d.latent_dims != want {
+            return Err(bad(format!(
+                "latents shape {:?} differs from the data set's {want:?}",
+                d.latent_dims
+            )));
+        }
+        let [seq, dim] = d.text_dims;
+        if dim != spec.text_dim {
+            return Err(bad(format!(
+                "text embedding width {dim} differs from the data set's {}",
+                spec.text_dim
+            )));
+        }
+        let mut latents = d.latents;
+        self.normalize.apply(&mut latents, spec.channels);
+        Ok(Sample {
+            latents,
+            text: pad_text(&d.text, seq, dim, spec.text_len, d.valid_tokens),
+            caption: d.caption,
+        })
+    }
+
+    /// The first (up to) 4 samples' captions and embeddings.
+    fn prompts(&self) -> Vec<Prompt> {
+        (0..self.len().min(4))
+            .filter_map(|i| self.get(i).ok())
+            .map(|s| Prompt {
+                caption: s.caption,
+                text: s.text,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use safetensors::tensor::TensorView;
+
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Write one sample file with the given tensors `(name, dtype, shape, bytes)`.
+    fn write(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)], caption: &str) {
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        let meta = HashMap::from([("caption".to_string(), caption.to_string())]);
+        safetensors::serialize_to_file(views, Some(meta), path).unwrap();
+    }
+
+    fn sample(path: &Path, seed: f32, seq: usize) {
+        let latents: Vec<f32> = (0..16).map(|i| i as f32 + seed).collect();
+        let text: Vec<f32> = (0..seq * 3).map(|i| -(i as f32) - seed).collect();
+        write(
+            path,
+            &[
+                ("latents", Dtype::F32, vec![4, 1, 2, 2], f32_bytes(&latents)),
+                ("text_embedding", Dtype::F32, vec![seq, 3], f32_bytes(&text)),
+            ],
+            &format!("sample {seed}"),
+        );
+    }
+
+    #[test]
+    fn reads_samples_in_path_order_with_padding_and_captions() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("part2")).unwrap();
+        sample(&dir.path().join("000.safetensors"), 0.0, 2);
+        sample(&dir.path().join("part2/000.safetensors"), 2.0, 5);
+        // bf16 latents and an explicit attention mask of 1 real token.
+        let bf16: Vec<u8> = (0..16)
+            .flat_map(|i| half::bf16::from_f32(i as f32 + 1.0).to_le_bytes())
+            .collect();
+        write(
+            &dir.path().join("001.safetensors"),
+            &[
+                ("latents", Dtype::BF16, vec![1, 4, 1, 2, 2], bf16),
+                (
+                    "text_embedding",
+                    Dtype::F32,
+                    vec![1, 2, 3],
+                    f32_bytes(&[9.0; 6]),
+                ),
+                (
+                    "text_attention_mask",
+                    Dtype::I64,
+                    vec![2],
+                    [1i64, 0].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ),
+            ],
+            "sample 1",
+        );
+        let cfg = SafetensorsDirConfig {
+            path: dir.path().to_path_buf(),
+            batch_size: 1,
+            text_len: 4,
+            normalize: LatentNorm::None,
+            shuffle: false,
+        };
+        cfg.validate().unwrap();
+        let source = cfg.build(Path::new("/")).unwrap();
+        assert_eq!(source.len(), 3);
+        let spec = source.spec();
+        assert_eq!(
+            (spec.channels, spec.frames, spec.text_len, spec.text_dim),
+            (4, 1, 4, 3)
+        );
+        let captions: Vec<String> = (0..3).map(|i| source.get(i).unwrap().caption).collect();
+        assert_eq!(captions, ["sample 0", "sample 1", "sample 2"]);
+        let s1 = source.get(1).unwrap();
+        assert_eq!(s1.latents[..3], [1.0, 2.0, 3.0]);
+        assert_eq!(s1.text.mask, [true, false, false, false]);
+        let s2 = source.get(2).unwrap();
+        assert_eq!(s2.text.mask, [true; 4], "5 tokens cropped to 4");
+        assert_eq!(s2.text.embedding[..3], [-2.0, -3.0, -4.0]);
+        assert_eq!(source.prompts().len(), 3);
+    }
+
+    #[test]
+    fn bad_files_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        sample(&dir.path().join("a.safetensors"), 0.0, 2);
+        let bad = dir.path().join("b.safetensors");
+        let open = || SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None).unwrap();
+        let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+            (
+                "no tensor `latents`",
+                Box::new(|| {
+                    write(
+                        &bad,
+                        &[(
+                            "text_embedding",
+                            Dtype::F32,
+                            vec![2, 3],
+                            f32_bytes(&[0.0; 6]),
+                        )],
+                        "",
+                    )
+                }),
+            ),
+            (
+                "differs from the data set's [4, 1, 2, 2]",
+                Box::new(|| {
+                    write(
+                        &bad,
+                        &[
+                            (
+                                "latents",
+                                Dtype::F32,
+                                vec![4, 2, 2, 1],
+                                f32_bytes(&[0.0; 16]),
+                            ),
+                            (
+                                "text_embedding",
+                                Dtype::F32,
+                                vec![2, 3],
+                                f32_bytes(&[0.0; 6]),
+                            ),
+                        ],
+                        "",
+                    )
+                }),
+            ),
+            (
+                "dtype `I32` is not supported",
+                Box::new(|| {
+                    write(
+                        &bad,
+                        &[
+                            ("latents", Dtype::I32, vec![4, 1, 2, 2], vec![0; 64]),
+                            (
+                                "text_embedding",
+                                Dtype::F32,
+                                vec![2, 3],
+                                f32_bytes(&[0.0; 6]),
+                            ),
+                        ],
+                        "",
+                    )
+                }),
+            ),
+            (
+                "text embedding width 2",
+                Box::new(|| {
+                    write(
+                        &bad,
+                        &[
+                            (
+                                "latents",
+                                Dtype::F32,
+                                vec![4, 1, 2, 2],
+                                f32_bytes(&[0.0; 16]),
+                            ),
+                            (
+                                "text_embedding",
+                                Dtype::F32,
+                                vec![3, 2],
+                                f32_bytes(&[0.0; 6]),
+                            ),
+                        ],
+                        "",
+                    )
+                }),
+            ),
+            (
+                "not a safetensors file",
+                Box::new(|| {
+                    let good = std::fs::read(dir.path().join("a.safetensors")).unwrap();
+                    std::fs::write(&bad, &good[..good.len() - 10]).unwrap()
+                }),
+            ),
+        ];
+        for (want, make) in cases {
+            make();
+            let err = open().get(1).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(&err, DataError::Record { file, .. } if file == &bad),
+                "{want}: {msg}"
+            );
+            assert!(msg.contains(want), "{want}: {msg}");
+        }
+        // Wan normalisation needs 16 channels; an empty folder is empty.
+        let err = SafetensorsDirSource::open(dir.path(), 4, LatentNorm::Wan).unwrap_err();
+        assert!(err.to_string().contains("16 latent channels"), "{err}");
+        let empty = tempfile::tempdir().unwrap();
+        let err = SafetensorsDirSource::open(empty.path(), 4, LatentNorm::None).unwrap_err();
+        assert!(matches!(err, DataError::Empty { .. }), "{err}");
+    }
+}
