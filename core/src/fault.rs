@@ -3,6 +3,10 @@
 //! Set `REEL_FAULT=<point>:<n>` to kill the process (abort, no cleanup, like SIGKILL) the
 //! `n`-th time execution reaches the named point (1-based). Points: `checkpoint-file` (before
 //! each checkpoint file is written), `checkpoint-manifest`, `checkpoint-rename`, `step-end`.
+//!
+//! Non-fatal points ask [`fires`] instead: `non-finite-loss` (once per step, after the losses
+//! are read back) makes the trainer see a NaN loss at the `n`-th step of the process, to test
+//! the `training.non_finite` policies.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,5 +33,13 @@ pub fn point(name: &str) {
                 std::process::abort();
             }
         }
+    }
+}
+
+/// A non-fatal fault point: `true` exactly when `REEL_FAULT` selects this hit of `name`.
+pub fn fires(name: &str) -> bool {
+    match spec() {
+        Some((target, n)) if target == name => HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n,
+        _ => false,
     }
 }

@@ -326,7 +326,7 @@ pub fn train<B: ReelBackend>(
                 scalars.push(n2);
             }
         }
-        let values: Vec<f64> = if scalars.is_empty() {
+        let mut values: Vec<f64> = if scalars.is_empty() {
             vec![]
         } else {
             Tensor::cat(scalars, 0)
@@ -335,6 +335,9 @@ pub fn train<B: ReelBackend>(
                 .to_vec::<f64>()
                 .expect("scalars convert to f64")
         };
+        if fault::fires("non-finite-loss") && !values.is_empty() {
+            values[0] = f64::NAN;
+        }
         let losses: Vec<(String, f64)> = loss_names
             .iter()
             .cloned()

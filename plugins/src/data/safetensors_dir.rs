@@ -363,7 +363,8 @@ mod tests {
         sample(&dir.path().join("a.safetensors"), 0.0, 2);
         let bad = dir.path().join("b.safetensors");
         let open = || SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None).unwrap();
-        let cases: Vec<(&str, Box<dyn Fn()>)> = vec![
+        type Make<'a> = Box<dyn Fn() + 'a>;
+        let cases: Vec<(&str, Make)> = vec![
             (
                 "no tensor `latents`",
                 Box::new(|| {

@@ -195,7 +195,8 @@ fn first_error(dir: &Path, records: &[FastVideoRecord]) -> DataError {
 fn bad_records_name_the_file_and_record() {
     let dir = tempfile::tempdir().unwrap();
     let good: Vec<_> = (0..5).map(|i| record(i, [4, 2, 2, 2], 3, 6)).collect();
-    let cases: Vec<(&str, Box<dyn Fn(&mut FastVideoRecord)>)> = vec![
+    type Edit = Box<dyn Fn(&mut FastVideoRecord)>;
+    let cases: Vec<(&str, Edit)> = vec![
         (
             "vae_latent_bytes: 124 bytes, expected 128",
             Box::new(|r| r.latent.bytes.truncate(124)),
