@@ -196,3 +196,64 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(ckpt(&out, step + 2).join("manifest.json").is_file());
 }
+
+/// Two SIGINTs in a row: the second exits at once (status 130) whatever the run was doing,
+/// often in the middle of a checkpoint write; the newest complete checkpoint stays intact and
+/// the run resumes from it.
+#[test]
+fn a_second_ctrl_c_exits_at_once_without_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A long run (checkpoint after every step) so the signals land mid-training.
+    let long = tmp.path().join("long.toml");
+    std::fs::write(
+        &long,
+        CONFIG
+            .replace("max_steps = 4", "max_steps = 100000")
+            .replace("keep_last = 2", "keep_last = 100"),
+    )
+    .unwrap();
+    for (i, ms) in [1200u64, 1500, 1800].iter().enumerate() {
+        let out = tmp.path().join(format!("twice-{i}"));
+        let child = Command::new(BIN)
+            .arg("train")
+            .arg(&long)
+            .arg("--output")
+            .arg(&out)
+            .env_remove("REEL_FAULT")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(*ms));
+        let pid = child.id().to_string();
+        for _ in 0..2 {
+            assert!(Command::new("kill")
+                .args(["-INT", &pid])
+                .status()
+                .unwrap()
+                .success());
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(130), "{err}");
+        assert!(err.contains("second interrupt, exiting now"), "{err}");
+        // The newest checkpoint verifies (no fallback to an older one) and training goes on.
+        let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+        let step: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();
+        assert!(step >= 1, "the run made progress before the signals");
+        let o = reel(
+            &long,
+            &out,
+            &[
+                "--resume",
+                "latest",
+                "--set",
+                &format!("training.max_steps={}", step + 1),
+            ],
+            None,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(!err.contains("skipp"), "no checkpoint was damaged: {err}");
+        assert!(ckpt(&out, step + 1).join("manifest.json").is_file());
+    }
+}

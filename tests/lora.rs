@@ -300,6 +300,45 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
     );
 }
 
+/// A LoRA run with EMA and gradient accumulation resumes exactly: 6 steps straight equal
+/// 2 steps + resume (with `max_steps` raised) + 4 steps, for the adapter weights, their AdamW
+/// moments, the EMA shadows and the data cursor.
+#[test]
+fn lora_resume_with_ema_and_accumulation_is_bit_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = lora_config(&fixture_targets(), "init_seed = 3");
+    let acc = "training.grad_accumulation=2";
+    let straight = tmp.path().join("straight");
+    run(
+        &load(&text, &["training.max_steps=6", acc]),
+        &straight,
+        None,
+    );
+    let split = tmp.path().join("split");
+    run(&load(&text, &["training.max_steps=2", acc]), &split, None);
+    let s = run(
+        &load(&text, &["training.max_steps=6", acc]),
+        &split,
+        Some("latest"),
+    );
+    assert_eq!(s.steps, 6);
+    for file in [
+        "student.safetensors",
+        "student.optim.safetensors",
+        "student.ema.safetensors",
+    ] {
+        let a = tensors(&ckpt(&straight, 6).join(file));
+        assert!(!a.is_empty(), "{file} is saved");
+        assert_eq!(
+            a,
+            tensors(&ckpt(&split, 6).join(file)),
+            "{file} differs after resume"
+        );
+    }
+    let state = |d: &Path| std::fs::read_to_string(ckpt(d, 6).join("state.json")).unwrap();
+    assert_eq!(state(&straight), state(&split));
+}
+
 fn config_error(text: &str) -> String {
     let err = parse_run_config(text, Path::new("lora.toml"), &[])
         .expect_err("config must be rejected")

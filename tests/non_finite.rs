@@ -8,48 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{ckpt, tensors};
+use common::{ckpt, tensors, TINY_WAN_RUN as CONFIG};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reel");
-
-const CONFIG: &str = r#"
-[runtime]
-backend = "cpu"
-seed = 5
-
-[models.student]
-arch = "wan"
-preset = "wan-tiny"
-init_seed = 2
-trainable = true
-
-[method]
-kind = "finetune"
-
-[data]
-kind = "synthetic"
-batch_size = 2
-num_samples = 16
-frames = 2
-height = 12
-width = 12
-
-[optimizer]
-lr = 1e-3
-
-[training]
-max_steps = 5
-checkpoint_every = 1
-keep_last = 10
-
-[[callbacks]]
-kind = "ema"
-decay = 0.9
-
-[[callbacks]]
-kind = "logging"
-every_steps = 1
-"#;
 
 fn reel(dir: &Path, out: &str, extra: &[&str], fault: Option<&str>) -> Output {
     let mut cmd = Command::new(BIN);

@@ -6,7 +6,8 @@
 //!
 //! Non-fatal points ask [`fires`] instead: `non-finite-loss` (once per step, after the losses
 //! are read back) makes the trainer see a NaN loss at the `n`-th step of the process, to test
-//! the `training.non_finite` policies.
+//! the `training.non_finite` policies; `checkpoint-disk-full` (before each checkpoint file)
+//! makes that write fail as on a full disk, to test `training.on_save_error`.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -86,3 +86,44 @@ pub fn max_diff(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) 
         .flat_map(|(k, va)| va.iter().zip(&b[k]).map(|(x, y)| (x - y).abs()))
         .fold(0.0, f32::max)
 }
+
+/// A 5-step finetune of `wan-tiny` on small synthetic clips with EMA, logging every step and a
+/// checkpoint after every step (for tests that run the `reel` binary).
+pub const TINY_WAN_RUN: &str = r#"
+[runtime]
+backend = "cpu"
+seed = 5
+
+[models.student]
+arch = "wan"
+preset = "wan-tiny"
+init_seed = 2
+trainable = true
+
+[method]
+kind = "finetune"
+
+[data]
+kind = "synthetic"
+batch_size = 2
+num_samples = 16
+frames = 2
+height = 12
+width = 12
+
+[optimizer]
+lr = 1e-3
+
+[training]
+max_steps = 5
+checkpoint_every = 1
+keep_last = 10
+
+[[callbacks]]
+kind = "ema"
+decay = 0.9
+
+[[callbacks]]
+kind = "logging"
+every_steps = 1
+"#;

@@ -102,6 +102,7 @@ impl PendingCheckpoint {
     /// Write a file (fsynced).
     pub fn write_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
         fault::point("checkpoint-file");
+        injected_disk_full(&self.dir.join(name))?;
         write_synced(&self.dir.join(name), bytes)
     }
 
@@ -114,11 +115,33 @@ impl PendingCheckpoint {
     ) -> Result<(), CheckpointError> {
         fault::point("checkpoint-file");
         let p = self.dir.join(name);
+        injected_disk_full(&p)?;
         write_safetensors(&p, tensors, metadata).map_err(|e| CheckpointError::io(&p, e))?;
         fs::File::open(&p)
             .and_then(|f| f.sync_all())
             .map_err(|e| CheckpointError::io(&p, e))
     }
+}
+
+/// A failed save removes its temporary folder (a full disk gets its space back); after a
+/// successful commit the folder has been renamed and there is nothing to remove.
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        if self.dir.exists() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The `checkpoint-disk-full` fault point: a write error as a full disk gives it.
+fn injected_disk_full(path: &Path) -> Result<(), CheckpointError> {
+    if fault::fires("checkpoint-disk-full") {
+        return Err(CheckpointError::io(
+            path,
+            "No space left on device (os error 28) [injected by REEL_FAULT]",
+        ));
+    }
+    Ok(())
 }
 
 /// Folder name of the checkpoint after `step` completed steps.

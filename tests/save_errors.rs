@@ -1,0 +1,153 @@
+//! A checkpoint write that fails (a full disk, injected with
+//! `REEL_FAULT=checkpoint-disk-full:<n>`, or an output folder that cannot hold checkpoints)
+//! never damages the previous checkpoint. `on_save_error = "stop"` (default) exits non-zero
+//! with the error and the run resumes to the uninterrupted result; `"continue"` warns and
+//! trains on.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{ckpt, tensors, TINY_WAN_RUN};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reel");
+
+/// The 7th checkpoint file written: inside the second or a later checkpoint (each holds
+/// weights, optimizer state, EMA, state.json and config.toml).
+const FAULT: &str = "checkpoint-disk-full:7";
+
+fn reel(dir: &Path, out: &str, extra: &[&str], fault: Option<&str>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(dir)
+        .args(["train", "run.toml", "--output", out])
+        .args(extra)
+        .env_remove("REEL_FAULT");
+    if let Some(f) = fault {
+        cmd.env("REEL_FAULT", f);
+    }
+    cmd.output().unwrap()
+}
+
+fn setup() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("run.toml"), TINY_WAN_RUN).unwrap();
+    let o = reel(tmp.path(), "clean", &[], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tmp
+}
+
+/// Step folders under `run/checkpoints`, and whether any temporary folder was left behind.
+fn checkpoint_dirs(run: &Path) -> (Vec<String>, bool) {
+    let mut steps = vec![];
+    let mut leftovers = false;
+    for e in std::fs::read_dir(run.join("checkpoints")).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with("step-") {
+            steps.push(name);
+        } else if name.starts_with('.') {
+            leftovers = true;
+        }
+    }
+    steps.sort();
+    (steps, leftovers)
+}
+
+const FILES: [&str; 3] = [
+    "student.safetensors",
+    "student.optim.safetensors",
+    "student.ema.safetensors",
+];
+
+#[test]
+fn disk_full_stops_keeping_the_previous_checkpoint_and_resume_matches() {
+    let tmp = setup();
+    let dir = tmp.path();
+    let o = reel(dir, "full", &[], Some(FAULT));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a failed save stops the run: {err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let run = dir.join("full");
+    let (steps, leftovers) = checkpoint_dirs(&run);
+    assert!(!leftovers, "the failed save left its temporary folder");
+    assert!(
+        !steps.is_empty() && steps.len() < 5,
+        "a checkpoint before the failure, none after: {steps:?}"
+    );
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert_eq!(
+        latest.trim(),
+        steps.last().unwrap(),
+        "latest = newest intact"
+    );
+    // The previous checkpoint is intact (the resume verifies its checksums) and the run
+    // finishes exactly as the uninterrupted one.
+    let o = reel(dir, "full", &["--resume", "latest"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("skipped"), "no checkpoint was damaged: {err}");
+    for file in FILES {
+        assert_eq!(
+            tensors(&ckpt(&run, 5).join(file)),
+            tensors(&ckpt(&dir.join("clean"), 5).join(file)),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn disk_full_with_continue_warns_and_trains_on() {
+    let tmp = setup();
+    let dir = tmp.path();
+    let o = reel(
+        dir,
+        "cont",
+        &["--set", "training.on_save_error=\"continue\""],
+        Some(FAULT),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("failed, training continues") && err.contains("No space left on device"),
+        "{err}"
+    );
+    let run = dir.join("cont");
+    let (steps, leftovers) = checkpoint_dirs(&run);
+    assert!(!leftovers, "{steps:?}");
+    assert_eq!(
+        steps.len(),
+        4,
+        "exactly one checkpoint is missing: {steps:?}"
+    );
+    for file in FILES {
+        assert_eq!(
+            tensors(&ckpt(&run, 5).join(file)),
+            tensors(&ckpt(&dir.join("clean"), 5).join(file)),
+            "{file}: a failed save must not change training"
+        );
+    }
+}
+
+#[test]
+fn an_output_folder_that_cannot_hold_checkpoints_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    // A file where the checkpoints folder should be: not writable even for root.
+    std::fs::create_dir_all(dir.join("blocked")).unwrap();
+    std::fs::write(dir.join("blocked/checkpoints"), b"not a folder").unwrap();
+    let o = reel(dir, "blocked", &[], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("checkpoints"),
+        "the error names the path: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.join("blocked/checkpoints")).unwrap(),
+        b"not a folder",
+        "nothing was overwritten"
+    );
+}
