@@ -247,6 +247,54 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
         "the adapter changes the output"
     );
 
+    // ComfyUI export: original Wan module names with lora_down / lora_up / alpha, one triple
+    // per adapted module, and it loads back to the same outputs.
+    let comfy_out = tmp.path().join("comfy");
+    let comfy_file = reel(&[
+        "export",
+        ck,
+        "--config",
+        cfg,
+        "--format",
+        "comfyui",
+        "--out",
+        comfy_out.to_str().unwrap(),
+    ]);
+    let (comfy, _) = read_safetensors(&comfy_file).unwrap();
+    assert_eq!(
+        comfy.len(),
+        fixture_keys.len() / 2 * 3,
+        "down, up, alpha per module"
+    );
+    for key in comfy.keys() {
+        assert!(key.starts_with("diffusion_model.blocks."), "{key}");
+        assert!(
+            [".lora_down.weight", ".lora_up.weight", ".alpha"]
+                .iter()
+                .any(|s| key.ends_with(s)),
+            "{key}"
+        );
+        assert!(
+            !key.contains("attn1") && !key.contains("to_q"),
+            "Wan names: {key}"
+        );
+    }
+    let alpha = comfy
+        .iter()
+        .find(|(k, _)| k.ends_with(".alpha"))
+        .map(|(_, v)| v.to_vec::<f32>().unwrap())
+        .unwrap();
+    assert_eq!(alpha, [8.0]);
+    let comfy_read = read_lora_file(&comfy_file).unwrap();
+    assert_eq!(comfy_read.style, reel_models::lora::KeyStyle::Comfy);
+    assert!(comfy_read.scaling.values().all(|s| (s - 2.0).abs() < 1e-12));
+    let from_comfy = load_lora(base_model(), &comfy_file).unwrap();
+    assert_eq!(
+        forward(&from_comfy),
+        a,
+        "the ComfyUI file gives identical outputs"
+    );
+
     // Merged diffusers export: equals the adapted model; untargeted weights are the base's.
     let merged_out = tmp.path().join("transformer");
     reel(&[

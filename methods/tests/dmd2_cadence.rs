@@ -264,3 +264,59 @@ fn resume_with_ema_and_accumulation_is_bit_identical() {
         "data cursor / optimizer steps differ"
     );
 }
+
+/// DMD2 with a LoRA student from TOML: the student trains (and checkpoints) only its adapter,
+/// the critic stays a full model, and the teacher is untouched.
+#[test]
+fn dmd2_with_a_lora_student_trains_only_the_adapter() {
+    let student = "init_seed = 12\ntrainable = true\n";
+    assert!(CONFIG.contains(student));
+    let text = CONFIG.replacen(
+        student,
+        "init_seed = 12\ntrainable = true\n\n[models.student.adapter]\nkind = \"lora\"\n\
+         rank = 2\nalpha = 4\ntarget_modules = [\"to_q\", \"to_v\", \"ffn.net.2\"]\n",
+        1,
+    );
+    let loaded = parse_run_config(
+        &text,
+        Path::new("dmd2_lora_test.toml"),
+        &["training.max_steps=6".to_string()],
+    )
+    .unwrap_or_else(|e| panic!("config should load: {e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let summary = run(&loaded, &dir, None);
+    assert_eq!(summary.steps, 6);
+    let student = tensors(&ckpt(&dir, 6).join("student.safetensors"));
+    assert!(!student.is_empty());
+    assert!(
+        student
+            .keys()
+            .all(|k| k.contains(".lora_A.") || k.contains(".lora_B.")),
+        "only adapter weights are trainable: {:?}",
+        student.keys().take(4).collect::<Vec<_>>()
+    );
+    // 2 blocks x (to_q, to_v of attn1 and attn2, ffn.net.2) x (A, B).
+    assert_eq!(student.len(), 2 * 5 * 2, "{:?}", student.keys());
+    let b_moved = student
+        .iter()
+        .filter(|(k, _)| k.contains(".lora_B."))
+        .any(|(_, v)| v.iter().any(|x| *x != 0.0));
+    assert!(
+        b_moved,
+        "the student's updates (steps 0 and 5) moved lora_B off zero"
+    );
+    let optim = tensors(&ckpt(&dir, 6).join("student.optim.safetensors"));
+    assert_eq!(
+        optim.len(),
+        2 * student.len(),
+        "AdamW moments for the adapter only"
+    );
+    let critic = tensors(&ckpt(&dir, 6).join("critic.safetensors"));
+    assert!(critic.keys().all(|k| !k.contains("lora_")));
+    assert!(
+        max_diff(&critic, &initial_weights(13, tmp.path())) > 0.0,
+        "the critic trained"
+    );
+    assert!(!ckpt(&dir, 6).join("teacher.safetensors").exists());
+}

@@ -4,6 +4,10 @@
 //! FLOP count (multiply-add = 2 FLOP), per forward pass, with `N` video tokens, `L` text
 //! tokens, width `d`, FFN width `f`, `n` blocks and batch `B`:
 //! `B·n·[N·(12d² + 4df + 4Nd + 4Ld) + L·4d²]`; a training step counts 3× the forward.
+//!
+//! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
+//! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS
+//! is the process's high-water mark, so compare it between separate runs.
 
 use std::time::Instant;
 
@@ -13,6 +17,7 @@ use reel_core::optim::OptimizerConfig;
 use reel_core::rng::StreamRng;
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_methods::flow_matching_loss;
+use reel_models::lora::{apply_lora, LoraSpec};
 use reel_models::WanConfig;
 use serde::Serialize;
 
@@ -40,6 +45,17 @@ pub struct BenchArgs {
     /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// LoRA rank(s) to benchmark; 0 = full fine-tuning (every weight trainable). Repeat for
+    /// side-by-side rows, e.g. `--lora-rank 0 --lora-rank 16`.
+    #[arg(long = "lora-rank", default_values_t = vec![0usize])]
+    pub lora_ranks: Vec<usize>,
+    /// Modules the LoRA rows adapt (comma-separated PEFT-style names).
+    #[arg(
+        long,
+        default_value = "to_q,to_k,to_v,to_out.0,ffn.net.0.proj,ffn.net.2",
+        value_delimiter = ','
+    )]
+    pub lora_targets: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -49,6 +65,12 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRow {
     preset: String,
+    /// LoRA rank (0 = full fine-tuning).
+    lora_rank: usize,
+    /// Trainable parameters.
+    trainable_params: usize,
+    /// Gradients plus AdamW moments of the trainable parameters (3 float32 per parameter).
+    grad_optim_mib: f64,
     backend: String,
     batch: usize,
     tokens: usize,
@@ -102,6 +124,7 @@ pub fn forward_flops(c: &WanConfig, batch: usize, tokens: usize, text_len: usize
 fn run_one<B: AutodiffBackend>(
     args: &BenchArgs,
     preset: &str,
+    lora_rank: usize,
     device: &B::Device,
 ) -> anyhow::Result<BenchRow> {
     let cfg = WanConfig::preset(preset).ok_or_else(|| {
@@ -122,7 +145,17 @@ fn run_one<B: AutodiffBackend>(
     let noise: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
     let text: Tensor<B, 3> = rng.normal_tensor([b, args.text_len, cfg.text_dim], device);
     let sigma = Tensor::<B, 1>::full([b], 0.5, device);
-    let model = cfg.try_init::<B>(device, 0)?;
+    let mut model = cfg.try_init::<B>(device, 0)?;
+    if lora_rank > 0 {
+        let spec = LoraSpec {
+            rank: lora_rank,
+            alpha: lora_rank as f64,
+            target_modules: args.lora_targets.clone(),
+            dropout: 0.0,
+            init_seed: Some(0),
+        };
+        model = apply_lora(model, &spec, 0)?;
+    }
     let mut role = TrainableRole::new(
         "student",
         model,
@@ -167,11 +200,19 @@ fn run_one<B: AutodiffBackend>(
             train.push(t0.elapsed().as_secs_f64() * 1e3);
         }
     }
+    let trainable_params: usize = role
+        .trainable_tensors()
+        .iter()
+        .map(|(_, t)| t.num_elements())
+        .sum();
     let ffl = forward_flops(&cfg, b, tokens, args.text_len);
     let fwd = stats(fwd);
     let train = stats(train);
     Ok(BenchRow {
         preset: preset.to_string(),
+        lora_rank,
+        trainable_params,
+        grad_optim_mib: (trainable_params * 3 * 4) as f64 / (1024.0 * 1024.0),
         backend: args.backend.clone(),
         batch: b,
         tokens,
@@ -188,10 +229,13 @@ fn run_backend<B: AutodiffBackend>(
     args: &BenchArgs,
     device: &B::Device,
 ) -> anyhow::Result<Vec<BenchRow>> {
-    args.presets
-        .iter()
-        .map(|p| run_one::<B>(args, p, device))
-        .collect()
+    let mut rows = vec![];
+    for p in &args.presets {
+        for &r in &args.lora_ranks {
+            rows.push(run_one::<B>(args, p, r, device)?);
+        }
+    }
+    Ok(rows)
 }
 
 /// Run the benchmark and print the table.
@@ -211,8 +255,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<18} {:<8} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
+        "{:<18} {:>4} {:>12} {:>9} {:<8} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
         "preset",
+        "lora",
+        "trainable",
+        "grad+opt",
         "backend",
         "batch",
         "tokens",
@@ -225,8 +272,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
     for r in rows {
         println!(
-            "{:<18} {:<8} {:>5} {:>6} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>10.0} {:>9.2} {:>9.2} {:>9.0}",
-            r.preset, r.backend, r.batch, r.tokens, r.forward_ms.median, r.forward_ms.min, r.forward_ms.max,
+            "{:<18} {:>4} {:>12} {:>8.1}M {:<8} {:>5} {:>6} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>10.0} {:>9.2} {:>9.2} {:>9.0}",
+            r.preset, if r.lora_rank == 0 { "-".to_string() } else { r.lora_rank.to_string() },
+            r.trainable_params, r.grad_optim_mib, r.backend, r.batch, r.tokens, r.forward_ms.median, r.forward_ms.min, r.forward_ms.max,
             r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max, r.train_tokens_per_s, r.forward_gflops, r.train_gflops, r.peak_rss_mib
         );
     }

@@ -13,7 +13,9 @@
 //!   and the model is written as a diffusers `transformer/` folder (`config.json` +
 //!   `diffusion_pytorch_model.safetensors`) into `--out`;
 //! - `--format lora`: the adapter is written as `<out>/pytorch_lora_weights.safetensors` in
-//!   the diffusers/PEFT layout with `lora_adapter_metadata`.
+//!   the diffusers/PEFT layout with `lora_adapter_metadata`;
+//! - `--format comfyui`: the adapter is written as `<out>/lora_comfyui.safetensors` with the
+//!   original Wan module names ComfyUI's loader expects.
 //!
 //! Export runs on the CPU backend (it only reads, merges and writes weights).
 
@@ -25,7 +27,7 @@ use reel_core::checkpoint::CheckpointStore;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{config_fingerprint, ema_file, weights_file};
-use reel_models::lora::{merge_and_unload, save_lora};
+use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy};
 use reel_models::{build_wan_role, WanModel, ARCH_NAME};
 
 /// Output layout of `reel export`.
@@ -35,6 +37,9 @@ pub enum ExportFormat {
     Diffusers,
     /// Only the LoRA adapter, as diffusers' `pytorch_lora_weights.safetensors`.
     Lora,
+    /// Only the LoRA adapter, in the ComfyUI / original-Wan key style
+    /// (`lora_comfyui.safetensors`: `diffusion_model.….lora_down/lora_up/alpha`).
+    Comfyui,
 }
 
 /// `reel export` arguments.
@@ -168,7 +173,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
             model.save_pretrained(&args.out)?;
             args.out.clone()
         }
-        ExportFormat::Lora => {
+        ExportFormat::Lora | ExportFormat::Comfyui => {
             let role = &loaded.config.models[&args.role];
             let Some(spec) = role.adapter.as_ref().and_then(|a| a.lora()) else {
                 bail!(
@@ -176,7 +181,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
                     args.role
                 );
             };
-            save_lora(&model, &spec, &args.out)?
+            if args.format == ExportFormat::Lora {
+                save_lora(&model, &spec, &args.out)?
+            } else {
+                save_lora_comfy(&model, &spec, &args.out)?
+            }
         }
     };
     eprintln!(

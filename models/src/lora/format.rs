@@ -8,9 +8,10 @@
 //! that metadata loads with `lora_alpha = r` (scale 1), as diffusers does. Bare module keys
 //! (Reel checkpoints) and PEFT's `base_model.model.` prefix are read too.
 //!
-//! **ComfyUI / original Wan names** (read only):
-//! `diffusion_model.blocks.0.self_attn.q.lora_down.weight`, `….lora_up.weight` and an optional
-//! scalar `….alpha` (scale `alpha / r`, else 1). Module names follow the original Wan code
+//! **ComfyUI / original Wan names** (read and write):
+//! `diffusion_model.blocks.0.self_attn.q.lora_down.weight`, `….lora_up.weight` (or
+//! `lora_A` / `lora_B`) and an optional scalar `….alpha` (scale `alpha / r`, else 1); Reel
+//! writes `lora_down` / `lora_up` with an `alpha` for every module. Module names follow the original Wan code
 //! (`Wan-AI/Wan2.1` `wan/modules/model.py`), as diffusers'
 //! `_convert_non_diffusers_wan_lora_to_diffusers` maps them: `self_attn`/`cross_attn`
 //! `q, k, v, o` → `attn1`/`attn2` `to_q, to_k, to_v, to_out.0`; `ffn.0`/`ffn.2` →
@@ -77,6 +78,58 @@ pub(crate) fn file_err(path: &Path, message: String) -> LoraError {
     }
 }
 
+/// Map a diffusers module path to the original-Wan (ComfyUI) path: the inverse of
+/// [`comfy_module_to_diffusers`]. `None` for modules the original code does not name.
+pub fn diffusers_module_to_comfy(module: &str) -> Option<String> {
+    let fixed = [
+        (
+            "condition_embedder.text_embedder.linear_1",
+            "text_embedding.0",
+        ),
+        (
+            "condition_embedder.text_embedder.linear_2",
+            "text_embedding.2",
+        ),
+        (
+            "condition_embedder.time_embedder.linear_1",
+            "time_embedding.0",
+        ),
+        (
+            "condition_embedder.time_embedder.linear_2",
+            "time_embedding.2",
+        ),
+        ("condition_embedder.time_proj", "time_projection.1"),
+        ("proj_out", "head.head"),
+    ];
+    if let Some((_, c)) = fixed.iter().find(|(d, _)| *d == module) {
+        return Some(c.to_string());
+    }
+    let rest = module.strip_prefix("blocks.")?;
+    let (i, rest) = rest.split_once('.')?;
+    i.parse::<usize>().ok()?;
+    let tail = match rest {
+        "ffn.net.0.proj" => "ffn.0".to_string(),
+        "ffn.net.2" => "ffn.2".to_string(),
+        _ => {
+            let (attn, proj) = rest.split_once('.')?;
+            let attn = match attn {
+                "attn1" => "self_attn",
+                "attn2" => "cross_attn",
+                _ => return None,
+            };
+            let proj = match proj {
+                "to_q" => "q",
+                "to_k" => "k",
+                "to_v" => "v",
+                "to_out.0" => "o",
+                _ => return None,
+            };
+            format!("{attn}.{proj}")
+        }
+    };
+    Some(format!("blocks.{i}.{tail}"))
+}
+
 /// Map an original-Wan (ComfyUI) module path to the diffusers path.
 pub fn comfy_module_to_diffusers(module: &str) -> Option<String> {
     let fixed = [
@@ -139,9 +192,11 @@ pub(crate) fn normalise(
     path: &Path,
     raw: BTreeMap<String, TensorData>,
 ) -> Result<Normalised, LoraError> {
-    let comfy = raw
-        .keys()
-        .any(|k| k.ends_with(".lora_down.weight") || k.ends_with(".lora_up.weight"));
+    let comfy = raw.keys().any(|k| {
+        k.starts_with("diffusion_model.")
+            || k.ends_with(".lora_down.weight")
+            || k.ends_with(".lora_up.weight")
+    });
     let mut out = BTreeMap::new();
     let mut alphas = BTreeMap::new();
     let mut bad = vec![];
@@ -155,8 +210,8 @@ pub(crate) fn normalise(
             continue;
         }
         let (module, kind) = match k.rsplit_once(".lora_") {
-            Some((m, "down.weight")) => (m, LORA_A_SUFFIX),
-            Some((m, "up.weight")) => (m, LORA_B_SUFFIX),
+            Some((m, "down.weight" | "A.weight")) => (m, LORA_A_SUFFIX),
+            Some((m, "up.weight" | "B.weight")) => (m, LORA_B_SUFFIX),
             _ => match k.strip_suffix(".alpha") {
                 Some(m) => (m, ".alpha"),
                 None => (k, ""),
@@ -262,5 +317,33 @@ mod tests {
             text.starts_with("{\n  \"transformer.alpha_pattern\": {},"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn comfy_and_diffusers_module_names_round_trip() {
+        let pairs = [
+            ("blocks.0.attn1.to_q", "blocks.0.self_attn.q"),
+            ("blocks.3.attn1.to_out.0", "blocks.3.self_attn.o"),
+            ("blocks.12.attn2.to_v", "blocks.12.cross_attn.v"),
+            ("blocks.1.ffn.net.0.proj", "blocks.1.ffn.0"),
+            ("blocks.1.ffn.net.2", "blocks.1.ffn.2"),
+            ("condition_embedder.time_proj", "time_projection.1"),
+            (
+                "condition_embedder.text_embedder.linear_2",
+                "text_embedding.2",
+            ),
+            ("proj_out", "head.head"),
+        ];
+        for (diffusers, comfy) in pairs {
+            assert_eq!(diffusers_module_to_comfy(diffusers).as_deref(), Some(comfy));
+            assert_eq!(comfy_module_to_diffusers(comfy).as_deref(), Some(diffusers));
+        }
+        for unknown in [
+            "blocks.x.attn1.to_q",
+            "blocks.0.attn3.to_q",
+            "patch_embedding",
+        ] {
+            assert_eq!(diffusers_module_to_comfy(unknown), None, "{unknown}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! Adapter files: save a model's adapter in the diffusers / PEFT layout, read diffusers,
+//! Adapter files: save a model's adapter in the diffusers / PEFT layout (or the ComfyUI one),
+//! read diffusers,
 //! PEFT, Reel-checkpoint and ComfyUI files (see [`format`](super::format) for the layouts),
 //! and attach a file's adapters to a model (diffusers `load_lora_weights`).
 
@@ -13,9 +14,12 @@ use reel_core::io::{read_safetensors, write_safetensors};
 use reel_core::role::{target_matches, LoraSpec};
 
 use super::format::{
-    file_err, lora_metadata_json, metadata_fields, normalise, KeyStyle, METADATA_KEY, PREFIX,
+    diffusers_module_to_comfy, file_err, lora_metadata_json, metadata_fields, normalise, KeyStyle,
+    METADATA_KEY, PREFIX,
 };
-use super::{lora_tensors, pair_lora_keys, wan_linears_mut, LoraError};
+use super::{
+    lora_tensors, pair_lora_keys, wan_linears_mut, LoraError, LORA_A_SUFFIX, LORA_B_SUFFIX,
+};
 use crate::wan::WanModel;
 
 /// File name diffusers uses for an adapter (`pytorch_lora_weights.safetensors`).
@@ -66,6 +70,64 @@ pub fn save_lora<B: Backend>(
         ("format".to_string(), "pt".to_string()),
         (METADATA_KEY.to_string(), lora_metadata_json(spec)),
     ]);
+    write_safetensors(&path, &tensors, Some(meta))?;
+    Ok(path)
+}
+
+/// File name of an adapter written in the ComfyUI / original-Wan key style.
+pub const COMFY_LORA_FILE: &str = "lora_comfyui.safetensors";
+
+/// Write the adapter of `model` in the ComfyUI / original-Wan key style that ComfyUI's Wan
+/// LoRA loader reads: `diffusion_model.<wan module>.lora_down.weight` `[r, in]`,
+/// `….lora_up.weight` `[out, r]` and a scalar `….alpha` (= `spec.alpha`, so the scale stays
+/// `alpha / r`). `path` is a file, or a folder that receives [`COMFY_LORA_FILE`]. Fails,
+/// naming them, when adapted modules have no original-Wan name.
+pub fn save_lora_comfy<B: Backend>(
+    model: &WanModel<B>,
+    spec: &LoraSpec,
+    path: impl AsRef<Path>,
+) -> Result<PathBuf, LoraError> {
+    let mut path = path.as_ref().to_path_buf();
+    if path.is_dir() || path.extension().is_none_or(|e| e != "safetensors") {
+        std::fs::create_dir_all(&path).map_err(|e| file_err(&path, e.to_string()))?;
+        path = path.join(COMFY_LORA_FILE);
+    }
+    let mut tensors = Vec::new();
+    let mut unnamed = Vec::new();
+    for (key, value) in lora_tensors(model) {
+        let (module, kind) = if let Some(m) = key.strip_suffix(LORA_A_SUFFIX) {
+            (m, "lora_down")
+        } else if let Some(m) = key.strip_suffix(LORA_B_SUFFIX) {
+            (m, "lora_up")
+        } else {
+            continue;
+        };
+        let Some(comfy) = diffusers_module_to_comfy(module) else {
+            unnamed.push(module.to_string());
+            continue;
+        };
+        if kind == "lora_down" {
+            tensors.push((
+                format!("diffusion_model.{comfy}.alpha"),
+                TensorData::new(vec![spec.alpha as f32], Vec::<usize>::new()),
+            ));
+        }
+        tensors.push((format!("diffusion_model.{comfy}.{kind}.weight"), value));
+    }
+    if !unnamed.is_empty() {
+        unnamed.dedup();
+        return Err(file_err(
+            &path,
+            format!("modules without an original-Wan (ComfyUI) name: {unnamed:?}"),
+        ));
+    }
+    if tensors.is_empty() {
+        return Err(file_err(
+            &path,
+            "the model has no LoRA adapter to save".into(),
+        ));
+    }
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors(&path, &tensors, Some(meta))?;
     Ok(path)
 }

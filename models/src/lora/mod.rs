@@ -33,8 +33,14 @@ pub use apply::{
     apply_lora, is_known_target, lora_module_paths, set_lora_scale, wan_linears_mut,
     WAN_LINEAR_MODULES,
 };
-pub use format::{comfy_module_to_diffusers, lora_metadata_json, KeyStyle, METADATA_KEY};
-pub use io::{apply_lora_file, load_lora, read_lora_file, save_lora, LoraFile, LORA_WEIGHTS_FILE};
+pub use format::{
+    comfy_module_to_diffusers, diffusers_module_to_comfy, lora_metadata_json, KeyStyle,
+    METADATA_KEY,
+};
+pub use io::{
+    apply_lora_file, load_lora, read_lora_file, save_lora, save_lora_comfy, LoraFile,
+    COMFY_LORA_FILE, LORA_WEIGHTS_FILE,
+};
 pub use merge::{merge_and_unload, merge_lora, unload_lora, unmerge_lora};
 
 pub use crate::wan::linear::LoraWeight;
