@@ -6,31 +6,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{ckpt, tensors, TINY_WAN_RUN as CONFIG};
-
-const BIN: &str = env!("CARGO_BIN_EXE_reel");
-
-fn reel(dir: &Path, out: &str, extra: &[&str], fault: Option<&str>) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.current_dir(dir)
-        .args(["train", "run.toml", "--output", out])
-        .args(extra)
-        .env_remove("REEL_FAULT");
-    if let Some(f) = fault {
-        cmd.env("REEL_FAULT", f);
-    }
-    cmd.output().unwrap()
-}
-
-fn setup() -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("run.toml"), CONFIG).unwrap();
-    let o = reel(tmp.path(), "clean", &[], None);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    tmp
-}
+use common::{ckpt, reel_train, tensors, tiny_run_with_clean};
 
 fn weights(run: &Path, step: u64, file: &str) -> std::collections::BTreeMap<String, Vec<f32>> {
     tensors(&ckpt(run, step).join(file))
@@ -38,9 +15,9 @@ fn weights(run: &Path, step: u64, file: &str) -> std::collections::BTreeMap<Stri
 
 #[test]
 fn skip_drops_exactly_the_bad_update() {
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&[]);
     let dir = tmp.path();
-    let o = reel(
+    let o = reel_train(
         dir,
         "skip",
         &["--set", "training.non_finite=\"skip\""],
@@ -83,9 +60,9 @@ fn skip_drops_exactly_the_bad_update() {
 
 #[test]
 fn stop_checkpoints_the_last_good_state_and_resume_matches() {
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&[]);
     let dir = tmp.path();
-    let o = reel(dir, "stop", &[], Some("non-finite-loss:3"));
+    let o = reel_train(dir, "stop", &[], Some("non-finite-loss:3"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "stop must exit non-zero: {err}");
     assert!(
@@ -110,7 +87,7 @@ fn stop_checkpoints_the_last_good_state_and_resume_matches() {
     }
     // Resuming (the fault gone) re-reads the batch of the failed step and ends exactly where
     // the clean run ended.
-    let o = reel(dir, "stop", &["--resume", "latest"], None);
+    let o = reel_train(dir, "stop", &["--resume", "latest"], None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for file in [
         "student.safetensors",

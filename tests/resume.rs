@@ -7,22 +7,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::{ckpt, tensors, TINY_WAN_RUN};
+use common::{ckpt, reel_train, tensors, tiny_run_with_clean};
 
-const BIN: &str = env!("CARGO_BIN_EXE_reel");
+const ACC: [&str; 2] = ["--set", "training.grad_accumulation=2"];
 
-const ACC: &str = "training.grad_accumulation=2";
-
+/// `reel train` with accumulation 2 and `extra`.
 fn reel(dir: &Path, out: &str, extra: &[&str]) -> Output {
-    Command::new(BIN)
-        .current_dir(dir)
-        .args(["train", "run.toml", "--output", out, "--set", ACC])
-        .args(extra)
-        .env_remove("REEL_FAULT")
-        .output()
-        .unwrap()
+    reel_train(dir, out, &[&ACC[..], extra].concat(), None)
 }
 
 fn ok(o: Output) -> String {
@@ -57,16 +50,9 @@ fn same_as_clean(dir: &Path, run: &str, why: &str) {
     }
 }
 
-fn setup() -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("run.toml"), TINY_WAN_RUN).unwrap();
-    ok(reel(tmp.path(), "clean", &[]));
-    tmp
-}
-
 #[test]
 fn finetune_resume_with_ema_accumulation_and_a_new_max_steps_is_exact() {
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&ACC);
     let dir = tmp.path();
     ok(reel(dir, "split", &["--set", "training.max_steps=2"]));
     ok(reel(dir, "split", &["--resume", "latest"]));
@@ -93,7 +79,7 @@ fn damaged_checkpoints_fall_back_to_the_newest_intact_one() {
             std::fs::remove_file(d.join("manifest.json")).unwrap();
         }),
     ];
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&ACC);
     let dir = tmp.path();
     for (i, (what, damage)) in damages.iter().enumerate() {
         let run = format!("damaged-{i}");

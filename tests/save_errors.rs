@@ -7,35 +7,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use common::{ckpt, tensors, TINY_WAN_RUN};
-
-const BIN: &str = env!("CARGO_BIN_EXE_reel");
+use common::{ckpt, reel_train, tensors, tiny_run_with_clean, TINY_WAN_RUN};
 
 /// The 7th checkpoint file written: inside the second or a later checkpoint (each holds
 /// weights, optimizer state, EMA, state.json and config.toml).
 const FAULT: &str = "checkpoint-disk-full:7";
-
-fn reel(dir: &Path, out: &str, extra: &[&str], fault: Option<&str>) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.current_dir(dir)
-        .args(["train", "run.toml", "--output", out])
-        .args(extra)
-        .env_remove("REEL_FAULT");
-    if let Some(f) = fault {
-        cmd.env("REEL_FAULT", f);
-    }
-    cmd.output().unwrap()
-}
-
-fn setup() -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("run.toml"), TINY_WAN_RUN).unwrap();
-    let o = reel(tmp.path(), "clean", &[], None);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    tmp
-}
 
 /// Step folders under `run/checkpoints`, and whether any temporary folder was left behind.
 fn checkpoint_dirs(run: &Path) -> (Vec<String>, bool) {
@@ -61,9 +38,9 @@ const FILES: [&str; 3] = [
 
 #[test]
 fn disk_full_stops_keeping_the_previous_checkpoint_and_resume_matches() {
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&[]);
     let dir = tmp.path();
-    let o = reel(dir, "full", &[], Some(FAULT));
+    let o = reel_train(dir, "full", &[], Some(FAULT));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "a failed save stops the run: {err}");
     assert!(err.contains("No space left on device"), "{err}");
@@ -83,7 +60,7 @@ fn disk_full_stops_keeping_the_previous_checkpoint_and_resume_matches() {
     );
     // The previous checkpoint is intact (the resume verifies its checksums) and the run
     // finishes exactly as the uninterrupted one.
-    let o = reel(dir, "full", &["--resume", "latest"], None);
+    let o = reel_train(dir, "full", &["--resume", "latest"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("skipped"), "no checkpoint was damaged: {err}");
@@ -98,9 +75,9 @@ fn disk_full_stops_keeping_the_previous_checkpoint_and_resume_matches() {
 
 #[test]
 fn disk_full_with_continue_warns_and_trains_on() {
-    let tmp = setup();
+    let tmp = tiny_run_with_clean(&[]);
     let dir = tmp.path();
-    let o = reel(
+    let o = reel_train(
         dir,
         "cont",
         &["--set", "training.on_save_error=\"continue\""],
@@ -137,7 +114,7 @@ fn an_output_folder_that_cannot_hold_checkpoints_is_a_clear_error() {
     // A file where the checkpoints folder should be: not writable even for root.
     std::fs::create_dir_all(dir.join("blocked")).unwrap();
     std::fs::write(dir.join("blocked/checkpoints"), b"not a folder").unwrap();
-    let o = reel(dir, "blocked", &[], None);
+    let o = reel_train(dir, "blocked", &[], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
     assert!(

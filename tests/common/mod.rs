@@ -127,3 +127,32 @@ decay = 0.9
 kind = "logging"
 every_steps = 1
 "#;
+
+/// Run `reel train run.toml --output <out> <extra>` in `dir` (REEL_FAULT set to `fault`, or
+/// cleared).
+pub fn reel_train(
+    dir: &Path,
+    out: &str,
+    extra: &[&str],
+    fault: Option<&str>,
+) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_reel"));
+    cmd.current_dir(dir)
+        .args(["train", "run.toml", "--output", out])
+        .args(extra)
+        .env_remove("REEL_FAULT");
+    if let Some(f) = fault {
+        cmd.env("REEL_FAULT", f);
+    }
+    cmd.output().expect("run reel")
+}
+
+/// A temporary folder holding `run.toml` (= [`TINY_WAN_RUN`]) and its uninterrupted run
+/// (with `extra` arguments) in `clean/`.
+pub fn tiny_run_with_clean(extra: &[&str]) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    std::fs::write(tmp.path().join("run.toml"), TINY_WAN_RUN).expect("write run.toml");
+    let o = reel_train(tmp.path(), "clean", extra, None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tmp
+}

@@ -44,6 +44,16 @@ pub struct LoraFile {
     pub style: KeyStyle,
 }
 
+/// `path` itself when it names a `.safetensors` file, else `path/<default_name>` (the folder
+/// is created).
+fn adapter_path(path: &Path, default_name: &str) -> Result<PathBuf, LoraError> {
+    if !path.is_dir() && path.extension().is_some_and(|e| e == "safetensors") {
+        return Ok(path.to_path_buf());
+    }
+    std::fs::create_dir_all(path).map_err(|e| file_err(path, e.to_string()))?;
+    Ok(path.join(default_name))
+}
+
 /// Write the adapter of `model` as a diffusers LoRA file with `spec` as its metadata. `path`
 /// is a file, or a folder that receives [`LORA_WEIGHTS_FILE`]. Returns the file written.
 pub fn save_lora<B: Backend>(
@@ -51,11 +61,7 @@ pub fn save_lora<B: Backend>(
     spec: &LoraSpec,
     path: impl AsRef<Path>,
 ) -> Result<PathBuf, LoraError> {
-    let mut path = path.as_ref().to_path_buf();
-    if path.is_dir() || path.extension().is_none_or(|e| e != "safetensors") {
-        std::fs::create_dir_all(&path).map_err(|e| file_err(&path, e.to_string()))?;
-        path = path.join(LORA_WEIGHTS_FILE);
-    }
+    let path = adapter_path(path.as_ref(), LORA_WEIGHTS_FILE)?;
     let tensors: Vec<(String, TensorData)> = lora_tensors(model)
         .into_iter()
         .map(|(k, v)| (format!("{PREFIX}{k}"), v))
@@ -87,11 +93,7 @@ pub fn save_lora_comfy<B: Backend>(
     spec: &LoraSpec,
     path: impl AsRef<Path>,
 ) -> Result<PathBuf, LoraError> {
-    let mut path = path.as_ref().to_path_buf();
-    if path.is_dir() || path.extension().is_none_or(|e| e != "safetensors") {
-        std::fs::create_dir_all(&path).map_err(|e| file_err(&path, e.to_string()))?;
-        path = path.join(COMFY_LORA_FILE);
-    }
+    let path = adapter_path(path.as_ref(), COMFY_LORA_FILE)?;
     let mut tensors = Vec::new();
     let mut unnamed = Vec::new();
     for (key, value) in lora_tensors(model) {

@@ -1,8 +1,21 @@
-//! Finding a data set's files.
+//! Helpers shared by the file-backed sources: finding a data set's files, and validation
+//! prompts taken from its first samples.
 
 use std::path::{Path, PathBuf};
 
-use reel_core::data::DataError;
+use reel_core::data::{DataError, DataSource, Prompt};
+
+/// The captions and text conditions of the first `n` samples that load (validation prompts
+/// of sources without a prompt list of their own).
+pub fn first_prompts(source: &dyn DataSource, n: usize) -> Vec<Prompt> {
+    (0..source.len().min(n))
+        .filter_map(|i| source.get(i).ok())
+        .map(|s| Prompt {
+            caption: s.caption,
+            text: s.text,
+        })
+        .collect()
+}
 
 /// `path` itself when it is a file, else every file under the folder `path` (recursively,
 /// hidden entries skipped) whose name ends in `.{ext}`, sorted by path so sample indices are

@@ -27,7 +27,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use super::fastvideo::decode_tensor;
-use super::files::find_files;
+use super::files::{find_files, first_prompts};
 use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
 
 reel_core::register_plugin!(
@@ -257,13 +257,7 @@ impl DataSource for SafetensorsDirSource {
 
     /// The first (up to) 4 samples' captions and embeddings.
     fn prompts(&self) -> Vec<Prompt> {
-        (0..self.len().min(4))
-            .filter_map(|i| self.get(i).ok())
-            .map(|s| Prompt {
-                caption: s.caption,
-                text: s.text,
-            })
-            .collect()
+        first_prompts(self, 4)
     }
 }
 

@@ -33,7 +33,7 @@ use reel_core::config::{check, ConfigError};
 use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample};
 use serde::{Deserialize, Serialize};
 
-use super::files::find_files;
+use super::files::{find_files, first_prompts};
 use super::tensors::StoredDtype;
 use super::tensors::{decode_floats, latent_dims, numel, pad_text, text_dims, LatentNorm};
 use reader::{Columns, ParquetFile, RawRecord};
@@ -323,13 +323,7 @@ impl DataSource for FastVideoParquetSource {
 
     /// The first (up to) 4 samples' captions and embeddings.
     fn prompts(&self) -> Vec<Prompt> {
-        (0..self.len.min(4))
-            .filter_map(|i| self.get(i).ok())
-            .map(|s| Prompt {
-                caption: s.caption,
-                text: s.text,
-            })
-            .collect()
+        first_prompts(self, 4)
     }
 }
 
