@@ -66,14 +66,14 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["runtime.backend", "--features cuda"],
         ),
         (
-            "bf16 not implemented",
+            "bf16 on a backend without bfloat16 kernels",
             Set(&["runtime.dtype=bf16"]),
-            &["runtime.dtype", "not implemented"],
+            &["runtime.dtype", "cuda", "flex"],
         ),
         (
-            "activation checkpointing not implemented",
-            Set(&["models.student.gradient_checkpointing=true"]),
-            &["models.student.gradient_checkpointing", "not implemented"],
+            "unknown attention implementation",
+            Set(&["models.student.attention=flash3"]),
+            &["models.student.attention", "flash3", "memory_efficient"],
         ),
         (
             "unknown dtype",
@@ -361,4 +361,35 @@ fn bad_configs_fail_with_a_one_line_error_naming_the_key() {
             "{what}: same error as another case: {err}"
         );
     }
+}
+
+/// Block-level activation checkpointing is a finetune option: accepted there, and a clear
+/// error naming the key and the methods that support it elsewhere or on a frozen role.
+#[test]
+fn gradient_checkpointing_is_checked_per_method_and_role() {
+    let on = vec!["models.student.gradient_checkpointing=true".to_string()];
+    let cfg = parse_run_config(BASE, Path::new("quickstart.toml"), &on)
+        .expect("finetune accepts gradient_checkpointing");
+    assert!(cfg.config.models["student"].gradient_checkpointing);
+
+    let dmd2 = include_str!("../configs/dmd2_quickstart.toml");
+    let err = parse_run_config(dmd2, Path::new("dmd2.toml"), &on)
+        .expect_err("dmd2 does not checkpoint")
+        .to_string();
+    for want in [
+        "dmd2.toml",
+        "models.student.gradient_checkpointing",
+        "finetune",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+
+    let frozen = vec!["models.teacher.gradient_checkpointing=true".to_string()];
+    let err = parse_run_config(dmd2, Path::new("dmd2.toml"), &frozen)
+        .expect_err("a frozen role has no backward")
+        .to_string();
+    assert!(
+        err.contains("models.teacher.gradient_checkpointing"),
+        "names the key: {err}"
+    );
 }

@@ -16,12 +16,12 @@ pub fn load_role<B: AutodiffBackend>(
     name: &str,
 ) -> Result<WanModel<B>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(|message| {
-        MethodError::Model {
+    build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
+        .map(|m| m.with_precision(ctx.precision))
+        .map_err(|message| MethodError::Model {
             role: name.to_string(),
             message,
-        }
-    })
+        })
 }
 
 /// Load a frozen role directly on the inner (non-autodiff) backend: no graph, no gradients.
@@ -30,12 +30,12 @@ pub fn load_frozen_role<B: AutodiffBackend>(
     name: &str,
 ) -> Result<WanModel<B::InnerBackend>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device).map_err(
-        |message| MethodError::Model {
+    build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
+        .map(|m| m.with_precision(ctx.precision))
+        .map_err(|message| MethodError::Model {
             role: name.to_string(),
             message,
-        },
-    )
+        })
 }
 
 /// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),

@@ -93,6 +93,10 @@ impl MethodConfig for FinetuneConfig {
     fn roles(&self) -> Vec<RoleRequirement> {
         vec![RoleRequirement::trainable("student")]
     }
+
+    fn supports_gradient_checkpointing(&self) -> bool {
+        true
+    }
 }
 
 reel_core::register_plugin!(
@@ -117,6 +121,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
         Ok(Box::new(Finetune {
             cfg: self.clone(),
             student,
+            checkpointing: ctx.role("student")?.gradient_checkpointing,
             device: ctx.device.clone(),
         }))
     }
@@ -126,6 +131,8 @@ impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
 pub struct Finetune<B: AutodiffBackend> {
     cfg: FinetuneConfig,
     student: TrainableRole<B, WanModel<B>>,
+    /// Block-level activation checkpointing (`models.student.gradient_checkpointing`).
+    checkpointing: bool,
     device: B::Device,
 }
 
@@ -141,15 +148,25 @@ pub fn flow_matching_loss<B: burn::tensor::backend::Backend>(
 ) -> (Tensor<B, 1>, Tensor<B, 5>) {
     let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
     let pred = model.forward(x_t.clone(), timesteps_from_sigmas(sigma.clone()), text);
-    let loss = if precondition_outputs {
-        x0_from_velocity(x_t, pred.clone(), sigma)
-            .sub(x0)
-            .square()
-            .mean()
-    } else {
-        pred.clone().sub(velocity_target(x0, noise)).square().mean()
-    };
+    let loss = loss_of_prediction(pred.clone(), x_t, x0, noise, sigma, precondition_outputs);
     (loss, pred)
+}
+
+/// The flow-matching loss of a prediction `pred` made from `x_t`: MSE against the velocity
+/// `noise − x0`, or (with `precondition_outputs`) of the implied x0 against `x0`.
+pub fn loss_of_prediction<B: burn::tensor::backend::Backend>(
+    pred: Tensor<B, 5>,
+    x_t: Tensor<B, 5>,
+    x0: Tensor<B, 5>,
+    noise: Tensor<B, 5>,
+    sigma: Tensor<B, 1>,
+    precondition_outputs: bool,
+) -> Tensor<B, 1> {
+    if precondition_outputs {
+        x0_from_velocity(x_t, pred, sigma).sub(x0).square().mean()
+    } else {
+        pred.sub(velocity_target(x0, noise)).square().mean()
+    }
 }
 
 impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
@@ -173,16 +190,39 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
             .map(|u| u < self.cfg.cfg_dropout)
             .collect();
         let text = drop_text(batch.text.clone(), batch.negative_text.clone(), &drop);
-        let (loss, _) = flow_matching_loss(
-            self.student.model(),
-            batch.latents.clone(),
-            noise,
-            sigma_tensor::<B>(&sigmas, &self.device),
-            text,
-            self.cfg.precondition_outputs,
-        );
-        let grads = loss.backward();
-        self.student.accumulate(&grads, ctx.grad_scale());
+        let sigma = sigma_tensor::<B>(&sigmas, &self.device);
+        let x0 = batch.latents.clone();
+        let loss = if self.checkpointing {
+            // Block-level activation checkpointing: the backward runs in stages, each giving
+            // the gradients of its own parameters.
+            let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
+            let t = timesteps_from_sigmas(sigma.clone());
+            let pre = self.cfg.precondition_outputs;
+            let mut stages = Vec::new();
+            let loss = self.student.model().backward_checkpointed(
+                x_t.clone(),
+                t,
+                text,
+                |pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre),
+                |g| stages.push(self.student.collect_grads(g)),
+            );
+            for g in stages {
+                self.student.add_grads(g, ctx.grad_scale());
+            }
+            loss
+        } else {
+            let (loss, _) = flow_matching_loss(
+                self.student.model(),
+                x0,
+                noise,
+                sigma,
+                text,
+                self.cfg.precondition_outputs,
+            );
+            let grads = loss.backward();
+            self.student.accumulate(&grads, ctx.grad_scale());
+            loss
+        };
         Ok(StepOutput::default().with_loss("loss", loss))
     }
 

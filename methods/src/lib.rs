@@ -8,4 +8,4 @@ pub mod dmd2;
 pub mod finetune;
 
 pub use dmd2::{Dmd2Config, Rollout};
-pub use finetune::{flow_matching_loss, FinetuneConfig};
+pub use finetune::{flow_matching_loss, loss_of_prediction, FinetuneConfig};

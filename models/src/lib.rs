@@ -8,7 +8,7 @@ pub mod wan;
 
 pub use lora::{apply_lora, load_lora, merge_and_unload, save_lora, LoraError, LoraSpec};
 pub use role::{build_wan_role, wan_config_for};
-pub use wan::{WanConfig, WanModel};
+pub use wan::{AttentionMode, WanConfig, WanModel};
 
 /// Architecture name under which the Wan model is registered (`arch = "wan"` in run configs).
 pub const ARCH_NAME: &str = "wan";

@@ -64,7 +64,8 @@ reel_core::register_model!(
 /// `require_grad = false` parameters. A role with a LoRA adapter gets fresh adapters on the
 /// targeted layers and frozen base weights (see [`crate::lora::apply_lora`]; without an
 /// adapter `init_seed` the adapter seed derives from `default_seed`), so only the adapter is
-/// trained and checkpointed. Errors are messages naming the file or key.
+/// trained and checkpointed. Every attention uses the role's `attention` mode. Errors are
+/// messages naming the file or key.
 pub fn build_wan_role<B: Backend>(
     role: &RoleConfig,
     resolve: impl Fn(&Path) -> PathBuf,
@@ -75,6 +76,7 @@ pub fn build_wan_role<B: Backend>(
     let model = cfg
         .try_init::<B>(device, role.init_seed.unwrap_or(default_seed))
         .map_err(|e| e.to_string())?;
+    let model = model.with_attention(role.attention);
     let model = match &role.weights {
         Some(w) => model.load_weights(resolve(w)).map_err(|e| e.to_string())?,
         None => model,

@@ -21,7 +21,9 @@ pub enum Precision {
     /// float32 everywhere.
     #[default]
     F32,
-    /// bfloat16 compute with float32 master weights (planned; rejected until implemented).
+    /// bfloat16 matrix products (linear layers, attention) with float32 master weights,
+    /// gradients, optimizer state and checkpoints; norms, modulation, softmax statistics and
+    /// losses stay float32. Needs a backend with bfloat16 kernels (`cuda`, or `flex` on CPU).
     Bf16,
 }
 
@@ -166,10 +168,10 @@ impl RunConfig {
     /// registered architectures, the method's roles, adapters, callbacks.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.runtime.backend.check_compiled()?;
-        if self.runtime.dtype == Precision::Bf16 {
+        if self.runtime.dtype == Precision::Bf16 && self.runtime.backend == BackendName::Cpu {
             return Err(ConfigError::new(
                 "runtime.dtype",
-                "bf16 compute is not implemented yet: use \"f32\"",
+                "bf16 needs a backend with bfloat16 kernels: set `runtime.backend = \"cuda\"` (or \"flex\" on CPU); the ndarray `cpu` backend computes in f32 only",
             ));
         }
         self.training
@@ -232,6 +234,12 @@ impl RunConfig {
                 ));
             }
             role.validate().map_err(|e| e.in_section(&section))?;
+            if role.gradient_checkpointing && !self.method.supports_gradient_checkpointing() {
+                return Err(ConfigError::new(
+                    format!("{section}.gradient_checkpointing"),
+                    "this method does not support block-level activation checkpointing (supported by: finetune); set it to false",
+                ));
+            }
             if let Some(check) = registry::model_check(&role.arch) {
                 check(role).map_err(|e| e.in_section(&section))?;
             }

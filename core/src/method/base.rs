@@ -179,6 +179,8 @@ pub struct BuildContext<'a, B: Backend> {
     pub base_dir: &'a Path,
     /// Run seed.
     pub seed: u64,
+    /// Compute precision (`runtime.dtype`) the role models run in.
+    pub precision: crate::config::Precision,
 }
 
 impl<B: Backend> BuildContext<'_, B> {
@@ -244,4 +246,9 @@ pub trait MethodConfig: BuildMethodAll + Debug + Send + Sync {
     fn validate(&self) -> Result<(), ConfigError>;
     /// The roles this method needs.
     fn roles(&self) -> Vec<RoleRequirement>;
+    /// Whether the method can train a role with `gradient_checkpointing = true` (block-level
+    /// activation checkpointing needs the method to run its backward in stages).
+    fn supports_gradient_checkpointing(&self) -> bool {
+        false
+    }
 }

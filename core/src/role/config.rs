@@ -22,6 +22,33 @@ pub trait AdapterConfig: Debug + Send + Sync {
     }
 }
 
+/// Query length from which [`AttentionMode::Auto`] switches to the memory-efficient kernel.
+pub const AUTO_MIN_TOKENS: usize = 1024;
+
+/// Which attention implementation the model uses (`[models.<role>] attention = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionMode {
+    /// Memory-efficient when the query has at least [`AUTO_MIN_TOKENS`] tokens, plain below.
+    #[default]
+    Auto,
+    /// Always the plain `softmax(QKᵀ/√d)·V` (materialises the score matrix).
+    Naive,
+    /// Always the blocked kernel with its own backward.
+    MemoryEfficient,
+}
+
+impl AttentionMode {
+    /// Whether this mode uses the memory-efficient kernel for `seq_q` query tokens.
+    pub fn use_memory_efficient(self, seq_q: usize) -> bool {
+        match self {
+            AttentionMode::Auto => seq_q >= AUTO_MIN_TOKENS,
+            AttentionMode::Naive => false,
+            AttentionMode::MemoryEfficient => true,
+        }
+    }
+}
+
 /// One role model (`[models.student]`, `[models.teacher]`, ...).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,10 +80,14 @@ pub struct RoleConfig {
     /// Gradient clipping by global L2 norm for this role (overrides `training.max_grad_norm`).
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
-    /// Recompute each transformer block in the backward pass (planned; `true` is rejected
-    /// until it is implemented).
+    /// Recompute each transformer block in the backward pass instead of keeping its
+    /// activations (block-level activation checkpointing; methods that support it: `finetune`).
     #[serde(default)]
     pub gradient_checkpointing: bool,
+    /// Attention implementation: `"auto"` (default: memory-efficient from
+    /// [`AUTO_MIN_TOKENS`] query tokens), `"naive"` or `"memory_efficient"`.
+    #[serde(default)]
+    pub attention: AttentionMode,
 }
 
 impl RoleConfig {
@@ -96,12 +127,6 @@ impl RoleConfig {
                     "only meaningful on a trainable role",
                 ));
             }
-        }
-        if self.gradient_checkpointing {
-            return Err(ConfigError::new(
-                "gradient_checkpointing",
-                "block-level activation checkpointing is not implemented yet: remove it or set false",
-            ));
         }
         if let Some(n) = self.max_grad_norm {
             check::positive_f64("max_grad_norm", n)?;

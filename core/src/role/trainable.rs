@@ -96,7 +96,6 @@ pub struct TrainableRole<B: AutodiffBackend, M: AutodiffModule<B>> {
 struct GradCollector<'a, B: AutodiffBackend> {
     path: PathStack,
     grads: &'a B::Gradients,
-    scale: f64,
     out: &'a mut BTreeMap<String, Tensor<Inner<B>, 1>>,
 }
 
@@ -114,13 +113,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradCollector<'_, B> {
         }
         if let Some(g) = value.grad(self.grads) {
             let n = g.dims().iter().product::<usize>();
-            let g = g.reshape([n]).mul_scalar(self.scale);
-            let key = self.path.joined();
-            let acc = match self.out.remove(&key) {
-                Some(prev) => prev.add(g),
-                None => g,
-            };
-            self.out.insert(key, acc);
+            self.out.insert(self.path.joined(), g.reshape([n]));
         }
     }
 }
@@ -231,14 +224,35 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
     /// Accumulate the gradients in `grads` for this role's trainable parameters, multiplied by
     /// `scale` (use `1 / micro_batches` so accumulation averages).
     pub fn accumulate(&mut self, grads: &B::Gradients, scale: f64) {
-        let model = self.model.as_ref().expect("role model present");
+        let collected = self.collect_grads(grads);
+        self.add_grads(collected, scale);
+    }
+
+    /// The gradients in `grads` of this role's trainable parameters (those it has one for),
+    /// flattened and keyed by dotted path, without accumulating them. With
+    /// [`Self::add_grads`] this lets a method that runs its backward in stages (activation
+    /// checkpointing) collect each stage while the model is borrowed.
+    pub fn collect_grads(&self, grads: &B::Gradients) -> BTreeMap<String, Tensor<Inner<B>, 1>> {
+        let mut out = BTreeMap::new();
         let mut c = GradCollector::<B> {
             path: PathStack::default(),
             grads,
-            scale,
-            out: &mut self.grads,
+            out: &mut out,
         };
-        model.visit(&mut c);
+        self.model().visit(&mut c);
+        out
+    }
+
+    /// Accumulate gradients from [`Self::collect_grads`], multiplied by `scale`.
+    pub fn add_grads(&mut self, grads: BTreeMap<String, Tensor<Inner<B>, 1>>, scale: f64) {
+        for (key, g) in grads {
+            let g = g.mul_scalar(scale);
+            let acc = match self.grads.remove(&key) {
+                Some(prev) => prev.add(g),
+                None => g,
+            };
+            self.grads.insert(key, acc);
+        }
     }
 
     fn trainable(&self) -> Vec<(String, Tensor<Inner<B>, 1>, Vec<usize>)> {

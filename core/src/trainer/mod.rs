@@ -146,6 +146,7 @@ pub fn build_method<B: ReelBackend>(
         data_spec: source.spec(),
         base_dir: &loaded.base_dir,
         seed: cfg.runtime.seed,
+        precision: cfg.runtime.dtype,
     };
     Ok(B::build_method(&*cfg.method, &ctx)?)
 }

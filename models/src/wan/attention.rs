@@ -1,21 +1,24 @@
-//! Attention: the scaled-dot-product kernel (one function, to be swapped for a
-//! memory-efficient version later) and the Wan attention module (`attn1` / `attn2`).
+//! Attention: the scaled-dot-product entry point and the Wan attention module (`attn1` /
+//! `attn2`). The memory-efficient kernel lives in [`super::mem_attention`].
 
 use burn::module::Module;
 use burn::tensor::{activation, backend::Backend, Tensor};
 
 use super::init::{join, ParamInit};
 use super::linear::Linear;
+use super::mem_attention::{self, AttentionMode};
 use super::norm::RmsNorm;
 use super::rope::RopeTables;
+use burn::tensor::FloatDType;
+use reel_core::config::Precision;
 
 /// Scaled dot-product attention `softmax(Q K^T / sqrt(D)) V`, no mask, no dropout.
 ///
 /// `q [B, H, Sq, D]`, `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` -> `[B, H, Sq, Dv]`.
 ///
 /// This is the plain formulation (it materializes the `[B, H, Sq, Sk]` score matrix, also in
-/// the backward pass); every attention in the model goes through this function so that a
-/// chunked / fused memory-efficient kernel can replace it in one place.
+/// the backward pass); the model calls [`mem_attention::attention`], which picks it or the
+/// memory-efficient kernel.
 pub fn scaled_dot_product_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -46,6 +49,10 @@ pub struct WanAttention<B: Backend> {
     pub norm_k: RmsNorm<B>,
     /// Number of heads.
     pub heads: usize,
+    /// Attention implementation (not a parameter; set with `WanModel::with_attention`).
+    pub mode: AttentionMode,
+    /// Compute precision of the attention products (softmax statistics stay float32).
+    pub precision: Precision,
 }
 
 impl<B: Backend> WanAttention<B> {
@@ -60,6 +67,8 @@ impl<B: Backend> WanAttention<B> {
             norm_q: RmsNorm::init(init, &join(path, "norm_q"), dim, eps),
             norm_k: RmsNorm::init(init, &join(path, "norm_k"), dim, eps),
             heads,
+            mode: AttentionMode::default(),
+            precision: Precision::F32,
         }
     }
 
@@ -88,8 +97,14 @@ impl<B: Backend> WanAttention<B> {
             q = rope.apply(q);
             k = rope.apply(k);
         }
-        let o =
-            scaled_dot_product_attention(q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
+        let dtype = q.dtype();
+        let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
+        let o = if self.precision == Precision::Bf16 {
+            let c = |t: Tensor<B, 4>| t.cast(FloatDType::BF16);
+            mem_attention::to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype)
+        } else {
+            mem_attention::attention(q, k, v, self.mode)
+        };
         let o = o.swap_dims(1, 2).reshape([b, s, dim]);
         self.to_out[0].forward(o)
     }

@@ -5,7 +5,8 @@
 #![allow(non_snake_case)]
 
 use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, FloatDType, Tensor};
+use reel_core::config::Precision;
 
 use super::init::{join, ParamInit};
 
@@ -42,6 +43,10 @@ pub struct Linear<B: Backend> {
     /// Whether `s · B A` has been added into `weight` ([`Self::merge_lora`]); the forward
     /// pass then skips the adapter branch.
     pub lora_merged: bool,
+    /// Compute precision of the products: with `Bf16` the input and the (float32 master)
+    /// weights are cast to bfloat16 for the matrix product, which is cast back to the input's
+    /// dtype; the bias is added in float32. Not a parameter.
+    pub precision: Precision,
 }
 
 impl<B: Backend> Linear<B> {
@@ -64,6 +69,7 @@ impl<B: Backend> Linear<B> {
             lora_scaling: 0.0,
             lora_multiplier: 1.0,
             lora_merged: false,
+            precision: Precision::F32,
         }
     }
 
@@ -177,15 +183,26 @@ impl<B: Backend> Linear<B> {
         let d_out = w.dims()[0];
         // Flatten to 2-D so every backend runs one plain GEMM.
         let x = x.reshape([rows, d_in]);
-        let mut y = x.clone().matmul(w.transpose());
+        let dtype = x.dtype();
+        let low_precision = self.precision == Precision::Bf16;
+        let compute = |t: Tensor<B, 2>| {
+            if low_precision {
+                t.cast(FloatDType::BF16)
+            } else {
+                t
+            }
+        };
+        let restore = |t: Tensor<B, 2>| super::mem_attention::to_dtype(t, dtype);
+        let x = compute(x);
+        let mut y = restore(x.clone().matmul(compute(w).transpose()));
         if let Some(b) = &self.bias {
             y = y + b.val().unsqueeze_dim::<2>(0);
         }
         if let (Some(a), Some(b), false) = (&self.lora_A, &self.lora_B, self.lora_merged) {
             let s = self.lora_factor();
             if s != 0.0 {
-                let low = x.matmul(a.weight.val().transpose());
-                y = y + low.matmul(b.weight.val().transpose()).mul_scalar(s);
+                let low = x.matmul(compute(a.weight.val()).transpose());
+                y = y + restore(low.matmul(compute(b.weight.val()).transpose())).mul_scalar(s);
             }
         }
         let mut out = dims;

@@ -2,15 +2,19 @@
 //!
 //! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded
 //! lazy initialization), [`linear`], [`norm`], [`embeddings`] (patch / timestep / text),
-//! [`rope`], [`attention`], [`block`], [`model`] and [`weights`] (safetensors I/O in the
-//! diffusers layout). Module field names equal the diffusers state-dict keys.
+//! [`rope`], [`attention`] (with the memory-efficient kernel in [`mem_attention`]),
+//! [`block`], [`model`], [`checkpointed`] (block-level activation checkpointing) and
+//! [`weights`] (safetensors I/O in the diffusers layout). Module field names equal the
+//! diffusers state-dict keys.
 
 pub mod attention;
 pub mod block;
+pub mod checkpointed;
 pub mod config;
 pub mod embeddings;
 pub mod init;
 pub mod linear;
+pub mod mem_attention;
 pub mod model;
 pub mod norm;
 pub mod presets;
@@ -19,5 +23,6 @@ pub mod weights;
 
 pub use config::{ConfigError, RopeSplit, WanConfig};
 pub use linear::Linear;
+pub use mem_attention::AttentionMode;
 pub use model::{Captured, Intermediates, WanModel};
 pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};

@@ -10,8 +10,10 @@ use super::config::{ConfigError, WanConfig};
 use super::embeddings::{tokens_to_grid, unpatchify, ConditionEmbedder, PatchEmbedding};
 use super::init::{InitKind, ParamInit};
 use super::linear::Linear;
+use super::mem_attention::AttentionMode;
 use super::norm::layer_norm;
 use super::rope::RopeTables;
+use reel_core::config::Precision;
 
 /// A captured tensor of any rank (host-independent: it stays on the device).
 #[derive(Debug, Clone)]
@@ -143,7 +145,7 @@ impl WanConfig {
 }
 
 /// Collects intermediates when asked to.
-struct Recorder<'a, B: Backend>(Option<&'a mut Intermediates<B>>);
+pub(crate) struct Recorder<'a, B: Backend>(pub(crate) Option<&'a mut Intermediates<B>>);
 
 impl<B: Backend> Recorder<'_, B> {
     fn put<const D: usize>(&mut self, name: &str, t: &Tensor<B, D>) {
@@ -154,6 +156,57 @@ impl<B: Backend> Recorder<'_, B> {
 }
 
 impl<B: Backend> WanModel<B> {
+    /// The same model with every attention (self and cross) using `mode`.
+    pub fn with_attention(mut self, mode: AttentionMode) -> Self {
+        for block in &mut self.blocks {
+            block.attn1.mode = mode;
+            block.attn2.mode = mode;
+        }
+        self
+    }
+
+    /// The same model computing its matrix products in `precision` (`Bf16`: bfloat16
+    /// products of float32 master weights; norms, modulation, softmax statistics and the
+    /// output stay float32). Parameters, gradients, optimizer state and checkpoints stay
+    /// float32 either way.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        let c = &mut self.condition_embedder;
+        let mut linears = vec![
+            &mut c.time_embedder.linear_1,
+            &mut c.time_embedder.linear_2,
+            &mut c.time_proj,
+            &mut c.text_embedder.linear_1,
+            &mut c.text_embedder.linear_2,
+            &mut self.proj_out,
+        ];
+        for block in &mut self.blocks {
+            for attn in [&mut block.attn1, &mut block.attn2] {
+                attn.precision = precision;
+                linears.extend([&mut attn.to_q, &mut attn.to_k, &mut attn.to_v]);
+                linears.extend(attn.to_out.iter_mut());
+            }
+            linears.push(&mut block.ffn.net.0.proj);
+            linears.push(&mut block.ffn.net.2);
+        }
+        for l in linears {
+            l.precision = precision;
+        }
+        self
+    }
+
+    /// The compute precision (see [`Self::with_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.proj_out.precision
+    }
+
+    /// The attention implementation of the first block (all blocks share it).
+    pub fn attention_mode(&self) -> AttentionMode {
+        self.blocks
+            .first()
+            .map(|b| b.attn1.mode)
+            .unwrap_or_default()
+    }
+
     /// Predict the flow-matching velocity.
     ///
     /// - `hidden_states [B, C_in, F, H, W]` noisy latents (F, H, W divisible by the patch);
@@ -226,6 +279,26 @@ impl<B: Backend> WanModel<B> {
         )
     }
 
+    /// Output head: `(table + temb).chunk(2)` -> shift, scale; `LN(x) * (1 + scale) + shift`,
+    /// projection and unpatchify. `x [B, N, dim]`, `temb [B, dim]` -> `[B, C_out, F, H, W]`.
+    pub(crate) fn head(
+        &self,
+        x: Tensor<B, 3>,
+        temb: Tensor<B, 2>,
+        grid: [usize; 3],
+        rec: &mut Recorder<'_, B>,
+    ) -> Tensor<B, 5> {
+        let cfg = &self.config;
+        let head = self.scale_shift_table.val() + temb.unsqueeze_dim::<3>(1);
+        let shift = head.clone().narrow(1, 0, 1);
+        let scale = head.narrow(1, 1, 1);
+        let x = layer_norm(x, cfg.eps) * (scale + 1.0) + shift;
+        rec.put("proj_out_in", &x);
+        let y = self.proj_out.forward(x);
+        rec.put("proj_out", &y);
+        unpatchify(y, grid, cfg.patch_size, cfg.out_channels)
+    }
+
     fn run(
         &self,
         hidden_states: Tensor<B, 5>,
@@ -290,15 +363,7 @@ impl<B: Backend> WanModel<B> {
             }
         }
 
-        // Output head: (table + temb).chunk(2) -> shift, scale; LN(x) * (1 + scale) + shift.
-        let head = self.scale_shift_table.val() + cond.temb.unsqueeze_dim::<3>(1);
-        let shift = head.clone().narrow(1, 0, 1);
-        let scale = head.narrow(1, 1, 1);
-        let x = layer_norm(x, cfg.eps) * (scale + 1.0) + shift;
-        rec.put("proj_out_in", &x);
-        let y = self.proj_out.forward(x);
-        rec.put("proj_out", &y);
-        let out = unpatchify(y, grid, cfg.patch_size, cfg.out_channels);
+        let out = self.head(x, cond.temb, grid, &mut rec);
 
         let hidden = keep
             .iter()
