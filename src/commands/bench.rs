@@ -13,12 +13,14 @@ use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
+use reel_core::config::Precision;
+use reel_core::flow::{add_noise, timesteps_from_sigmas};
 use reel_core::optim::OptimizerConfig;
 use reel_core::rng::StreamRng;
 use reel_core::role::{RoleHandle, TrainableRole};
-use reel_methods::flow_matching_loss;
+use reel_methods::{flow_matching_loss, loss_of_prediction};
 use reel_models::lora::{apply_lora, LoraSpec};
-use reel_models::WanConfig;
+use reel_models::{AttentionMode, WanConfig};
 use serde::Serialize;
 
 /// What to benchmark.
@@ -56,9 +58,31 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     pub lora_targets: Vec<String>,
+    /// Attention implementation: `auto` (memory-efficient from 1024 tokens), `naive` or
+    /// `memory_efficient`.
+    #[arg(long, default_value = "auto", value_parser = parse_attention)]
+    pub attention: AttentionMode,
+    /// Compute precision: `f32`, or `bf16` (bfloat16 matrix products with float32 master
+    /// weights, as `runtime.dtype = "bf16"`; needs `--backend cuda` or `flex`).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: Precision,
+    /// Train with block-level activation checkpointing (each block recomputed in the
+    /// backward pass), as `models.<role>.gradient_checkpointing = true` does.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_attention(s: &str) -> Result<AttentionMode, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("`{s}`: expected auto, naive or memory_efficient"))
+}
+
+fn parse_dtype(s: &str) -> Result<Precision, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("`{s}`: expected f32 or bf16"))
 }
 
 /// One benchmark row.
@@ -72,6 +96,12 @@ pub struct BenchRow {
     /// Gradients plus AdamW moments of the trainable parameters (3 float32 per parameter).
     grad_optim_mib: f64,
     backend: String,
+    /// Compute precision.
+    dtype: Precision,
+    /// Attention implementation used (`naive` / `memory_efficient`).
+    attention: String,
+    /// Block-level activation checkpointing in the training step.
+    gradient_checkpointing: bool,
     batch: usize,
     tokens: usize,
     forward_ms: Stats,
@@ -145,7 +175,10 @@ fn run_one<B: AutodiffBackend>(
     let noise: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
     let text: Tensor<B, 3> = rng.normal_tensor([b, args.text_len, cfg.text_dim], device);
     let sigma = Tensor::<B, 1>::full([b], 0.5, device);
-    let mut model = cfg.try_init::<B>(device, 0)?;
+    let mut model = cfg
+        .try_init::<B>(device, 0)?
+        .with_attention(args.attention)
+        .with_precision(args.dtype);
     if lora_rank > 0 {
         let spec = LoraSpec {
             rank: lora_rank,
@@ -181,16 +214,33 @@ fn run_one<B: AutodiffBackend>(
     let mut train = vec![];
     for i in 0..args.warmup + args.steps {
         let t0 = Instant::now();
-        let (loss, _) = flow_matching_loss(
-            role.model(),
-            x0.clone(),
-            noise.clone(),
-            sigma.clone(),
-            text.clone(),
-            false,
-        );
-        let grads = loss.backward();
-        role.accumulate(&grads, 1.0);
+        if args.gradient_checkpointing {
+            let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
+            let mut stages = Vec::new();
+            role.model().backward_checkpointed(
+                x_t.clone(),
+                timesteps_from_sigmas(sigma.clone()),
+                text.clone(),
+                |pred| {
+                    loss_of_prediction(pred, x_t, x0.clone(), noise.clone(), sigma.clone(), false)
+                },
+                |g| stages.push(role.collect_grads(g)),
+            );
+            for g in stages {
+                role.add_grads(g, 1.0);
+            }
+        } else {
+            let (loss, _) = flow_matching_loss(
+                role.model(),
+                x0.clone(),
+                noise.clone(),
+                sigma.clone(),
+                text.clone(),
+                false,
+            );
+            let grads = loss.backward();
+            role.accumulate(&grads, 1.0);
+        }
         let n2 = role.grad_norm_sq().expect("gradients").into_scalar();
         let n: f64 = burn::tensor::ElementConversion::elem::<f64>(n2).sqrt();
         role.apply_update(i as u64, if n > 1.0 { 1.0 / n } else { 1.0 });
@@ -214,6 +264,13 @@ fn run_one<B: AutodiffBackend>(
         trainable_params,
         grad_optim_mib: (trainable_params * 3 * 4) as f64 / (1024.0 * 1024.0),
         backend: args.backend.clone(),
+        dtype: args.dtype,
+        attention: if args.attention.use_memory_efficient(tokens) {
+            "mem_eff".into()
+        } else {
+            "naive".into()
+        },
+        gradient_checkpointing: args.gradient_checkpointing,
         batch: b,
         tokens,
         train_tokens_per_s: (b * tokens) as f64 / (train.median / 1e3),
@@ -243,6 +300,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.shape.len() != 3 {
         anyhow::bail!("--shape takes three numbers: F H W");
     }
+    if args.dtype == Precision::Bf16 && matches!(args.backend.as_str(), "cpu" | "ndarray") {
+        anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
+    }
     let rows = match args.backend.as_str() {
         "cpu" | "ndarray" => run_backend::<reel_core::backend::CpuBackend>(args, &Default::default())?,
         "flex" => run_backend::<reel_core::backend::FlexBackend>(args, &Default::default())?,
@@ -255,12 +315,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<18} {:>4} {:>12} {:>9} {:<8} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
+        "{:<18} {:>4} {:>12} {:>9} {:<8} {:<5} {:<8} {:>4} {:>5} {:>6} | {:>26} | {:>26} | {:>10} {:>9} {:>9} {:>9}",
         "preset",
         "lora",
         "trainable",
         "grad+opt",
         "backend",
+        "dtype",
+        "attn",
+        "ckpt",
         "batch",
         "tokens",
         "forward ms (med/min/max)",
@@ -272,9 +335,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
     for r in rows {
         println!(
-            "{:<18} {:>4} {:>12} {:>8.1}M {:<8} {:>5} {:>6} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>10.0} {:>9.2} {:>9.2} {:>9.0}",
+            "{:<18} {:>4} {:>12} {:>8.1}M {:<8} {:<5} {:<8} {:>4} {:>5} {:>6} | {:>8.1} {:>8.1} {:>8.1} | {:>8.1} {:>8.1} {:>8.1} | {:>10.0} {:>9.2} {:>9.2} {:>9.0}",
             r.preset, if r.lora_rank == 0 { "-".to_string() } else { r.lora_rank.to_string() },
-            r.trainable_params, r.grad_optim_mib, r.backend, r.batch, r.tokens, r.forward_ms.median, r.forward_ms.min, r.forward_ms.max,
+            r.trainable_params, r.grad_optim_mib, r.backend, if r.dtype == Precision::Bf16 { "bf16" } else { "f32" }, r.attention, if r.gradient_checkpointing { "yes" } else { "no" }, r.batch, r.tokens, r.forward_ms.median, r.forward_ms.min, r.forward_ms.max,
             r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max, r.train_tokens_per_s, r.forward_gflops, r.train_gflops, r.peak_rss_mib
         );
     }
