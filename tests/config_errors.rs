@@ -393,3 +393,55 @@ fn gradient_checkpointing_is_checked_per_method_and_role() {
         "names the key: {err}"
     );
 }
+
+/// Adversarial options in the shipped configs: bad values name the key under `method`.
+#[test]
+fn adversarial_options_name_their_keys() {
+    let adv = include_str!("../configs/adversarial_quickstart.toml");
+    let gan = include_str!("../configs/dmd2_gan_quickstart.toml");
+    for (text, file, set, wants) in [
+        (
+            adv,
+            "adv.toml",
+            "method.gan_loss=wasserstein",
+            &["method.gan_loss", "wasserstein", "hinge", "non_saturating"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.heads.hidden=0",
+            &["method.heads.hidden"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.discriminator_interval=0",
+            &["method.discriminator_interval"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.r1_weight=-1.0",
+            &["method.r1_weight"][..],
+        ),
+        (
+            gan,
+            "gan.toml",
+            "method.gan_discriminator_weight=0.0",
+            &["method.gan_discriminator_weight", "gan_generator_weight"][..],
+        ),
+        (
+            gan,
+            "gan.toml",
+            "method.gan_heads.hidden=0",
+            &["method.gan_heads.hidden"][..],
+        ),
+    ] {
+        let err = parse_run_config(text, Path::new(file), &[set.to_string()])
+            .expect_err(set)
+            .to_string();
+        for want in std::iter::once(&file).chain(wants) {
+            assert!(err.contains(want), "{set}: missing {want:?} in: {err}");
+        }
+    }
+}

@@ -1,11 +1,13 @@
-//! Reel training methods: flow-matching fine-tuning (and, as they land, DMD2 and adversarial
-//! distillation). Each method registers itself with one typetag impl plus one
-//! `register_plugin!` line.
+//! Reel training methods: flow-matching fine-tuning (`finetune`), DMD2 distillation (`dmd2`,
+//! optionally with its GAN terms) and adversarial distillation (`adversarial`). Each method
+//! registers itself with one typetag impl plus one `register_plugin!` line.
 #![warn(missing_docs)]
 
+pub mod adversarial;
 pub mod common;
 pub mod dmd2;
 pub mod finetune;
 
+pub use adversarial::AdversarialConfig;
 pub use dmd2::{Dmd2Config, Rollout};
 pub use finetune::{flow_matching_loss, loss_of_prediction, FinetuneConfig};

@@ -10,6 +10,7 @@ use reel_core::role::RoleRequirement;
 
 use super::loss::CfgForm;
 use super::rollout::DenoisingSchedule;
+use crate::adversarial::{GanLoss, HeadsConfig};
 
 /// Where the point the student denoises comes from (FastVideo `rollout_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -67,6 +68,23 @@ pub struct Dmd2Config {
     /// most that many).
     #[serde(default)]
     pub sample_steps: Option<usize>,
+    /// Weight of the adversarial term added to the student's loss (DMD2's GAN loss):
+    /// discriminator heads on the critic's hidden states judge the student's sample, noised
+    /// to a score σ. Default 0 = off; set together with `gan_discriminator_weight`.
+    #[serde(default)]
+    pub gan_generator_weight: f64,
+    /// Weight of the discriminator loss (real data latents vs the student's samples, noised
+    /// to the same score σ) added to the critic's loss; it trains the heads (role
+    /// `discriminator`, critic optimizer settings) and the critic's backbone, as in DMD2.
+    /// Default 0 = off.
+    #[serde(default)]
+    pub gan_discriminator_weight: f64,
+    /// `"hinge"` (default) or `"non_saturating"`.
+    #[serde(default)]
+    pub gan_loss: GanLoss,
+    /// Discriminator heads on the critic: `{ stride = 4, hidden = 256 }` or `{ blocks = [..] }`.
+    #[serde(default)]
+    pub gan_heads: HeadsConfig,
 }
 
 fn default_steps() -> Vec<u32> {
@@ -102,6 +120,10 @@ impl Default for Dmd2Config {
             generator_update_interval: default_interval(),
             critic_optimizer: None,
             sample_steps: None,
+            gan_generator_weight: 0.0,
+            gan_discriminator_weight: 0.0,
+            gan_loss: GanLoss::default(),
+            gan_heads: HeadsConfig::default(),
         }
     }
 }
@@ -121,6 +143,11 @@ impl Dmd2Config {
     /// `[min_timestep_ratio, max_timestep_ratio]` (FastVideo `_sample_score_timestep`).
     pub fn score_sigma(&self, u: f64) -> f64 {
         shift_sigma(u, self.shift).clamp(self.min_timestep_ratio, self.max_timestep_ratio)
+    }
+
+    /// Whether the adversarial terms are on (both GAN weights > 0).
+    pub fn gan_enabled(&self) -> bool {
+        self.gan_generator_weight > 0.0 && self.gan_discriminator_weight > 0.0
     }
 
     /// Default number of sampling steps.
@@ -184,6 +211,31 @@ impl MethodConfig for Dmd2Config {
             p.apply(&OptimizerConfig::default())
                 .validate()
                 .map_err(|e| e.in_section("critic_optimizer"))?;
+        }
+        for (key, v) in [
+            ("gan_generator_weight", self.gan_generator_weight),
+            ("gan_discriminator_weight", self.gan_discriminator_weight),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("expected a number >= 0, got {v}"),
+                ));
+            }
+        }
+        if (self.gan_generator_weight > 0.0) != (self.gan_discriminator_weight > 0.0) {
+            let (set, unset) = if self.gan_generator_weight > 0.0 {
+                ("gan_generator_weight", "gan_discriminator_weight")
+            } else {
+                ("gan_discriminator_weight", "gan_generator_weight")
+            };
+            return Err(ConfigError::new(
+                unset,
+                format!("expected a number > 0 when `{set}` is set (the adversarial terms are used together)"),
+            ));
+        }
+        if self.gan_heads.hidden == 0 {
+            return Err(ConfigError::new("gan_heads.hidden", "must be at least 1"));
         }
         if let Some(n) = self.sample_steps {
             check::positive_usize("sample_steps", n)?;
@@ -250,6 +302,13 @@ mod tests {
             ),
             ("critic_optimizer = { lr = -1.0 }", "`critic_optimizer.lr`"),
             ("sample_steps = 5", "`sample_steps`"),
+            ("gan_generator_weight = -1.0", "`gan_generator_weight`"),
+            ("gan_generator_weight = 0.5", "`gan_discriminator_weight`"),
+            ("gan_discriminator_weight = 0.5", "`gan_generator_weight`"),
+            (
+                "gan_generator_weight = 1.0\ngan_discriminator_weight = 1.0\ngan_heads = { hidden = 0 }",
+                "`gan_heads.hidden`",
+            ),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(key), "{text}: {e}");
@@ -257,5 +316,9 @@ mod tests {
         assert!(parse("rollout = \"data\"").is_err());
         assert!(parse("cfg_form = \"legacy\"\nrollout = \"data_latent\"").is_ok());
         assert!(parse("unknown = 1").is_err());
+        assert!(parse("gan_heads = { strides = 2 }").is_err());
+        let gan = parse("gan_generator_weight = 0.1\ngan_discriminator_weight = 0.1\ngan_loss = \"non_saturating\"").unwrap();
+        assert!(gan.gan_enabled());
+        assert!(!Dmd2Config::default().gan_enabled());
     }
 }

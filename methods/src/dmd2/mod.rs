@@ -20,6 +20,15 @@
 //! for it; the generator loss divides by a micro-batch-wide normaliser (as in FastVideo) and
 //! is therefore only approximately batch-size invariant.
 //!
+//! **Adversarial terms** (DMD2's GAN loss; on when `gan_generator_weight` and
+//! `gan_discriminator_weight` are > 0): discriminator heads ([`crate::adversarial`]) read the
+//! critic's hidden states at a score σ' (own stream). The generator step adds
+//! `gan_generator_weight · L_G(D(noised x0))` to the student's loss (gradients through the
+//! critic reach only the student); the critic step adds `gan_discriminator_weight ·
+//! L_D(D(noised data latent), D(noised detached sample))` to the critic's loss, training the
+//! heads (role `discriminator`, critic optimizer settings) and the critic's backbone
+//! together. Reported as `gan_generator_loss` and `gan_discriminator_loss`.
+//!
 //! Sampling ([`TrainingMethod::sample`]) is the student's few-step sampler over
 //! `denoising_steps` (x0 prediction at each step, re-noising to the next σ with fresh noise
 //! from the request seed), without classifier-free guidance unless the request asks for it.
@@ -41,7 +50,7 @@ pub mod rollout;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 
-use reel_core::flow::sigma_tensor;
+use reel_core::flow::{add_noise, sigma_tensor, timesteps_from_sigmas};
 use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
     TrainingMethod,
@@ -49,6 +58,7 @@ use reel_core::method::{
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_models::{WanConfig, WanModel};
 
+use crate::adversarial::DiscriminatorHeads;
 use crate::common::{load_frozen_role, load_role, per_sample_noise, sample_few_step};
 pub use config::{Dmd2Config, Rollout};
 pub use loss::{critic_loss, dmd_scores, generator_loss, CfgForm, CriticLoss, DmdScores};
@@ -103,12 +113,29 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
             ctx.role_max_grad_norm("critic"),
             max_steps,
         );
+        let discriminator = if self.gan_enabled() {
+            let cc = &critic.model().config;
+            let heads = self
+                .gan_heads
+                .init::<B>(cc.inner_dim(), cc.num_layers, &ctx.device)
+                .map_err(|e| MethodError::Config(e.in_section("method.gan_heads")))?;
+            Some(TrainableRole::new(
+                "discriminator",
+                heads,
+                ctx.role_optimizer("discriminator", self.critic_optimizer.as_ref()),
+                ctx.role_max_grad_norm("critic"),
+                max_steps,
+            ))
+        } else {
+            None
+        };
         Ok(Box::new(Dmd2 {
             schedule: self.schedule(),
             cfg: self.clone(),
             student,
             critic,
             teacher,
+            discriminator,
             device: ctx.device.clone(),
         }))
     }
@@ -121,6 +148,8 @@ pub struct Dmd2<B: AutodiffBackend> {
     student: TrainableRole<B, WanModel<B>>,
     critic: TrainableRole<B, WanModel<B>>,
     teacher: WanModel<Inner<B>>,
+    /// Heads on the critic's hidden states, when the adversarial terms are on.
+    discriminator: Option<TrainableRole<B, DiscriminatorHeads<B>>>,
     device: B::Device,
 }
 
@@ -135,6 +164,25 @@ impl<B: AutodiffBackend> Dmd2<B> {
                     as f32
             })
             .collect()
+    }
+
+    /// `x [B, C, F, H, W]` noised to the adversarial σ' of this step (same draws for real
+    /// and fake), and its model timesteps `[B]`.
+    fn gan_point(
+        &self,
+        x: Tensor<B, 5>,
+        ctx: &StepContext,
+        indices: &[usize],
+    ) -> (Tensor<B, 5>, Tensor<B, 1>) {
+        let sigma = sigma_tensor::<B>(
+            &self.score_sigmas(ctx, indices, "dmd2-gan-sigma"),
+            &self.device,
+        );
+        let noise = per_sample_noise::<B>(ctx, indices, x.dims(), "dmd2-gan-noise", &self.device);
+        (
+            add_noise(x, noise, sigma.clone()),
+            timesteps_from_sigmas(sigma),
+        )
     }
 
     /// The rollout's noisy input (no gradients) and its σ `[B]`.
@@ -198,10 +246,19 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                 self.cfg.guidance_scale,
                 self.cfg.cfg_form,
             );
-            let loss = generator_loss(x0, scores.grad);
+            let dmd = generator_loss(x0.clone(), scores.grad);
+            out = out.with_loss("generator_loss", dmd.clone());
+            let mut loss = dmd;
+            if let Some(d) = &self.discriminator {
+                let (x, t) = self.gan_point(x0, ctx, idx);
+                let logits = d.model().judge(self.critic.model(), x, t, text.clone());
+                let gan = self.cfg.gan_loss.generator_heads(logits);
+                out = out.with_loss("gan_generator_loss", gan.clone());
+                loss = loss + gan.mul_scalar(self.cfg.gan_generator_weight);
+            }
+            // Only the student takes these gradients (the critic's and the heads' are dropped).
             let grads = loss.backward();
             self.student.accumulate(&grads, ctx.grad_scale());
-            out = out.with_loss("generator_loss", loss);
             x0_i
         } else {
             student_x0(
@@ -213,27 +270,51 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
             .0
         };
 
+        let sample = Tensor::<B, 5>::from_inner(sample);
         let critic = critic_loss(
             self.critic.model(),
-            Tensor::from_inner(sample),
+            sample.clone(),
             per_sample_noise::<B>(ctx, idx, dims, "dmd2-critic-noise", &self.device),
             sigma_tensor::<B>(
                 &self.score_sigmas(ctx, idx, "dmd2-critic-sigma"),
                 &self.device,
             ),
-            text,
+            text.clone(),
         );
-        let grads = critic.loss.backward();
+        out = out.with_loss("critic_loss", critic.loss.clone());
+        let mut loss = critic.loss;
+        if let Some(d) = &self.discriminator {
+            let (real, t) = self.gan_point(batch.latents.clone(), ctx, idx);
+            let (fake, _) = self.gan_point(sample, ctx, idx);
+            let heads = d.model();
+            let real = heads.judge(self.critic.model(), real, t.clone(), text.clone());
+            let fake = heads.judge(self.critic.model(), fake, t, text);
+            let gan = self.cfg.gan_loss.discriminator_heads(real, fake);
+            out = out.with_loss("gan_discriminator_loss", gan.clone());
+            loss = loss + gan.mul_scalar(self.cfg.gan_discriminator_weight);
+        }
+        let grads = loss.backward();
         self.critic.accumulate(&grads, ctx.grad_scale());
-        Ok(out.with_loss("critic_loss", critic.loss))
+        if let Some(d) = &mut self.discriminator {
+            d.accumulate(&grads, ctx.grad_scale());
+        }
+        Ok(out)
     }
 
     fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
-        vec![&mut self.student, &mut self.critic]
+        let mut roles: Vec<&mut dyn RoleHandle<B>> = vec![&mut self.student, &mut self.critic];
+        if let Some(d) = &mut self.discriminator {
+            roles.push(d);
+        }
+        roles
     }
 
     fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
-        vec![&self.student, &self.critic]
+        let mut roles: Vec<&dyn RoleHandle<B>> = vec![&self.student, &self.critic];
+        if let Some(d) = &self.discriminator {
+            roles.push(d);
+        }
+        roles
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
@@ -291,6 +372,7 @@ mod tests {
             ),
             critic: TrainableRole::new("critic", tiny.init_seeded::<B>(&dev, 2), opt, None, 10),
             teacher: tiny.init_seeded::<I>(&dev, 3),
+            discriminator: None,
             device: dev,
         }
     }
@@ -356,6 +438,89 @@ mod tests {
                 ["student", "critic"]
             );
         }
+    }
+
+    /// DMD2 with the adversarial terms on, generator weight `g`, discriminator weight `d`.
+    fn gan_method(g: f64, d: f64) -> Dmd2<B> {
+        let mut m = method(Rollout::Simulate);
+        m.cfg.gan_generator_weight = g;
+        m.cfg.gan_discriminator_weight = d;
+        m.cfg.gan_heads.stride = 1;
+        m.cfg.gan_heads.hidden = 8;
+        let c = &m.critic.model().config;
+        let heads = m
+            .cfg
+            .gan_heads
+            .init::<B>(c.inner_dim(), c.num_layers, &Default::default())
+            .unwrap();
+        let opt = OptimizerConfig {
+            lr: 1e-3,
+            ..Default::default()
+        };
+        m.discriminator = Some(TrainableRole::new("discriminator", heads, opt, None, 10));
+        m
+    }
+
+    /// Per role: name, squared gradient norm and trainable weights after one step (step 0:
+    /// the generator is due).
+    fn after_one_step(mut m: Dmd2<B>) -> Vec<(String, f32, Vec<Vec<f32>>)> {
+        let out = m.micro_step(&batch(), &ctx(0)).unwrap();
+        let names: Vec<&str> = out.losses.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "generator_loss",
+                "gan_generator_loss",
+                "critic_loss",
+                "gan_discriminator_loss"
+            ]
+        );
+        let mut result = Vec::new();
+        for role in m.roles_mut() {
+            let norm = role
+                .grad_norm_sq()
+                .unwrap_or_else(|| panic!("{} has no gradients", role.name()))
+                .into_scalar();
+            role.apply_update(0, 1.0);
+            let w = role
+                .trainable_tensors()
+                .into_iter()
+                .map(|(_, t)| t.to_vec::<f32>().unwrap())
+                .collect();
+            result.push((role.name().to_string(), norm, w));
+        }
+        result
+    }
+
+    #[test]
+    fn gan_terms_reach_only_their_own_roles() {
+        let base = after_one_step(gan_method(1.0, 1.0));
+        let roles: Vec<&str> = base.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(roles, ["student", "critic", "discriminator"]);
+        // A different generator weight changes the student's update only.
+        let g = after_one_step(gan_method(3.0, 1.0));
+        assert_ne!(
+            g[0].2, base[0].2,
+            "the GAN generator term reaches the student"
+        );
+        assert_eq!(g[1], base[1], "the generator step changed the critic");
+        assert_eq!(
+            g[2], base[2],
+            "the generator step changed the discriminator"
+        );
+        // A different discriminator weight changes the critic and the heads, never the student.
+        let d = after_one_step(gan_method(1.0, 5.0));
+        assert_eq!(d[0], base[0], "the discriminator step changed the student");
+        assert_ne!(
+            d[1].2, base[1].2,
+            "the discriminator loss trains the critic's backbone"
+        );
+        // The heads learn from the discriminator loss alone: 5× the weight, 25× the norm².
+        let ratio = d[2].1 / base[2].1;
+        assert!(
+            (ratio - 25.0).abs() < 1e-2,
+            "heads' gradient norm² ratio {ratio}"
+        );
     }
 
     #[test]
