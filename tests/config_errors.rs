@@ -396,9 +396,10 @@ fn gradient_checkpointing_is_checked_per_method_and_role() {
 
 /// Adversarial options in the shipped configs: bad values name the key under `method`.
 #[test]
-fn adversarial_options_name_their_keys() {
+fn distillation_options_name_their_keys() {
     let adv = include_str!("../configs/adversarial_quickstart.toml");
     let gan = include_str!("../configs/dmd2_gan_quickstart.toml");
+    let cons = include_str!("../configs/consistency_quickstart.toml");
     for (text, file, set, wants) in [
         (
             adv,
@@ -435,6 +436,42 @@ fn adversarial_options_name_their_keys() {
             "gan.toml",
             "method.gan_heads.hidden=0",
             &["method.gan_heads.hidden"][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "method.multi_phased_distill_schedule=400-4,200-8",
+            &[
+                "method.multi_phased_distill_schedule",
+                "steps must increase, 200 follows 400",
+            ][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "method.num_euler_timesteps=6",
+            &[
+                "method.multi_phased_distill_schedule",
+                "exceeds num_euler_timesteps = 6",
+            ][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "method.target=teacher",
+            &["method.target", "ema", "student"][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "method.loss=l1",
+            &["method.loss", "huber", "l2"][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "method.ema_decay=1.0",
+            &["method.ema_decay", "[0, 1)"][..],
         ),
     ] {
         let err = parse_run_config(text, Path::new(file), &[set.to_string()])

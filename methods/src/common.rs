@@ -8,7 +8,23 @@ use reel_core::data::{text_tensors, DataSpec, TextCondition};
 use reel_core::flow::{cfg_combine, euler_sample, sampling_sigmas, TIMESTEP_SCALE};
 use reel_core::method::{BuildContext, MethodError, SampleRequest, StepContext};
 use reel_core::rng::StreamRng;
-use reel_models::{build_wan_role, WanModel};
+use reel_models::{build_wan_role, WanConfig, WanModel};
+
+/// A role's model must agree with the student's on latent channels and text width.
+pub fn check_io(name: &str, model: &WanConfig, student: &WanConfig) -> Result<(), MethodError> {
+    let io = |c: &WanConfig| (c.in_channels, c.out_channels, c.text_dim);
+    if io(model) != io(student) {
+        return Err(MethodError::Model {
+            role: name.to_string(),
+            message: format!(
+                "(in_channels, out_channels, text_dim) = {:?} differ from the student's {:?}",
+                io(model),
+                io(student)
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// Load the Wan model of role `name` on the autodiff backend.
 pub fn load_role<B: AutodiffBackend>(
@@ -155,10 +171,21 @@ pub fn sample_euler<B: Backend>(
     shift: f64,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
+    sample_euler_sigmas(model, req, &sampling_sigmas(steps, shift), guidance, device)
+}
+
+/// Euler flow-matching sampling of a request over an explicit σ schedule (starting at
+/// `sigmas[0]` from the request's noise; see [`euler_sample`]).
+pub fn sample_euler_sigmas<B: Backend>(
+    model: &WanModel<B>,
+    req: &SampleRequest,
+    sigmas: &[f64],
+    guidance: f64,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let (cond, uncond) = request_text::<B>(req, device);
     let x = request_noise::<B>(req, device);
-    let sigmas = sampling_sigmas(steps, shift);
-    let out = euler_sample(x, &sigmas, |x, s| {
+    let out = euler_sample(x, sigmas, |x, s| {
         guided_velocity(model, x, s, &cond, &uncond, guidance)
     });
     split_clips(out, &req.spec)

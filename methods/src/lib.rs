@@ -1,13 +1,16 @@
 //! Reel training methods: flow-matching fine-tuning (`finetune`), DMD2 distillation (`dmd2`,
-//! optionally with its GAN terms) and adversarial distillation (`adversarial`). Each method
+//! optionally with its GAN terms), adversarial distillation (`adversarial`) and multi-phase
+//! consistency distillation (`consistency`). Each method
 //! registers itself with one typetag impl plus one `register_plugin!` line.
 #![warn(missing_docs)]
 
 pub mod adversarial;
 pub mod common;
+pub mod consistency;
 pub mod dmd2;
 pub mod finetune;
 
 pub use adversarial::AdversarialConfig;
+pub use consistency::ConsistencyConfig;
 pub use dmd2::{Dmd2Config, Rollout};
 pub use finetune::{flow_matching_loss, loss_of_prediction, FinetuneConfig};

@@ -2,11 +2,12 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use reel_core::backend::CpuBackend;
 use reel_core::config::{parse_run_config, LoadedConfig};
 use reel_core::trainer::{train, TrainOptions, TrainSummary};
+use reel_plugins::callbacks::logging::jsonl::read_metrics;
 
 // Link the example plugin crate so its registrations exist in the test binary.
 pub use custom_method as _;
@@ -155,4 +156,87 @@ pub fn tiny_run_with_clean(extra: &[&str]) -> tempfile::TempDir {
     let o = reel_train(tmp.path(), "clean", extra, None);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     tmp
+}
+
+/// A `wan-tiny` run: student, frozen teacher (and a critic when `critic`), the given
+/// `[method]` body, `max_steps` steps with a checkpoint after each and per-step logging.
+pub fn distill_config(method: &str, critic: bool, max_steps: u64) -> String {
+    let wan = |role: &str, trainable: bool| {
+        format!(
+            "[models.{role}]\narch = \"wan\"\npreset = \"wan-tiny\"\ninit_seed = 2\ntrainable = {trainable}\n"
+        )
+    };
+    let critic = if critic {
+        wan("critic", true)
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
+[runtime]
+backend = "cpu"
+seed = 3
+
+{student}
+{teacher}
+{critic}
+[method]
+{method}
+
+[data]
+kind = "synthetic"
+batch_size = 2
+num_samples = 16
+frames = 2
+height = 12
+width = 12
+
+[optimizer]
+lr = 1e-3
+
+[training]
+max_steps = {max_steps}
+checkpoint_every = 1
+keep_last = 10
+
+[[callbacks]]
+kind = "logging"
+every_steps = 1
+"#,
+        student = wan("student", true),
+        teacher = wan("teacher", false),
+    )
+}
+
+/// Number of logged records holding `key`.
+pub fn records_with(run_dir: &Path, key: &str) -> usize {
+    let records = read_metrics(&run_dir.join("metrics.jsonl")).unwrap();
+    records.iter().filter(|r| r.contains_key(key)).count()
+}
+
+/// Train `text` straight to its last step in `tmp/straight`, and in `tmp/split` to
+/// `split_at` then resumed to the end; the listed checkpoint files of the final step must be
+/// identical. Returns the straight run's folder.
+pub fn straight_and_resumed(tmp: &Path, text: &str, split_at: u64, files: &[&str]) -> PathBuf {
+    let straight = tmp.join("straight");
+    let steps = run(&load(text, &[]), &straight, None).steps;
+    let split = tmp.join("split");
+    let at = format!("training.max_steps={split_at}");
+    run(&load(text, &[at.as_str()]), &split, None);
+    assert_eq!(run(&load(text, &[]), &split, Some("latest")).steps, steps);
+    for file in files {
+        let a = tensors(&ckpt(&straight, steps).join(file));
+        assert!(!a.is_empty(), "{file}");
+        assert_eq!(
+            a,
+            tensors(&ckpt(&split, steps).join(file)),
+            "{file} after resume"
+        );
+    }
+    straight
+}
+
+/// `role.safetensors` of checkpoint `k`.
+pub fn weights(run_dir: &Path, k: u64, role: &str) -> BTreeMap<String, Vec<f32>> {
+    tensors(&ckpt(run_dir, k).join(format!("{role}.safetensors")))
 }

@@ -255,6 +255,44 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
         }
     }
 
+    /// Move this role's trainable parameters towards those of `source` (same module layout),
+    /// on the device: `p ← d·p + (1−d)·q`. `decay = 0` copies `source`. For a target network
+    /// that follows another role (consistency distillation's EMA target) without an optimizer
+    /// of its own; the optimizer state and any EMA shadow are untouched.
+    pub fn follow(&mut self, source: &Self, decay: f64) {
+        let mut src: HashMap<String, Tensor<Inner<B>, 1>> = source
+            .trainable()
+            .into_iter()
+            .map(|(k, t, _)| (k, t))
+            .collect();
+        let values: HashMap<String, Tensor<Inner<B>, 1>> = self
+            .trainable()
+            .into_iter()
+            .map(|(k, p, _)| {
+                let q = src.remove(&k).unwrap_or_else(|| {
+                    panic!(
+                        "role `{}` follows `{}`, which lacks parameter `{k}`",
+                        self.name, source.name
+                    )
+                });
+                let next = if decay == 0.0 {
+                    q
+                } else {
+                    p.mul_scalar(decay).add(q.mul_scalar(1.0 - decay))
+                };
+                (k, next)
+            })
+            .collect();
+        assert!(
+            src.is_empty(),
+            "role `{}` follows `{}`, which has extra parameters {:?}",
+            self.name,
+            source.name,
+            src.keys().collect::<Vec<_>>()
+        );
+        self.replace(values, None);
+    }
+
     fn trainable(&self) -> Vec<(String, Tensor<Inner<B>, 1>, Vec<usize>)> {
         let mut c = TrainableCollector::<B> {
             path: PathStack::default(),

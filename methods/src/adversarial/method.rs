@@ -34,7 +34,7 @@ use reel_models::WanModel;
 use super::config::AdversarialConfig;
 use super::heads::DiscriminatorHeads;
 use super::loss::approx_r1;
-use crate::common::{load_role, per_sample_noise, sample_euler};
+use crate::common::{check_io, load_role, per_sample_noise, sample_euler};
 
 impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
     fn build_method(
@@ -52,6 +52,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
         // through it to its input) with every parameter frozen.
         let teacher = load_role::<B>(ctx, "teacher")?.no_grad();
         let tc = teacher.config.clone();
+        check_io("teacher", &tc, &student.model().config)?;
         let heads = self
             .heads
             .init::<B>(tc.inner_dim(), tc.num_layers, &ctx.device)

@@ -56,10 +56,10 @@ use reel_core::method::{
     TrainingMethod,
 };
 use reel_core::role::{RoleHandle, TrainableRole};
-use reel_models::{WanConfig, WanModel};
+use reel_models::WanModel;
 
 use crate::adversarial::DiscriminatorHeads;
-use crate::common::{load_frozen_role, load_role, per_sample_noise, sample_few_step};
+use crate::common::{check_io, load_frozen_role, load_role, per_sample_noise, sample_few_step};
 pub use config::{Dmd2Config, Rollout};
 pub use loss::{critic_loss, dmd_scores, generator_loss, CfgForm, CriticLoss, DmdScores};
 pub use rollout::{data_latent_input, simulate_input, student_x0, DenoisingSchedule, RolloutDraws};
@@ -71,22 +71,6 @@ reel_core::register_plugin!(
     "dmd2",
     "DMD2 distillation: few-step student vs frozen teacher (real score) and trained critic (fake score)"
 );
-
-/// The student, teacher and critic must agree on latent channels and text width.
-fn check_io(name: &str, model: &WanConfig, student: &WanConfig) -> Result<(), MethodError> {
-    let io = |c: &WanConfig| (c.in_channels, c.out_channels, c.text_dim);
-    if io(model) != io(student) {
-        return Err(MethodError::Model {
-            role: name.to_string(),
-            message: format!(
-                "(in_channels, out_channels, text_dim) = {:?} differ from the student's {:?}",
-                io(model),
-                io(student)
-            ),
-        });
-    }
-    Ok(())
-}
 
 impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
     fn build_method(
@@ -344,6 +328,7 @@ mod tests {
     use reel_core::data::{DataSpec, Prompt, TextCondition};
     use reel_core::optim::OptimizerConfig;
     use reel_core::rng::{RunRng, StreamRng};
+    use reel_models::WanConfig;
 
     type B = burn::backend::Autodiff<burn::backend::NdArray>;
     type I = burn::backend::NdArray;

@@ -1,103 +1,18 @@
-//! Adversarial training end to end on the CPU. `kind = "adversarial"`: a short run on
+//! Distillation methods end to end on the CPU. `kind = "adversarial"`: a short run on
 //! `wan-tiny` trains the student and the discriminator heads (checkpointed as the
 //! `discriminator` role, on the configured interval), logs its losses, and resumes bit for
 //! bit. `kind = "dmd2"` with the GAN weights: the heads on the critic train as a third role,
-//! the losses are logged, and a resume is exact.
+//! the losses are logged, and a resume is exact. `kind = "consistency"`: the student trains,
+//! the EMA target (role `target`) follows it by the configured decay without gradients, and a
+//! resume across a change of the phase count is exact.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
 use common::*;
-use reel_plugins::callbacks::logging::jsonl::read_metrics;
-
-/// A `wan-tiny` run: student, frozen teacher (and a critic when `critic`), the given
-/// `[method]` body, `max_steps` steps with a checkpoint after each and per-step logging.
-fn config(method: &str, critic: bool, max_steps: u64) -> String {
-    let wan = |role: &str, trainable: bool| {
-        format!(
-            "[models.{role}]\narch = \"wan\"\npreset = \"wan-tiny\"\ninit_seed = 2\ntrainable = {trainable}\n"
-        )
-    };
-    let critic = if critic {
-        wan("critic", true)
-    } else {
-        String::new()
-    };
-    format!(
-        r#"
-[runtime]
-backend = "cpu"
-seed = 3
-
-{student}
-{teacher}
-{critic}
-[method]
-{method}
-
-[data]
-kind = "synthetic"
-batch_size = 2
-num_samples = 16
-frames = 2
-height = 12
-width = 12
-
-[optimizer]
-lr = 1e-3
-
-[training]
-max_steps = {max_steps}
-checkpoint_every = 1
-keep_last = 10
-
-[[callbacks]]
-kind = "logging"
-every_steps = 1
-"#,
-        student = wan("student", true),
-        teacher = wan("teacher", false),
-    )
-}
-
-/// Number of logged records holding `key`.
-fn records_with(run_dir: &Path, key: &str) -> usize {
-    let records = read_metrics(&run_dir.join("metrics.jsonl")).unwrap();
-    records.iter().filter(|r| r.contains_key(key)).count()
-}
-
-/// Train `text` straight to its last step in `tmp/straight`, and in `tmp/split` to
-/// `split_at` then resumed to the end; the listed checkpoint files of the final step must be
-/// identical. Returns the straight run's folder.
-fn straight_and_resumed(tmp: &Path, text: &str, split_at: u64, files: &[&str]) -> PathBuf {
-    let straight = tmp.join("straight");
-    let steps = run(&load(text, &[]), &straight, None).steps;
-    let split = tmp.join("split");
-    let at = format!("training.max_steps={split_at}");
-    run(&load(text, &[at.as_str()]), &split, None);
-    assert_eq!(run(&load(text, &[]), &split, Some("latest")).steps, steps);
-    for file in files {
-        let a = tensors(&ckpt(&straight, steps).join(file));
-        assert!(!a.is_empty(), "{file}");
-        assert_eq!(
-            a,
-            tensors(&ckpt(&split, steps).join(file)),
-            "{file} after resume"
-        );
-    }
-    straight
-}
-
-/// `role.safetensors` of checkpoint `k`.
-fn weights(run_dir: &Path, k: u64, role: &str) -> BTreeMap<String, Vec<f32>> {
-    tensors(&ckpt(run_dir, k).join(format!("{role}.safetensors")))
-}
 
 #[test]
 fn adversarial_run_trains_both_roles_on_their_cadence_and_resumes_exactly() {
-    let text = config(
+    let text = distill_config(
         r#"kind = "adversarial"
 heads = { stride = 1, hidden = 16 }
 flow_matching_weight = 0.5
@@ -143,7 +58,7 @@ discriminator_optimizer = { lr = 1e-2 }"#,
 
 #[test]
 fn dmd2_with_gan_trains_heads_on_the_critic_and_resumes_exactly() {
-    let text = config(
+    let text = distill_config(
         r#"kind = "dmd2"
 denoising_steps = [1000, 500]
 generator_update_interval = 2
@@ -176,4 +91,62 @@ gan_heads = { blocks = [0], hidden = 16 }"#,
         2,
         "generator steps 0 and 2"
     );
+}
+
+#[test]
+fn consistency_run_keeps_an_ema_target_and_resumes_exactly_across_a_phase_change() {
+    // 8 Euler points; (1-based) steps 1-2 use 4 phases, later steps 2. The split at step 2
+    // resumes exactly where the phase count changes.
+    let text = distill_config(
+        r#"kind = "consistency"
+num_euler_timesteps = 8
+multi_phased_distill_schedule = "2-4,8-2"
+distill_cfg = 2.0
+ema_decay = 0.5
+pred_decay_weight = 0.01
+pred_decay_type = "l2""#,
+        false,
+        4,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [
+        "student.safetensors",
+        "student.optim.safetensors",
+        "target.safetensors",
+    ];
+    let straight = straight_and_resumed(tmp.path(), &text, 2, &files);
+
+    // Checkpoint k holds the state after steps 0..k. The target starts as a copy of the
+    // student and, from step 1 on, first moves halfway (decay 0.5) to the student.
+    let student = |k| weights(&straight, k, "student");
+    let target = |k| weights(&straight, k, "target");
+    assert_eq!(
+        target(1).keys().collect::<Vec<_>>(),
+        student(1).keys().collect::<Vec<_>>()
+    );
+    assert!(
+        max_diff(&target(1), &student(1)) > 0.0,
+        "step 0 moved the student"
+    );
+    for k in 2..=4 {
+        assert!(
+            max_diff(&student(k), &student(k - 1)) > 0.0,
+            "student step {k}"
+        );
+        let (t, prev, s) = (target(k), target(k - 1), student(k - 1));
+        let err = t
+            .iter()
+            .flat_map(|(key, v)| {
+                v.iter()
+                    .zip(&prev[key])
+                    .zip(&s[key])
+                    .map(|((t, e), p)| (t - (0.5 * e + 0.5 * p)).abs())
+            })
+            .fold(0.0, f32::max);
+        assert!(err < 1e-6, "target at checkpoint {k}: {err}");
+    }
+    let optim = tensors(&ckpt(&straight, 4).join("target.optim.safetensors"));
+    assert!(optim.is_empty(), "the target has no optimizer state");
+    assert_eq!(records_with(&straight, "loss"), 4);
+    assert_eq!(records_with(&straight, "pred_decay_loss"), 4);
 }

@@ -1,0 +1,289 @@
+//! The runtime `consistency` method: one training step and the phase sampler.
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+
+use reel_core::flow::{add_noise, sigma_tensor, timesteps_from_sigmas};
+use reel_core::method::{
+    Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
+    TrainingMethod,
+};
+use reel_core::role::{RoleHandle, TrainableRole};
+use reel_models::WanModel;
+
+use super::config::{ConsistencyConfig, TargetNetwork};
+use super::schedule::PhaseSchedule;
+use super::solver::{euler_segment, EulerSolver};
+use crate::common::{
+    check_io, load_frozen_role, load_role, per_sample_noise, per_sample_uniform,
+    sample_euler_sigmas,
+};
+use crate::dmd2::CfgForm;
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Model timesteps `[B]` of host σ values.
+fn timesteps<B: Backend>(sigmas: &[f64], device: &B::Device) -> Tensor<B, 1> {
+    let s: Vec<f32> = sigmas.iter().map(|&s| s as f32).collect();
+    timesteps_from_sigmas(sigma_tensor::<B>(&s, device))
+}
+
+/// The teacher's guided Euler step from `x` `[B, C, F, H, W]` at σ `from` to σ `to` (host,
+/// per sample): `x + (to − from)·v̂` with `v̂ = form.combine(v(cond), v(uncond), w)`. The
+/// unconditional pass is skipped when the combination ignores it. `text`, `uncond`:
+/// `[B, L, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn teacher_step<B: Backend>(
+    teacher: &WanModel<B>,
+    x: Tensor<B, 5>,
+    from: &[f64],
+    to: &[f64],
+    text: Tensor<B, 3>,
+    uncond: Tensor<B, 3>,
+    form: CfgForm,
+    w: f64,
+) -> Tensor<B, 5> {
+    let n = x.dims()[0];
+    let device = x.device();
+    let v = if form.is_cond_only(w) {
+        teacher.forward(x.clone(), timesteps::<B>(from, &device), text)
+    } else {
+        let both: Vec<f64> = from.iter().chain(from).copied().collect();
+        let out = teacher.forward(
+            Tensor::cat(vec![x.clone(), x.clone()], 0),
+            timesteps::<B>(&both, &device),
+            Tensor::cat(vec![text, uncond], 0),
+        );
+        form.combine(out.clone().narrow(0, 0, n), out.narrow(0, n, n), w)
+    };
+    euler_segment(x, v, from, to)
+}
+
+/// Where the training points of one micro-batch sit on the Euler grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Points {
+    /// σ of each sample's point `i`.
+    pub sigma: Vec<f64>,
+    /// σ of the teacher's next point `i − 1`.
+    pub sigma_next: Vec<f64>,
+    /// σ of the phase end of `i`.
+    pub sigma_end: Vec<f64>,
+}
+
+impl Points {
+    /// The σ values of `points` (each in `1..=N`) with `phases` phases.
+    pub fn new(solver: &EulerSolver, points: &[usize], phases: usize) -> Self {
+        let end = |i: usize| solver.sigma(solver.phase_end(i, phases));
+        Self {
+            sigma: points.iter().map(|&i| solver.sigma(i)).collect(),
+            sigma_next: points.iter().map(|&i| solver.sigma(i - 1)).collect(),
+            sigma_end: points.iter().map(|&i| end(i)).collect(),
+        }
+    }
+
+    /// Whether every teacher step already lands on its phase end (then the target is the
+    /// teacher's step itself and the target network is not needed).
+    pub fn next_is_end(&self) -> bool {
+        self.sigma_next == self.sigma_end
+    }
+}
+
+/// The consistency target (no gradients): the target network's prediction from the teacher's
+/// point `x_next` (at `points.sigma_next`), mapped to the phase end. When every point's next
+/// point is its phase end the target is `x_next` itself and `target` is not called.
+pub fn consistency_target<B: Backend>(
+    target: impl FnOnce() -> WanModel<B>,
+    x_next: Tensor<B, 5>,
+    points: &Points,
+    text: Tensor<B, 3>,
+) -> Tensor<B, 5> {
+    if points.next_is_end() {
+        return x_next;
+    }
+    let device = x_next.device();
+    let v = target().forward(
+        x_next.clone(),
+        timesteps::<B>(&points.sigma_next, &device),
+        text,
+    );
+    euler_segment(x_next, v, &points.sigma_next, &points.sigma_end)
+}
+
+impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
+    fn build_method(
+        &self,
+        ctx: &BuildContext<B>,
+    ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
+        let max_steps = ctx.training.max_steps;
+        let student_model = load_role(ctx, "student")?;
+        let teacher = load_frozen_role(ctx, "teacher")?;
+        check_io("teacher", &teacher.config, &student_model.config)?;
+        let student = TrainableRole::new(
+            "student",
+            student_model,
+            ctx.role_optimizer("student", None),
+            ctx.role_max_grad_norm("student"),
+            max_steps,
+        );
+        let target = match self.target {
+            TargetNetwork::Student => None,
+            TargetNetwork::Ema => {
+                // A second copy of the student (own parameter ids, same adapter layout),
+                // then an exact copy of its values (a LoRA adapter's random init included).
+                let mut t = TrainableRole::new(
+                    "target",
+                    load_role(ctx, "student")?,
+                    ctx.role_optimizer("student", None),
+                    None,
+                    max_steps,
+                );
+                t.follow(&student, 0.0);
+                Some(t)
+            }
+        };
+        Ok(Box::new(Consistency {
+            schedule: self.schedule(),
+            solver: self.solver(),
+            cfg: self.clone(),
+            student,
+            teacher,
+            target,
+            device: ctx.device.clone(),
+        }))
+    }
+}
+
+/// The runtime consistency-distillation method.
+pub struct Consistency<B: AutodiffBackend> {
+    pub(crate) cfg: ConsistencyConfig,
+    pub(crate) schedule: PhaseSchedule,
+    pub(crate) solver: EulerSolver,
+    pub(crate) student: TrainableRole<B, WanModel<B>>,
+    pub(crate) teacher: WanModel<Inner<B>>,
+    /// The EMA target (role `target`, never given gradients), when `target = "ema"`.
+    pub(crate) target: Option<TrainableRole<B, WanModel<B>>>,
+    pub(crate) device: B::Device,
+}
+
+impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
+    fn micro_step(
+        &mut self,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+    ) -> Result<StepOutput<B>, MethodError> {
+        // The EMA target follows the student after every optimizer step; doing it at the
+        // start of the next step keeps it a function of the checkpointed state.
+        if ctx.micro == 0 && ctx.step > 0 {
+            if let Some(t) = &mut self.target {
+                t.follow(&self.student, self.cfg.ema_decay);
+            }
+        }
+        let idx = &batch.indices;
+        let dims = batch.latents.dims();
+        let device = batch.latents.device();
+        let [n, l, d] = batch.text.dims();
+        let phases = self.schedule.phases_at(ctx.step);
+        let points: Vec<usize> = per_sample_uniform(ctx, idx, "consistency-point")
+            .into_iter()
+            .map(|u| self.solver.point_from_uniform(u))
+            .collect();
+        let pts = Points::new(&self.solver, &points, phases);
+
+        let s: Vec<f32> = pts.sigma.iter().map(|&s| s as f32).collect();
+        let noise = per_sample_noise::<Inner<B>>(ctx, idx, dims, "consistency-noise", &device);
+        let x_t = add_noise(
+            batch.latents.clone().inner(),
+            noise,
+            sigma_tensor::<Inner<B>>(&s, &device),
+        );
+        let text_i = batch.text.clone().inner();
+
+        // The student's phase-end prediction (with gradients).
+        let x_t_ad = Tensor::<B, 5>::from_inner(x_t.clone());
+        let v = self.student.model().forward(
+            x_t_ad.clone(),
+            timesteps::<B>(&pts.sigma, &device),
+            batch.text.clone(),
+        );
+        let pred = euler_segment(x_t_ad, v, &pts.sigma, &pts.sigma_end);
+
+        // The teacher's guided step and the target from its point (no gradients).
+        let x_next = teacher_step(
+            &self.teacher,
+            x_t,
+            &pts.sigma,
+            &pts.sigma_next,
+            text_i.clone(),
+            batch.negative_text.clone().inner().expand([n, l, d]),
+            self.cfg.cfg_form,
+            self.cfg.distill_cfg,
+        );
+        let target = consistency_target(
+            || match &self.target {
+                Some(t) => t.model_valid(),
+                None => self.student.model_valid(),
+            },
+            x_next,
+            &pts,
+            text_i,
+        );
+
+        let distance =
+            self.cfg
+                .loss
+                .loss(pred.clone(), Tensor::from_inner(target), self.cfg.huber_c);
+        let mut out = StepOutput::default();
+        let loss = if self.cfg.pred_decay_weight > 0.0 {
+            let decay = self.cfg.pred_decay_type.loss(pred);
+            let total = distance
+                .clone()
+                .add(decay.clone().mul_scalar(self.cfg.pred_decay_weight));
+            out = out
+                .with_loss("loss", total.clone())
+                .with_loss("consistency_loss", distance)
+                .with_loss("pred_decay_loss", decay);
+            total
+        } else {
+            out = out.with_loss("loss", distance.clone());
+            distance
+        };
+        let grads = loss.backward();
+        self.student.accumulate(&grads, ctx.grad_scale());
+        Ok(out)
+    }
+
+    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
+        let mut roles: Vec<&mut dyn RoleHandle<B>> = vec![&mut self.student];
+        if let Some(t) = &mut self.target {
+            roles.push(t);
+        }
+        roles
+    }
+
+    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
+        let mut roles: Vec<&dyn RoleHandle<B>> = vec![&self.student];
+        if let Some(t) = &self.target {
+            roles.push(t);
+        }
+        roles
+    }
+
+    fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
+        let steps = req.steps.unwrap_or(self.cfg.default_sample_steps());
+        let n = self.solver.points();
+        if !(1..=n).contains(&steps) {
+            return Err(MethodError::Unsupported(format!(
+                "consistency samples with 1 to {n} steps (one per phase, at most \
+                 `method.num_euler_timesteps`), {steps} were requested"
+            )));
+        }
+        let guidance = req.guidance.unwrap_or(self.cfg.guidance_scale);
+        Ok(sample_euler_sigmas(
+            &self.student.model_valid(),
+            req,
+            &self.solver.phase_sigmas(steps),
+            guidance,
+            &self.device,
+        ))
+    }
+}
