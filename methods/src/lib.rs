@@ -9,6 +9,8 @@ pub mod common;
 pub mod consistency;
 pub mod dmd2;
 pub mod finetune;
+#[cfg(test)]
+mod test_util;
 
 pub use adversarial::AdversarialConfig;
 pub use consistency::ConsistencyConfig;

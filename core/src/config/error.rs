@@ -80,6 +80,18 @@ pub mod check {
         }
     }
 
+    /// `value >= 0` (and finite).
+    pub fn non_negative_f64(key: &str, value: f64) -> Result<(), ConfigError> {
+        if value.is_finite() && value >= 0.0 {
+            Ok(())
+        } else {
+            Err(ConfigError::new(
+                key,
+                format!("expected a number >= 0, got {value}"),
+            ))
+        }
+    }
+
     /// `value >= 1`.
     pub fn positive_usize(key: &str, value: usize) -> Result<(), ConfigError> {
         if value >= 1 {

@@ -95,17 +95,8 @@ impl MethodConfig for AdversarialConfig {
         }
         check::positive_f64("generator_weight", self.generator_weight)?;
         check::positive_f64("discriminator_weight", self.discriminator_weight)?;
-        for (key, v) in [
-            ("flow_matching_weight", self.flow_matching_weight),
-            ("r1_weight", self.r1_weight),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ConfigError::new(
-                    key,
-                    format!("expected a number ≥ 0, got {v}"),
-                ));
-            }
-        }
+        check::non_negative_f64("flow_matching_weight", self.flow_matching_weight)?;
+        check::non_negative_f64("r1_weight", self.r1_weight)?;
         check::positive_f64("r1_epsilon", self.r1_epsilon)?;
         check::positive_usize("discriminator_interval", self.discriminator_interval)?;
         if let Some(p) = &self.discriminator_optimizer {

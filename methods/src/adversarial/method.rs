@@ -224,9 +224,8 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Adversarial<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Bool, Tensor};
+    use crate::test_util::{step_ctx, tiny_batch};
     use reel_core::optim::OptimizerConfig;
-    use reel_core::rng::{RunRng, StreamRng};
     use reel_models::WanConfig;
 
     type Ad = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -260,30 +259,11 @@ mod tests {
     }
 
     fn batch() -> Batch<Ad> {
-        let dev = Default::default();
-        let wan = WanConfig::preset("wan-tiny").unwrap();
-        let mut rng = StreamRng::from_seed(9);
-        Batch {
-            latents: rng.normal_tensor([2, wan.in_channels, 2, 4, 4], &dev),
-            text: rng.normal_tensor([2, 3, wan.text_dim], &dev),
-            text_mask: Tensor::<Ad, 2, Bool>::from_bool(
-                burn::tensor::TensorData::new(vec![true; 6], [2, 3]),
-                &dev,
-            ),
-            negative_text: Tensor::zeros([1, 3, wan.text_dim], &dev),
-            indices: vec![0, 1],
-            captions: vec![String::new(); 2],
-        }
+        tiny_batch(4, 3, 9, [0, 1])
     }
 
     fn ctx(step: u64) -> StepContext {
-        StepContext {
-            step,
-            micro: 0,
-            num_micro: 1,
-            max_steps: 10,
-            rng: RunRng::new(1),
-        }
+        step_ctx(step, 1)
     }
 
     fn weights<R: RoleHandle<Ad> + ?Sized>(role: &R) -> Vec<Vec<f32>> {

@@ -145,24 +145,10 @@ impl MethodConfig for ConsistencyConfig {
             ));
         }
         check::positive_f64("shift", self.shift)?;
-        for (key, v) in [
-            ("distill_cfg", self.distill_cfg),
-            ("pred_decay_weight", self.pred_decay_weight),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ConfigError::new(
-                    key,
-                    format!("expected a number >= 0, got {v}"),
-                ));
-            }
-        }
+        check::non_negative_f64("distill_cfg", self.distill_cfg)?;
+        check::non_negative_f64("pred_decay_weight", self.pred_decay_weight)?;
         check::positive_f64("huber_c", self.huber_c)?;
-        if !(self.ema_decay.is_finite() && (0.0..1.0).contains(&self.ema_decay)) {
-            return Err(ConfigError::new(
-                "ema_decay",
-                format!("expected a number in [0, 1), got {}", self.ema_decay),
-            ));
-        }
+        check::in_half_open("ema_decay", self.ema_decay, 0.0, 1.0)?;
         if let Some(s) = self.sample_steps {
             check::positive_usize("sample_steps", s)?;
             if s > n {

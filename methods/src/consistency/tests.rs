@@ -3,19 +3,20 @@
 
 use std::collections::BTreeMap;
 
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::Tensor;
 
 use reel_core::data::{DataSpec, Prompt, TextCondition};
 use reel_core::flow::x0_from_velocity;
 use reel_core::method::{Batch, SampleRequest, StepContext, TrainingMethod};
 use reel_core::optim::OptimizerConfig;
-use reel_core::rng::{RunRng, StreamRng};
+use reel_core::rng::StreamRng;
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_models::{WanConfig, WanModel};
 
 use super::*;
 use crate::common::{request_noise, request_text, sample_euler, split_clips};
 use crate::dmd2::CfgForm;
+use crate::test_util::{step_ctx, tiny_batch};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 type I = burn::backend::NdArray;
@@ -158,26 +159,11 @@ fn method(target: TargetNetwork, decay: f64) -> Consistency<B> {
 }
 
 fn batch() -> Batch<B> {
-    let dev = Default::default();
-    let mut r = StreamRng::from_seed(1);
-    Batch {
-        latents: r.normal_tensor([2, 4, 2, 8, 8], &dev),
-        text: r.normal_tensor([2, 8, 32], &dev),
-        text_mask: Tensor::<B, 2, Bool>::from_data([[true; 8]; 2], &dev),
-        negative_text: Tensor::zeros([1, 8, 32], &dev),
-        indices: vec![4, 9],
-        captions: vec![String::new(); 2],
-    }
+    tiny_batch(8, 8, 1, [4, 9])
 }
 
 fn ctx(step: u64) -> StepContext {
-    StepContext {
-        step,
-        micro: 0,
-        num_micro: 1,
-        max_steps: 10,
-        rng: RunRng::new(3),
-    }
+    step_ctx(step, 3)
 }
 
 fn weights(role: &dyn RoleHandle<B>) -> BTreeMap<String, Vec<f32>> {

@@ -184,12 +184,7 @@ impl MethodConfig for Dmd2Config {
             }
         }
         check::positive_f64("shift", self.shift)?;
-        if !(self.guidance_scale.is_finite() && self.guidance_scale >= 0.0) {
-            return Err(ConfigError::new(
-                "guidance_scale",
-                format!("expected a finite number >= 0, got {}", self.guidance_scale),
-            ));
-        }
+        check::non_negative_f64("guidance_scale", self.guidance_scale)?;
         check::in_range("min_timestep_ratio", self.min_timestep_ratio, 0.0, 1.0)?;
         check::in_range("max_timestep_ratio", self.max_timestep_ratio, 0.0, 1.0)?;
         if self.min_timestep_ratio > self.max_timestep_ratio {
@@ -212,17 +207,8 @@ impl MethodConfig for Dmd2Config {
                 .validate()
                 .map_err(|e| e.in_section("critic_optimizer"))?;
         }
-        for (key, v) in [
-            ("gan_generator_weight", self.gan_generator_weight),
-            ("gan_discriminator_weight", self.gan_discriminator_weight),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ConfigError::new(
-                    key,
-                    format!("expected a number >= 0, got {v}"),
-                ));
-            }
-        }
+        check::non_negative_f64("gan_generator_weight", self.gan_generator_weight)?;
+        check::non_negative_f64("gan_discriminator_weight", self.gan_discriminator_weight)?;
         if (self.gan_generator_weight > 0.0) != (self.gan_discriminator_weight > 0.0) {
             let (set, unset) = if self.gan_generator_weight > 0.0 {
                 ("gan_generator_weight", "gan_discriminator_weight")

@@ -324,10 +324,10 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::{Bool, Tensor};
+    use crate::test_util::{step_ctx, tiny_batch};
+    use burn::tensor::Tensor;
     use reel_core::data::{DataSpec, Prompt, TextCondition};
     use reel_core::optim::OptimizerConfig;
-    use reel_core::rng::{RunRng, StreamRng};
     use reel_models::WanConfig;
 
     type B = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -363,26 +363,11 @@ mod tests {
     }
 
     fn batch() -> Batch<B> {
-        let dev = Default::default();
-        let mut r = StreamRng::from_seed(1);
-        Batch {
-            latents: r.normal_tensor([2, 4, 2, 8, 8], &dev),
-            text: r.normal_tensor([2, 8, 32], &dev),
-            text_mask: Tensor::<B, 2, Bool>::from_data([[true; 8]; 2], &dev),
-            negative_text: Tensor::zeros([1, 8, 32], &dev),
-            indices: vec![4, 9],
-            captions: vec![String::new(); 2],
-        }
+        tiny_batch(8, 8, 1, [4, 9])
     }
 
     fn ctx(step: u64) -> StepContext {
-        StepContext {
-            step,
-            micro: 0,
-            num_micro: 1,
-            max_steps: 10,
-            rng: RunRng::new(3),
-        }
+        step_ctx(step, 3)
     }
 
     #[test]

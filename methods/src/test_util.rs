@@ -1,0 +1,39 @@
+//! Helpers shared by the methods' unit tests: the CPU test backends, a `wan-tiny`-shaped
+//! micro-batch and a step context.
+
+use burn::tensor::{Bool, Tensor, TensorData};
+
+use reel_core::method::{Batch, StepContext};
+use reel_core::rng::{RunRng, StreamRng};
+
+/// The autodiff backend the unit tests train on.
+pub type Ad = burn::backend::Autodiff<burn::backend::NdArray>;
+
+/// Two `wan-tiny`-shaped samples (4 channels, 2 frames, `side × side`, `text_len` tokens of
+/// width 32, all valid, zero negative text) drawn from `seed`, with global `indices`.
+pub fn tiny_batch(side: usize, text_len: usize, seed: u64, indices: [usize; 2]) -> Batch<Ad> {
+    let dev = Default::default();
+    let mut r = StreamRng::from_seed(seed);
+    Batch {
+        latents: r.normal_tensor([2, 4, 2, side, side], &dev),
+        text: r.normal_tensor([2, text_len, 32], &dev),
+        text_mask: Tensor::<Ad, 2, Bool>::from_bool(
+            TensorData::new(vec![true; 2 * text_len], [2, text_len]),
+            &dev,
+        ),
+        negative_text: Tensor::zeros([1, text_len, 32], &dev),
+        indices: indices.to_vec(),
+        captions: vec![String::new(); 2],
+    }
+}
+
+/// The context of micro-batch 0 of 1 at global `step` of a 10-step run seeded `seed`.
+pub fn step_ctx(step: u64, seed: u64) -> StepContext {
+    StepContext {
+        step,
+        micro: 0,
+        num_micro: 1,
+        max_steps: 10,
+        rng: RunRng::new(seed),
+    }
+}
