@@ -5,7 +5,9 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use reel_core::data::{text_tensors, DataSpec, TextCondition};
-use reel_core::flow::{cfg_combine, euler_sample, sampling_sigmas, TIMESTEP_SCALE};
+use reel_core::flow::{
+    cfg_combine, euler_sample, sampling_sigmas, shift_sigma, TimestepDensity, TIMESTEP_SCALE,
+};
 use reel_core::method::{BuildContext, MethodError, SampleRequest, StepContext};
 use reel_core::rng::StreamRng;
 use reel_models::{build_wan_role, WanConfig, WanModel};
@@ -76,6 +78,23 @@ pub fn per_sample_uniform(ctx: &StepContext, indices: &[usize], stream: &str) ->
     indices
         .iter()
         .map(|&i| ctx.rng.stream(ctx.step, i as u64, stream).uniform())
+        .collect()
+}
+
+/// One shifted training σ per sample from `density`, keyed like [`per_sample_noise`].
+pub fn per_sample_sigmas(
+    ctx: &StepContext,
+    indices: &[usize],
+    density: &TimestepDensity,
+    shift: f64,
+    stream: &str,
+) -> Vec<f32> {
+    indices
+        .iter()
+        .map(|&i| {
+            let mut r = ctx.rng.stream(ctx.step, i as u64, stream);
+            shift_sigma(density.sample(&mut r), shift) as f32
+        })
         .collect()
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use reel_core::config::{check, ConfigError};
 use reel_core::flow::{
-    add_noise, shift_sigma, sigma_tensor, timesteps_from_sigmas, velocity_target, x0_from_velocity,
+    add_noise, sigma_tensor, timesteps_from_sigmas, velocity_target, x0_from_velocity,
     TimestepDensity,
 };
 use reel_core::method::{
@@ -22,7 +22,9 @@ use reel_core::method::{
 use reel_core::role::{RoleHandle, RoleRequirement, TrainableRole};
 use reel_models::WanModel;
 
-use crate::common::{drop_text, load_role, per_sample_noise, per_sample_uniform, sample_euler};
+use crate::common::{
+    drop_text, load_role, per_sample_noise, per_sample_sigmas, per_sample_uniform, sample_euler,
+};
 
 /// `[method] kind = "finetune"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,13 +113,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let model = load_role(ctx, "student")?;
-        let student = TrainableRole::new(
-            "student",
-            model,
-            ctx.role_optimizer("student", None),
-            ctx.role_max_grad_norm("student"),
-            ctx.training.max_steps,
-        );
+        let student = ctx.trainable_role("student", model, None);
         Ok(Box::new(Finetune {
             cfg: self.clone(),
             student,
@@ -177,13 +173,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
     ) -> Result<StepOutput<B>, MethodError> {
         let dims = batch.latents.dims();
         let idx = &batch.indices;
-        let sigmas: Vec<f32> = idx
-            .iter()
-            .map(|&i| {
-                let mut r = ctx.rng.stream(ctx.step, i as u64, "sigma");
-                shift_sigma(self.cfg.sigma_density.sample(&mut r), self.cfg.shift) as f32
-            })
-            .collect();
+        let sigmas = per_sample_sigmas(ctx, idx, &self.cfg.sigma_density, self.cfg.shift, "sigma");
         let noise = per_sample_noise::<B>(ctx, idx, dims, "noise", &self.device);
         let drop: Vec<bool> = per_sample_uniform(ctx, idx, "cfg-dropout")
             .into_iter()

@@ -3,11 +3,22 @@
 
 use burn::tensor::{Bool, Tensor, TensorData};
 
+use reel_core::data::DataSpec;
 use reel_core::method::{Batch, StepContext};
 use reel_core::rng::{RunRng, StreamRng};
 
 /// The autodiff backend the unit tests train on.
 pub type Ad = burn::backend::Autodiff<burn::backend::NdArray>;
+
+/// The clip shape of [`tiny_batch`] with `side = 8`, `text_len = 8` (for sampling requests).
+pub const TINY_SPEC: DataSpec = DataSpec {
+    channels: 4,
+    frames: 2,
+    height: 8,
+    width: 8,
+    text_len: 8,
+    text_dim: 32,
+};
 
 /// Two `wan-tiny`-shaped samples (4 channels, 2 frames, `side × side`, `text_len` tokens of
 /// width 32, all valid, zero negative text) drawn from `seed`, with global `indices`.

@@ -17,7 +17,7 @@ use crate::config::{ConfigError, TrainingConfig};
 use crate::data::{DataError, DataSpec, Prompt, TextCondition};
 use crate::optim::{OptimizerConfig, OptimizerPatch};
 use crate::rng::RunRng;
-use crate::role::{RoleConfig, RoleHandle, RoleRequirement, RoleStateError};
+use crate::role::{RoleConfig, RoleHandle, RoleRequirement, RoleStateError, TrainableRole};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -225,6 +225,26 @@ impl<B: Backend> BuildContext<'_, B> {
         } else {
             self.base_dir.join(p)
         }
+    }
+}
+
+impl<B: AutodiffBackend> BuildContext<'_, B> {
+    /// The trainable role `name` around `model`, with the role's optimizer (`[optimizer]`,
+    /// then `method_patch`, then the role's own table), its clipping threshold and the run's
+    /// length for the LR schedule.
+    pub fn trainable_role<M: burn::module::AutodiffModule<B>>(
+        &self,
+        name: &str,
+        model: M,
+        method_patch: Option<&OptimizerPatch>,
+    ) -> TrainableRole<B, M> {
+        TrainableRole::new(
+            name,
+            model,
+            self.role_optimizer(name, method_patch),
+            self.role_max_grad_norm(name),
+            self.training.max_steps,
+        )
     }
 }
 

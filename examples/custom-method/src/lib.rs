@@ -178,23 +178,10 @@ impl<B: AutodiffBackend> BuildMethod<B> for ToyMethodConfig {
         let c = ctx.role("critic")?;
         let student = ToyModel::new(n, OUT, s.init_seed.unwrap_or(1), &ctx.device);
         let critic = ToyModel::new(OUT, OUT, c.init_seed.unwrap_or(2), &ctx.device);
-        let max = ctx.training.max_steps;
         Ok(Box::new(ToyMethod {
             cfg: self.clone(),
-            student: TrainableRole::new(
-                "student",
-                student,
-                ctx.role_optimizer("student", None),
-                ctx.role_max_grad_norm("student"),
-                max,
-            ),
-            critic: TrainableRole::new(
-                "critic",
-                critic,
-                ctx.role_optimizer("critic", None),
-                ctx.role_max_grad_norm("critic"),
-                max,
-            ),
+            student: ctx.trainable_role("student", student, None),
+            critic: ctx.trainable_role("critic", critic, None),
             device: ctx.device.clone(),
         }))
     }

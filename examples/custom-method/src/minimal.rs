@@ -38,11 +38,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for FixedSigma {
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let model = reel_methods::common::load_role(ctx, "student")?;
-        let (opt, clip) = (
-            ctx.role_optimizer("student", None),
-            ctx.role_max_grad_norm("student"),
-        );
-        let student = TrainableRole::new("student", model, opt, clip, ctx.training.max_steps);
+        let student = ctx.trainable_role("student", model, None);
         Ok(Box::new(FixedSigmaMethod {
             sigma: self.sigma as f32,
             student,

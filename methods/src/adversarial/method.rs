@@ -22,7 +22,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 
-use reel_core::flow::{add_noise, shift_sigma, sigma_tensor, timesteps_from_sigmas};
+use reel_core::flow::{add_noise, sigma_tensor, timesteps_from_sigmas};
 use reel_core::flow::{velocity_target, x0_from_velocity};
 use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
@@ -34,20 +34,14 @@ use reel_models::WanModel;
 use super::config::AdversarialConfig;
 use super::heads::DiscriminatorHeads;
 use super::loss::approx_r1;
-use crate::common::{check_io, load_role, per_sample_noise, sample_euler};
+use crate::common::{check_io, load_role, per_sample_noise, per_sample_sigmas, sample_euler};
 
 impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
     fn build_method(
         &self,
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
-        let student = TrainableRole::new(
-            "student",
-            load_role(ctx, "student")?,
-            ctx.role_optimizer("student", None),
-            ctx.role_max_grad_norm("student"),
-            ctx.training.max_steps,
-        );
+        let student = ctx.trainable_role("student", load_role(ctx, "student")?, None);
         // The feature network stays on the autodiff backend (the student's gradient flows
         // through it to its input) with every parameter frozen.
         let teacher = load_role::<B>(ctx, "teacher")?.no_grad();
@@ -87,14 +81,13 @@ pub struct Adversarial<B: AutodiffBackend> {
 impl<B: AutodiffBackend> Adversarial<B> {
     /// Shifted σ per sample from the run's generators (stream `name`).
     fn sigmas(&self, batch: &Batch<B>, ctx: &StepContext, name: &str) -> Vec<f32> {
-        batch
-            .indices
-            .iter()
-            .map(|&i| {
-                let mut r = ctx.rng.stream(ctx.step, i as u64, name);
-                shift_sigma(self.cfg.sigma_density.sample(&mut r), self.cfg.shift) as f32
-            })
-            .collect()
+        per_sample_sigmas(
+            ctx,
+            &batch.indices,
+            &self.cfg.sigma_density,
+            self.cfg.shift,
+            name,
+        )
     }
 
     /// Logits on the inner backend (no graph through the teacher), lifted back as constants.

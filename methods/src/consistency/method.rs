@@ -118,13 +118,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
         let student_model = load_role(ctx, "student")?;
         let teacher = load_frozen_role(ctx, "teacher")?;
         check_io("teacher", &teacher.config, &student_model.config)?;
-        let student = TrainableRole::new(
-            "student",
-            student_model,
-            ctx.role_optimizer("student", None),
-            ctx.role_max_grad_norm("student"),
-            max_steps,
-        );
+        let student = ctx.trainable_role("student", student_model, None);
         let target = match self.target {
             TargetNetwork::Student => None,
             TargetNetwork::Ema => {

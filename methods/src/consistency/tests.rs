@@ -16,19 +16,12 @@ use reel_models::{WanConfig, WanModel};
 use super::*;
 use crate::common::{request_noise, request_text, sample_euler, split_clips};
 use crate::dmd2::CfgForm;
-use crate::test_util::{step_ctx, tiny_batch};
+use crate::test_util::{step_ctx, tiny_batch, TINY_SPEC};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 type I = burn::backend::NdArray;
 
-const SPEC: DataSpec = DataSpec {
-    channels: 4,
-    frames: 2,
-    height: 8,
-    width: 8,
-    text_len: 8,
-    text_dim: 32,
-};
+const SPEC: DataSpec = TINY_SPEC;
 
 fn tiny() -> WanConfig {
     WanConfig::preset("wan-tiny").unwrap()

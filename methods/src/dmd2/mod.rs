@@ -83,20 +83,8 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
         check_io("critic", &critic_model.config, &student_model.config)?;
         let teacher = load_frozen_role(ctx, "teacher")?;
         check_io("teacher", &teacher.config, &student_model.config)?;
-        let student = TrainableRole::new(
-            "student",
-            student_model,
-            ctx.role_optimizer("student", None),
-            ctx.role_max_grad_norm("student"),
-            max_steps,
-        );
-        let critic = TrainableRole::new(
-            "critic",
-            critic_model,
-            ctx.role_optimizer("critic", self.critic_optimizer.as_ref()),
-            ctx.role_max_grad_norm("critic"),
-            max_steps,
-        );
+        let student = ctx.trainable_role("student", student_model, None);
+        let critic = ctx.trainable_role("critic", critic_model, self.critic_optimizer.as_ref());
         let discriminator = if self.gan_enabled() {
             let cc = &critic.model().config;
             let heads = self
@@ -324,9 +312,9 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{step_ctx, tiny_batch};
+    use crate::test_util::{step_ctx, tiny_batch, TINY_SPEC};
     use burn::tensor::Tensor;
-    use reel_core::data::{DataSpec, Prompt, TextCondition};
+    use reel_core::data::{Prompt, TextCondition};
     use reel_core::optim::OptimizerConfig;
     use reel_models::WanConfig;
 
@@ -496,14 +484,7 @@ mod tests {
     #[test]
     fn sampler_is_deterministic_and_honours_steps() {
         let mut m = method(Rollout::Simulate);
-        let spec = DataSpec {
-            channels: 4,
-            frames: 2,
-            height: 8,
-            width: 8,
-            text_len: 8,
-            text_dim: 32,
-        };
+        let spec = TINY_SPEC;
         let prompt = |v: f32| Prompt {
             caption: String::new(),
             text: TextCondition {
