@@ -71,3 +71,26 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     assert_eq!(report["clips"], 2);
     assert_eq!(report["ema"], true);
 }
+
+/// The quickstart model's temporal patch is 4 frames: a clip length it cannot tile is a
+/// clear error naming the data key and the role before any step, not a panic in the patch
+/// embedding.
+#[test]
+fn clip_length_the_patch_cannot_tile_is_a_config_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("qs");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/quickstart.toml");
+    let o = Command::new(BIN)
+        .args(["train", config, "--output"])
+        .arg(&out)
+        .args(["--set", "data.frames=6"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    assert!(!out.join("checkpoints").exists(), "no step was taken");
+}

@@ -29,15 +29,16 @@ WAN21_IO = dict(patch_size=(1, 2, 2), in_channels=16, out_channels=16, text_dim=
                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 
-def small(layers, heads, head_dim, ffn):
-    return dict(SMALL_IO, num_layers=layers, num_attention_heads=heads, attention_head_dim=head_dim, ffn_dim=ffn)
+def small(layers, heads, head_dim, ffn, patch_size=(1, 2, 2)):
+    return dict(SMALL_IO, patch_size=patch_size, num_layers=layers, num_attention_heads=heads,
+                attention_head_dim=head_dim, ffn_dim=ffn)
 
 
 PRESETS = {
     "wan-tiny": dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
                      out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
                      qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
-    "wan-quickstart": small(4, 2, 48, 384),
+    "wan-quickstart": small(4, 4, 48, 768, patch_size=(4, 2, 2)),
     "wan-bench-small": small(4, 4, 32, 512),
     "wan-bench-medium": small(8, 8, 64, 2048),
     "wan2.1-t2v-1.3b": dict(WAN21_IO, num_layers=30, num_attention_heads=12, attention_head_dim=128, ffn_dim=8960),

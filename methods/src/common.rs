@@ -28,18 +28,60 @@ pub fn check_io(name: &str, model: &WanConfig, student: &WanConfig) -> Result<()
     Ok(())
 }
 
-/// Load the Wan model of role `name` on the autodiff backend.
+/// A role's model must fit the data: latent channels, text width, and frames / height /
+/// width divisible by its patch size (otherwise the patch embedding cannot tile the clip).
+/// The error names the data key to change.
+pub fn check_data(name: &str, model: &WanConfig, spec: &DataSpec) -> Result<(), MethodError> {
+    let err = |message: String| {
+        Err(MethodError::Model {
+            role: name.to_string(),
+            message,
+        })
+    };
+    if model.in_channels != spec.channels {
+        return err(format!(
+            "the model takes {} latent channels (in_channels) but the data has {}",
+            model.in_channels, spec.channels
+        ));
+    }
+    if model.text_dim != spec.text_dim {
+        return err(format!(
+            "the model takes text embeddings {} wide (text_dim) but the data's are {} wide",
+            model.text_dim, spec.text_dim
+        ));
+    }
+    let axes = [
+        ("data.frames", spec.frames),
+        ("data.height", spec.height),
+        ("data.width", spec.width),
+    ];
+    for ((key, size), patch) in axes.into_iter().zip(model.patch_size) {
+        if size % patch != 0 {
+            return err(format!(
+                "`{key}` = {size} is not a multiple of the model's patch size {patch} on that \
+                 axis (patch_size {:?})",
+                model.patch_size
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Load the Wan model of role `name` on the autodiff backend (checked against the data with
+/// [`check_data`]).
 pub fn load_role<B: AutodiffBackend>(
     ctx: &BuildContext<B>,
     name: &str,
 ) -> Result<WanModel<B>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
+    let model = build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
         .map(|m| m.with_precision(ctx.precision))
         .map_err(|message| MethodError::Model {
             role: name.to_string(),
             message,
-        })
+        })?;
+    check_data(name, &model.config, &ctx.data_spec)?;
+    Ok(model)
 }
 
 /// Load a frozen role directly on the inner (non-autodiff) backend: no graph, no gradients.
@@ -48,12 +90,14 @@ pub fn load_frozen_role<B: AutodiffBackend>(
     name: &str,
 ) -> Result<WanModel<B::InnerBackend>, MethodError> {
     let role = ctx.role(name)?;
-    build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
+    let model = build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
         .map(|m| m.with_precision(ctx.precision))
         .map_err(|message| MethodError::Model {
             role: name.to_string(),
             message,
-        })
+        })?;
+    check_data(name, &model.config, &ctx.data_spec)?;
+    Ok(model)
 }
 
 /// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),
@@ -274,4 +318,59 @@ pub fn sample_few_step<B: Backend>(
         x0 = x.clone().sub(v.mul_scalar(sigma));
     }
     split_clips(x0, &req.spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
+        DataSpec {
+            channels: 4,
+            frames,
+            height,
+            width,
+            text_len: 8,
+            text_dim: 32,
+        }
+    }
+
+    fn message(r: Result<(), MethodError>) -> String {
+        r.expect_err("should be rejected").to_string()
+    }
+
+    #[test]
+    fn check_data_accepts_clips_the_patch_tiles() {
+        let m = WanConfig::preset("wan-quickstart").unwrap();
+        assert_eq!(m.patch_size, [4, 2, 2]);
+        check_data("student", &m, &spec(4, 12, 12)).unwrap();
+        check_data("student", &m, &spec(8, 14, 16)).unwrap();
+    }
+
+    #[test]
+    fn check_data_names_the_data_key_and_role() {
+        let m = WanConfig::preset("wan-quickstart").unwrap();
+        let e = message(check_data("student", &m, &spec(6, 12, 12)));
+        for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
+            assert!(e.contains(want), "missing {want:?} in: {e}");
+        }
+        let e = message(check_data("teacher", &m, &spec(4, 13, 12)));
+        assert!(
+            e.contains("role `teacher`") && e.contains("`data.height` = 13"),
+            "{e}"
+        );
+        let e = message(check_data("critic", &m, &spec(4, 12, 15)));
+        assert!(e.contains("`data.width` = 15"), "{e}");
+        let mut s = spec(4, 12, 12);
+        s.channels = 16;
+        let e = message(check_data("student", &m, &s));
+        assert!(
+            e.contains("4 latent channels") && e.contains("has 16"),
+            "{e}"
+        );
+        let mut s = spec(4, 12, 12);
+        s.text_dim = 64;
+        let e = message(check_data("student", &m, &s));
+        assert!(e.contains("32 wide") && e.contains("64 wide"), "{e}");
+    }
 }

@@ -32,8 +32,8 @@ fn run(
     // test threads).
     let dev = Default::default();
     let mut rng = StreamRng::from_seed(7);
-    let x: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 2, 8, 8], &dev);
-    let target: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 2, 8, 8], &dev);
+    let x: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 4, 8, 16], &dev);
+    let target: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 4, 8, 16], &dev);
     let t = Tensor::<Ad, 1>::from_floats([900.0, 250.0], &dev);
     let ctx: Tensor<Ad, 3> = rng.normal_tensor([2, 6, 32], &dev);
     let out = m.forward(x, t, ctx);

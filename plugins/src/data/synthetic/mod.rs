@@ -100,8 +100,9 @@ pub struct SyntheticConfig {
     /// Placement of the moving shape. Absent (the default): anywhere in the frame. A number
     /// `j`: the path through the middle of the frame, shifted by at most `j` pixels along and
     /// across the motion (one clip per caption, up to jitter and size). Not easier for Wan:
-    /// it has no absolute position embedding, and `wan-quickstart` did not learn the fixed
-    /// position within 800 steps (measured), so the quickstart leaves this unset.
+    /// it has no absolute position embedding, and the first quickstart model (patch
+    /// `[1, 2, 2]`) did not learn the fixed position within 800 steps (measured), so the
+    /// quickstart leaves this unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<usize>,
     /// Motion speed in pixels per frame (default 1). The path is clamped to the frame, so
