@@ -288,7 +288,7 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
         ),
         (
             "missing training.max_steps",
-            Replace("max_steps = 1500", ""),
+            Replace("max_steps = 2400", ""),
             &["training", "max_steps"],
         ),
         (
