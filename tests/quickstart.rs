@@ -6,34 +6,34 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_reel");
 
+/// `reel train configs/quickstart.toml --output <out>` with `--set` overrides.
+fn train_quickstart(out: &std::path::Path, sets: &[&str]) -> std::process::Output {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/quickstart.toml");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["train", config, "--output"]).arg(out);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.output().unwrap()
+}
+
 #[test]
 fn short_quickstart_runs_end_to_end_and_evaluates() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("qs");
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/quickstart.toml");
-    let o = Command::new(BIN)
-        .args(["train", config, "--output"])
-        .arg(&out)
-        .args([
-            "--set",
+    let o = train_quickstart(
+        &out,
+        &[
             "models.student.preset=wan-tiny",
-            "--set",
             "training.max_steps=4",
-            "--set",
             "training.checkpoint_every=2",
-            "--set",
             "callbacks.2.every_steps=2",
-            "--set",
             "callbacks.2.num_prompts=2",
-            "--set",
             "callbacks.2.sampling_steps=2",
-            "--set",
             "data.batch_size=2",
-            "--set",
             "data.frames=2",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("validation @ step 4"), "{err}");
@@ -79,13 +79,7 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
 fn clip_length_the_patch_cannot_tile_is_a_config_error() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("qs");
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/quickstart.toml");
-    let o = Command::new(BIN)
-        .args(["train", config, "--output"])
-        .arg(&out)
-        .args(["--set", "data.frames=6"])
-        .output()
-        .unwrap();
+    let o = train_quickstart(&out, &["data.frames=6"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(!err.contains("panicked"), "{err}");

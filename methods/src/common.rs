@@ -67,14 +67,14 @@ pub fn check_data(name: &str, model: &WanConfig, spec: &DataSpec) -> Result<(), 
     Ok(())
 }
 
-/// Load the Wan model of role `name` on the autodiff backend (checked against the data with
-/// [`check_data`]).
-pub fn load_role<B: AutodiffBackend>(
+/// Build role `name`'s model on backend `M` in the run's precision and check it against the
+/// data with [`check_data`].
+fn load_on<B: AutodiffBackend, M: Backend<Device = B::Device>>(
     ctx: &BuildContext<B>,
     name: &str,
-) -> Result<WanModel<B>, MethodError> {
+) -> Result<WanModel<M>, MethodError> {
     let role = ctx.role(name)?;
-    let model = build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
+    let model = build_wan_role::<M>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
         .map(|m| m.with_precision(ctx.precision))
         .map_err(|message| MethodError::Model {
             role: name.to_string(),
@@ -84,20 +84,21 @@ pub fn load_role<B: AutodiffBackend>(
     Ok(model)
 }
 
+/// Load the Wan model of role `name` on the autodiff backend (checked against the data with
+/// [`check_data`]).
+pub fn load_role<B: AutodiffBackend>(
+    ctx: &BuildContext<B>,
+    name: &str,
+) -> Result<WanModel<B>, MethodError> {
+    load_on::<B, B>(ctx, name)
+}
+
 /// Load a frozen role directly on the inner (non-autodiff) backend: no graph, no gradients.
 pub fn load_frozen_role<B: AutodiffBackend>(
     ctx: &BuildContext<B>,
     name: &str,
 ) -> Result<WanModel<B::InnerBackend>, MethodError> {
-    let role = ctx.role(name)?;
-    let model = build_wan_role::<B::InnerBackend>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
-        .map(|m| m.with_precision(ctx.precision))
-        .map_err(|message| MethodError::Model {
-            role: name.to_string(),
-            message,
-        })?;
-    check_data(name, &model.config, &ctx.data_spec)?;
-    Ok(model)
+    load_on::<B, B::InnerBackend>(ctx, name)
 }
 
 /// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),
