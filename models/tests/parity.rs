@@ -226,4 +226,59 @@ mod cuda {
     fn cuda_training_step_matches_diffusers_with_memory_efficient_attention() {
         training_parity_on::<CudaAd>(&dev(), AttentionMode::MemoryEfficient, TF32);
     }
+
+    #[test]
+    fn cuda_forward_matches_diffusers_with_fused_attention() {
+        forward_parity_on::<Cuda>(&dev(), AttentionMode::Fused, TF32);
+    }
+
+    #[test]
+    fn cuda_training_step_matches_diffusers_with_fused_attention() {
+        training_parity_on::<CudaAd>(&dev(), AttentionMode::Fused, TF32);
+    }
+}
+
+/// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu
+/// --test parity`): the CubeCL code path without an NVIDIA GPU. On a machine without a GPU it
+/// runs on Mesa's software Vulkan driver (lavapipe, Debian package `mesa-vulkan-drivers`).
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use super::*;
+
+    type Wgpu = burn::backend::Wgpu;
+    type WgpuAd = burn::backend::Autodiff<Wgpu>;
+
+    fn dev() -> burn::backend::wgpu::WgpuDevice {
+        burn::backend::wgpu::WgpuDevice::default()
+    }
+
+    #[test]
+    fn wgpu_forward_matches_diffusers() {
+        forward_parity_on::<Wgpu>(&dev(), AttentionMode::Naive, F32);
+    }
+
+    #[test]
+    fn wgpu_forward_matches_diffusers_with_memory_efficient_attention() {
+        forward_parity_on::<Wgpu>(&dev(), AttentionMode::MemoryEfficient, F32);
+    }
+
+    #[test]
+    fn wgpu_training_step_matches_diffusers() {
+        training_parity_on::<WgpuAd>(&dev(), AttentionMode::Naive, F32);
+    }
+
+    #[test]
+    fn wgpu_training_step_matches_diffusers_with_memory_efficient_attention() {
+        training_parity_on::<WgpuAd>(&dev(), AttentionMode::MemoryEfficient, F32);
+    }
+
+    #[test]
+    fn wgpu_forward_matches_diffusers_with_fused_attention() {
+        forward_parity_on::<Wgpu>(&dev(), AttentionMode::Fused, F32);
+    }
+
+    #[test]
+    fn wgpu_training_step_matches_diffusers_with_fused_attention() {
+        training_parity_on::<WgpuAd>(&dev(), AttentionMode::Fused, F32);
+    }
 }

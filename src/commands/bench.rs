@@ -77,7 +77,7 @@ pub struct BenchArgs {
 
 fn parse_attention(s: &str) -> Result<AttentionMode, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| format!("`{s}`: expected auto, naive or memory_efficient"))
+        .map_err(|_| format!("`{s}`: expected auto, naive, memory_efficient or fused"))
 }
 
 fn parse_dtype(s: &str) -> Result<Precision, String> {

@@ -36,6 +36,9 @@ pub enum AttentionMode {
     Naive,
     /// Always the blocked kernel with its own backward.
     MemoryEfficient,
+    /// Reel's fused CubeCL attention kernels (forward and backward) on the `cuda` and `wgpu`
+    /// backends; the memory-efficient blocked version on every other backend.
+    Fused,
 }
 
 impl AttentionMode {
@@ -44,7 +47,7 @@ impl AttentionMode {
         match self {
             AttentionMode::Auto => seq_q >= AUTO_MIN_TOKENS,
             AttentionMode::Naive => false,
-            AttentionMode::MemoryEfficient => true,
+            AttentionMode::MemoryEfficient | AttentionMode::Fused => true,
         }
     }
 }
@@ -85,7 +88,8 @@ pub struct RoleConfig {
     #[serde(default)]
     pub gradient_checkpointing: bool,
     /// Attention implementation: `"auto"` (default: memory-efficient from
-    /// [`AUTO_MIN_TOKENS`] query tokens), `"naive"` or `"memory_efficient"`.
+    /// [`AUTO_MIN_TOKENS`] query tokens), `"naive"`, `"memory_efficient"` or `"fused"` (the CubeCL
+    /// kernels on `cuda`/`wgpu`).
     #[serde(default)]
     pub attention: AttentionMode,
 }

@@ -297,7 +297,7 @@ pub fn autodiff_attention_with<B: Backend, C: CheckpointStrategy>(
 }
 
 /// Move `t` to the concrete type `T` when `B` is `T` (a checked, safe downcast).
-fn cast<B: Backend, T: Backend, const D: usize>(
+pub(crate) fn cast<B: Backend, T: Backend, const D: usize>(
     t: Tensor<B, D>,
 ) -> Result<Tensor<T, D>, Tensor<B, D>> {
     let mut slot = Some(t);
@@ -360,6 +360,15 @@ pub fn attention<B: Backend>(
     v: Tensor<B, 4>,
     mode: AttentionMode,
 ) -> Tensor<B, 4> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let (q, k, v) = if mode == AttentionMode::Fused {
+        match super::fused_attention::try_fused_attention(q, k, v) {
+            Ok(o) => return o,
+            Err(qkv) => qkv,
+        }
+    } else {
+        (q, k, v)
+    };
     if mode.use_memory_efficient(q.dims()[2]) {
         memory_efficient_attention(q, k, v)
     } else {

@@ -12,6 +12,8 @@ pub mod block;
 pub mod checkpointed;
 pub mod config;
 pub mod embeddings;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod fused_attention;
 pub mod init;
 pub mod linear;
 pub mod mem_attention;

@@ -1,0 +1,351 @@
+//! Fused attention on Burn's CubeCL backends (`cuda`, `wgpu`): the memory-efficient attention
+//! of [`super::mem_attention`] as three CubeCL kernels ([`kernels`]) instead of a sequence of
+//! Burn tensor operations, so the score tiles live in registers and shared memory and never
+//! reach device memory.
+//!
+//! Same contract as the blocked version: saved state `q, k, v, o, lse`, memory linear in the
+//! sequence length, float32 softmax statistics, gradients of the exact softmax. Selected with
+//! `attention = "fused"`; on other backends (and on CubeCL backends wrapped in Burn's fusion
+//! layer) that mode runs the blocked version.
+
+pub mod kernels;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::element::BoolElement;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+
+/// Rows (units) per cube.
+const UNITS: usize = 64;
+/// Largest tile of the other sequence staged in shared memory, in rows.
+const MAX_TILE: usize = 32;
+/// Shared memory the staged tiles may use at most, in float32 elements (32 KiB).
+const TILE_BUDGET: usize = 8192;
+
+/// Rows per shared-memory tile for head dims `d` (queries/keys) and `dv` (values) when the
+/// device gives a cube `shared_bytes` of shared memory: each staged row takes `d + dv` floats
+/// plus two softmax statistics.
+pub fn tile_rows(d: usize, dv: usize, shared_bytes: usize) -> usize {
+    let budget = TILE_BUDGET.min(shared_bytes / 4);
+    (budget / (d + dv + 2)).clamp(1, MAX_TILE)
+}
+
+/// [`tile_rows`] for the device of `t`; panics (an invariant of the caller's config) when
+/// even one row does not fit.
+fn device_tile<R: CubeRuntime>(t: &CubeTensor<R>, d: usize, dv: usize) -> usize {
+    let shared = t.client.properties().hardware.max_shared_memory_size;
+    let tile = tile_rows(d, dv, shared);
+    if tile * (d + dv + 2) * 4 > shared {
+        panic!(
+            "fused attention: head dims {d} + {dv} do not fit the device's {shared} bytes of \
+             shared memory"
+        );
+    }
+    tile
+}
+
+fn check_shapes<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>, v: &CubeTensor<R>) {
+    let (qs, ks, vs) = (q.meta.shape(), k.meta.shape(), v.meta.shape());
+    let ok = qs.num_dims() == 4
+        && ks.num_dims() == 4
+        && vs.num_dims() == 4
+        && qs[0] == ks[0]
+        && qs[1] == ks[1]
+        && qs[3] == ks[3]
+        && ks[0] == vs[0]
+        && ks[1] == vs[1]
+        && ks[2] == vs[2]
+        && q.dtype == k.dtype
+        && k.dtype == v.dtype;
+    if !ok {
+        panic!(
+            "fused attention: q {:?} {:?}, k {:?} {:?}, v {:?} {:?} are not [B, H, Sq, D], \
+             [B, H, Sk, D], [B, H, Sk, Dv] of one dtype",
+            qs, q.dtype, ks, k.dtype, vs, v.dtype
+        );
+    }
+}
+
+fn cube_count(rows: usize, batch_heads: usize) -> CubeCount {
+    CubeCount::Static(rows.div_ceil(UNITS) as u32, batch_heads as u32, 1)
+}
+
+fn empty_like_rows<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize, dtype: DType) -> CubeTensor<R> {
+    let s = t.meta.shape();
+    let shape = if cols == 0 {
+        Shape::new([s[0], s[1], s[2]])
+    } else {
+        Shape::new([s[0], s[1], s[2], cols])
+    };
+    empty_device_dtype(t.client.clone(), t.device.clone(), shape, dtype)
+}
+
+/// Forward: `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` for `q [B, H, Sq, D]`,
+/// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype).
+pub fn forward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    check_shapes(&q, &k, &v);
+    let [b, h, sq, d] = q.meta.shape().dims();
+    let dv = v.meta.shape()[3];
+    let out = empty_like_rows(&q, dv, q.dtype);
+    let lse = empty_like_rows(&q, 0, DType::F32);
+    let scale = 1.0 / (d as f32).sqrt();
+    let dtype = q.dtype;
+    kernels::attention_forward::launch::<R>(
+        &q.client.clone(),
+        cube_count(sq, b * h),
+        CubeDim::new_1d(UNITS as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        scale,
+        d,
+        dv,
+        UNITS,
+        device_tile(&out, d, dv),
+        dtype.into(),
+    );
+    (out, lse)
+}
+
+/// Backward: `(dq, dk, dv)` shaped like `q, k, v` from the saved `o`, `lse` and the output
+/// gradient `d_out [B, H, Sq, Dv]`.
+pub fn backward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    o: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    d_out: CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    check_shapes(&q, &k, &v);
+    let [b, h, sq, d] = q.meta.shape().dims();
+    let sk = k.meta.shape()[2];
+    let dv = v.meta.shape()[3];
+    let dtype = q.dtype;
+    let d_out = if d_out.dtype == dtype {
+        d_out
+    } else {
+        burn_cubecl::kernel::cast(d_out, dtype)
+    };
+    let dq = empty_like_rows(&q, d, dtype);
+    let dk = empty_like_rows(&k, d, dtype);
+    let dvt = empty_like_rows(&v, dv, dtype);
+    let delta = empty_like_rows(&q, 0, DType::F32);
+    let scale = 1.0 / (d as f32).sqrt();
+    let tile = device_tile(&dq, d, dv);
+    let client = q.client.clone();
+    kernels::attention_backward_q::launch::<R>(
+        &client,
+        cube_count(sq, b * h),
+        CubeDim::new_1d(UNITS as u32),
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        o.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        dq.clone().into_tensor_arg(),
+        delta.clone().into_tensor_arg(),
+        scale,
+        d,
+        dv,
+        UNITS,
+        tile,
+        dtype.into(),
+    );
+    kernels::attention_backward_kv::launch::<R>(
+        &client,
+        cube_count(sk, b * h),
+        CubeDim::new_1d(UNITS as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        delta.into_tensor_arg(),
+        dk.clone().into_tensor_arg(),
+        dvt.clone().into_tensor_arg(),
+        scale,
+        d,
+        dv,
+        UNITS,
+        tile,
+        dtype.into(),
+    );
+    (dq, dk, dvt)
+}
+
+/// The inner CubeCL backend of a fused autodiff attention.
+pub type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+
+#[derive(Debug)]
+struct FusedBackward;
+
+impl<R, F, I, BT> Backward<Cube<R, F, I, BT>, 3> for FusedBackward
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    // q, k, v, o, lse.
+    type State = (
+        CubeTensor<R>,
+        CubeTensor<R>,
+        CubeTensor<R>,
+        CubeTensor<R>,
+        CubeTensor<R>,
+    );
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let d_out = grads.consume::<Cube<R, F, I, BT>>(&ops.node);
+        let (q, k, v, o, lse) = ops.state;
+        let (dq, dk, dv) = backward(q, k, v, o, lse, d_out);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<Cube<R, F, I, BT>>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// Fused attention as one autodiff operation on `Autodiff<CubeBackend<..>, C>`. Shapes as in
+/// [`super::mem_attention::naive_attention`].
+pub fn autodiff_attention<R, F, I, BT, C>(
+    q: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
+    k: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
+    v: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
+) -> Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+    C: CheckpointStrategy,
+{
+    let q = q.into_primitive().tensor();
+    let k = k.into_primitive().tensor();
+    let v = v.into_primitive().tensor();
+    let out = match FusedBackward
+        .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (o, lse) = forward(
+                q.primitive.clone(),
+                k.primitive.clone(),
+                v.primitive.clone(),
+            );
+            let state = (q.primitive, k.primitive, v.primitive, o.clone(), lse);
+            prep.finish(state, o)
+        }
+        OpsKind::UnTracked(prep) => {
+            let (o, _) = forward(q.primitive, k.primitive, v.primitive);
+            prep.finish(o)
+        }
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// Fused attention forward on a CubeCL backend without autodiff.
+pub fn inference_attention<R, F, I, BT>(
+    q: Tensor<Cube<R, F, I, BT>, 4>,
+    k: Tensor<Cube<R, F, I, BT>, 4>,
+    v: Tensor<Cube<R, F, I, BT>, 4>,
+) -> Tensor<Cube<R, F, I, BT>, 4>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let (o, _) = forward(
+        q.into_primitive().tensor(),
+        k.into_primitive().tensor(),
+        v.into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(o))
+}
+
+/// `t` as a tensor of the concrete backend `T` when `B` is `T`.
+fn cast<B: Backend, T: Backend>(t: Tensor<B, 4>) -> Result<Tensor<T, 4>, Tensor<B, 4>> {
+    super::mem_attention::cast::<B, T, 4>(t)
+}
+
+/// Whatever `cast` cannot fail on: `k` and `v` have the type of `q`.
+fn same<B: Backend, T: Backend>(t: Tensor<B, 4>) -> Tensor<T, 4> {
+    cast::<B, T>(t).unwrap_or_else(|_| unreachable!("q, k, v share one backend type"))
+}
+
+/// The three attention inputs, handed back when no fused kernel applies.
+pub type Qkv<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
+
+/// Fused attention when `B` is `Autodiff<CubeBackend<R, F, I, BT>>` or that CubeCL backend.
+fn try_cube<B, R, F, I, BT>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Result<Tensor<B, 4>, Qkv<B>>
+where
+    B: Backend,
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let q = match cast::<B, Autodiff<Cube<R, F, I, BT>>>(q) {
+        Ok(q) => {
+            let o = autodiff_attention(q, same(k), same(v));
+            return Ok(same(o));
+        }
+        Err(q) => q,
+    };
+    match cast::<B, Cube<R, F, I, BT>>(q) {
+        Ok(q) => Ok(same(inference_attention(q, same(k), same(v)))),
+        Err(q) => Err((q, k, v)),
+    }
+}
+
+/// The fused kernels when `B` is one of the compiled CubeCL backends (`Cuda`, `Wgpu`, with or
+/// without autodiff, without Burn's fusion layer); otherwise the inputs come back unchanged.
+pub fn try_fused_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Result<Tensor<B, 4>, Qkv<B>> {
+    #[cfg(feature = "cuda")]
+    let (q, k, v) = match try_cube::<B, cubecl::cuda::CudaRuntime, f32, i32, u8>(q, k, v) {
+        Ok(o) => return Ok(o),
+        Err(qkv) => qkv,
+    };
+    #[cfg(feature = "wgpu")]
+    let (q, k, v) = match try_cube::<B, cubecl::wgpu::WgpuRuntime, f32, i32, u32>(q, k, v) {
+        Ok(o) => return Ok(o),
+        Err(qkv) => qkv,
+    };
+    Err((q, k, v))
+}
+
+#[cfg(test)]
+mod tests;
