@@ -22,6 +22,35 @@ fn offset<F: Numeric>(t: &Tensor<F>, bh: usize, heads: usize, row: usize, col: u
     (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2) + col * t.stride(3)
 }
 
+/// Offset of the statistic of row `row` in a `[B, H, S]` tensor with `heads` heads.
+#[cube]
+fn stat_offset(t: &Tensor<f32>, bh: usize, heads: usize, row: usize) -> usize {
+    (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2)
+}
+
+/// Row `row` of `t` (`[B, H, S, C]`, `c` columns) times `factor` into the local array `dst`
+/// as float32; zeros when the row is not `valid`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_row<F: Float>(
+    t: &Tensor<F>,
+    dst: &mut Array<f32>,
+    bh: usize,
+    heads: usize,
+    row: usize,
+    valid: bool,
+    factor: f32,
+    #[comptime] c: usize,
+) {
+    for i in 0..c {
+        let mut val = 0.0f32;
+        if valid {
+            val = f32::cast_from(t[offset(t, bh, heads, row, i)]) * factor;
+        }
+        dst[i] = val;
+    }
+}
+
 /// Stage `tile` rows starting at `row0` of `t` (`[B, H, S, C]`, `c` columns) into `dst` as
 /// float32, zero past the end of the sequence. All units of the cube take part.
 #[cube]
@@ -74,13 +103,7 @@ pub fn attention_forward<F: Float>(
     let mut q_reg = Array::<f32>::new(d);
     let mut acc = Array::<f32>::new(dv);
     let mut s = Array::<f32>::new(tile);
-    for c in 0..d {
-        let mut val = 0.0f32;
-        if valid {
-            val = f32::cast_from(q[offset(q, bh, heads, row, c)]) * scale;
-        }
-        q_reg[c] = val;
-    }
+    load_row(q, &mut q_reg, bh, heads, row, valid, scale, d);
     for c in 0..dv {
         acc[c] = 0.0f32;
     }
@@ -131,8 +154,7 @@ pub fn attention_forward<F: Float>(
         for c in 0..dv {
             out[offset(out, bh, heads, row, c)] = F::cast_from(acc[c] * inv);
         }
-        let pos = (bh / heads) * lse.stride(0) + (bh % heads) * lse.stride(1) + row * lse.stride(2);
-        lse[pos] = m + f32::ln(l);
+        lse[stat_offset(lse, bh, heads, row)] = m + f32::ln(l);
     }
 }
 
@@ -168,28 +190,19 @@ pub fn attention_backward_q<F: Float>(
     let mut dq_acc = Array::<f32>::new(d);
     let mut dlt = 0.0f32;
     let mut row_lse = f32::new(POS_BIG);
+    load_row(q, &mut q_reg, bh, heads, row, valid, scale, d);
+    load_row(d_out, &mut do_reg, bh, heads, row, valid, 1.0f32, dv);
     for c in 0..d {
-        let mut val = 0.0f32;
-        if valid {
-            val = f32::cast_from(q[offset(q, bh, heads, row, c)]) * scale;
-        }
-        q_reg[c] = val;
         dq_acc[c] = 0.0f32;
     }
-    for c in 0..dv {
-        let mut val = 0.0f32;
-        if valid {
-            val = f32::cast_from(d_out[offset(d_out, bh, heads, row, c)]);
-            dlt += val * f32::cast_from(out[offset(out, bh, heads, row, c)]);
-        }
-        do_reg[c] = val;
-    }
-    let lse_pos = (bh / heads) * lse.stride(0) + (bh % heads) * lse.stride(1) + row * lse.stride(2);
     if valid {
-        row_lse = lse[lse_pos];
-        let pos =
-            (bh / heads) * delta.stride(0) + (bh % heads) * delta.stride(1) + row * delta.stride(2);
-        delta[pos] = dlt;
+        for c in 0..dv {
+            dlt += do_reg[c] * f32::cast_from(out[offset(out, bh, heads, row, c)]);
+        }
+    }
+    if valid {
+        row_lse = lse[stat_offset(lse, bh, heads, row)];
+        delta[stat_offset(delta, bh, heads, row)] = dlt;
     }
 
     let mut ks = SharedMemory::<f32>::new(tile * d);
@@ -259,20 +272,12 @@ pub fn attention_backward_kv<F: Float>(
     let mut v_reg = Array::<f32>::new(dv);
     let mut dk_acc = Array::<f32>::new(d);
     let mut dv_acc = Array::<f32>::new(dv);
+    load_row(k, &mut k_reg, bh, heads, row, valid, 1.0f32, d);
+    load_row(v, &mut v_reg, bh, heads, row, valid, 1.0f32, dv);
     for c in 0..d {
-        let mut val = 0.0f32;
-        if valid {
-            val = f32::cast_from(k[offset(k, bh, heads, row, c)]);
-        }
-        k_reg[c] = val;
         dk_acc[c] = 0.0f32;
     }
     for c in 0..dv {
-        let mut val = 0.0f32;
-        if valid {
-            val = f32::cast_from(v[offset(v, bh, heads, row, c)]);
-        }
-        v_reg[c] = val;
         dv_acc[c] = 0.0f32;
     }
 
@@ -291,10 +296,8 @@ pub fn attention_backward_kv<F: Float>(
             let mut lv = f32::new(POS_BIG);
             let mut dl = 0.0f32;
             if qrow < seq_q {
-                let b = bh / heads;
-                let h = bh % heads;
-                lv = lse[b * lse.stride(0) + h * lse.stride(1) + qrow * lse.stride(2)];
-                dl = delta[b * delta.stride(0) + h * delta.stride(1) + qrow * delta.stride(2)];
+                lv = lse[stat_offset(lse, bh, heads, qrow)];
+                dl = delta[stat_offset(delta, bh, heads, qrow)];
             }
             lses[i] = lv;
             deltas[i] = dl;
