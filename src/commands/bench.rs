@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// Untimed warm-up repetitions.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`).
+    /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`),
+    /// `wgpu` (Vulkan/Metal/DX12 GPUs, or Mesa's software Vulkan; build with `--features wgpu`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// LoRA rank(s) to benchmark; 0 = full fine-tuning (every weight trainable). Repeat for
@@ -58,8 +59,8 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     pub lora_targets: Vec<String>,
-    /// Attention implementation: `auto` (memory-efficient from 1024 tokens), `naive` or
-    /// `memory_efficient`.
+    /// Attention implementation: `auto` (memory-efficient from 1024 tokens), `naive`,
+    /// `memory_efficient` or `fused` (CubeCL kernels on `cuda` / `wgpu`).
     #[arg(long, default_value = "auto", value_parser = parse_attention)]
     pub attention: AttentionMode,
     /// Compute precision: `f32`, or `bf16` (bfloat16 matrix products with float32 master
@@ -263,9 +264,13 @@ fn run_one<B: AutodiffBackend>(
         lora_rank,
         trainable_params,
         grad_optim_mib: (trainable_params * 3 * 4) as f64 / (1024.0 * 1024.0),
-        backend: args.backend.clone(),
+        backend: backend_label(&args.backend),
         dtype: args.dtype,
-        attention: if args.attention.use_memory_efficient(tokens) {
+        attention: if args.attention == AttentionMode::Fused
+            && reel_models::wan::mem_attention::fused_kernels_apply::<B>(device)
+        {
+            "fused".into()
+        } else if args.attention.use_memory_efficient(tokens) {
             "mem_eff".into()
         } else {
             "naive".into()
@@ -280,6 +285,21 @@ fn run_one<B: AutodiffBackend>(
         train_step_ms: train,
         peak_rss_mib: peak_rss_mib(),
     })
+}
+
+/// `name`, with `+fusion` / `+autotune` for the CubeCL backends (`cuda`, `wgpu`) when the
+/// binary was built with Burn's fusion layer or kernel autotuning.
+fn backend_label(name: &str) -> String {
+    let mut label = name.to_string();
+    if matches!(name, "cuda" | "wgpu") {
+        if cfg!(feature = "fusion") {
+            label.push_str("+fusion");
+        }
+        if cfg!(feature = "autotune") {
+            label.push_str("+autotune");
+        }
+    }
+    label
 }
 
 fn run_backend<B: AutodiffBackend>(
@@ -308,7 +328,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "flex" => run_backend::<reel_core::backend::FlexBackend>(args, &Default::default())?,
         #[cfg(feature = "cuda")]
         "cuda" => run_backend::<reel_core::backend::CudaBackend>(args, &burn::backend::cuda::CudaDevice::new(0))?,
-        other => anyhow::bail!("backend `{other}` is not compiled in (cpu = ndarray and flex always; cuda with --features cuda)"),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => run_backend::<burn::backend::Autodiff<burn::backend::Wgpu>>(args, &Default::default())?,
+        other => anyhow::bail!("backend `{other}` is not compiled in (cpu = ndarray and flex always; cuda with --features cuda; wgpu with --features wgpu)"),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

@@ -37,7 +37,8 @@ pub enum AttentionMode {
     /// Always the blocked kernel with its own backward.
     MemoryEfficient,
     /// Reel's fused CubeCL attention kernels (forward and backward) on the `cuda` and `wgpu`
-    /// backends; the memory-efficient blocked version on every other backend.
+    /// backends, with or without Burn's fusion layer (cargo feature `fusion`); the
+    /// memory-efficient blocked version on every other backend.
     Fused,
 }
 

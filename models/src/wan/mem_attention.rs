@@ -18,6 +18,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::NodeId;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -215,7 +216,6 @@ impl<B: Backend> Backward<B, 3> for MemoryEfficientBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let [node_q, node_k, node_v] = ops.parents;
         let d_o = grads.consume::<B>(&ops.node);
         let (q, k, v, o, lse, (bq, bk)) = ops.state;
         let t = |p: FloatTensor<B>| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(p));
@@ -228,10 +228,21 @@ impl<B: Backend> Backward<B, 3> for MemoryEfficientBackward {
             t(d_o),
             BlockSizes { q: bq, k: bk },
         );
-        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad.into_primitive().tensor());
-            }
+        let grads_qkv = [dq, dk, dv].map(|g| g.into_primitive().tensor());
+        register_qkv_grads::<B>(grads, ops.parents.map(|n| n.map(|n| n.id)), grads_qkv);
+    }
+}
+
+/// Registers the gradients of an attention operation's parents `q, k, v` (node ids; `None`
+/// for a parent that needs no gradient).
+pub(crate) fn register_qkv_grads<B: Backend>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; 3],
+    values: [FloatTensor<B>; 3],
+) {
+    for (id, grad) in parents.into_iter().zip(values) {
+        if let Some(id) = id {
+            grads.register::<B>(id, grad);
         }
     }
 }
@@ -353,6 +364,21 @@ pub fn memory_efficient_attention<B: Backend>(
     blocked_forward(q, k, v, blocks).0
 }
 
+/// Whether `attention = "fused"` runs the fused CubeCL kernels on the backend `B` (otherwise
+/// it runs the blocked version); asks the same dispatch with a one-element input.
+pub fn fused_kernels_apply<B: Backend>(device: &B::Device) -> bool {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        let t = || Tensor::<B, 4>::zeros([1, 1, 1, 1], device);
+        super::fused_attention::try_fused_attention(t(), t(), t()).is_ok()
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// Attention with the implementation `mode` selects for this query length.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
@@ -383,6 +409,15 @@ mod tests {
 
     type Inner = burn::backend::NdArray;
     type Ad = Autodiff<Inner>;
+
+    #[test]
+    fn cpu_backends_run_no_fused_kernels() {
+        assert!(!fused_kernels_apply::<Inner>(&Default::default()));
+        assert!(!fused_kernels_apply::<Ad>(&Default::default()));
+        assert!(!fused_kernels_apply::<burn::backend::Flex>(
+            &Default::default()
+        ));
+    }
 
     /// Normal(0, 1.5) values from a private seeded stream (the backend's global RNG is
     /// shared between test threads).

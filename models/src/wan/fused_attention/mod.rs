@@ -5,10 +5,17 @@
 //!
 //! Same contract as the blocked version: saved state `q, k, v, o, lse`, memory linear in the
 //! sequence length, float32 softmax statistics, gradients of the exact softmax. Selected with
-//! `attention = "fused"`; on other backends (and on CubeCL backends wrapped in Burn's fusion
-//! layer) that mode runs the blocked version.
+//! `attention = "fused"`; on other backends that mode runs the blocked version. With the
+//! `fusion` feature the kernels also run under Burn's fusion layer (`fusion.rs`).
 
 pub mod kernels;
+
+#[cfg(feature = "fusion")]
+mod fusion;
+#[cfg(feature = "fusion")]
+use fusion::FusionLayer;
+#[cfg(not(feature = "fusion"))]
+use no_fusion::FusionLayer;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -16,6 +23,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::ops::numeric::empty_device_dtype;
@@ -189,26 +197,66 @@ pub fn backward<R: CubeRuntime>(
     (dq, dk, dvt)
 }
 
-/// The inner CubeCL backend of a fused autodiff attention.
-pub type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+/// A backend the fused kernels run on: [`CubeBackend`] directly and, with the `fusion`
+/// feature, Burn's fusion layer over it (the kernels then run as one custom fusion operation
+/// each, after the operations queued before them).
+pub trait FusedKernels: Backend {
+    /// [`forward`] on this backend's float tensors: `(o, lse)`.
+    fn fused_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-#[derive(Debug)]
-struct FusedBackward;
+    /// [`backward`] on this backend's float tensors: `(dq, dk, dv)`.
+    fn fused_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
 
-impl<R, F, I, BT> Backward<Cube<R, F, I, BT>, 3> for FusedBackward
+impl<R, F, I, BT> FusedKernels for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
     F: FloatElement,
     I: IntElement,
     BT: BoolElement,
 {
+    fn fused_forward(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+    ) -> (CubeTensor<R>, CubeTensor<R>) {
+        forward(q, k, v)
+    }
+
+    fn fused_backward(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        o: CubeTensor<R>,
+        lse: CubeTensor<R>,
+        d_out: CubeTensor<R>,
+    ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+        backward(q, k, v, o, lse, d_out)
+    }
+}
+
+#[derive(Debug)]
+struct FusedBackward;
+
+impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
     // q, k, v, o, lse.
     type State = (
-        CubeTensor<R>,
-        CubeTensor<R>,
-        CubeTensor<R>,
-        CubeTensor<R>,
-        CubeTensor<R>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
     );
 
     fn backward(
@@ -217,32 +265,21 @@ where
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let [node_q, node_k, node_v] = ops.parents;
-        let d_out = grads.consume::<Cube<R, F, I, BT>>(&ops.node);
+        let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, o, lse) = ops.state;
-        let (dq, dk, dv) = backward(q, k, v, o, lse, d_out);
-        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
-            if let Some(node) = node {
-                grads.register::<Cube<R, F, I, BT>>(node.id, grad);
-            }
-        }
+        let (dq, dk, dv) = B::fused_backward(q, k, v, o, lse, d_out);
+        let parents = ops.parents.map(|n| n.map(|n| n.id));
+        super::mem_attention::register_qkv_grads::<B>(grads, parents, [dq, dk, dv]);
     }
 }
 
-/// Fused attention as one autodiff operation on `Autodiff<CubeBackend<..>, C>`. Shapes as in
+/// Fused attention as one autodiff operation on `Autodiff<B, C>`. Shapes as in
 /// [`super::mem_attention::naive_attention`].
-pub fn autodiff_attention<R, F, I, BT, C>(
-    q: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
-    k: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
-    v: Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>,
-) -> Tensor<Autodiff<Cube<R, F, I, BT>, C>, 4>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-    C: CheckpointStrategy,
-{
+pub fn autodiff_attention<B: FusedKernels, C: CheckpointStrategy>(
+    q: Tensor<Autodiff<B, C>, 4>,
+    k: Tensor<Autodiff<B, C>, 4>,
+    v: Tensor<Autodiff<B, C>, 4>,
+) -> Tensor<Autodiff<B, C>, 4> {
     let q = q.into_primitive().tensor();
     let k = k.into_primitive().tensor();
     let v = v.into_primitive().tensor();
@@ -252,7 +289,7 @@ where
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (o, lse) = forward(
+            let (o, lse) = B::fused_forward(
                 q.primitive.clone(),
                 k.primitive.clone(),
                 v.primitive.clone(),
@@ -261,26 +298,20 @@ where
             prep.finish(state, o)
         }
         OpsKind::UnTracked(prep) => {
-            let (o, _) = forward(q.primitive, k.primitive, v.primitive);
+            let (o, _) = B::fused_forward(q.primitive, k.primitive, v.primitive);
             prep.finish(o)
         }
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-/// Fused attention forward on a CubeCL backend without autodiff.
-pub fn inference_attention<R, F, I, BT>(
-    q: Tensor<Cube<R, F, I, BT>, 4>,
-    k: Tensor<Cube<R, F, I, BT>, 4>,
-    v: Tensor<Cube<R, F, I, BT>, 4>,
-) -> Tensor<Cube<R, F, I, BT>, 4>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    let (o, _) = forward(
+/// Fused attention forward without autodiff.
+pub fn inference_attention<B: FusedKernels>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let (o, _) = B::fused_forward(
         q.into_primitive().tensor(),
         k.into_primitive().tensor(),
         v.into_primitive().tensor(),
@@ -301,50 +332,80 @@ fn same<B: Backend, T: Backend>(t: Tensor<B, 4>) -> Tensor<T, 4> {
 /// The three attention inputs, handed back when no fused kernel applies.
 pub type Qkv<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 
-/// Fused attention when `B` is `Autodiff<CubeBackend<R, F, I, BT>>` or that CubeCL backend.
-fn try_cube<B, R, F, I, BT>(
+/// Fused attention when `B` is `Autodiff<K>` or `K`.
+fn try_kernels<B: Backend, K: FusedKernels>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-) -> Result<Tensor<B, 4>, Qkv<B>>
-where
-    B: Backend,
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    let q = match cast::<B, Autodiff<Cube<R, F, I, BT>>>(q) {
+) -> Result<Tensor<B, 4>, Qkv<B>> {
+    let q = match cast::<B, Autodiff<K>>(q) {
         Ok(q) => {
             let o = autodiff_attention(q, same(k), same(v));
             return Ok(same(o));
         }
         Err(q) => q,
     };
-    match cast::<B, Cube<R, F, I, BT>>(q) {
+    match cast::<B, K>(q) {
         Ok(q) => Ok(same(inference_attention(q, same(k), same(v)))),
         Err(q) => Err((q, k, v)),
     }
 }
 
+/// Fused attention on the CubeCL backend `Cube` and, with the `fusion` feature, on
+/// `Fusion<Cube>` (what `burn::backend::Cuda` / `Wgpu` are then).
+fn try_cube<B: Backend, Cube: FusedKernels + FusionLayer>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Result<Tensor<B, 4>, Qkv<B>> {
+    let (q, k, v) = match try_kernels::<B, Cube>(q, k, v) {
+        Ok(o) => return Ok(o),
+        Err(qkv) => qkv,
+    };
+    Cube::try_fused::<B>(q, k, v)
+}
+
 /// The fused kernels when `B` is one of the compiled CubeCL backends (`Cuda`, `Wgpu`, with or
-/// without autodiff, without Burn's fusion layer); otherwise the inputs come back unchanged.
+/// without autodiff, with or without Burn's fusion layer); otherwise the inputs come back
+/// unchanged.
 pub fn try_fused_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
     #[cfg(feature = "cuda")]
-    let (q, k, v) = match try_cube::<B, cubecl::cuda::CudaRuntime, f32, i32, u8>(q, k, v) {
-        Ok(o) => return Ok(o),
-        Err(qkv) => qkv,
-    };
+    let (q, k, v) =
+        match try_cube::<B, CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>(q, k, v) {
+            Ok(o) => return Ok(o),
+            Err(qkv) => qkv,
+        };
     #[cfg(feature = "wgpu")]
-    let (q, k, v) = match try_cube::<B, cubecl::wgpu::WgpuRuntime, f32, i32, u32>(q, k, v) {
-        Ok(o) => return Ok(o),
-        Err(qkv) => qkv,
-    };
+    let (q, k, v) =
+        match try_cube::<B, CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>>(q, k, v) {
+            Ok(o) => return Ok(o),
+            Err(qkv) => qkv,
+        };
     Err((q, k, v))
+}
+
+/// Without the `fusion` feature there is no fusion layer to try.
+#[cfg(not(feature = "fusion"))]
+mod no_fusion {
+    use super::*;
+
+    /// The fused kernels on `Fusion<Self>`; without the `fusion` feature, never.
+    pub trait FusionLayer {
+        /// Hands the inputs back.
+        fn try_fused<B: Backend>(
+            q: Tensor<B, 4>,
+            k: Tensor<B, 4>,
+            v: Tensor<B, 4>,
+        ) -> Result<Tensor<B, 4>, Qkv<B>> {
+            Err((q, k, v))
+        }
+    }
+
+    impl<K: FusedKernels> FusionLayer for K {}
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! Mesa's lavapipe) and on CUDA (`--features cuda`).
 
 use super::*;
-use crate::wan::mem_attention::naive_attention;
+use crate::wan::mem_attention::{fused_kernels_apply, naive_attention};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
 use reel_core::rng::StreamRng;
@@ -135,36 +135,98 @@ fn tiles_fit_the_shared_memory_budget() {
 fn cpu_backends_get_no_fused_kernel() {
     let t = || Tensor::<CpuAd, 4>::zeros([1, 1, 4, 8], &Default::default());
     assert!(try_fused_attention(t(), t(), t()).is_err());
+    assert!(!fused_kernels_apply::<CpuAd>(&Default::default()));
+}
+
+/// The fused attention between element-wise operations that Burn's fusion layer defers and
+/// fuses: the kernels must see the finished inputs, and later operations their outputs.
+fn check_inside_elementwise_chain<A: AutodiffBackend>(device: &A::Device) {
+    fn chain<B: AutodiffBackend>(
+        att: impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4>,
+    ) -> impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4> {
+        move |q, k, v| att(q * 0.5 + 0.1, k.tanh() * 2.0, v * 2.0).tanh() * 3.0
+    }
+    let dims = (45, 29, 16, 8);
+    let want = run::<CpuAd>(chain(naive_attention), dims, true, &Default::default());
+    let got = run::<A>(
+        chain(|q, k, v| {
+            try_fused_attention(q, k, v)
+                .unwrap_or_else(|_| panic!("no fused kernel for {}", std::any::type_name::<A>()))
+        }),
+        dims,
+        true,
+        device,
+    );
+    for (name, (a, b)) in ["out", "dq", "dk", "dv"]
+        .iter()
+        .zip(want.into_iter().zip(got))
+    {
+        let diff = max_abs_diff(a, b);
+        assert!(diff < 2e-4, "{name} differs by {diff} inside a chain");
+    }
+}
+
+/// The kernel tests on the CubeCL backend `$cube` and, with the `fusion` feature, on Burn's
+/// fusion layer over it.
+macro_rules! backend_tests {
+    ($name:ident, $cube:ty) => {
+        mod $name {
+            use super::*;
+            type Cube = $cube;
+
+            #[test]
+            fn fused_attention_matches_naive_forward_and_gradients() {
+                check_against_naive::<Autodiff<Cube>>(&Default::default());
+            }
+
+            #[test]
+            fn fused_inference_matches_naive() {
+                check_inference::<Cube>(&Default::default());
+            }
+
+            #[test]
+            fn fused_kernels_apply_with_and_without_autodiff() {
+                assert!(fused_kernels_apply::<Cube>(&Default::default()));
+                assert!(fused_kernels_apply::<Autodiff<Cube>>(&Default::default()));
+                #[cfg(feature = "fusion")]
+                {
+                    type Fused = burn_fusion::Fusion<Cube>;
+                    assert!(fused_kernels_apply::<Fused>(&Default::default()));
+                    assert!(fused_kernels_apply::<Autodiff<Fused>>(&Default::default()));
+                }
+            }
+
+            #[test]
+            fn fused_attention_inside_an_elementwise_chain() {
+                check_inside_elementwise_chain::<Autodiff<Cube>>(&Default::default());
+            }
+
+            #[cfg(feature = "fusion")]
+            mod fusion {
+                use super::*;
+                type Fused = burn_fusion::Fusion<Cube>;
+
+                #[test]
+                fn fusion_fused_attention_matches_naive_forward_and_gradients() {
+                    check_against_naive::<Autodiff<Fused>>(&Default::default());
+                }
+
+                #[test]
+                fn fusion_fused_inference_matches_naive() {
+                    check_inference::<Fused>(&Default::default());
+                }
+
+                #[test]
+                fn fusion_fused_attention_inside_an_elementwise_chain() {
+                    check_inside_elementwise_chain::<Autodiff<Fused>>(&Default::default());
+                }
+            }
+        }
+    };
 }
 
 #[cfg(feature = "wgpu")]
-mod wgpu {
-    use super::*;
-    type Wgpu = burn::backend::Wgpu;
-
-    #[test]
-    fn wgpu_fused_attention_matches_naive_forward_and_gradients() {
-        check_against_naive::<Autodiff<Wgpu>>(&Default::default());
-    }
-
-    #[test]
-    fn wgpu_fused_inference_matches_naive() {
-        check_inference::<Wgpu>(&Default::default());
-    }
-}
+backend_tests!(wgpu, CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>);
 
 #[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    type Cuda = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-
-    #[test]
-    fn cuda_fused_attention_matches_naive_forward_and_gradients() {
-        check_against_naive::<Autodiff<Cuda>>(&Default::default());
-    }
-
-    #[test]
-    fn cuda_fused_inference_matches_naive() {
-        check_inference::<Cuda>(&Default::default());
-    }
-}
+backend_tests!(cuda, CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>);
