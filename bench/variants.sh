@@ -12,7 +12,8 @@
 # Binaries: $BIN_DIR/reel-<backend>-<variant> (variant features joined by `+`; `plain` = no
 # extra feature). A missing one is built with `cargo build --release --features
 # <backend>,<features>` into its own target dir ($CARGO_TARGET_DIR/variants/<variant>), so switching
-# variants never rebuilds Burn. Build on one machine and copy BIN_DIR to another to run there.
+# variants never rebuilds Burn. Build on one machine and copy BIN_DIR to another to run there:
+# BUILD_ONLY=1 builds the missing binaries and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BACKEND=${BACKEND:-cuda}
@@ -39,6 +40,11 @@ for variant in $VARIANTS; do
   CARGO_TARGET_DIR="$TARGET/variants/$variant" cargo build --release --bin reel --features "$features" >&2
   cp "$TARGET/variants/$variant/release/reel" "$bin"
 done
+
+if [[ -n ${BUILD_ONLY:-} ]]; then
+  ls -l "$BIN_DIR"
+  exit 0
+fi
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 read -r f h w <<<"$SHAPE"
