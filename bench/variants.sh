@@ -13,7 +13,8 @@
 # extra feature). A missing one is built with `cargo build --release --features
 # <backend>,<features>` into its own target dir ($CARGO_TARGET_DIR/variants/<variant>), so switching
 # variants never rebuilds Burn. Build on one machine and copy BIN_DIR to another to run there:
-# BUILD_ONLY=1 builds the missing binaries and stops.
+# BUILD_ONLY=1 builds the missing binaries and stops. Binaries are stripped (about 45 MB each;
+# `xz` takes one to about 8 MB for carrying).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BACKEND=${BACKEND:-cuda}
@@ -39,6 +40,7 @@ for variant in $VARIANTS; do
   echo "building $bin (--features $features)" >&2
   CARGO_TARGET_DIR="$TARGET/variants/$variant" cargo build --release --bin reel --features "$features" >&2
   cp "$TARGET/variants/$variant/release/reel" "$bin"
+  strip "$bin" 2>/dev/null || true
 done
 
 if [[ -n ${BUILD_ONLY:-} ]]; then
