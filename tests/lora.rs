@@ -22,24 +22,10 @@ use reel_plugins as _;
 
 type Cpu = <TestBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
 
-/// The golden fixture folder (`$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to
-/// the workspace); the test fails when it is missing.
+/// The golden fixture folder (`$REEL_WAN_FIXTURES`, else the repository's
+/// `tests/fixtures/wan_tiny`); the test fails when it is incomplete.
 fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("REEL_WAN_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../shared/fixtures/wan_tiny"
-            ))
-        });
-    let file = dir.join("pytorch_lora_weights.safetensors");
-    assert!(
-        file.is_file(),
-        "LoRA fixture not found: {} (set REEL_WAN_FIXTURES)",
-        file.display()
-    );
-    dir
+    reel_core::fixtures::WAN.require(&["config.json", "pytorch_lora_weights.safetensors"])
 }
 
 /// A wan-tiny finetune run with a LoRA on the fixture adapter's targets.

@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod fault;
+pub mod fixtures;
 pub mod flow;
 pub mod io;
 pub mod method;

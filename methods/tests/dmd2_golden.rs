@@ -4,7 +4,7 @@
 //! itself calls (`data_latent_input`, `student_x0`, `dmd_scores`, `generator_loss`,
 //! `critic_loss`), with the fixture's noises and σ passed explicitly.
 //!
-//! Fixtures: `$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to the workspace.
+//! Fixtures: `$REEL_WAN_FIXTURES`, else the repository's `tests/fixtures/wan_tiny`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,21 +24,13 @@ type B = burn::backend::Autodiff<burn::backend::NdArray>;
 type I = burn::backend::NdArray;
 
 fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("REEL_WAN_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/wan_tiny"
-            ))
-        });
-    assert!(
-        dir.join("dmd2.safetensors").is_file(),
-        "Wan golden fixtures not found in `{}` (set REEL_WAN_FIXTURES to the folder holding \
-         config.json, model.safetensors, critic.safetensors, student.safetensors, dmd2.safetensors)",
-        dir.display()
-    );
-    dir
+    reel_core::fixtures::WAN.require(&[
+        "config.json",
+        "model.safetensors",
+        "critic.safetensors",
+        "student.safetensors",
+        "dmd2.safetensors",
+    ])
 }
 
 fn fixture(name: &str) -> BTreeMap<String, TensorData> {

@@ -15,20 +15,7 @@ use reel_models::{WanConfig, WanModel};
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 
 fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("REEL_WAN_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/wan_tiny"
-            ))
-        });
-    assert!(
-        dir.join("train_step.safetensors").is_file(),
-        "Wan golden fixtures not found in `{}` (set REEL_WAN_FIXTURES)",
-        dir.display()
-    );
-    dir
+    reel_core::fixtures::WAN.require(&["config.json", "model.safetensors", "train_step.safetensors"])
 }
 
 fn fixture(name: &str) -> BTreeMap<String, TensorData> {

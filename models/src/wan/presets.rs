@@ -73,7 +73,7 @@ fn small(
 impl WanConfig {
     /// A named preset, or `None` for an unknown name (see [`Self::preset_names`]).
     ///
-    /// - `wan-tiny`: the golden-fixture model of `shared/fixtures/wan_tiny/config.json`
+    /// - `wan-tiny`: the golden-fixture model of `tests/fixtures/wan_tiny/config.json`
     ///   (2 layers, 2 heads x 16, ffn 64, text_dim 32, freq_dim 32, 4 channels, patch
     ///   `[1, 2, 2]`, rope_max_seq_len 32).
     /// - `wan-quickstart`: made up for the CPU quickstart on the synthetic data (4 layers,

@@ -16,25 +16,16 @@ pub type Cpu = burn::backend::NdArray;
 /// Training backend.
 pub type TestBackend = burn::backend::Autodiff<burn::backend::NdArray>;
 
-/// The golden fixture folder: `$REEL_WAN_FIXTURES`, else `shared/fixtures/wan_tiny` next to
-/// the workspace. Panics (the test fails) when it is missing.
+/// The golden fixture folder (`$REEL_WAN_FIXTURES`, else the repository's
+/// `tests/fixtures/wan_tiny`). Panics (the test fails) when it is incomplete.
 pub fn fixtures_dir() -> PathBuf {
-    let dir = std::env::var_os("REEL_WAN_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/fixtures/wan_tiny"
-            ))
-        });
-    assert!(
-        dir.join("config.json").is_file() && dir.join("model.safetensors").is_file(),
-        "Wan golden fixtures not found in `{}`: set REEL_WAN_FIXTURES to the folder holding \
-         config.json, model.safetensors, inputs.safetensors, outputs.safetensors and \
-         train_step.safetensors",
-        dir.display()
-    );
-    dir
+    reel_core::fixtures::WAN.require(&[
+        "config.json",
+        "model.safetensors",
+        "inputs.safetensors",
+        "outputs.safetensors",
+        "train_step.safetensors",
+    ])
 }
 
 /// All tensors of a fixture file.
