@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod flow;
 pub mod io;
 pub mod method;
+pub mod model;
 pub mod optim;
 pub mod params;
 pub mod registry;
@@ -23,3 +24,10 @@ pub mod role;
 pub mod trainer;
 
 pub use inventory;
+pub use reel_macros::{plugin, Roles};
+
+/// What `#[plugin]` expands to needs; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use typetag;
+}

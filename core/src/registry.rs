@@ -1,5 +1,6 @@
 //! The plugin registry: every method, callback, adapter, model and data source registers a
-//! descriptor (kind, name, one-line summary) with [`register_plugin!`](crate::register_plugin).
+//! descriptor (kind, name, one-line summary) with `#[reel_core::plugin(name, summary)]` on
+//! its config impl, the same attribute that names it for TOML.
 //!
 //! The registry is what `reel list` prints and what "unknown kind" errors list as the valid
 //! names. Registration happens at link time through `inventory`; the binary must reference
@@ -63,78 +64,35 @@ pub struct PluginDescriptor {
 
 inventory::collect!(PluginDescriptor);
 
-/// A model architecture's check of a role table.
-pub type RoleCheck = fn(&crate::role::RoleConfig) -> Result<(), crate::config::ConfigError>;
-
-/// A registered model architecture (`arch = "<name>"`), with a check of the role table
-/// (preset known, config file readable...) run by `reel check` before anything loads.
-#[derive(Debug)]
-pub struct ModelArch {
-    /// Architecture name.
-    pub name: &'static str,
-    /// One-line summary for `reel list`.
-    pub summary: &'static str,
-    /// Validates a role table for this architecture; keys relative to the role table.
-    pub check: RoleCheck,
+/// The plugin kind of a plugin config trait object (`dyn MethodConfig` is a
+/// [`PluginKind::Method`]...), which `#[plugin]` uses to file a registration.
+pub trait PluginTrait {
+    /// The extension point.
+    const KIND: PluginKind;
 }
 
-inventory::collect!(ModelArch);
-
-/// Register a model architecture with its role-table check:
-///
-/// ```ignore
-/// reel_core::register_model!("wan", "Wan2.1 video DiT (diffusers layout)", check_wan_role);
-/// ```
-#[macro_export]
-macro_rules! register_model {
-    ($name:expr, $summary:expr, $check:expr) => {
-        $crate::inventory::submit! {
-            $crate::registry::ModelArch { name: $name, summary: $summary, check: $check }
-        }
+macro_rules! plugin_traits {
+    ($($t:path => $kind:ident),*) => {
+        $(impl PluginTrait for dyn $t {
+            const KIND: PluginKind = PluginKind::$kind;
+        })*
     };
 }
 
-/// The role-table check of architecture `name`, if registered.
-pub fn model_check(name: &str) -> Option<RoleCheck> {
-    inventory::iter::<ModelArch>
-        .into_iter()
-        .find(|m| m.name == name)
-        .map(|m| m.check)
-}
+plugin_traits!(
+    crate::method::MethodConfig => Method,
+    crate::callback::CallbackConfig => Callback,
+    crate::role::AdapterConfig => Adapter,
+    crate::model::ModelConfig => Model,
+    crate::data::DataConfig => Data
+);
 
-/// Register a plugin descriptor. One line per plugin:
-///
-/// ```ignore
-/// reel_core::register_plugin!(Method, "finetune", "Flow-matching fine-tuning");
-/// ```
-#[macro_export]
-macro_rules! register_plugin {
-    ($kind:ident, $name:expr, $summary:expr) => {
-        $crate::inventory::submit! {
-            $crate::registry::PluginDescriptor {
-                kind: $crate::registry::PluginKind::$kind,
-                name: $name,
-                summary: $summary,
-            }
-        }
-    };
-}
-
-/// Every registered plugin (model architectures included), sorted by kind then name.
+/// Every registered plugin, sorted by kind then name.
 pub fn plugins() -> Vec<PluginDescriptor> {
     let mut all: Vec<PluginDescriptor> = inventory::iter::<PluginDescriptor>
         .into_iter()
         .copied()
         .collect();
-    all.extend(
-        inventory::iter::<ModelArch>
-            .into_iter()
-            .map(|m| PluginDescriptor {
-                kind: PluginKind::Model,
-                name: m.name,
-                summary: m.summary,
-            }),
-    );
     all.sort_by(|a, b| (a.kind, a.name).cmp(&(b.kind, b.name)));
     all
 }

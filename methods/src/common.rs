@@ -1,105 +1,17 @@
-//! Pieces shared by the methods: role loading, per-sample random draws, text-condition
-//! selection, and the Euler / few-step samplers used for validation and `reel sample`.
+//! Pieces shared by the methods: per-sample random draws, text-condition selection, and the
+//! Euler / few-step samplers used for validation and `reel sample`. Models are reached
+//! through the seam ([`DiffusionModel`]), never by class.
 
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use reel_core::data::{text_tensors, DataSpec, TextCondition};
 use reel_core::flow::{
     cfg_combine, euler_sample, sampling_sigmas, shift_sigma, TimestepDensity, TIMESTEP_SCALE,
 };
-use reel_core::method::{BuildContext, MethodError, SampleRequest, StepContext};
+use reel_core::method::{SampleRequest, StepContext};
+use reel_core::model::DiffusionModel;
 use reel_core::rng::StreamRng;
-use reel_models::{build_wan_role, WanConfig, WanModel};
-
-/// A role's model must agree with the student's on latent channels and text width.
-pub fn check_io(name: &str, model: &WanConfig, student: &WanConfig) -> Result<(), MethodError> {
-    let io = |c: &WanConfig| (c.in_channels, c.out_channels, c.text_dim);
-    if io(model) != io(student) {
-        return Err(MethodError::Model {
-            role: name.to_string(),
-            message: format!(
-                "(in_channels, out_channels, text_dim) = {:?} differ from the student's {:?}",
-                io(model),
-                io(student)
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// A role's model must fit the data: latent channels, text width, and frames / height /
-/// width divisible by its patch size (otherwise the patch embedding cannot tile the clip).
-/// The error names the data key to change.
-pub fn check_data(name: &str, model: &WanConfig, spec: &DataSpec) -> Result<(), MethodError> {
-    let err = |message: String| {
-        Err(MethodError::Model {
-            role: name.to_string(),
-            message,
-        })
-    };
-    if model.in_channels != spec.channels {
-        return err(format!(
-            "the model takes {} latent channels (in_channels) but the data has {}",
-            model.in_channels, spec.channels
-        ));
-    }
-    if model.text_dim != spec.text_dim {
-        return err(format!(
-            "the model takes text embeddings {} wide (text_dim) but the data's are {} wide",
-            model.text_dim, spec.text_dim
-        ));
-    }
-    let axes = [
-        ("data.frames", spec.frames),
-        ("data.height", spec.height),
-        ("data.width", spec.width),
-    ];
-    for ((key, size), patch) in axes.into_iter().zip(model.patch_size) {
-        if size % patch != 0 {
-            return err(format!(
-                "`{key}` = {size} is not a multiple of the model's patch size {patch} on that \
-                 axis (patch_size {:?})",
-                model.patch_size
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Build role `name`'s model on backend `M` in the run's precision and check it against the
-/// data with [`check_data`].
-fn load_on<B: AutodiffBackend, M: Backend<Device = B::Device>>(
-    ctx: &BuildContext<B>,
-    name: &str,
-) -> Result<WanModel<M>, MethodError> {
-    let role = ctx.role(name)?;
-    let model = build_wan_role::<M>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)
-        .map(|m| m.with_precision(ctx.precision))
-        .map_err(|message| MethodError::Model {
-            role: name.to_string(),
-            message,
-        })?;
-    check_data(name, &model.config, &ctx.data_spec)?;
-    Ok(model)
-}
-
-/// Load the Wan model of role `name` on the autodiff backend (checked against the data with
-/// [`check_data`]).
-pub fn load_role<B: AutodiffBackend>(
-    ctx: &BuildContext<B>,
-    name: &str,
-) -> Result<WanModel<B>, MethodError> {
-    load_on::<B, B>(ctx, name)
-}
-
-/// Load a frozen role directly on the inner (non-autodiff) backend: no graph, no gradients.
-pub fn load_frozen_role<B: AutodiffBackend>(
-    ctx: &BuildContext<B>,
-    name: &str,
-) -> Result<WanModel<B::InnerBackend>, MethodError> {
-    load_on::<B, B::InnerBackend>(ctx, name)
-}
 
 /// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),
 /// so the draws of a sample do not depend on how samples are grouped into micro-batches.
@@ -202,7 +114,7 @@ pub fn request_text<B: Backend>(
 /// Model velocity at σ with classifier-free guidance (`guidance == 1` skips the
 /// unconditional pass). `x` `[N, C, F, H, W]`.
 pub fn guided_velocity<B: Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     x: Tensor<B, 5>,
     sigma: f64,
     cond: &Tensor<B, 3>,
@@ -228,7 +140,7 @@ pub fn guided_velocity<B: Backend>(
 
 /// Euler flow-matching sampling of a request with `steps` steps and `shift`.
 pub fn sample_euler<B: Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     req: &SampleRequest,
     steps: usize,
     guidance: f64,
@@ -241,7 +153,7 @@ pub fn sample_euler<B: Backend>(
 /// Euler flow-matching sampling of a request over an explicit σ schedule (starting at
 /// `sigmas[0]` from the request's noise; see [`euler_sample`]).
 pub fn sample_euler_sigmas<B: Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     req: &SampleRequest,
     sigmas: &[f64],
     guidance: f64,
@@ -298,7 +210,7 @@ pub fn request_step_noise<B: Backend>(
 /// fresh noise from [`request_step_noise`]. Returns the last `x0`. Deterministic in the
 /// request's seed.
 pub fn sample_few_step<B: Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     req: &SampleRequest,
     sigmas: &[f64],
     guidance: f64,
@@ -319,59 +231,4 @@ pub fn sample_few_step<B: Backend>(
         x0 = x.clone().sub(v.mul_scalar(sigma));
     }
     split_clips(x0, &req.spec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
-        DataSpec {
-            channels: 4,
-            frames,
-            height,
-            width,
-            text_len: 8,
-            text_dim: 32,
-        }
-    }
-
-    fn message(r: Result<(), MethodError>) -> String {
-        r.expect_err("should be rejected").to_string()
-    }
-
-    #[test]
-    fn check_data_accepts_clips_the_patch_tiles() {
-        let m = WanConfig::preset("wan-quickstart").unwrap();
-        assert_eq!(m.patch_size, [4, 2, 2]);
-        check_data("student", &m, &spec(4, 12, 12)).unwrap();
-        check_data("student", &m, &spec(8, 14, 16)).unwrap();
-    }
-
-    #[test]
-    fn check_data_names_the_data_key_and_role() {
-        let m = WanConfig::preset("wan-quickstart").unwrap();
-        let e = message(check_data("student", &m, &spec(6, 12, 12)));
-        for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
-            assert!(e.contains(want), "missing {want:?} in: {e}");
-        }
-        let e = message(check_data("teacher", &m, &spec(4, 13, 12)));
-        assert!(
-            e.contains("role `teacher`") && e.contains("`data.height` = 13"),
-            "{e}"
-        );
-        let e = message(check_data("critic", &m, &spec(4, 12, 15)));
-        assert!(e.contains("`data.width` = 15"), "{e}");
-        let mut s = spec(4, 12, 12);
-        s.channels = 16;
-        let e = message(check_data("student", &m, &s));
-        assert!(
-            e.contains("4 latent channels") && e.contains("has 16"),
-            "{e}"
-        );
-        let mut s = spec(4, 12, 12);
-        s.text_dim = 64;
-        let e = message(check_data("student", &m, &s));
-        assert!(e.contains("32 wide") && e.contains("64 wide"), "{e}");
-    }
 }

@@ -19,11 +19,11 @@ use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodConfig, MethodError, SampleRequest, StepContext,
     StepOutput, TrainingMethod,
 };
-use reel_core::role::{RoleHandle, RoleRequirement, TrainableRole};
-use reel_models::WanModel;
+use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::role::{RoleRequirement, TrainableRole};
 
 use crate::common::{
-    drop_text, load_role, per_sample_noise, per_sample_sigmas, per_sample_uniform, sample_euler,
+    drop_text, per_sample_noise, per_sample_sigmas, per_sample_uniform, sample_euler,
 };
 
 /// `[method] kind = "finetune"`.
@@ -76,7 +76,10 @@ impl Default for FinetuneConfig {
     }
 }
 
-#[typetag::serde(name = "finetune")]
+#[reel_core::plugin(
+    name = "finetune",
+    summary = "Flow-matching fine-tuning of the student (velocity or x0 target, CFG dropout)"
+)]
 impl MethodConfig for FinetuneConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.sigma_density
@@ -101,19 +104,12 @@ impl MethodConfig for FinetuneConfig {
     }
 }
 
-reel_core::register_plugin!(
-    Method,
-    "finetune",
-    "Flow-matching fine-tuning of the student (velocity or x0 target, CFG dropout)"
-);
-
 impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
     fn build_method(
         &self,
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
-        let model = load_role(ctx, "student")?;
-        let student = ctx.trainable_role("student", model, None);
+        let student = ctx.trainable_role("student", ctx.model("student")?, None);
         Ok(Box::new(Finetune {
             cfg: self.clone(),
             student,
@@ -124,9 +120,11 @@ impl<B: AutodiffBackend> BuildMethod<B> for FinetuneConfig {
 }
 
 /// The runtime fine-tuning method.
+#[derive(reel_core::Roles)]
 pub struct Finetune<B: AutodiffBackend> {
     cfg: FinetuneConfig,
-    student: TrainableRole<B, WanModel<B>>,
+    #[role]
+    student: TrainableRole<B, DynModel<B>>,
     /// Block-level activation checkpointing (`models.student.gradient_checkpointing`).
     checkpointing: bool,
     device: B::Device,
@@ -135,7 +133,7 @@ pub struct Finetune<B: AutodiffBackend> {
 /// The fine-tuning loss of one batch with given σ `[B]` and noise: returns `(loss, pred)`.
 /// Public so the golden test can drive it with the fixture's σ and noise.
 pub fn flow_matching_loss<B: burn::tensor::backend::Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     x0: Tensor<B, 5>,
     noise: Tensor<B, 5>,
     sigma: Tensor<B, 1>,
@@ -193,8 +191,8 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
                 x_t.clone(),
                 t,
                 text,
-                |pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre),
-                |g| stages.push(self.student.collect_grads(g)),
+                Box::new(|pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre)),
+                &mut |g| stages.push(self.student.collect_grads(g)),
             );
             for g in stages {
                 self.student.add_grads(g, ctx.grad_scale());
@@ -216,21 +214,13 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
         Ok(StepOutput::default().with_loss("loss", loss))
     }
 
-    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
-        vec![&mut self.student]
-    }
-
-    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
-        vec![&self.student]
-    }
-
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
-        let model = self.student.model_valid();
+        let model = self.student.model().valid();
         let steps = req.steps.unwrap_or(self.cfg.sample_steps);
         let guidance = req.guidance.unwrap_or(self.cfg.guidance_scale);
         let shift = self.cfg.sample_shift.unwrap_or(self.cfg.shift);
         Ok(sample_euler(
-            &model,
+            &*model,
             req,
             steps,
             guidance,

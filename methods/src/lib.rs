@@ -1,7 +1,8 @@
 //! Reel training methods: flow-matching fine-tuning (`finetune`), DMD2 distillation (`dmd2`,
 //! optionally with its GAN terms), adversarial distillation (`adversarial`) and multi-phase
-//! consistency distillation (`consistency`). Each method
-//! registers itself with one typetag impl plus one `register_plugin!` line.
+//! consistency distillation (`consistency`). Each method registers itself with
+//! `#[reel_core::plugin(name, summary)]` on its config impl and reaches its models only
+//! through the model seam ([`reel_core::model`]): any registered architecture can be trained.
 #![warn(missing_docs)]
 
 pub mod adversarial;

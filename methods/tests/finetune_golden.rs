@@ -15,7 +15,11 @@ use reel_models::{WanConfig, WanModel};
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 
 fn fixtures_dir() -> PathBuf {
-    reel_core::fixtures::WAN.require(&["config.json", "model.safetensors", "train_step.safetensors"])
+    reel_core::fixtures::WAN.require(&[
+        "config.json",
+        "model.safetensors",
+        "train_step.safetensors",
+    ])
 }
 
 fn fixture(name: &str) -> BTreeMap<String, TensorData> {

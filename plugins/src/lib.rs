@@ -1,7 +1,6 @@
-//! Reel plugins: data sources, media writers (and, later, EMA, validation, logging, LoRA).
+//! Reel plugins: data sources, media writers and the EMA, validation and logging callbacks.
 #![warn(missing_docs)]
 
 pub mod callbacks;
 pub mod data;
-pub mod lora;
 pub mod media;

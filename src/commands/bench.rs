@@ -13,11 +13,13 @@ use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
+use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::config::Precision;
 use reel_core::flow::{add_noise, timesteps_from_sigmas};
 use reel_core::optim::OptimizerConfig;
 use reel_core::rng::StreamRng;
 use reel_core::role::{RoleHandle, TrainableRole};
+use reel_core::with_backend;
 use reel_methods::{flow_matching_loss, loss_of_prediction};
 use reel_models::lora::{apply_lora, LoraSpec};
 use reel_models::{AttentionMode, WanConfig};
@@ -47,7 +49,7 @@ pub struct BenchArgs {
     /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`),
     /// `wgpu` (Vulkan/Metal/DX12 GPUs, or Mesa's software Vulkan; build with `--features wgpu`).
     #[arg(long, default_value = "cpu")]
-    pub backend: String,
+    pub backend: BackendName,
     /// LoRA rank(s) to benchmark; 0 = full fine-tuning (every weight trainable). Repeat for
     /// side-by-side rows, e.g. `--lora-rank 0 --lora-rank 16`.
     #[arg(long = "lora-rank", default_values_t = vec![0usize])]
@@ -264,7 +266,7 @@ fn run_one<B: AutodiffBackend>(
         lora_rank,
         trainable_params,
         grad_optim_mib: (trainable_params * 3 * 4) as f64 / (1024.0 * 1024.0),
-        backend: backend_label(&args.backend),
+        backend: backend_label(args.backend),
         dtype: args.dtype,
         attention: if args.attention == AttentionMode::Fused
             && reel_models::wan::mem_attention::fused_kernels_apply::<B>(device)
@@ -289,9 +291,9 @@ fn run_one<B: AutodiffBackend>(
 
 /// `name`, with `+fusion` / `+autotune` for the CubeCL backends (`cuda`, `wgpu`) when the
 /// binary was built with Burn's fusion layer or kernel autotuning.
-fn backend_label(name: &str) -> String {
-    let mut label = name.to_string();
-    if matches!(name, "cuda" | "wgpu") {
+fn backend_label(name: BackendName) -> String {
+    let mut label = name.as_str().to_string();
+    if matches!(name, BackendName::Cuda | BackendName::Wgpu) {
         if cfg!(feature = "fusion") {
             label.push_str("+fusion");
         }
@@ -302,10 +304,8 @@ fn backend_label(name: &str) -> String {
     label
 }
 
-fn run_backend<B: AutodiffBackend>(
-    args: &BenchArgs,
-    device: &B::Device,
-) -> anyhow::Result<Vec<BenchRow>> {
+fn run_backend<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<BenchRow>> {
+    let device = &B::device_for(0);
     let mut rows = vec![];
     for p in &args.presets {
         for &r in &args.lora_ranks {
@@ -320,18 +320,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.shape.len() != 3 {
         anyhow::bail!("--shape takes three numbers: F H W");
     }
-    if args.dtype == Precision::Bf16 && matches!(args.backend.as_str(), "cpu" | "ndarray") {
+    if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu {
         anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
     }
-    let rows = match args.backend.as_str() {
-        "cpu" | "ndarray" => run_backend::<reel_core::backend::CpuBackend>(args, &Default::default())?,
-        "flex" => run_backend::<reel_core::backend::FlexBackend>(args, &Default::default())?,
-        #[cfg(feature = "cuda")]
-        "cuda" => run_backend::<reel_core::backend::CudaBackend>(args, &burn::backend::cuda::CudaDevice::new(0))?,
-        #[cfg(feature = "wgpu")]
-        "wgpu" => run_backend::<burn::backend::Autodiff<burn::backend::Wgpu>>(args, &Default::default())?,
-        other => anyhow::bail!("backend `{other}` is not compiled in (cpu = ndarray and flex always; cuda with --features cuda; wgpu with --features wgpu)"),
-    };
+    let rows = with_backend!(args.backend, |B| run_backend::<B>(args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -10,7 +10,7 @@ use reel_core::method::SampleRequest;
 use serde::Serialize;
 
 use super::inference::{load, read_config, Source};
-use crate::with_backend;
+use reel_core::with_backend;
 
 /// `reel eval` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,7 +115,7 @@ fn eval<B: ReelBackend>(
 /// Run `reel eval`.
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     let loaded = read_config(&args.source)?;
-    let report = with_backend!(loaded, |B| eval::<B>(args, &loaded))?;
+    let report = with_backend!(loaded.config.runtime.backend, |B| eval::<B>(args, &loaded))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -21,14 +21,15 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use reel_core::backend::CpuBackend;
-use reel_core::checkpoint::CheckpointStore;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
-use reel_core::trainer::{config_fingerprint, ema_file, weights_file};
-use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy};
-use reel_models::{build_wan_role, WanModel, ARCH_NAME};
+use reel_core::trainer::{ema_file, weights_file};
+use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy, LoraSpec};
+use reel_models::{build_wan_role, WanArch, WanModel, ARCH_NAME};
+
+use super::inference::{config_for, resolve_checkpoint};
 
 /// Output layout of `reel export`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -68,38 +69,13 @@ pub struct ExportArgs {
     pub set: Vec<String>,
 }
 
-/// The config: `--config`, else the checkpoint's (or run's) own copy.
-fn read_config(args: &ExportArgs) -> anyhow::Result<LoadedConfig> {
-    let path = match &args.config {
-        Some(c) => c.clone(),
-        None => ["config.toml", "config.resolved.toml"]
-            .iter()
-            .map(|n| args.checkpoint.join(n))
-            .find(|p| p.is_file())
-            .with_context(|| {
-                format!(
-                    "{} holds no config.toml: pass --config",
-                    args.checkpoint.display()
-                )
-            })?,
-    };
-    Ok(load_run_config(&path, &args.set)?)
-}
-
-/// The folder holding `<role>.safetensors`: the path itself, or the newest intact
-/// checkpoint of a run folder.
-fn checkpoint_dir(path: &Path, role: &str, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
-    if path.join("manifest.json").is_file() || path.join(weights_file(role)).is_file() {
+/// The folder holding `<role>.safetensors`: a run's `final/` folder as it is, else the
+/// checkpoint [`resolve_checkpoint`] finds.
+fn checkpoint_dir(path: &Path, role: &str) -> anyhow::Result<PathBuf> {
+    if path.join(weights_file(role)).is_file() {
         return Ok(path.to_path_buf());
     }
-    let store = CheckpointStore::new(path, usize::MAX);
-    let (dir, _, warnings) = store
-        .resolve("latest", &config_fingerprint(loaded))
-        .with_context(|| format!("no checkpoint of role `{role}` under {}", path.display()))?;
-    for w in warnings {
-        eprintln!("reel: warning: {w}");
-    }
-    Ok(dir)
+    resolve_checkpoint(path)
 }
 
 /// Rebuild role `name` from the config and load the checkpoint file into its trainable
@@ -120,10 +96,10 @@ pub fn load_role_weights(
             cfg.models.keys().collect::<Vec<_>>()
         );
     };
-    if role.arch != ARCH_NAME {
+    if role.model.as_any().downcast_ref::<WanArch>().is_none() {
         bail!(
             "role `{name}` has arch `{}`: only `{ARCH_NAME}` models can be exported",
-            role.arch
+            role.arch()
         );
     }
     if !role.trainable {
@@ -164,8 +140,9 @@ pub fn load_role_weights(
 
 /// Run `reel export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
-    let loaded = read_config(args)?;
-    let dir = checkpoint_dir(&args.checkpoint, &args.role, &loaded)?;
+    let config = config_for(Some(&args.checkpoint), args.config.as_deref())?;
+    let loaded = load_run_config(&config, &args.set)?;
+    let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
         ExportFormat::Diffusers => {
@@ -175,16 +152,20 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         }
         ExportFormat::Lora | ExportFormat::Comfyui => {
             let role = &loaded.config.models[&args.role];
-            let Some(spec) = role.adapter.as_ref().and_then(|a| a.lora()) else {
+            let adapter = role
+                .adapter
+                .as_ref()
+                .and_then(|a| a.as_any().downcast_ref::<LoraSpec>());
+            let Some(spec) = adapter else {
                 bail!(
                     "role `{}` has no LoRA adapter: use `--format diffusers`",
                     args.role
                 );
             };
             if args.format == ExportFormat::Lora {
-                save_lora(&model, &spec, &args.out)?
+                save_lora(&model, spec, &args.out)?
             } else {
-                save_lora_comfy(&model, &spec, &args.out)?
+                save_lora_comfy(&model, spec, &args.out)?
             }
         }
     };

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use reel_core::backend::ReelBackend;
-use reel_core::checkpoint::{CheckpointStore, Manifest};
+use reel_core::checkpoint::{CheckpointStore, Manifest, MANIFEST};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::data::DataSource;
 use reel_core::method::TrainingMethod;
-use reel_core::trainer::{build_method, config_fingerprint, load_checkpoint_into};
+use reel_core::trainer::{build_method, load_checkpoint_into};
 
 /// Where the weights come from.
 #[derive(Debug, Clone, clap::Args)]
@@ -44,20 +44,31 @@ pub struct Loaded<B: ReelBackend> {
     pub ema: bool,
 }
 
-/// Find the checkpoint folder for a checkpoint-or-run path.
-fn checkpoint_dir(path: &Path, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
-    if path.join("manifest.json").is_file() {
+/// The checkpoint folder a path names, for reading (`sample`, `eval`, `export`): a checkpoint
+/// folder (it has `manifest.json`), the `latest` file of a run's `checkpoints/`, a run's
+/// `checkpoints/` folder, or a run folder. For the last three the newest intact checkpoint
+/// is used (integrity checked by the manifest's checksums); its config fingerprint is the one
+/// the run wrote, so `--set` overrides of sampling settings do not make it unreadable, while
+/// the weights are still checked key by key against the rebuilt model.
+pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.join(MANIFEST).is_file() {
         return Ok(path.to_path_buf());
     }
-    let store = CheckpointStore::new(path, usize::MAX);
-    // Sampling settings may be overridden with --set, which changes the config fingerprint:
-    // accept the fingerprint the run's newest checkpoint was written with.
+    let checkpoints = if path.is_file() {
+        // `checkpoints/latest` names the newest step folder beside it.
+        path.parent().unwrap_or(Path::new(".")).to_path_buf()
+    } else if path.join("checkpoints").is_dir() {
+        path.join("checkpoints")
+    } else {
+        path.to_path_buf()
+    };
+    let store = CheckpointStore::at(&checkpoints);
     let fingerprint = store
         .list()
         .first()
         .and_then(|(_, d)| Manifest::read(d).ok())
         .map(|m| m.config_fingerprint)
-        .unwrap_or_else(|| config_fingerprint(loaded));
+        .unwrap_or_default();
     let (dir, _, warnings) = store
         .resolve("latest", &fingerprint)
         .with_context(|| format!("no checkpoint under {}", path.display()))?;
@@ -67,23 +78,24 @@ fn checkpoint_dir(path: &Path, loaded: &LoadedConfig) -> anyhow::Result<PathBuf>
     Ok(dir)
 }
 
-/// The config path: `--config`, else the checkpoint's `config.toml`.
-fn config_path(src: &Source) -> anyhow::Result<PathBuf> {
-    if let Some(c) = &src.config {
-        return Ok(c.clone());
+/// The config of a checkpoint or run: `config` when given, else the folder's own
+/// `config.toml` (a checkpoint) or `config.resolved.toml` (a run), else the `config.toml` of
+/// the checkpoint [`resolve_checkpoint`] finds.
+pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(c) = config {
+        return Ok(c.to_path_buf());
     }
-    let Some(ck) = &src.checkpoint else {
+    let Some(ck) = checkpoint else {
         anyhow::bail!("give a checkpoint or run folder, or --config with --untrained");
     };
-    let direct = ck.join("config.toml");
-    if direct.is_file() {
-        return Ok(direct);
+    for name in ["config.toml", "config.resolved.toml"] {
+        if ck.join(name).is_file() {
+            return Ok(ck.join(name));
+        }
     }
-    let resolved = ck.join("config.resolved.toml");
-    if resolved.is_file() {
-        return Ok(resolved);
-    }
-    anyhow::bail!("{} holds no config.toml: pass --config", ck.display())
+    let dir = resolve_checkpoint(ck)
+        .with_context(|| format!("{} holds no config.toml: pass --config", ck.display()))?;
+    Ok(dir.join("config.toml"))
 }
 
 /// Build the method and load the weights.
@@ -98,7 +110,7 @@ pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Resu
             .checkpoint
             .as_ref()
             .context("give a checkpoint or run folder (or --untrained)")?;
-        let dir = checkpoint_dir(path, loaded)?;
+        let dir = resolve_checkpoint(path)?;
         load_checkpoint_into(&dir, &mut *method)?;
         if !src.no_ema {
             let role = method.sampling_role().to_string();
@@ -121,5 +133,6 @@ pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Resu
 
 /// Read the config for a source.
 pub fn read_config(src: &Source) -> anyhow::Result<LoadedConfig> {
-    Ok(load_run_config(&config_path(src)?, &src.set)?)
+    let path = config_for(src.checkpoint.as_deref(), src.config.as_deref())?;
+    Ok(load_run_config(&path, &src.set)?)
 }

@@ -12,7 +12,7 @@ use reel_plugins::data::clip_to_rgb;
 use reel_plugins::media::{contact_sheet, write_gif, write_png};
 
 use super::inference::{load, read_config, Source};
-use crate::with_backend;
+use reel_core::with_backend;
 
 /// `reel sample` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -100,5 +100,7 @@ fn sample<B: ReelBackend>(
 /// Run `reel sample`.
 pub fn run(args: &SampleArgs) -> anyhow::Result<()> {
     let loaded = read_config(&args.source)?;
-    with_backend!(loaded, |B| sample::<B>(args, &loaded))
+    with_backend!(loaded.config.runtime.backend, |B| sample::<B>(
+        args, &loaded
+    ))
 }

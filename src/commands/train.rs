@@ -7,7 +7,7 @@ use std::sync::Arc;
 use reel_core::config::load_run_config;
 use reel_core::trainer::{train, TrainOptions};
 
-use crate::with_backend;
+use reel_core::with_backend;
 
 /// Install a Ctrl-C handler: the first SIGINT asks the trainer to checkpoint and stop at the
 /// next step boundary; a second one exits at once (checkpoints are written atomically, so
@@ -42,8 +42,10 @@ pub fn run(
         output_dir: output,
         interrupt: Some(interrupt_flag()),
     };
-    let summary = with_backend!(loaded, |B| train::<B>(&loaded, &opts)
-        .map_err(anyhow::Error::from))?;
+    let summary = with_backend!(loaded.config.runtime.backend, |B| train::<B>(
+        &loaded, &opts
+    )
+    .map_err(anyhow::Error::from))?;
     let losses: Vec<String> = summary
         .last_losses
         .iter()

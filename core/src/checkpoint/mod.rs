@@ -158,6 +158,14 @@ impl CheckpointStore {
         }
     }
 
+    /// A store over an existing `checkpoints/` folder, for reading (nothing is pruned).
+    pub fn at(checkpoints: &Path) -> Self {
+        Self {
+            root: checkpoints.to_path_buf(),
+            keep_last: usize::MAX,
+        }
+    }
+
     /// The `checkpoints/` folder.
     pub fn root(&self) -> &Path {
         &self.root

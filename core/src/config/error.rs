@@ -94,6 +94,11 @@ pub mod check {
 
     /// `value >= 1`.
     pub fn positive_usize(key: &str, value: usize) -> Result<(), ConfigError> {
+        positive_u64(key, value as u64)
+    }
+
+    /// `value >= 1`.
+    pub fn positive_u64(key: &str, value: u64) -> Result<(), ConfigError> {
         if value >= 1 {
             Ok(())
         } else {

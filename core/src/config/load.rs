@@ -17,6 +17,9 @@ pub struct LoadedConfig {
     pub base_dir: PathBuf,
     /// The config after overrides, as TOML (written into the run folder).
     pub resolved_toml: String,
+    /// Fingerprint of the parts a checkpoint depends on (`[models]` and `[method]`):
+    /// changing `max_steps`, callbacks or logging keeps checkpoints resumable.
+    pub fingerprint: String,
 }
 
 /// Relative paths in a config are resolved against the current working directory, the way
@@ -131,7 +134,20 @@ pub fn parse_run_config(
         path: path.to_path_buf(),
         base_dir: base_dir_for(path),
         resolved_toml,
+        fingerprint: fingerprint(&root),
     })
+}
+
+/// SHA-256 of the `[models]` and `[method]` tables (see [`LoadedConfig::fingerprint`]).
+fn fingerprint(root: &toml::Value) -> String {
+    let pick = |k: &str| {
+        root.get(k)
+            .and_then(|v| serde_json::to_string(v).ok())
+            .unwrap_or_default()
+    };
+    crate::checkpoint::sha256_hex(
+        format!("models={}\nmethod={}", pick("models"), pick("method")).as_bytes(),
+    )
 }
 
 /// Deserialize with key-path tracking: `Err((dotted key, one-line message))`.
@@ -140,13 +156,24 @@ fn deserialize(root: &toml::Value) -> Result<RunConfig, (String, String)> {
         let key = e.path().to_string();
         let key = if key == "." { String::new() } else { key };
         let msg = one_line(&e.into_inner().to_string());
-        // serde reports the enclosing table again at the end ("... in `data`"): drop it.
-        let msg = match msg.rsplit_once(" in `") {
-            Some((head, tail)) if tail.ends_with('`') && !tail[..tail.len() - 1].contains('`') => {
-                head.to_string()
+        // Messages end with the tables or fields they are about ("... in `attention` in
+        // `models.student`"): drop them from the message, and add a field of the table at the
+        // key to the key (an error from inside a table that was deserialized in one piece).
+        let (mut key, mut msg) = (key, msg);
+        while let Some((head, tail)) = msg.rsplit_once(" in `") {
+            let Some(field) = tail.strip_suffix('`').filter(|f| !f.contains('`')) else {
+                break;
+            };
+            if matches!(value_at(root, &key), Some(toml::Value::Table(t)) if t.contains_key(field))
+            {
+                key = if key.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{key}.{field}")
+                };
             }
-            _ => msg,
-        };
+            msg = head.to_string();
+        }
         (key, msg)
     })
 }

@@ -11,7 +11,6 @@ use crate::config::{check, ConfigError};
 use crate::data::DataConfig;
 use crate::method::MethodConfig;
 use crate::optim::OptimizerConfig;
-use crate::registry::{self, PluginKind};
 use crate::role::RoleConfig;
 
 /// Compute precision.
@@ -118,21 +117,13 @@ fn three() -> usize {
 impl TrainingConfig {
     /// Check ranges; keys relative to `[training]`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_steps == 0 {
-            return Err(ConfigError::new(
-                "max_steps",
-                "expected an integer >= 1, got 0",
-            ));
-        }
+        check::positive_u64("max_steps", self.max_steps)?;
         check::positive_usize("grad_accumulation", self.grad_accumulation)?;
         if let Some(n) = self.max_grad_norm {
             check::positive_f64("max_grad_norm", n)?;
         }
-        if self.checkpoint_every == Some(0) {
-            return Err(ConfigError::new(
-                "checkpoint_every",
-                "expected an integer >= 1, got 0",
-            ));
+        if let Some(n) = self.checkpoint_every {
+            check::positive_u64("checkpoint_every", n)?;
         }
         check::positive_usize("keep_last", self.keep_last)?;
         Ok(())
@@ -223,25 +214,12 @@ impl RunConfig {
                     format!("unexpected role: this method uses only {names:?}"),
                 ));
             }
-            if !registry::is_registered(PluginKind::Model, &role.arch) {
-                return Err(ConfigError::new(
-                    format!("{section}.arch"),
-                    format!(
-                        "unknown architecture `{}`, expected one of {:?}",
-                        role.arch,
-                        registry::names(PluginKind::Model)
-                    ),
-                ));
-            }
             role.validate().map_err(|e| e.in_section(&section))?;
             if role.gradient_checkpointing && !self.method.supports_gradient_checkpointing() {
                 return Err(ConfigError::new(
                     format!("{section}.gradient_checkpointing"),
                     "this method does not support block-level activation checkpointing (supported by: finetune); set it to false",
                 ));
-            }
-            if let Some(check) = registry::model_check(&role.arch) {
-                check(role).map_err(|e| e.in_section(&section))?;
             }
         }
         Ok(())

@@ -15,9 +15,12 @@ use burn::tensor::{backend::AutodiffBackend, backend::Backend, Bool, Tensor};
 use crate::backend::BuildMethodAll;
 use crate::config::{ConfigError, TrainingConfig};
 use crate::data::{DataError, DataSpec, Prompt, TextCondition};
+use crate::model::{DiffusionModel, DynModel, ModelError};
 use crate::optim::{OptimizerConfig, OptimizerPatch};
 use crate::rng::RunRng;
-use crate::role::{RoleConfig, RoleHandle, RoleRequirement, RoleStateError, TrainableRole};
+use crate::role::{
+    RoleConfig, RoleFields, RoleHandle, RoleModule, RoleRequirement, RoleStateError, TrainableRole,
+};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -123,8 +126,9 @@ pub struct SampleRequest {
     pub spec: DataSpec,
 }
 
-/// A runtime training method for backend `B`.
-pub trait TrainingMethod<B: AutodiffBackend>: Send {
+/// A runtime training method for backend `B`. Its roles come from `#[derive(Roles)]`
+/// ([`RoleFields`]).
+pub trait TrainingMethod<B: AutodiffBackend>: RoleFields<B> + Send {
     /// Forward and backward on one micro-batch; accumulate gradients (scaled by
     /// `ctx.grad_scale()`) into the roles that update at `ctx.step`.
     fn micro_step(
@@ -134,10 +138,14 @@ pub trait TrainingMethod<B: AutodiffBackend>: Send {
     ) -> Result<StepOutput<B>, MethodError>;
 
     /// The trainable roles (for optimizer steps, checkpoints and callbacks).
-    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>>;
+    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
+        self.role_fields_mut()
+    }
 
     /// The trainable roles, read-only.
-    fn roles(&self) -> Vec<&dyn RoleHandle<B>>;
+    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
+        self.role_fields()
+    }
 
     /// The role validation and sampling use (usually `student`).
     fn sampling_role(&self) -> &str {
@@ -162,9 +170,18 @@ pub trait TrainingMethod<B: AutodiffBackend>: Send {
     }
 }
 
+/// Builds a role's model for backend `B` (the backend's [`ReelBackend::build_model`]).
+///
+/// [`ReelBackend::build_model`]: crate::backend::ReelBackend::build_model
+pub type ModelBuilder<B> = fn(
+    &dyn crate::model::ModelConfig,
+    &RoleConfig,
+    &BuildContext<B>,
+) -> Result<DynModel<B>, ModelError>;
+
 /// Everything a method needs to build itself.
 #[derive(Debug)]
-pub struct BuildContext<'a, B: Backend> {
+pub struct BuildContext<'a, B: AutodiffBackend> {
     /// Device to build on.
     pub device: B::Device,
     /// Role tables from the config.
@@ -181,9 +198,11 @@ pub struct BuildContext<'a, B: Backend> {
     pub seed: u64,
     /// Compute precision (`runtime.dtype`) the role models run in.
     pub precision: crate::config::Precision,
+    /// How role models are built on this backend.
+    pub build_model: ModelBuilder<B>,
 }
 
-impl<B: Backend> BuildContext<'_, B> {
+impl<B: AutodiffBackend> BuildContext<'_, B> {
     /// The table of role `name` (presence was checked during validation).
     pub fn role(&self, name: &str) -> Result<&RoleConfig, MethodError> {
         self.roles.get(name).ok_or_else(|| {
@@ -192,6 +211,32 @@ impl<B: Backend> BuildContext<'_, B> {
                 "missing role table",
             ))
         })
+    }
+
+    /// The model of role `name`, built by its architecture (`arch`) on the autodiff backend,
+    /// checked against the data ([`ModelInfo::check_data`]). Frozen roles come back with
+    /// every parameter frozen.
+    ///
+    /// [`ModelInfo::check_data`]: crate::model::ModelInfo::check_data
+    pub fn model(&self, name: &str) -> Result<DynModel<B>, MethodError> {
+        let role = self.role(name)?;
+        let model = (self.build_model)(&*role.model, role, self).map_err(|e| match e {
+            ModelError::Config(c) => MethodError::Config(c.in_section(&format!("models.{name}"))),
+            ModelError::Build(message) => MethodError::Model {
+                role: name.to_string(),
+                message,
+            },
+        })?;
+        model.info().check_data(name, &self.data_spec)?;
+        Ok(model)
+    }
+
+    /// The model of a frozen role `name` on the inner backend: no graph, no gradients.
+    pub fn frozen_model(
+        &self,
+        name: &str,
+    ) -> Result<Box<dyn DiffusionModel<B::InnerBackend>>, MethodError> {
+        Ok(self.model(name)?.valid())
     }
 
     /// The optimizer of role `name`: `[optimizer]`, then the method's patch, then the role's.
@@ -226,13 +271,11 @@ impl<B: Backend> BuildContext<'_, B> {
             self.base_dir.join(p)
         }
     }
-}
 
-impl<B: AutodiffBackend> BuildContext<'_, B> {
     /// The trainable role `name` around `model`, with the role's optimizer (`[optimizer]`,
     /// then `method_patch`, then the role's own table), its clipping threshold and the run's
     /// length for the LR schedule.
-    pub fn trainable_role<M: burn::module::AutodiffModule<B>>(
+    pub fn trainable_role<M: RoleModule<B>>(
         &self,
         name: &str,
         model: M,

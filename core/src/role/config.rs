@@ -1,75 +1,39 @@
 //! Role configuration: `[models.<role>]` tables.
+//!
+//! A role table holds the keys every role shares (`weights`, `trainable`, `adapter`,
+//! `optimizer`, ...) and the keys of its architecture (`arch = "wan"` with `preset`,
+//! `attention`, ...), which the architecture's [`ModelConfig`] parses with its own unknown-key
+//! check.
 
 use std::fmt::Debug;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::config::{check, ConfigError};
+use crate::model::ModelConfig;
 use crate::optim::OptimizerPatch;
 
 /// Serializable configuration of a model adapter (`[models.<role>.adapter] kind = "lora"`).
+/// The architecture that builds the role applies it (downcasting with [`Self::as_any`]), or
+/// rejects an adapter it does not support.
 #[typetag::serde(tag = "kind")]
 pub trait AdapterConfig: Debug + Send + Sync {
     /// Check values; keys relative to the adapter table.
     fn validate(&self) -> Result<(), ConfigError>;
     /// Downcast support for the model crates that apply adapters.
     fn as_any(&self) -> &dyn std::any::Any;
-    /// The LoRA this adapter describes, if it is one (the model crates apply it when they
-    /// build the role). Adapters of other kinds keep the default `None`.
-    fn lora(&self) -> Option<super::LoraSpec> {
-        None
-    }
 }
 
-/// Query length from which [`AttentionMode::Auto`] switches to the memory-efficient kernel.
-pub const AUTO_MIN_TOKENS: usize = 1024;
-
-/// Which attention implementation the model uses (`[models.<role>] attention = "..."`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AttentionMode {
-    /// Memory-efficient when the query has at least [`AUTO_MIN_TOKENS`] tokens, plain below.
-    #[default]
-    Auto,
-    /// Always the plain `softmax(QKᵀ/√d)·V` (materialises the score matrix).
-    Naive,
-    /// Always the blocked kernel with its own backward.
-    MemoryEfficient,
-    /// Reel's fused CubeCL attention kernels (forward and backward) on the `cuda` and `wgpu`
-    /// backends, with or without Burn's fusion layer (cargo feature `fusion`); the
-    /// memory-efficient blocked version on every other backend.
-    Fused,
-}
-
-impl AttentionMode {
-    /// Whether this mode uses the memory-efficient kernel for `seq_q` query tokens.
-    pub fn use_memory_efficient(self, seq_q: usize) -> bool {
-        match self {
-            AttentionMode::Auto => seq_q >= AUTO_MIN_TOKENS,
-            AttentionMode::Naive => false,
-            AttentionMode::MemoryEfficient | AttentionMode::Fused => true,
-        }
-    }
-}
-
-/// One role model (`[models.student]`, `[models.teacher]`, ...).
-#[derive(Debug, Serialize, Deserialize)]
+/// The keys every role table has, whatever its architecture.
+#[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RoleConfig {
-    /// Registered model architecture (`reel list` shows them), e.g. `"wan"`.
-    pub arch: String,
-    /// Named preset of the architecture (e.g. `"wan2.1-t2v-1.3b"`).
-    #[serde(default)]
-    pub preset: Option<String>,
-    /// Path to an architecture config file (diffusers `config.json`) instead of a preset.
-    #[serde(default)]
-    pub config: Option<PathBuf>,
+pub struct RoleKeys {
     /// Weights to load: a diffusers `transformer/` folder or a `.safetensors` file. Without it,
     /// the model is initialised from `init_seed`.
     #[serde(default)]
     pub weights: Option<PathBuf>,
-    /// Seed for random initialisation when no `weights` are given.
+    /// Seed for random initialisation when no `weights` are given (default: the run seed).
     #[serde(default)]
     pub init_seed: Option<u64>,
     /// Whether the role is trained.
@@ -88,28 +52,44 @@ pub struct RoleConfig {
     /// activations (block-level activation checkpointing; methods that support it: `finetune`).
     #[serde(default)]
     pub gradient_checkpointing: bool,
-    /// Attention implementation: `"auto"` (default: memory-efficient from
-    /// [`AUTO_MIN_TOKENS`] query tokens), `"naive"`, `"memory_efficient"` or `"fused"` (the CubeCL
-    /// kernels on `cuda`/`wgpu`).
-    #[serde(default)]
-    pub attention: AttentionMode,
+}
+
+/// Names of the [`RoleKeys`] fields: every other key of a role table is the architecture's.
+const ROLE_KEYS: [&str; 7] = [
+    "weights",
+    "init_seed",
+    "trainable",
+    "adapter",
+    "optimizer",
+    "max_grad_norm",
+    "gradient_checkpointing",
+];
+
+/// One role model (`[models.student]`, `[models.teacher]`, ...).
+#[derive(Debug)]
+pub struct RoleConfig {
+    /// The architecture and its keys (`arch = "wan"`, `preset`, `attention`, ...).
+    pub model: Box<dyn ModelConfig>,
+    /// The keys every role has.
+    pub keys: RoleKeys,
+}
+
+impl std::ops::Deref for RoleConfig {
+    type Target = RoleKeys;
+    fn deref(&self) -> &RoleKeys {
+        &self.keys
+    }
 }
 
 impl RoleConfig {
-    /// Check values that do not depend on the architecture; keys relative to the role table.
+    /// The architecture name (`arch`).
+    pub fn arch(&self) -> &'static str {
+        self.model.typetag_name()
+    }
+
+    /// Check values; keys relative to the role table.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.preset.is_some() && self.config.is_some() {
-            return Err(ConfigError::new(
-                "config",
-                "give either `preset` or `config`, not both",
-            ));
-        }
-        if self.preset.is_none() && self.config.is_none() {
-            return Err(ConfigError::new(
-                "preset",
-                "missing: give `preset = \"<name>\"` or `config = \"path/to/config.json\"`",
-            ));
-        }
+        self.model.validate()?;
         if let Some(a) = &self.adapter {
             if !self.trainable {
                 return Err(ConfigError::new(
@@ -137,6 +117,41 @@ impl RoleConfig {
             check::positive_f64("max_grad_norm", n)?;
         }
         Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for RoleConfig {
+    /// Split the table: the shared keys into [`RoleKeys`], the rest (with `arch`) into the
+    /// architecture's config.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut arch = toml::Table::deserialize(d)?;
+        let mut shared = toml::Table::new();
+        for key in ROLE_KEYS {
+            if let Some(v) = arch.remove(key) {
+                shared.insert(key.to_string(), v);
+            }
+        }
+        let keys = RoleKeys::deserialize(toml::Value::Table(shared)).map_err(D::Error::custom)?;
+        let model = Box::<dyn ModelConfig>::deserialize(toml::Value::Table(arch))
+            .map_err(D::Error::custom)?;
+        Ok(RoleConfig { model, keys })
+    }
+}
+
+impl Serialize for RoleConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let mut table = match toml::Value::try_from(&self.model).map_err(S::Error::custom)? {
+            toml::Value::Table(t) => t,
+            other => return Err(S::Error::custom(format!("model config as {other}"))),
+        };
+        if let toml::Value::Table(keys) =
+            toml::Value::try_from(&self.keys).map_err(S::Error::custom)?
+        {
+            table.extend(keys);
+        }
+        table.serialize(s)
     }
 }
 

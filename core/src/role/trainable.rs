@@ -1,184 +1,34 @@
-//! The runtime state of a trainable role: its module, accumulated gradients, AdamW state,
-//! learning-rate schedule and optional EMA shadow, all addressed by parameter path.
+//! [`TrainableRole`]: a role's module with its pending gradients, AdamW state, learning-rate
+//! schedule and optional EMA shadow, all addressed by parameter path.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::AutodiffModule;
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
+use super::module::{ParamValues, RoleModule};
+use super::state::{check_keys, flat_from_data, to_data};
+use super::{RoleHandle, RoleStateError};
+use crate::model::{DiffusionModel, DynModel};
 use crate::optim::{adamw_update, AdamWState, Moments, OptimizerConfig};
-use crate::params::{map_named, NamedParamMapper, PathStack};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// Errors restoring role state from a checkpoint.
-#[derive(Debug, thiserror::Error)]
-pub enum RoleStateError {
-    /// Tensors in the file do not match the role's trainable parameters.
-    #[error("role `{role}`: {what}: missing {missing:?}, unexpected {unexpected:?}, wrong shape {wrong_shape:?}")]
-    Mismatch {
-        /// Role name.
-        role: String,
-        /// Which state (weights, optimizer, ema).
-        what: String,
-        /// Keys the role needs that the file lacks.
-        missing: Vec<String>,
-        /// Keys in the file the role does not have.
-        unexpected: Vec<String>,
-        /// Keys with a different shape (`key: expected vs found`).
-        wrong_shape: Vec<String>,
-    },
-}
-
-/// Object-safe view of a trainable role used by the trainer, checkpoints and callbacks.
-pub trait RoleHandle<B: AutodiffBackend>: Send {
-    /// Role name.
-    fn name(&self) -> &str;
-    /// Whether gradients are waiting to be applied this step.
-    fn has_pending_grads(&self) -> bool;
-    /// Squared global L2 norm of the pending (already averaged) gradients, as a 1-element
-    /// device tensor (no host sync). `None` without pending gradients.
-    fn grad_norm_sq(&self) -> Option<Tensor<Inner<B>, 1>>;
-    /// Apply the pending gradients with AdamW at global step `step`, scaled by `grad_scale`
-    /// (the clipping factor), then clear them.
-    fn apply_update(&mut self, step: u64, grad_scale: f64);
-    /// Drop pending gradients without updating (non-finite skip, or a role not due).
-    fn discard_grads(&mut self);
-    /// Learning rate at global step `step`.
-    fn lr_at(&self, step: u64) -> f64;
-    /// Gradient-clipping threshold (global L2 norm), if any.
-    fn max_grad_norm(&self) -> Option<f64>;
-    /// Optimizer steps taken so far.
-    fn optimizer_steps(&self) -> u64;
-    /// The trainable parameters (those that require gradients) copied to the host.
-    fn trainable_tensors(&self) -> Vec<(String, TensorData)>;
-    /// Replace the trainable parameters from host tensors (exact key set and shapes).
-    fn load_trainable_tensors(
-        &mut self,
-        tensors: &BTreeMap<String, TensorData>,
-    ) -> Result<(), RoleStateError>;
-    /// Optimizer state as host tensors (`exp_avg.<path>`, `exp_avg_sq.<path>`) plus step count.
-    fn optimizer_tensors(&self) -> (Vec<(String, TensorData)>, u64);
-    /// Restore the optimizer state.
-    fn load_optimizer_tensors(
-        &mut self,
-        tensors: &BTreeMap<String, TensorData>,
-        step: u64,
-    ) -> Result<(), RoleStateError>;
-    /// Update the EMA shadow `e ← d·e + (1−d)·p` (initialised from the weights on first use).
-    fn ema_update(&mut self, decay: f64);
-    /// Whether an EMA shadow exists.
-    fn has_ema(&self) -> bool;
-    /// Swap live weights and EMA shadow (call twice to swap back). No-op without EMA.
-    fn swap_ema(&mut self);
-    /// EMA shadow as host tensors.
-    fn ema_tensors(&self) -> Vec<(String, TensorData)>;
-    /// Restore the EMA shadow.
-    fn load_ema_tensors(
-        &mut self,
-        tensors: &BTreeMap<String, TensorData>,
-    ) -> Result<(), RoleStateError>;
-}
-
-/// A trainable role owning its module `M`.
+/// A trainable role owning its module `M` (a [`DynModel`](crate::model::DynModel) or any
+/// Burn [`AutodiffModule`]).
 #[derive(Debug)]
-pub struct TrainableRole<B: AutodiffBackend, M: AutodiffModule<B>> {
+pub struct TrainableRole<B: AutodiffBackend, M: RoleModule<B>> {
     name: String,
-    model: Option<M>,
+    model: M,
     optimizer: OptimizerConfig,
     max_grad_norm: Option<f64>,
     max_steps: u64,
     state: AdamWState<Inner<B>>,
-    grads: BTreeMap<String, Tensor<Inner<B>, 1>>,
-    ema: Option<BTreeMap<String, Tensor<Inner<B>, 1>>>,
+    grads: ParamValues<B>,
+    ema: Option<ParamValues<B>>,
 }
 
-struct GradCollector<'a, B: AutodiffBackend> {
-    path: PathStack,
-    grads: &'a B::Gradients,
-    out: &'a mut BTreeMap<String, Tensor<Inner<B>, 1>>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for GradCollector<'_, B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name);
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        if !value.is_require_grad() {
-            return;
-        }
-        if let Some(g) = value.grad(self.grads) {
-            let n = g.dims().iter().product::<usize>();
-            self.out.insert(self.path.joined(), g.reshape([n]));
-        }
-    }
-}
-
-struct TrainableCollector<B: AutodiffBackend> {
-    path: PathStack,
-    out: Vec<(String, Tensor<Inner<B>, 1>, Vec<usize>)>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for TrainableCollector<B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name);
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let value = param.val();
-        if value.is_require_grad() {
-            let dims = value.dims().to_vec();
-            let n = dims.iter().product::<usize>();
-            self.out
-                .push((self.path.joined(), value.inner().reshape([n]), dims));
-        }
-    }
-}
-
-/// Replaces trainable parameters by path with new inner values (keeps id and require_grad).
-struct Replace<'a, B: AutodiffBackend> {
-    values: &'a mut HashMap<String, Tensor<Inner<B>, 1>>,
-    /// Old values of replaced parameters, when requested (EMA swap).
-    old: Option<&'a mut BTreeMap<String, Tensor<Inner<B>, 1>>>,
-}
-
-impl<B: AutodiffBackend> NamedParamMapper<B> for Replace<'_, B> {
-    fn map<const D: usize>(
-        &mut self,
-        path: &str,
-        param: Param<Tensor<B, D>>,
-    ) -> Param<Tensor<B, D>> {
-        let Some(new) = self.values.remove(path) else {
-            return param;
-        };
-        let (id, tensor, mapper) = param.consume();
-        let dims = tensor.dims();
-        let require_grad = tensor.is_require_grad();
-        if let Some(old) = self.old.as_deref_mut() {
-            let n = dims.iter().product::<usize>();
-            old.insert(path.to_string(), tensor.inner().reshape([n]));
-        }
-        let mut t = Tensor::<B, D>::from_inner(new.reshape(dims));
-        if require_grad {
-            t = t.require_grad();
-        }
-        Param::from_mapped_value(id, t, mapper)
-    }
-}
-
-fn to_data<B: burn::tensor::backend::Backend>(t: Tensor<B, 1>, shape: &[usize]) -> TensorData {
-    let mut d = t.into_data();
-    d.shape = shape.to_vec().into();
-    d
-}
-
-impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
+impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
     /// A trainable role. `max_steps` is the run length used by the LR schedule.
     pub fn new(
         name: impl Into<String>,
@@ -189,7 +39,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
     ) -> Self {
         Self {
             name: name.into(),
-            model: Some(model),
+            model,
             optimizer,
             max_grad_norm,
             max_steps,
@@ -201,19 +51,12 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
 
     /// The current module (autodiff).
     pub fn model(&self) -> &M {
-        self.model
-            .as_ref()
-            .expect("role model is always present outside updates")
-    }
-
-    /// The current module without autodiff (for no-grad inference: sampling, targets).
-    pub fn model_valid(&self) -> M::InnerModule {
-        self.model().valid()
+        &self.model
     }
 
     /// Replace the module (e.g. after applying an adapter).
     pub fn set_model(&mut self, model: M) {
-        self.model = Some(model);
+        self.model = model;
     }
 
     /// The optimizer settings.
@@ -232,19 +75,12 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
     /// flattened and keyed by dotted path, without accumulating them. With
     /// [`Self::add_grads`] this lets a method that runs its backward in stages (activation
     /// checkpointing) collect each stage while the model is borrowed.
-    pub fn collect_grads(&self, grads: &B::Gradients) -> BTreeMap<String, Tensor<Inner<B>, 1>> {
-        let mut out = BTreeMap::new();
-        let mut c = GradCollector::<B> {
-            path: PathStack::default(),
-            grads,
-            out: &mut out,
-        };
-        self.model().visit(&mut c);
-        out
+    pub fn collect_grads(&self, grads: &B::Gradients) -> ParamValues<B> {
+        self.model.param_grads(grads)
     }
 
     /// Accumulate gradients from [`Self::collect_grads`], multiplied by `scale`.
-    pub fn add_grads(&mut self, grads: BTreeMap<String, Tensor<Inner<B>, 1>>, scale: f64) {
+    pub fn add_grads(&mut self, grads: ParamValues<B>, scale: f64) {
         for (key, g) in grads {
             let g = g.mul_scalar(scale);
             let acc = match self.grads.remove(&key) {
@@ -260,29 +96,27 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
     /// that follows another role (consistency distillation's EMA target) without an optimizer
     /// of its own; the optimizer state and any EMA shadow are untouched.
     pub fn follow(&mut self, source: &Self, decay: f64) {
-        let mut src: HashMap<String, Tensor<Inner<B>, 1>> = source
-            .trainable()
+        let mut src: ParamValues<B> = source
+            .model
+            .trainable_params()
             .into_iter()
-            .map(|(k, t, _)| (k, t))
+            .map(|p| (p.path, p.value))
             .collect();
-        let values: HashMap<String, Tensor<Inner<B>, 1>> = self
-            .trainable()
-            .into_iter()
-            .map(|(k, p, _)| {
-                let q = src.remove(&k).unwrap_or_else(|| {
-                    panic!(
-                        "role `{}` follows `{}`, which lacks parameter `{k}`",
-                        self.name, source.name
-                    )
-                });
-                let next = if decay == 0.0 {
-                    q
-                } else {
-                    p.mul_scalar(decay).add(q.mul_scalar(1.0 - decay))
-                };
-                (k, next)
-            })
-            .collect();
+        let mut values = ParamValues::<B>::new();
+        for p in self.model.trainable_params() {
+            let q = src.remove(&p.path).unwrap_or_else(|| {
+                panic!(
+                    "role `{}` follows `{}`, which lacks parameter `{}`",
+                    self.name, source.name, p.path
+                )
+            });
+            let next = if decay == 0.0 {
+                q
+            } else {
+                p.value.mul_scalar(decay).add(q.mul_scalar(1.0 - decay))
+            };
+            values.insert(p.path, next);
+        }
         assert!(
             src.is_empty(),
             "role `{}` follows `{}`, which has extra parameters {:?}",
@@ -293,26 +127,18 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
         self.replace(values, None);
     }
 
-    fn trainable(&self) -> Vec<(String, Tensor<Inner<B>, 1>, Vec<usize>)> {
-        let mut c = TrainableCollector::<B> {
-            path: PathStack::default(),
-            out: Vec::new(),
-        };
-        self.model().visit(&mut c);
-        c.out
+    /// `(path, shape)` of every trainable parameter.
+    pub(super) fn shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.model
+            .trainable_params()
+            .into_iter()
+            .map(|p| (p.path, p.shape))
+            .collect()
     }
 
-    fn replace(
-        &mut self,
-        mut values: HashMap<String, Tensor<Inner<B>, 1>>,
-        old: Option<&mut BTreeMap<String, Tensor<Inner<B>, 1>>>,
-    ) {
-        let model = self.model.take().expect("role model present");
-        let mut r = Replace::<B> {
-            values: &mut values,
-            old,
-        };
-        self.model = Some(map_named(model, &mut r));
+    /// Put `values` into the module; every value must find its parameter.
+    pub(super) fn replace(&mut self, mut values: ParamValues<B>, old: Option<&mut ParamValues<B>>) {
+        self.model.replace_params(&mut values, old);
         assert!(
             values.is_empty(),
             "role `{}`: parameters vanished while replacing: {:?}",
@@ -321,62 +147,37 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
         );
     }
 
-    fn check_keys(
+    /// Host tensors as flat device values, after checking keys and shapes against `expected`.
+    pub(super) fn device_values(
         &self,
         what: &str,
         expected: &[(String, Vec<usize>)],
         tensors: &BTreeMap<String, TensorData>,
-    ) -> Result<(), RoleStateError> {
-        let mut missing = vec![];
-        let mut wrong_shape = vec![];
-        for (k, shape) in expected {
-            match tensors.get(k) {
-                None => missing.push(k.clone()),
-                Some(d) if d.shape.as_slice() != shape.as_slice() => wrong_shape.push(format!(
-                    "{k}: expected {shape:?}, found {:?}",
-                    d.shape.as_slice()
-                )),
-                _ => {}
-            }
-        }
-        let unexpected: Vec<String> = tensors
-            .keys()
-            .filter(|k| !expected.iter().any(|(e, _)| e == *k))
-            .cloned()
-            .collect();
-        if missing.is_empty() && unexpected.is_empty() && wrong_shape.is_empty() {
-            Ok(())
-        } else {
-            Err(RoleStateError::Mismatch {
-                role: self.name.clone(),
-                what: what.into(),
-                missing,
-                unexpected,
-                wrong_shape,
-            })
-        }
-    }
-
-    fn flat_from_data(&self, d: &TensorData) -> Tensor<Inner<B>, 1> {
-        let device = self
-            .model()
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        let n = d.num_elements();
-        let data = TensorData::new(
-            d.clone()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .expect("f32 data"),
-            [n],
-        );
-        Tensor::from_data(data, &device)
+    ) -> Result<ParamValues<B>, RoleStateError> {
+        check_keys(&self.name, what, expected, tensors)?;
+        let device = self.model.device();
+        Ok(tensors
+            .iter()
+            .map(|(k, d)| (k.clone(), flat_from_data::<Inner<B>>(d, &device)))
+            .collect())
     }
 }
 
-impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B, M> {
+impl<B: AutodiffBackend, M: AutodiffModule<B>> TrainableRole<B, M> {
+    /// The current module without autodiff (for no-grad inference: sampling, targets).
+    pub fn model_valid(&self) -> M::InnerModule {
+        self.model.valid()
+    }
+}
+
+impl<B: AutodiffBackend> TrainableRole<B, DynModel<B>> {
+    /// The current model without autodiff (for no-grad inference: sampling, targets).
+    pub fn model_valid(&self) -> Box<dyn DiffusionModel<Inner<B>>> {
+        self.model.valid()
+    }
+}
+
+impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -405,22 +206,20 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         let lr = self.optimizer.lr_at(step, self.max_steps);
         let k = self.state.step + 1;
         let grads = std::mem::take(&mut self.grads);
-        let params: HashMap<String, Tensor<Inner<B>, 1>> = self
-            .trainable()
+        let mut params: ParamValues<B> = self
+            .model
+            .trainable_params()
             .into_iter()
-            .map(|(k, t, _)| (k, t))
+            .map(|p| (p.path, p.value))
             .collect();
-        let mut new_values = HashMap::new();
+        let mut new_values = ParamValues::<B>::new();
         for (path, g) in grads {
-            let p = params
-                .get(&path)
-                .unwrap_or_else(|| {
-                    panic!(
-                        "role `{}`: gradient for unknown parameter `{path}`",
-                        self.name
-                    )
-                })
-                .clone();
+            let p = params.remove(&path).unwrap_or_else(|| {
+                panic!(
+                    "role `{}`: gradient for unknown parameter `{path}`",
+                    self.name
+                )
+            });
             let g = if grad_scale == 1.0 {
                 g
             } else {
@@ -452,9 +251,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
     }
 
     fn trainable_tensors(&self) -> Vec<(String, TensorData)> {
-        self.trainable()
+        self.model
+            .trainable_params()
             .into_iter()
-            .map(|(k, t, shape)| (k, to_data(t, &shape)))
+            .map(|p| (p.path, to_data(p.value, &p.shape)))
             .collect()
     }
 
@@ -462,21 +262,12 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
         &mut self,
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<(), RoleStateError> {
-        let expected: Vec<(String, Vec<usize>)> = self
-            .trainable()
-            .into_iter()
-            .map(|(k, _, s)| (k, s))
-            .collect();
-        self.check_keys("weights", &expected, tensors)?;
-        let values = tensors
-            .iter()
-            .map(|(k, d)| (k.clone(), self.flat_from_data(d)))
-            .collect();
+        let values = self.device_values("weights", &self.shapes(), tensors)?;
         self.replace(values, None);
         Ok(())
     }
 
-    fn optimizer_tensors(&self) -> (Vec<(String, TensorData)>, u64) {
+    fn optimizer_tensors(&self) -> Vec<(String, TensorData)> {
         let mut out = Vec::new();
         for (k, m) in &self.state.moments {
             let n = m.exp_avg.dims()[0];
@@ -486,7 +277,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
                 to_data(m.exp_avg_sq.clone(), &[n]),
             ));
         }
-        (out, self.state.step)
+        out
     }
 
     fn load_optimizer_tensors(
@@ -496,28 +287,26 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
     ) -> Result<(), RoleStateError> {
         // Moments exist for every parameter that has received a gradient; each parameter has
         // both moments or neither, with the flattened parameter shape.
-        let trainable = self.trainable();
         let mut expected = Vec::new();
-        for (k, t, _) in &trainable {
+        for (k, shape) in self.shapes() {
             let (m, v) = (format!("exp_avg.{k}"), format!("exp_avg_sq.{k}"));
             if tensors.contains_key(&m) || tensors.contains_key(&v) {
-                let n = t.dims()[0];
+                let n = shape.iter().product::<usize>();
                 expected.push((m, vec![n]));
                 expected.push((v, vec![n]));
             }
         }
-        self.check_keys("optimizer state", &expected, tensors)?;
+        let mut values = self.device_values("optimizer state", &expected, tensors)?;
         let mut moments = BTreeMap::new();
-        for (k, _, _) in &trainable {
-            if let (Some(m), Some(v)) = (
-                tensors.get(&format!("exp_avg.{k}")),
-                tensors.get(&format!("exp_avg_sq.{k}")),
-            ) {
+        for (k, _) in self.shapes() {
+            let m = values.remove(&format!("exp_avg.{k}"));
+            let v = values.remove(&format!("exp_avg_sq.{k}"));
+            if let (Some(exp_avg), Some(exp_avg_sq)) = (m, v) {
                 moments.insert(
-                    k.clone(),
+                    k,
                     Moments {
-                        exp_avg: self.flat_from_data(m),
-                        exp_avg_sq: self.flat_from_data(v),
+                        exp_avg,
+                        exp_avg_sq,
                     },
                 );
             }
@@ -527,14 +316,14 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
     }
 
     fn ema_update(&mut self, decay: f64) {
-        let current = self.trainable();
+        let current = self.model.trainable_params();
         let ema = self.ema.get_or_insert_with(BTreeMap::new);
-        for (k, t, _) in current {
-            let next = match ema.remove(&k) {
-                Some(e) => e.mul_scalar(decay).add(t.mul_scalar(1.0 - decay)),
-                None => t,
+        for p in current {
+            let next = match ema.remove(&p.path) {
+                Some(e) => e.mul_scalar(decay).add(p.value.mul_scalar(1.0 - decay)),
+                None => p.value,
             };
-            ema.insert(k, next);
+            ema.insert(p.path, next);
         }
     }
 
@@ -545,42 +334,25 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleHandle<B> for TrainableRole<B
     fn swap_ema(&mut self) {
         let Some(ema) = self.ema.take() else { return };
         let mut old = BTreeMap::new();
-        self.replace(ema.into_iter().collect(), Some(&mut old));
+        self.replace(ema, Some(&mut old));
         self.ema = Some(old);
     }
 
     fn ema_tensors(&self) -> Vec<(String, TensorData)> {
-        match &self.ema {
-            None => vec![],
-            Some(e) => {
-                let shapes: HashMap<String, Vec<usize>> = self
-                    .trainable()
-                    .into_iter()
-                    .map(|(k, _, s)| (k, s))
-                    .collect();
-                e.iter()
-                    .map(|(k, t)| (k.clone(), to_data(t.clone(), &shapes[k])))
-                    .collect()
-            }
-        }
+        let Some(e) = &self.ema else {
+            return vec![];
+        };
+        let shapes: BTreeMap<String, Vec<usize>> = self.shapes().into_iter().collect();
+        e.iter()
+            .map(|(k, t)| (k.clone(), to_data(t.clone(), &shapes[k])))
+            .collect()
     }
 
     fn load_ema_tensors(
         &mut self,
         tensors: &BTreeMap<String, TensorData>,
     ) -> Result<(), RoleStateError> {
-        let expected: Vec<(String, Vec<usize>)> = self
-            .trainable()
-            .into_iter()
-            .map(|(k, _, s)| (k, s))
-            .collect();
-        self.check_keys("ema", &expected, tensors)?;
-        self.ema = Some(
-            tensors
-                .iter()
-                .map(|(k, d)| (k.clone(), self.flat_from_data(d)))
-                .collect(),
-        );
+        self.ema = Some(self.device_values("ema", &self.shapes(), tensors)?);
         Ok(())
     }
 }

@@ -4,26 +4,29 @@
 //! on each, read every loss and gradient norm in **one** host sync, apply the non-finite
 //! policy, clip each role by its global L2 norm, step the optimizers, run callbacks, and
 //! checkpoint when due. Ctrl-C (via [`TrainOptions::interrupt`]) writes a checkpoint and stops.
+//!
+//! [`Trainer`] holds the run and splits the loop into its pieces: [`Trainer::new`] builds,
+//! `resume` restores, and each step is `forward_backward`, `reduce`, then `update` (or the
+//! non-finite policy), the callbacks and `checkpoint_if_due`.
 
+mod run;
 mod state;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
-use burn::tensor::{backend::AutodiffBackend, Tensor};
+use burn::tensor::backend::AutodiffBackend;
 
+pub use run::Trainer;
 pub use state::{ema_file, optim_file, weights_file};
 
 use crate::backend::ReelBackend;
-use crate::callback::{Callback, CallbackContext, CallbackError, StepReport};
-use crate::checkpoint::{sha256_hex, CheckpointError, CheckpointStore, TrainerState};
-use crate::config::{ConfigError, LoadedConfig, NonFinitePolicy, SaveErrorPolicy};
-use crate::data::{negative_or_zeros, to_device, DataError, DataSource, Loader};
-use crate::fault;
-use crate::method::{BuildContext, MethodError, StepContext, TrainingMethod};
-use crate::rng::RunRng;
+use crate::callback::CallbackError;
+use crate::checkpoint::{CheckpointError, TrainerState};
+use crate::config::{ConfigError, LoadedConfig};
+use crate::data::{DataError, DataSource};
+use crate::method::{BuildContext, MethodError, TrainingMethod};
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -119,18 +122,6 @@ pub fn run_dir_for(loaded: &LoadedConfig, output: Option<&Path>) -> PathBuf {
     loaded.base_dir.join("runs").join(stem)
 }
 
-/// Fingerprint of the config parts a checkpoint depends on (`[models]` and `[method]`).
-/// Changing `max_steps`, callbacks or logging keeps checkpoints resumable.
-pub fn config_fingerprint(loaded: &LoadedConfig) -> String {
-    let root: toml::Table = toml::from_str(&loaded.resolved_toml).unwrap_or_default();
-    let pick = |k: &str| {
-        root.get(k)
-            .map(|v| serde_json::to_string(v).unwrap_or_default())
-            .unwrap_or_default()
-    };
-    sha256_hex(format!("models={}\nmethod={}", pick("models"), pick("method")).as_bytes())
-}
-
 /// Build the method for a loaded config (used by `train`, `sample` and `eval`).
 pub fn build_method<B: ReelBackend>(
     loaded: &LoadedConfig,
@@ -147,6 +138,7 @@ pub fn build_method<B: ReelBackend>(
         base_dir: &loaded.base_dir,
         seed: cfg.runtime.seed,
         precision: cfg.runtime.dtype,
+        build_model: B::build_model,
     };
     Ok(B::build_method(&*cfg.method, &ctx)?)
 }
@@ -159,329 +151,19 @@ pub fn load_checkpoint_into<B: AutodiffBackend>(
     state::restore(dir, method)
 }
 
-fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
-}
-
 /// Train a run to `max_steps` (or until interrupted) on backend `B`.
 pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    let cfg = &loaded.config;
-    let device = B::device_for(cfg.runtime.device);
-    let run_dir = run_dir_for(loaded, opts.output_dir.as_deref());
-    std::fs::create_dir_all(&run_dir).map_err(|e| io_err(&run_dir, e))?;
-    let resolved_path = run_dir.join("config.resolved.toml");
-    std::fs::write(&resolved_path, &loaded.resolved_toml).map_err(|e| io_err(&resolved_path, e))?;
+    Trainer::<B>::new(loaded, opts)?.run()
+}
 
-    let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
-    let spec = source.spec();
-    let negative = negative_or_zeros(&*source);
-    let mut loader = Loader::new(
-        source.clone(),
-        cfg.data.batch_size(),
-        cfg.data.shuffle(),
-        cfg.runtime.seed,
-    )?;
-    let mut method = build_method::<B>(loaded, &*source, &device)?;
-    let mut callbacks: Vec<Box<dyn Callback<B>>> = cfg
-        .callbacks
-        .iter()
-        .map(|c| B::build_callback(&**c))
-        .collect::<Result<_, _>>()?;
-
-    let store = CheckpointStore::new(&run_dir, cfg.training.keep_last);
-    let fingerprint = config_fingerprint(loaded);
-    let rng = RunRng::new(cfg.runtime.seed);
-    let max_steps = cfg.training.max_steps;
-    let mut step = 0u64;
-    let mut resumed_from = None;
-    if let Some(spec_str) = &opts.resume {
-        let resume_spec = if spec_str == "latest" {
-            "latest".to_string()
-        } else {
-            spec_str.clone()
-        };
-        let (dir, _manifest, warnings) = store.resolve(&resume_spec, &fingerprint)?;
-        for w in warnings {
-            eprintln!("reel: warning: {w}");
-        }
-        let st = state::restore(&dir, &mut *method)?;
-        if st.seed != cfg.runtime.seed {
-            return Err(ConfigError::new(
-                "runtime.seed",
-                format!(
-                    "the checkpoint was trained with seed {}, the config says {}",
-                    st.seed, cfg.runtime.seed
-                ),
-            )
-            .in_file(&loaded.path)
-            .into());
-        }
-        step = st.step;
-        loader.set_cursor(st.data_cursor);
-        resumed_from = Some(dir);
+fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
     }
-
-    let mut cb_ctx = CallbackContext {
-        step,
-        max_steps,
-        method: &mut *method,
-        data: &*source,
-        run_dir: &run_dir,
-        seed: cfg.runtime.seed,
-        validations: vec![],
-        is_final: false,
-    };
-    if let Some(dir) = &resumed_from {
-        eprintln!("reel: resumed from {} at step {step}", dir.display());
-        for cb in callbacks.iter_mut() {
-            cb.load_state(&mut cb_ctx, dir)?;
-        }
-    }
-    for cb in callbacks.iter_mut() {
-        cb.on_train_start(&mut cb_ctx)?;
-    }
-    drop(cb_ctx);
-
-    let accum = cfg.training.grad_accumulation;
-    let mut last_losses = vec![];
-    let mut skipped_steps = 0u64;
-    let mut last_checkpoint: Option<PathBuf> = None;
-    let trainer_state = |step: u64, cursor: u64| TrainerState {
-        step,
-        data_cursor: cursor,
-        seed: cfg.runtime.seed,
-        optimizer_steps: Default::default(),
-        method_state: serde_json::Value::Null,
-    };
-
-    while step < max_steps {
-        if opts
-            .interrupt
-            .as_ref()
-            .is_some_and(|f| f.load(Ordering::SeqCst))
-        {
-            let mut ctx = CallbackContext {
-                step,
-                max_steps,
-                method: &mut *method,
-                data: &*source,
-                run_dir: &run_dir,
-                seed: cfg.runtime.seed,
-                validations: vec![],
-                is_final: false,
-            };
-            let dir = state::save(
-                &store,
-                &trainer_state(step, loader.cursor()),
-                &loaded.resolved_toml,
-                &fingerprint,
-                &mut callbacks,
-                &mut ctx,
-            )?;
-            return Err(TrainError::Interrupted {
-                step,
-                checkpoint: dir,
-            });
-        }
-        let t0 = Instant::now();
-        let cursor_before = loader.cursor();
-        let mut loss_names: Vec<String> = vec![];
-        let mut loss_parts: Vec<Vec<Tensor<<B as AutodiffBackend>::InnerBackend, 1>>> = vec![];
-        for micro in 0..accum {
-            let host = loader.next_batch()?;
-            let batch = to_device::<B>(&host, &spec, &negative, &device);
-            let ctx = StepContext {
-                step,
-                micro,
-                num_micro: accum,
-                max_steps,
-                rng,
-            };
-            let out = method.micro_step(&batch, &ctx)?;
-            for (name, value) in out.losses {
-                match loss_names.iter().position(|n| *n == name) {
-                    Some(i) => loss_parts[i].push(value),
-                    None => {
-                        loss_names.push(name);
-                        loss_parts.push(vec![value]);
-                    }
-                }
-            }
-        }
-        // One host sync: every loss (mean over micro-batches) and every role's grad norm².
-        let mut scalars = vec![];
-        for parts in &loss_parts {
-            let n = parts.len() as f64;
-            scalars.push(Tensor::cat(parts.clone(), 0).sum().div_scalar(n));
-        }
-        let mut updating = vec![];
-        for role in method.roles() {
-            if let Some(n2) = role.grad_norm_sq() {
-                updating.push(role.name().to_string());
-                scalars.push(n2);
-            }
-        }
-        let mut values: Vec<f64> = if scalars.is_empty() {
-            vec![]
-        } else {
-            Tensor::cat(scalars, 0)
-                .into_data()
-                .convert::<f64>()
-                .to_vec::<f64>()
-                .expect("scalars convert to f64")
-        };
-        if fault::fires("non-finite-loss") && !values.is_empty() {
-            values[0] = f64::NAN;
-        }
-        let losses: Vec<(String, f64)> = loss_names
-            .iter()
-            .cloned()
-            .zip(values.iter().copied())
-            .collect();
-        let norms: Vec<(String, f64)> = updating
-            .iter()
-            .cloned()
-            .zip(values[loss_names.len()..].iter().map(|v| v.sqrt()))
-            .collect();
-        let bad: Vec<String> = losses
-            .iter()
-            .chain(norms.iter())
-            .filter(|(_, v)| !v.is_finite())
-            .map(|(n, v)| format!("{n}={v}"))
-            .collect();
-        let skipped = !bad.is_empty();
-        let mut lrs = vec![];
-        if skipped {
-            for role in method.roles_mut() {
-                role.discard_grads();
-            }
-            match cfg.training.non_finite {
-                NonFinitePolicy::Skip => {
-                    skipped_steps += 1;
-                    eprintln!(
-                        "reel: step {step}: non-finite {}: update skipped (non_finite = \"skip\")",
-                        bad.join(", ")
-                    );
-                }
-                NonFinitePolicy::Stop => {
-                    let mut ctx = CallbackContext {
-                        step,
-                        max_steps,
-                        method: &mut *method,
-                        data: &*source,
-                        run_dir: &run_dir,
-                        seed: cfg.runtime.seed,
-                        validations: vec![],
-                        is_final: false,
-                    };
-                    let dir = state::save(
-                        &store,
-                        &trainer_state(step, cursor_before),
-                        &loaded.resolved_toml,
-                        &fingerprint,
-                        &mut callbacks,
-                        &mut ctx,
-                    )?;
-                    return Err(TrainError::NonFinite {
-                        step,
-                        what: bad.join(", "),
-                        checkpoint: dir.display().to_string(),
-                    });
-                }
-            }
-        } else {
-            for role in method.roles_mut() {
-                let Some((_, norm)) = norms.iter().find(|(n, _)| n == role.name()) else {
-                    continue;
-                };
-                let scale = match role.max_grad_norm() {
-                    Some(max) if *norm > max => max / (norm + 1e-6),
-                    _ => 1.0,
-                };
-                lrs.push((role.name().to_string(), role.lr_at(step)));
-                role.apply_update(step, scale);
-            }
-        }
-        step += 1;
-        fault::point("step-end");
-        let report = StepReport {
-            step,
-            max_steps,
-            losses: losses.clone(),
-            grad_norms: norms,
-            lrs,
-            step_seconds: t0.elapsed().as_secs_f64(),
-            samples_seen: loader.cursor(),
-            skipped,
-        };
-        last_losses = losses;
-        let is_final = step == max_steps;
-        let mut ctx = CallbackContext {
-            step,
-            max_steps,
-            method: &mut *method,
-            data: &*source,
-            run_dir: &run_dir,
-            seed: cfg.runtime.seed,
-            validations: vec![],
-            is_final,
-        };
-        for cb in callbacks.iter_mut() {
-            cb.on_step_end(&mut ctx, &report)?;
-        }
-        let validations = std::mem::take(&mut ctx.validations);
-        for v in &validations {
-            for cb in callbacks.iter_mut() {
-                cb.on_validation(&mut ctx, v)?;
-            }
-        }
-        let due = is_final
-            || cfg
-                .training
-                .checkpoint_every
-                .is_some_and(|n| step.is_multiple_of(n));
-        if due {
-            match state::save(
-                &store,
-                &trainer_state(step, loader.cursor()),
-                &loaded.resolved_toml,
-                &fingerprint,
-                &mut callbacks,
-                &mut ctx,
-            ) {
-                Ok(dir) => last_checkpoint = Some(dir),
-                Err(e) => match cfg.training.on_save_error {
-                    SaveErrorPolicy::Stop => return Err(e),
-                    SaveErrorPolicy::Continue => {
-                        eprintln!("reel: warning: checkpoint at step {step} failed, training continues (on_save_error = \"continue\"): {e}")
-                    }
-                },
-            }
-        }
-        if is_final {
-            for cb in callbacks.iter_mut() {
-                cb.on_train_end(&mut ctx)?;
-            }
-        }
-    }
-    let checkpoint = match last_checkpoint {
-        Some(c) => c,
-        None => store.resolve("latest", &fingerprint)?.0,
-    };
-    publish_final(&checkpoint, &run_dir)?;
-    Ok(TrainSummary {
-        run_dir,
-        steps: step,
-        last_losses,
-        checkpoint,
-        skipped_steps,
-    })
 }
 
 /// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path

@@ -7,8 +7,8 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainError;
 use crate::callback::{Callback, CallbackContext};
-use crate::checkpoint::{read_tensors, CheckpointStore, TrainerState};
-use crate::method::TrainingMethod;
+use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState};
+use crate::method::{MethodError, TrainingMethod};
 
 /// File name of a role's trainable weights inside a checkpoint.
 pub fn weights_file(role: &str) -> String {
@@ -23,6 +23,21 @@ pub fn ema_file(role: &str) -> String {
     format!("{role}.ema.safetensors")
 }
 
+/// Where a checkpoint is taken: the loop's position and the config it belongs to.
+#[derive(Debug, Clone)]
+pub(super) struct SavePoint<'a> {
+    /// Completed steps.
+    pub step: u64,
+    /// Data loader cursor to resume from.
+    pub data_cursor: u64,
+    /// Run seed.
+    pub seed: u64,
+    /// The resolved config, saved as `config.toml`.
+    pub resolved_toml: &'a str,
+    /// The config fingerprint the manifest records.
+    pub fingerprint: &'a str,
+}
+
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
     Some(
         pairs
@@ -33,21 +48,19 @@ fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
 }
 
 /// Write a complete checkpoint of the current state; returns its folder.
-pub(crate) fn save<B: AutodiffBackend>(
+pub(super) fn save<B: AutodiffBackend>(
     store: &CheckpointStore,
-    state: &TrainerState,
-    resolved_toml: &str,
-    fingerprint: &str,
+    at: &SavePoint<'_>,
     callbacks: &mut [Box<dyn Callback<B>>],
     ctx: &mut CallbackContext<'_, B>,
 ) -> Result<PathBuf, TrainError> {
-    let pending = store.begin(state.step)?;
-    let mut opt_steps = BTreeMap::new();
+    let pending = store.begin(at.step)?;
+    let mut optimizer_steps = BTreeMap::new();
     for role in ctx.method.roles() {
         let name = role.name().to_string();
         let step_meta = meta(&[
             ("role", name.clone()),
-            ("step", state.step.to_string()),
+            ("step", at.step.to_string()),
             ("format", "reel".into()),
         ]);
         pending.write_tensors(
@@ -55,54 +68,52 @@ pub(crate) fn save<B: AutodiffBackend>(
             &role.trainable_tensors(),
             step_meta.clone(),
         )?;
-        let (opt, k) = role.optimizer_tensors();
-        opt_steps.insert(name.clone(), k);
-        pending.write_tensors(
-            &optim_file(&name),
-            &opt,
-            meta(&[("optimizer_step", k.to_string())]),
-        )?;
+        pending.write_tensors(&optim_file(&name), &role.optimizer_tensors(), None)?;
+        optimizer_steps.insert(name.clone(), role.optimizer_steps());
         if role.has_ema() {
             pending.write_tensors(&ema_file(&name), &role.ema_tensors(), step_meta)?;
         }
     }
-    let mut st = state.clone();
-    st.optimizer_steps = opt_steps;
-    st.method_state = ctx.method.state();
-    let json = serde_json::to_string_pretty(&st).expect("state serializes");
+    let state = TrainerState {
+        step: at.step,
+        data_cursor: at.data_cursor,
+        seed: at.seed,
+        optimizer_steps,
+        method_state: ctx.method.state(),
+    };
+    let json = serde_json::to_string_pretty(&state)
+        .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));
     pending.write_bytes("state.json", json.as_bytes())?;
-    pending.write_bytes("config.toml", resolved_toml.as_bytes())?;
+    pending.write_bytes("config.toml", at.resolved_toml.as_bytes())?;
     for cb in callbacks.iter_mut() {
         cb.on_checkpoint(ctx, pending.dir())?;
     }
-    Ok(store.commit(pending, fingerprint)?)
+    Ok(store.commit(pending, at.fingerprint)?)
 }
 
 /// Restore roles, method state and callback state from a verified checkpoint folder.
-pub(crate) fn restore<B: AutodiffBackend>(
+pub(super) fn restore<B: AutodiffBackend>(
     dir: &Path,
     method: &mut dyn TrainingMethod<B>,
 ) -> Result<TrainerState, TrainError> {
-    let text = std::fs::read_to_string(dir.join("state.json"))
-        .map_err(|e| crate::checkpoint::CheckpointError::io(&dir.join("state.json"), e))?;
+    let path = dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
     let state: TrainerState =
-        serde_json::from_str(&text).map_err(|e| crate::checkpoint::CheckpointError::Damaged {
+        serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
             dir: dir.to_path_buf(),
             reason: format!("state.json: {e}"),
         })?;
     for role in method.roles_mut() {
         let name = role.name().to_string();
         let (w, _) = read_tensors(dir, &weights_file(&name))?;
-        role.load_trainable_tensors(&w)
-            .map_err(crate::method::MethodError::from)?;
+        role.load_trainable_tensors(&w).map_err(MethodError::from)?;
         let (o, _) = read_tensors(dir, &optim_file(&name))?;
         let k = state.optimizer_steps.get(&name).copied().unwrap_or(0);
         role.load_optimizer_tensors(&o, k)
-            .map_err(crate::method::MethodError::from)?;
+            .map_err(MethodError::from)?;
         if dir.join(ema_file(&name)).is_file() {
             let (e, _) = read_tensors(dir, &ema_file(&name))?;
-            role.load_ema_tensors(&e)
-                .map_err(crate::method::MethodError::from)?;
+            role.load_ema_tensors(&e).map_err(MethodError::from)?;
         }
     }
     method.load_state(&state.method_state)?;

@@ -83,7 +83,10 @@ impl Default for AdversarialConfig {
     }
 }
 
-#[typetag::serde(name = "adversarial")]
+#[reel_core::plugin(
+    name = "adversarial",
+    summary = "Adversarial distillation: discriminator heads on the frozen teacher's features (hinge / non-saturating, R1)"
+)]
 impl MethodConfig for AdversarialConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         self.sigma_density
@@ -116,9 +119,3 @@ impl MethodConfig for AdversarialConfig {
         ]
     }
 }
-
-reel_core::register_plugin!(
-    Method,
-    "adversarial",
-    "Adversarial distillation: discriminator heads on the frozen teacher's features (hinge / non-saturating, R1)"
-);

@@ -2,7 +2,7 @@
 //!
 //! A feature network (the frozen teacher, or DMD2's critic) runs on the noisy sample and
 //! exposes the hidden states `[B, N, dim]` after selected blocks
-//! ([`reel_models::WanModel::forward_hidden_states`]; no copy of the model code). Each
+//! ([`DiffusionModel::forward_hidden_states`]; no copy of the model code). Each
 //! selected block gets one small head: parameter-free LayerNorm, `Linear(dim, hidden)`,
 //! SiLU, `Linear(hidden, 1)`, then the mean over tokens: one logit per sample `[B]`. The
 //! heads are a module of their own, trained as a role with its own optimizer.
@@ -14,10 +14,10 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use reel_core::config::ConfigError;
+use reel_core::model::DiffusionModel;
 use reel_models::wan::init::{join, ParamInit};
 use reel_models::wan::linear::Linear;
 use reel_models::wan::norm::layer_norm;
-use reel_models::WanModel;
 
 /// Which blocks of the feature network get a head, and the heads' width.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,7 +168,7 @@ impl<B: Backend> DiscriminatorHeads<B> {
     /// network `net`. Gradients reach whatever of `net`, `x` and the heads is tracked.
     pub fn judge(
         &self,
-        net: &WanModel<B>,
+        net: &dyn DiffusionModel<B>,
         x: Tensor<B, 5>,
         t: Tensor<B, 1>,
         text: Tensor<B, 3>,

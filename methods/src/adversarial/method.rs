@@ -18,7 +18,6 @@
 //! gradients of that pass are dropped); the discriminator's backward starts from detached
 //! inputs, so it reaches only the heads.
 
-use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 
@@ -28,28 +27,27 @@ use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
     TrainingMethod,
 };
-use reel_core::role::{RoleHandle, TrainableRole};
-use reel_models::WanModel;
+use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::role::TrainableRole;
 
 use super::config::AdversarialConfig;
 use super::heads::DiscriminatorHeads;
 use super::loss::approx_r1;
-use crate::common::{check_io, load_role, per_sample_noise, per_sample_sigmas, sample_euler};
+use crate::common::{per_sample_noise, per_sample_sigmas, sample_euler};
 
 impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
     fn build_method(
         &self,
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
-        let student = ctx.trainable_role("student", load_role(ctx, "student")?, None);
+        let student = ctx.trainable_role("student", ctx.model("student")?, None);
         // The feature network stays on the autodiff backend (the student's gradient flows
         // through it to its input) with every parameter frozen.
-        let teacher = load_role::<B>(ctx, "teacher")?.no_grad();
-        let tc = teacher.config.clone();
-        check_io("teacher", &tc, &student.model().config)?;
+        let teacher = ctx.model("teacher")?.frozen();
+        let tc = teacher.info();
         let heads = self
             .heads
-            .init::<B>(tc.inner_dim(), tc.num_layers, &ctx.device)
+            .init::<B>(tc.hidden_size, tc.num_layers, &ctx.device)
             .map_err(|e| MethodError::Config(e.in_section("method.heads")))?;
         let discriminator = TrainableRole::new(
             "discriminator",
@@ -69,11 +67,14 @@ impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
 }
 
 /// The runtime adversarial method.
+#[derive(reel_core::Roles)]
 pub struct Adversarial<B: AutodiffBackend> {
     cfg: AdversarialConfig,
-    student: TrainableRole<B, WanModel<B>>,
+    #[role]
+    student: TrainableRole<B, DynModel<B>>,
     /// Frozen feature network.
-    teacher: WanModel<B>,
+    teacher: DynModel<B>,
+    #[role]
     discriminator: TrainableRole<B, DiscriminatorHeads<B>>,
     device: B::Device,
 }
@@ -191,20 +192,12 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Adversarial<B> {
         Ok(out)
     }
 
-    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
-        vec![&mut self.student, &mut self.discriminator]
-    }
-
-    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
-        vec![&self.student, &self.discriminator]
-    }
-
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
-        let model = self.student.model_valid();
+        let model = self.student.model().valid();
         let steps = req.steps.unwrap_or(self.cfg.sample_steps);
         let guidance = req.guidance.unwrap_or(self.cfg.guidance_scale);
         Ok(sample_euler(
-            &model,
+            &*model,
             req,
             steps,
             guidance,
@@ -219,6 +212,7 @@ mod tests {
     use super::*;
     use crate::test_util::{step_ctx, tiny_batch};
     use reel_core::optim::OptimizerConfig;
+    use reel_core::role::{RoleHandle, RoleModule};
     use reel_models::WanConfig;
 
     type Ad = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -243,8 +237,14 @@ mod tests {
             .init::<Ad>(wan.inner_dim(), wan.num_layers, &dev)
             .unwrap();
         Adversarial {
-            student: TrainableRole::new("student", wan.init_seeded(&dev, 3), opt.clone(), None, 10),
-            teacher: wan.init_seeded::<Ad>(&dev, 3).no_grad(),
+            student: TrainableRole::new(
+                "student",
+                DynModel::new(wan.init_seeded(&dev, 3)),
+                opt.clone(),
+                None,
+                10,
+            ),
+            teacher: DynModel::new(wan.init_seeded::<Ad>(&dev, 3)).frozen(),
             discriminator: TrainableRole::new("discriminator", heads, opt, None, 10),
             cfg,
             device: dev,
@@ -288,9 +288,11 @@ mod tests {
         // Step 3: interval 3 runs the discriminator step, interval 2 does not. The student's
         // update must be identical, the heads must move, the teacher must not.
         let (mut with_d, mut without_d) = (method(3), method(2));
-        let teacher_before = reel_core::params::named_params(&with_d.teacher)
+        let teacher_before = with_d
+            .teacher
+            .all_params()
             .into_iter()
-            .map(|p| p.flat.into_data().to_vec::<f32>().unwrap())
+            .map(|p| p.value.into_data().to_vec::<f32>().unwrap())
             .collect::<Vec<_>>();
         let heads_before = weights(&with_d.discriminator);
         let out = with_d.micro_step(&batch(), &ctx(3)).unwrap();
@@ -323,9 +325,11 @@ mod tests {
             "heads trained"
         );
         assert_eq!(weights(&without_d.discriminator), heads_before);
-        let teacher_after = reel_core::params::named_params(&with_d.teacher)
+        let teacher_after = with_d
+            .teacher
+            .all_params()
             .into_iter()
-            .map(|p| p.flat.into_data().to_vec::<f32>().unwrap())
+            .map(|p| p.value.into_data().to_vec::<f32>().unwrap())
             .collect::<Vec<_>>();
         assert_eq!(teacher_before, teacher_after, "the teacher never changes");
     }

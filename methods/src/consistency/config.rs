@@ -125,7 +125,10 @@ impl ConsistencyConfig {
     }
 }
 
-#[typetag::serde(name = "consistency")]
+#[reel_core::plugin(
+    name = "consistency",
+    summary = "Multi-phase consistency distillation: Euler solver over the teacher with distilled CFG, pseudo-Huber loss, EMA target"
+)]
 impl MethodConfig for ConsistencyConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let n = self.num_euler_timesteps;

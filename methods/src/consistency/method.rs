@@ -8,16 +8,13 @@ use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
     TrainingMethod,
 };
-use reel_core::role::{RoleHandle, TrainableRole};
-use reel_models::WanModel;
+use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::role::TrainableRole;
 
 use super::config::{ConsistencyConfig, TargetNetwork};
 use super::schedule::PhaseSchedule;
 use super::solver::{euler_segment, EulerSolver};
-use crate::common::{
-    check_io, load_frozen_role, load_role, per_sample_noise, per_sample_uniform,
-    sample_euler_sigmas,
-};
+use crate::common::{per_sample_noise, per_sample_uniform, sample_euler_sigmas};
 use crate::dmd2::CfgForm;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -34,7 +31,7 @@ fn timesteps<B: Backend>(sigmas: &[f64], device: &B::Device) -> Tensor<B, 1> {
 /// `[B, L, D]`.
 #[allow(clippy::too_many_arguments)]
 pub fn teacher_step<B: Backend>(
-    teacher: &WanModel<B>,
+    teacher: &dyn DiffusionModel<B>,
     x: Tensor<B, 5>,
     from: &[f64],
     to: &[f64],
@@ -91,8 +88,8 @@ impl Points {
 /// The consistency target (no gradients): the target network's prediction from the teacher's
 /// point `x_next` (at `points.sigma_next`), mapped to the phase end. When every point's next
 /// point is its phase end the target is `x_next` itself and `target` is not called.
-pub fn consistency_target<B: Backend>(
-    target: impl FnOnce() -> WanModel<B>,
+pub fn consistency_target<B: Backend, M: DiffusionModel<B>>(
+    target: impl FnOnce() -> M,
     x_next: Tensor<B, 5>,
     points: &Points,
     text: Tensor<B, 3>,
@@ -115,10 +112,8 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let max_steps = ctx.training.max_steps;
-        let student_model = load_role(ctx, "student")?;
-        let teacher = load_frozen_role(ctx, "teacher")?;
-        check_io("teacher", &teacher.config, &student_model.config)?;
-        let student = ctx.trainable_role("student", student_model, None);
+        let student = ctx.trainable_role("student", ctx.model("student")?, None);
+        let teacher = ctx.frozen_model("teacher")?;
         let target = match self.target {
             TargetNetwork::Student => None,
             TargetNetwork::Ema => {
@@ -126,7 +121,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
                 // then an exact copy of its values (a LoRA adapter's random init included).
                 let mut t = TrainableRole::new(
                     "target",
-                    load_role(ctx, "student")?,
+                    ctx.model("student")?,
                     ctx.role_optimizer("student", None),
                     None,
                     max_steps,
@@ -148,14 +143,17 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
 }
 
 /// The runtime consistency-distillation method.
+#[derive(reel_core::Roles)]
 pub struct Consistency<B: AutodiffBackend> {
     pub(crate) cfg: ConsistencyConfig,
     pub(crate) schedule: PhaseSchedule,
     pub(crate) solver: EulerSolver,
-    pub(crate) student: TrainableRole<B, WanModel<B>>,
-    pub(crate) teacher: WanModel<Inner<B>>,
+    #[role]
+    pub(crate) student: TrainableRole<B, DynModel<B>>,
+    pub(crate) teacher: Box<dyn DiffusionModel<Inner<B>>>,
     /// The EMA target (role `target`, never given gradients), when `target = "ema"`.
-    pub(crate) target: Option<TrainableRole<B, WanModel<B>>>,
+    #[role]
+    pub(crate) target: Option<TrainableRole<B, DynModel<B>>>,
     pub(crate) device: B::Device,
 }
 
@@ -214,8 +212,8 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
         );
         let target = consistency_target(
             || match &self.target {
-                Some(t) => t.model_valid(),
-                None => self.student.model_valid(),
+                Some(t) => t.model().valid(),
+                None => self.student.model().valid(),
             },
             x_next,
             &pts,
@@ -246,22 +244,6 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
         Ok(out)
     }
 
-    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
-        let mut roles: Vec<&mut dyn RoleHandle<B>> = vec![&mut self.student];
-        if let Some(t) = &mut self.target {
-            roles.push(t);
-        }
-        roles
-    }
-
-    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
-        let mut roles: Vec<&dyn RoleHandle<B>> = vec![&self.student];
-        if let Some(t) = &self.target {
-            roles.push(t);
-        }
-        roles
-    }
-
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
         let steps = req.steps.unwrap_or(self.cfg.default_sample_steps());
         let n = self.solver.points();
@@ -273,7 +255,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
         }
         let guidance = req.guidance.unwrap_or(self.cfg.guidance_scale);
         Ok(sample_euler_sigmas(
-            &self.student.model_valid(),
+            &*self.student.model().valid(),
             req,
             &self.solver.phase_sigmas(steps),
             guidance,

@@ -57,9 +57,3 @@ pub use loss::{DistanceLoss, PredDecay};
 pub use method::{consistency_target, teacher_step, Consistency, Points};
 pub use schedule::PhaseSchedule;
 pub use solver::{euler_segment, EulerSolver};
-
-reel_core::register_plugin!(
-    Method,
-    "consistency",
-    "Multi-phase consistency distillation: Euler solver over the teacher with distilled CFG, pseudo-Huber loss, EMA target"
-);

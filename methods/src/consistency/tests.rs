@@ -8,6 +8,7 @@ use burn::tensor::Tensor;
 use reel_core::data::{DataSpec, Prompt, TextCondition};
 use reel_core::flow::x0_from_velocity;
 use reel_core::method::{Batch, SampleRequest, StepContext, TrainingMethod};
+use reel_core::model::DynModel;
 use reel_core::optim::OptimizerConfig;
 use reel_core::rng::StreamRng;
 use reel_core::role::{RoleHandle, TrainableRole};
@@ -128,11 +129,17 @@ fn method(target: TargetNetwork, decay: f64) -> Consistency<B> {
         lr: 1e-3,
         ..Default::default()
     };
-    let student = TrainableRole::new("student", tiny().init_seeded::<B>(&dev, 1), opt, None, 10);
+    let student = TrainableRole::new(
+        "student",
+        DynModel::new(tiny().init_seeded::<B>(&dev, 1)),
+        opt,
+        None,
+        10,
+    );
     let target = (target == TargetNetwork::Ema).then(|| {
         let mut t = TrainableRole::new(
             "target",
-            tiny().init_seeded::<B>(&dev, 9),
+            DynModel::new(tiny().init_seeded::<B>(&dev, 9)),
             OptimizerConfig::default(),
             None,
             10,
@@ -145,7 +152,7 @@ fn method(target: TargetNetwork, decay: f64) -> Consistency<B> {
         solver: cfg.solver(),
         cfg,
         student,
-        teacher: tiny().init_seeded::<I>(&dev, 3),
+        teacher: Box::new(tiny().init_seeded::<I>(&dev, 3)),
         target,
         device: dev,
     }

@@ -156,7 +156,10 @@ impl Dmd2Config {
     }
 }
 
-#[typetag::serde(name = "dmd2")]
+#[reel_core::plugin(
+    name = "dmd2",
+    summary = "DMD2 distillation: few-step student vs frozen teacher (real score) and trained critic (fake score)"
+)]
 impl MethodConfig for Dmd2Config {
     fn validate(&self) -> Result<(), ConfigError> {
         let steps = &self.denoising_steps;
@@ -196,12 +199,7 @@ impl MethodConfig for Dmd2Config {
                 ),
             ));
         }
-        if self.generator_update_interval == 0 {
-            return Err(ConfigError::new(
-                "generator_update_interval",
-                "expected an integer >= 1, got 0",
-            ));
-        }
+        check::positive_u64("generator_update_interval", self.generator_update_interval)?;
         if let Some(p) = &self.critic_optimizer {
             p.apply(&OptimizerConfig::default())
                 .validate()

@@ -22,7 +22,7 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use reel_core::flow::{add_noise, timesteps_from_sigmas, velocity_target, x0_from_velocity};
-use reel_models::WanModel;
+use reel_core::model::DiffusionModel;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -104,8 +104,8 @@ pub fn dmd_scores<B: Backend>(
     x0: Tensor<B, 5>,
     noise: Tensor<B, 5>,
     sigma: Tensor<B, 1>,
-    critic: &WanModel<B>,
-    teacher: &WanModel<B>,
+    critic: &dyn DiffusionModel<B>,
+    teacher: &dyn DiffusionModel<B>,
     cond: Tensor<B, 3>,
     uncond: Tensor<B, 3>,
     guidance: f64,
@@ -183,7 +183,7 @@ pub struct CriticLoss<B: Backend> {
 /// Flow-matching loss of the critic on the student's sample `x0` (no gradient flows into
 /// `x0`: pass a detached tensor) at per-sample `sigma` `[B]` with noise `noise`.
 pub fn critic_loss<B: Backend>(
-    critic: &WanModel<B>,
+    critic: &dyn DiffusionModel<B>,
     x0: Tensor<B, 5>,
     noise: Tensor<B, 5>,
     sigma: Tensor<B, 1>,

@@ -55,22 +55,16 @@ use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
     TrainingMethod,
 };
-use reel_core::role::{RoleHandle, TrainableRole};
-use reel_models::WanModel;
+use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::role::TrainableRole;
 
 use crate::adversarial::DiscriminatorHeads;
-use crate::common::{check_io, load_frozen_role, load_role, per_sample_noise, sample_few_step};
+use crate::common::{per_sample_noise, sample_few_step};
 pub use config::{Dmd2Config, Rollout};
 pub use loss::{critic_loss, dmd_scores, generator_loss, CfgForm, CriticLoss, DmdScores};
 pub use rollout::{data_latent_input, simulate_input, student_x0, DenoisingSchedule, RolloutDraws};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
-
-reel_core::register_plugin!(
-    Method,
-    "dmd2",
-    "DMD2 distillation: few-step student vs frozen teacher (real score) and trained critic (fake score)"
-);
 
 impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
     fn build_method(
@@ -78,18 +72,15 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
         ctx: &BuildContext<B>,
     ) -> Result<Box<dyn TrainingMethod<B>>, MethodError> {
         let max_steps = ctx.training.max_steps;
-        let student_model = load_role(ctx, "student")?;
-        let critic_model = load_role(ctx, "critic")?;
-        check_io("critic", &critic_model.config, &student_model.config)?;
-        let teacher = load_frozen_role(ctx, "teacher")?;
-        check_io("teacher", &teacher.config, &student_model.config)?;
-        let student = ctx.trainable_role("student", student_model, None);
+        let student = ctx.trainable_role("student", ctx.model("student")?, None);
+        let critic_model = ctx.model("critic")?;
         let critic = ctx.trainable_role("critic", critic_model, self.critic_optimizer.as_ref());
+        let teacher = ctx.frozen_model("teacher")?;
         let discriminator = if self.gan_enabled() {
-            let cc = &critic.model().config;
+            let cc = critic.model().info();
             let heads = self
                 .gan_heads
-                .init::<B>(cc.inner_dim(), cc.num_layers, &ctx.device)
+                .init::<B>(cc.hidden_size, cc.num_layers, &ctx.device)
                 .map_err(|e| MethodError::Config(e.in_section("method.gan_heads")))?;
             Some(TrainableRole::new(
                 "discriminator",
@@ -114,13 +105,17 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
 }
 
 /// The runtime DMD2 method.
+#[derive(reel_core::Roles)]
 pub struct Dmd2<B: AutodiffBackend> {
     cfg: Dmd2Config,
     schedule: DenoisingSchedule,
-    student: TrainableRole<B, WanModel<B>>,
-    critic: TrainableRole<B, WanModel<B>>,
-    teacher: WanModel<Inner<B>>,
+    #[role]
+    student: TrainableRole<B, DynModel<B>>,
+    #[role]
+    critic: TrainableRole<B, DynModel<B>>,
+    teacher: Box<dyn DiffusionModel<Inner<B>>>,
     /// Heads on the critic's hidden states, when the adversarial terms are on.
+    #[role]
     discriminator: Option<TrainableRole<B, DiscriminatorHeads<B>>>,
     device: B::Device,
 }
@@ -174,7 +169,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
             &self.device,
         );
         if simulate {
-            simulate_input(&self.student.model_valid(), &self.schedule, &draws, text)
+            simulate_input(&*self.student.model().valid(), &self.schedule, &draws, text)
         } else {
             data_latent_input(batch.latents.clone().inner(), &self.schedule, &draws)
         }
@@ -211,8 +206,8 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                     &self.score_sigmas(ctx, idx, "dmd2-score-sigma"),
                     &self.device,
                 ),
-                &self.critic.model_valid(),
-                &self.teacher,
+                &*self.critic.model().valid(),
+                &*self.teacher,
                 text_i,
                 uncond_i,
                 self.cfg.guidance_scale,
@@ -234,7 +229,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
             x0_i
         } else {
             student_x0(
-                &self.student.model_valid(),
+                &*self.student.model().valid(),
                 x_t,
                 sigma_tensor::<Inner<B>>(&sigma, &self.device),
                 text_i,
@@ -273,22 +268,6 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
         Ok(out)
     }
 
-    fn roles_mut(&mut self) -> Vec<&mut dyn RoleHandle<B>> {
-        let mut roles: Vec<&mut dyn RoleHandle<B>> = vec![&mut self.student, &mut self.critic];
-        if let Some(d) = &mut self.discriminator {
-            roles.push(d);
-        }
-        roles
-    }
-
-    fn roles(&self) -> Vec<&dyn RoleHandle<B>> {
-        let mut roles: Vec<&dyn RoleHandle<B>> = vec![&self.student, &self.critic];
-        if let Some(d) = &self.discriminator {
-            roles.push(d);
-        }
-        roles
-    }
-
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
         let steps = req.steps.unwrap_or(self.cfg.default_sample_steps());
         let sigmas = self.schedule.sampling_sigmas(steps).ok_or_else(|| {
@@ -298,9 +277,9 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
             ))
         })?;
         let guidance = req.guidance.unwrap_or(1.0);
-        let model = self.student.model_valid();
+        let model = self.student.model().valid();
         Ok(sample_few_step(
-            &model,
+            &*model,
             req,
             &sigmas,
             guidance,
@@ -316,6 +295,7 @@ mod tests {
     use burn::tensor::Tensor;
     use reel_core::data::{Prompt, TextCondition};
     use reel_core::optim::OptimizerConfig;
+    use reel_core::role::RoleHandle;
     use reel_models::WanConfig;
 
     type B = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -338,13 +318,19 @@ mod tests {
             cfg,
             student: TrainableRole::new(
                 "student",
-                tiny.init_seeded::<B>(&dev, 1),
+                DynModel::new(tiny.init_seeded::<B>(&dev, 1)),
                 opt.clone(),
                 None,
                 10,
             ),
-            critic: TrainableRole::new("critic", tiny.init_seeded::<B>(&dev, 2), opt, None, 10),
-            teacher: tiny.init_seeded::<I>(&dev, 3),
+            critic: TrainableRole::new(
+                "critic",
+                DynModel::new(tiny.init_seeded::<B>(&dev, 2)),
+                opt,
+                None,
+                10,
+            ),
+            teacher: Box::new(tiny.init_seeded::<I>(&dev, 3)),
             discriminator: None,
             device: dev,
         }
@@ -405,11 +391,11 @@ mod tests {
         m.cfg.gan_discriminator_weight = d;
         m.cfg.gan_heads.stride = 1;
         m.cfg.gan_heads.hidden = 8;
-        let c = &m.critic.model().config;
+        let c = m.critic.model().info();
         let heads = m
             .cfg
             .gan_heads
-            .init::<B>(c.inner_dim(), c.num_layers, &Default::default())
+            .init::<B>(c.hidden_size, c.num_layers, &Default::default())
             .unwrap();
         let opt = OptimizerConfig {
             lr: 1e-3,

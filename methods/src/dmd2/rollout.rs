@@ -23,7 +23,7 @@ use reel_core::flow::{
     add_noise, shift_sigma, sigma_tensor, timesteps_from_sigmas, x0_from_velocity, TIMESTEP_SCALE,
 };
 use reel_core::method::StepContext;
-use reel_models::WanModel;
+use reel_core::model::DiffusionModel;
 
 use crate::common::per_sample_noise;
 
@@ -90,7 +90,7 @@ impl DenoisingSchedule {
 /// The student's prediction at per-sample σ `[B]`: `(x0, v)` with `v = model(x_t, 1000·σ,
 /// text)` and `x0 = x_t − σ·v`.
 pub fn student_x0<B: Backend>(
-    model: &WanModel<B>,
+    model: &dyn DiffusionModel<B>,
     x_t: Tensor<B, 5>,
     sigma: Tensor<B, 1>,
     text: Tensor<B, 3>,
@@ -154,7 +154,7 @@ impl<B: Backend> RolloutDraws<B> {
 /// and the σ `[B]` there (as host values). Runs `max(index)` student forwards on the whole
 /// batch and picks each sample's state.
 pub fn simulate_input<B: Backend>(
-    student: &WanModel<B>,
+    student: &dyn DiffusionModel<B>,
     schedule: &DenoisingSchedule,
     draws: &RolloutDraws<B>,
     text: Tensor<B, 3>,

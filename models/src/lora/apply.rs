@@ -4,7 +4,7 @@
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::{backend::Backend, Shape, Tensor, TensorData};
 
-use reel_core::role::{target_matches, LoraSpec};
+use super::spec::{target_matches, LoraSpec};
 
 use super::LoraError;
 use crate::wan::init::SplitMix64;

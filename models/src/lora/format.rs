@@ -24,7 +24,7 @@ use std::path::Path;
 use burn::tensor::TensorData;
 use serde_json::{json, Map, Value};
 
-use reel_core::role::LoraSpec;
+use crate::lora::LoraSpec;
 
 use super::{LoraError, LORA_A_SUFFIX, LORA_B_SUFFIX};
 

@@ -10,8 +10,8 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 use serde_json::Value;
 
+use crate::lora::{target_matches, LoraSpec};
 use reel_core::io::{read_safetensors, write_safetensors};
-use reel_core::role::{target_matches, LoraSpec};
 
 use super::format::{
     diffusers_module_to_comfy, file_err, lora_metadata_json, metadata_fields, normalise, KeyStyle,

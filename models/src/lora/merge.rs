@@ -52,9 +52,9 @@ pub fn merge_and_unload<B: Backend>(mut model: WanModel<B>) -> WanModel<B> {
 mod tests {
     use super::*;
     use crate::lora::apply_lora;
+    use crate::lora::LoraSpec;
     use burn::tensor::{Distribution, Tensor};
     use reel_core::params::named_tensor_data;
-    use reel_core::role::LoraSpec;
 
     type B = burn::backend::Flex;
 

@@ -4,6 +4,7 @@
 //!   `target_modules` suffix rule), freeze every base parameter, initialise `A` like PEFT
 //!   (`kaiming_uniform_(a=sqrt(5))` = `U(-1/sqrt(in), 1/sqrt(in))`, seeded per module path)
 //!   and `B` to zero, so a fresh adapter leaves the model's output unchanged;
+//! - [`spec`]: the `[models.<role>.adapter] kind = "lora"` table ([`LoraSpec`]);
 //! - [`merge`]: fold adapters into the weights and back (`W' = W + alpha/r · B A`);
 //! - [`io`]: read and write adapter files in the diffusers / PEFT safetensors layout
 //!   (`transformer.<module>.lora_A.weight`, `__metadata__.lora_adapter_metadata`), and read
@@ -19,6 +20,7 @@ pub mod apply;
 pub mod format;
 pub mod io;
 pub mod merge;
+pub mod spec;
 
 use std::collections::BTreeMap;
 
@@ -27,7 +29,7 @@ use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use reel_core::io::WeightError;
 use reel_core::params::PathStack;
-pub use reel_core::role::LoraSpec;
+pub use spec::{target_matches, LoraSpec};
 
 pub use apply::{
     apply_lora, is_known_target, lora_module_paths, set_lora_scale, wan_linears_mut,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Why a [`WanConfig`] cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum WanConfigError {
     /// The file could not be read.
     #[error("cannot read config `{path}`: {source}")]
     Io {
@@ -144,21 +144,21 @@ impl WanConfig {
     }
 
     /// Parse a diffusers `config.json` string.
-    pub fn from_json_str(json: &str) -> Result<Self, ConfigError> {
-        serde_json::from_str(json).map_err(|e| ConfigError::Parse {
+    pub fn from_json_str(json: &str) -> Result<Self, WanConfigError> {
+        serde_json::from_str(json).map_err(|e| WanConfigError::Parse {
             path: "<string>".into(),
             message: e.to_string(),
         })
     }
 
     /// Read a diffusers `config.json` file (values are not validated; see [`Self::validate`]).
-    pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+    pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, WanConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| WanConfigError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        serde_json::from_str(&text).map_err(|e| ConfigError::Parse {
+        serde_json::from_str(&text).map_err(|e| WanConfigError::Parse {
             path: path.display().to_string(),
             message: e.to_string(),
         })
@@ -171,7 +171,7 @@ impl WanConfig {
 
     /// Check that the values describe a model this implementation can build; every problem
     /// is listed in the error.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), WanConfigError> {
         let mut errs = Vec::new();
         let positive = [
             ("num_attention_heads", self.num_attention_heads),
@@ -231,7 +231,7 @@ impl WanConfig {
         if errs.is_empty() {
             Ok(())
         } else {
-            Err(ConfigError::Invalid(errs))
+            Err(WanConfigError::Invalid(errs))
         }
     }
 }

@@ -14,6 +14,7 @@
 
 use std::any::Any;
 
+pub use super::attention_mode::{AttentionMode, AUTO_MIN_TOKENS};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -23,7 +24,6 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{activation, DType, Tensor, TensorPrimitive};
-pub use reel_core::role::{AttentionMode, AUTO_MIN_TOKENS};
 
 /// Largest transient score block, in elements (`B·H·block_q·block_k`): 16 Mi floats = 64 MiB.
 pub const BLOCK_BUDGET: usize = 1 << 24;

@@ -2,12 +2,15 @@
 //!
 //! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded
 //! lazy initialization), [`linear`], [`norm`], [`embeddings`] (patch / timestep / text),
-//! [`rope`], [`attention`] (with the memory-efficient kernel in [`mem_attention`]),
+//! [`rope`], [`attention`] (with the memory-efficient kernel in [`mem_attention`] and the
+//! mode in [`attention_mode`]),
 //! [`block`], [`model`], [`checkpointed`] (block-level activation checkpointing) and
-//! [`weights`] (safetensors I/O in the diffusers layout). Module field names equal the
+//! [`weights`] (safetensors I/O in the diffusers layout); [`arch`] registers it as `arch = "wan"`. Module field names equal the
 //! diffusers state-dict keys.
 
+pub mod arch;
 pub mod attention;
+pub mod attention_mode;
 pub mod block;
 pub mod checkpointed;
 pub mod config;
@@ -23,8 +26,9 @@ pub mod presets;
 pub mod rope;
 pub mod weights;
 
-pub use config::{ConfigError, RopeSplit, WanConfig};
+pub use arch::{build_wan_role, WanArch};
+pub use attention_mode::{AttentionMode, AUTO_MIN_TOKENS};
+pub use config::{RopeSplit, WanConfig, WanConfigError};
 pub use linear::Linear;
-pub use mem_attention::AttentionMode;
 pub use model::{Captured, Intermediates, WanModel};
 pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};

@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use super::block::WanBlock;
-use super::config::{ConfigError, WanConfig};
+use super::config::{WanConfig, WanConfigError};
 use super::embeddings::{tokens_to_grid, unpatchify, ConditionEmbedder, PatchEmbedding};
 use super::init::{InitKind, ParamInit};
 use super::linear::Linear;
@@ -98,7 +98,7 @@ impl WanConfig {
         &self,
         device: &B::Device,
         seed: u64,
-    ) -> Result<WanModel<B>, ConfigError> {
+    ) -> Result<WanModel<B>, WanConfigError> {
         self.validate()?;
         let init = ParamInit::<B>::new(seed, device);
         let dim = self.inner_dim();

@@ -16,7 +16,7 @@ use reel_core::io::{
 };
 use reel_core::params::named_param_shapes;
 
-use super::config::{ConfigError, WanConfig};
+use super::config::{WanConfig, WanConfigError};
 use super::model::WanModel;
 
 /// File name of a single-file diffusers checkpoint.
@@ -31,7 +31,7 @@ pub const CONFIG_FILE: &str = "config.json";
 pub enum WanLoadError {
     /// The config is unreadable or invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] WanConfigError),
     /// The weights are unreadable or do not match the model.
     #[error(transparent)]
     Weights(#[from] WeightError),

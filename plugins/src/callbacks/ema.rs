@@ -27,12 +27,6 @@ use reel_core::config::{check, ConfigError};
 use reel_core::role::RoleHandle;
 use serde::{Deserialize, Serialize};
 
-reel_core::register_plugin!(
-    Callback,
-    "ema",
-    "Exponential moving average of role weights, saved with every checkpoint"
-);
-
 fn default_decay() -> f64 {
     0.999
 }
@@ -89,7 +83,10 @@ impl EmaConfig {
     }
 }
 
-#[typetag::serde(name = "ema")]
+#[reel_core::plugin(
+    name = "ema",
+    summary = "Exponential moving average of role weights, saved with every checkpoint"
+)]
 impl CallbackConfig for EmaConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if !(self.decay.is_finite() && self.decay > 0.0 && self.decay < 1.0) {

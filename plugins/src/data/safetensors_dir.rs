@@ -30,12 +30,6 @@ use super::fastvideo::decode_tensor;
 use super::files::{find_files, first_prompts};
 use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
 
-reel_core::register_plugin!(
-    Data,
-    "safetensors",
-    "A folder of per-sample safetensors files (`latents`, `text_embedding`)"
-);
-
 fn default_batch_size() -> usize {
     1
 }
@@ -67,7 +61,10 @@ pub struct SafetensorsDirConfig {
     pub shuffle: bool,
 }
 
-#[typetag::serde(name = "safetensors")]
+#[reel_core::plugin(
+    name = "safetensors",
+    summary = "A folder of per-sample safetensors files (`latents`, `text_embedding`)"
+)]
 impl DataConfig for SafetensorsDirConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.path.as_os_str().is_empty() {

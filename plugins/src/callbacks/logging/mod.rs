@@ -44,12 +44,6 @@ use self::progress::Progress;
 use self::tensorboard::EventWriter;
 use super::{io_error, print_line};
 
-reel_core::register_plugin!(
-    Callback,
-    "logging",
-    "Progress line, metrics.jsonl, TensorBoard event files and a loss-curve PNG"
-);
-
 /// File name of the metrics log inside the run folder.
 pub const METRICS_FILE: &str = "metrics.jsonl";
 /// Folder of the TensorBoard event files inside the run folder.
@@ -97,7 +91,10 @@ impl Default for LoggingConfig {
     }
 }
 
-#[typetag::serde(name = "logging")]
+#[reel_core::plugin(
+    name = "logging",
+    summary = "Progress line, metrics.jsonl, TensorBoard event files and a loss-curve PNG"
+)]
 impl CallbackConfig for LoggingConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("every_steps", self.every_steps as usize)

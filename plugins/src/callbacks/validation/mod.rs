@@ -41,12 +41,6 @@ use serde::{Deserialize, Serialize};
 pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
 
-reel_core::register_plugin!(
-    Callback,
-    "validation",
-    "Sample validation prompts: GIFs, a contact sheet and evaluator scores (val/overall)"
-);
-
 fn default_num_prompts() -> usize {
     8
 }
@@ -88,15 +82,13 @@ impl ValidationConfig {
     }
 }
 
-#[typetag::serde(name = "validation")]
+#[reel_core::plugin(
+    name = "validation",
+    summary = "Sample validation prompts: GIFs, a contact sheet and evaluator scores (val/overall)"
+)]
 impl CallbackConfig for ValidationConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.every_steps == 0 {
-            return Err(ConfigError::new(
-                "every_steps",
-                "expected an integer >= 1, got 0",
-            ));
-        }
+        check::positive_u64("every_steps", self.every_steps)?;
         if let Some(n) = self.sampling_steps {
             check::positive_usize("sampling_steps", n)?;
         }

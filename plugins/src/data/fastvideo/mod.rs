@@ -39,12 +39,6 @@ use super::tensors::{decode_floats, latent_dims, numel, pad_text, text_dims, Lat
 use reader::{Columns, ParquetFile, RawRecord};
 pub use writer::{write_fastvideo_parquet, FastVideoRecord, StoredTensor, FASTVIDEO_T2V_SCHEMA};
 
-reel_core::register_plugin!(
-    Data,
-    "fastvideo_parquet",
-    "FastVideo's preprocessed parquet datasets (vae_latent_* / text_embedding_* columns)"
-);
-
 fn default_batch_size() -> usize {
     1
 }
@@ -83,7 +77,10 @@ pub struct FastVideoParquetConfig {
     pub num_latent_t: Option<usize>,
 }
 
-#[typetag::serde(name = "fastvideo_parquet")]
+#[reel_core::plugin(
+    name = "fastvideo_parquet",
+    summary = "FastVideo's preprocessed parquet datasets (vae_latent_* / text_embedding_* columns)"
+)]
 impl DataConfig for FastVideoParquetConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.path.as_os_str().is_empty() {

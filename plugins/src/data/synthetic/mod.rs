@@ -39,12 +39,6 @@ pub use captions::{embed_text, Caption, Colour, Direction, Shape};
 pub use evaluator::{Detection, SyntheticEvaluator};
 pub use scene::{Geometry, Scene, CHANNELS, COLOUR_AMPLITUDE};
 
-reel_core::register_plugin!(
-    Data,
-    "synthetic",
-    "Built-in moving coloured shapes in latent form (no files), scored by a caption evaluator"
-);
-
 fn default_batch_size() -> usize {
     4
 }
@@ -164,7 +158,10 @@ fn check_range(
     }
 }
 
-#[typetag::serde(name = "synthetic")]
+#[reel_core::plugin(
+    name = "synthetic",
+    summary = "Built-in moving coloured shapes in latent form (no files), scored by a caption evaluator"
+)]
 impl DataConfig for SyntheticConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("batch_size", self.batch_size)?;

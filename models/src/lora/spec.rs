@@ -1,14 +1,29 @@
-//! Adapter specifications shared by the adapter plugins (which parse them from
-//! `[models.<role>.adapter]`) and the model crates (which apply them).
+//! [`LoraSpec`]: the `[models.<role>.adapter] kind = "lora"` table and what
+//! [`apply_lora`](super::apply_lora) applies.
 //!
-//! The adapter plugin turns its TOML table into a backend- and architecture-neutral spec
-//! ([`LoraSpec`]) through [`AdapterConfig::lora`](crate::role::AdapterConfig::lora); the
-//! model crate that builds the role applies the spec to its modules. Keeping the spec here
-//! lets both sides agree on one type without the plugin crate depending on model internals.
+//! ```toml
+//! [models.student.adapter]
+//! kind = "lora"
+//! rank = 8
+//! alpha = 8                                          # default: rank (scale 1)
+//! target_modules = ["to_q", "to_k", "to_v", "to_out.0"]   # the default
+//! init_seed = 0                                      # default: derived from the run seed
+//! ```
+//!
+//! The role must be trainable. Its base weights are frozen (no gradients, no optimizer state,
+//! not in checkpoints); the adapter's `lora_A` / `lora_B` weights are trained, checkpointed
+//! under their PEFT names and exported with `reel export --format lora` as a diffusers
+//! `pytorch_lora_weights.safetensors`.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
 
-use crate::config::{check, ConfigError};
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use reel_core::config::{check, ConfigError};
+use reel_core::role::AdapterConfig;
+
+use super::apply::{is_known_target, WAN_LINEAR_MODULES};
 
 /// A low-rank adaptation (LoRA, Hu et al. 2021) of a model's linear layers, as PEFT's
 /// `LoraConfig` describes it.
@@ -16,7 +31,7 @@ use crate::config::{check, ConfigError};
 /// Each targeted linear layer `y = W x + b` becomes `y = W x + b + (alpha / rank) · B (A x)`
 /// with `A [rank, in]` and `B [out, rank]`; only `A` and `B` are trained, the base weights
 /// are frozen.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoraSpec {
     /// Rank `r` of the update (rows of `A`, columns of `B`), at least 1.
     pub rank: usize,
@@ -33,6 +48,14 @@ pub struct LoraSpec {
 }
 
 impl LoraSpec {
+    /// The attention projections of every block, PEFT's usual choice for diffusion
+    /// transformers (and the targets of the golden fixture): the default `target_modules`.
+    pub fn default_targets() -> Vec<String> {
+        ["to_q", "to_k", "to_v", "to_out.0"]
+            .map(String::from)
+            .to_vec()
+    }
+
     /// A spec with PEFT's defaults for everything but `rank` and the targets: `alpha =
     /// rank` (scale 1), no dropout, seed from the run.
     pub fn new(rank: usize, target_modules: Vec<String>) -> Self {
@@ -93,6 +116,78 @@ impl LoraSpec {
     }
 }
 
+#[reel_core::plugin(
+    name = "lora",
+    summary = "Low-rank adapters (PEFT layout) on the role's linear layers; base weights frozen"
+)]
+impl AdapterConfig for LoraSpec {
+    /// [`LoraSpec::validate`], and every target names a linear layer of the Wan model.
+    fn validate(&self) -> Result<(), ConfigError> {
+        LoraSpec::validate(self)?;
+        for (i, t) in self.target_modules.iter().enumerate() {
+            if !is_known_target(t) {
+                let names: Vec<String> = WAN_LINEAR_MODULES
+                    .iter()
+                    .map(|p| p.replace("blocks.{}.", ""))
+                    .collect();
+                return Err(ConfigError::new(
+                    format!("target_modules[{i}]"),
+                    format!(
+                        "`{t}` is not a linear layer of the Wan model; a target must be a module \
+                         path or a suffix of one, e.g. one of {names:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The keys of the `lora` table.
+const FIELDS: &[&str] = &["rank", "alpha", "target_modules", "dropout", "init_seed"];
+
+impl<'de> Deserialize<'de> for LoraSpec {
+    /// The TOML table: `rank` required; `alpha` defaults to `rank`, `target_modules` to
+    /// [`LoraSpec::default_targets`], `dropout` to 0, `init_seed` to none; unknown keys are
+    /// rejected.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(SpecVisitor)
+    }
+}
+
+struct SpecVisitor;
+
+impl<'de> Visitor<'de> for SpecVisitor {
+    type Value = LoraSpec;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a LoRA table")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LoraSpec, A::Error> {
+        let mut rank = None;
+        let mut spec = LoraSpec::new(0, LoraSpec::default_targets());
+        let mut alpha = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "rank" => rank = Some(map.next_value()?),
+                "alpha" => alpha = Some(map.next_value()?),
+                "target_modules" => spec.target_modules = map.next_value()?,
+                "dropout" => spec.dropout = map.next_value()?,
+                "init_seed" => spec.init_seed = map.next_value()?,
+                other => return Err(de::Error::unknown_field(other, FIELDS)),
+            }
+        }
+        spec.rank = rank.ok_or_else(|| de::Error::missing_field("rank"))?;
+        spec.alpha = alpha.unwrap_or(spec.rank as f64);
+        Ok(spec)
+    }
+}
+
 /// PEFT's rule for one `target_modules` entry: the module at `module_path` is targeted when
 /// its path equals `target` or ends with `"." + target`.
 pub fn target_matches(module_path: &str, target: &str) -> bool {
@@ -105,6 +200,48 @@ pub fn target_matches(module_path: &str, target: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> Result<Box<dyn AdapterConfig>, String> {
+        toml::from_str::<Box<dyn AdapterConfig>>(text).map_err(|e| e.to_string())
+    }
+
+    fn spec_of(a: &dyn AdapterConfig) -> &LoraSpec {
+        a.as_any().downcast_ref::<LoraSpec>().unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_peft() {
+        let a = parse("kind = \"lora\"\nrank = 8").unwrap();
+        let spec = spec_of(&*a);
+        assert_eq!(
+            (spec.rank, spec.alpha, spec.dropout, spec.init_seed),
+            (8, 8.0, 0.0, None)
+        );
+        assert_eq!(spec.target_modules, LoraSpec::default_targets());
+        assert!(a.validate().is_ok());
+        let b = parse("kind = \"lora\"\nrank = 4\nalpha = 8\ntarget_modules = [\"attn1.to_q\", \"blocks.1.ffn.net.2\"]\ninit_seed = 3").unwrap();
+        assert!(b.validate().is_ok());
+        assert_eq!(spec_of(&*b).scaling(), 2.0);
+        assert_eq!(spec_of(&*b).init_seed, Some(3));
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let key = |text: &str| parse(text).unwrap().validate().unwrap_err().key;
+        assert_eq!(key("kind = \"lora\"\nrank = 0"), "rank");
+        assert_eq!(key("kind = \"lora\"\nrank = 2\nalpha = -1.0"), "alpha");
+        assert_eq!(
+            key("kind = \"lora\"\nrank = 2\ntarget_modules = []"),
+            "target_modules"
+        );
+        assert_eq!(
+            key("kind = \"lora\"\nrank = 2\ntarget_modules = [\"to_q\", \"to_x\"]"),
+            "target_modules[1]"
+        );
+        assert_eq!(key("kind = \"lora\"\nrank = 2\ndropout = 0.1"), "dropout");
+        let err = parse("kind = \"lora\"\nrank = 2\nranks = 3").unwrap_err();
+        assert!(err.contains("ranks"), "{err}");
+    }
 
     #[test]
     fn peft_suffix_semantics_and_scaling() {

@@ -1,0 +1,280 @@
+//! Safetensors files as host tensors: read (F32, BF16, F16, F64 → f32), read headers only,
+//! and write (f32, bf16, f16) atomically.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{DType, TensorData};
+use safetensors::tensor::{Dtype, SafeTensors, View};
+
+use super::error::{format_err, io_err, WeightError};
+
+/// Storage dtype for [`write_safetensors_as`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreDtype {
+    /// 32-bit float (lossless for f32 parameters).
+    #[default]
+    F32,
+    /// bfloat16 (round to nearest even).
+    BF16,
+    /// IEEE half precision (round to nearest even).
+    F16,
+}
+
+/// Decode one little-endian safetensors tensor to f32 values.
+fn decode_f32(path: &Path, key: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightError> {
+    let out = match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
+            .collect(),
+        other => {
+            return Err(WeightError::UnsupportedDtype {
+                path: path.to_path_buf(),
+                key: key.to_string(),
+                dtype: format!("{other:?}"),
+            })
+        }
+    };
+    Ok(out)
+}
+
+/// Read the raw bytes of a file, naming it on failure.
+pub fn read_file_bytes(path: impl AsRef<Path>) -> Result<Vec<u8>, WeightError> {
+    let path = path.as_ref();
+    std::fs::read(path).map_err(|e| io_err(path, e))
+}
+
+/// Dtype and shape of one stored tensor, from a safetensors header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorHeader {
+    /// The stored dtype (`"F32"`, `"BF16"`, ...).
+    pub dtype: String,
+    /// The stored shape.
+    pub shape: Vec<usize>,
+}
+
+/// Key → dtype and shape of every tensor in a safetensors file, reading only the header
+/// (cheap even for multi-gigabyte shards).
+pub fn read_safetensors_header(
+    path: impl AsRef<Path>,
+) -> Result<BTreeMap<String, TensorHeader>, WeightError> {
+    use std::io::Read;
+    let path = path.as_ref();
+    let mut file = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| io_err(path, e))?;
+    let n = u64::from_le_bytes(len);
+    if n > 100_000_000 {
+        return Err(format_err(
+            path,
+            format!("header length {n} is implausible"),
+        ));
+    }
+    let mut buf = len.to_vec();
+    buf.resize(8 + n as usize, 0);
+    file.read_exact(&mut buf[8..])
+        .map_err(|e| io_err(path, e))?;
+    // `SafeTensors::read_metadata` also checks that the data section is present, so parse
+    // the JSON header directly.
+    let json: serde_json::Value =
+        serde_json::from_slice(&buf[8..]).map_err(|e| format_err(path, e))?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| format_err(path, "header is not a JSON object"))?;
+    let mut out = BTreeMap::new();
+    for (key, info) in obj {
+        if key == "__metadata__" {
+            continue;
+        }
+        let dtype = info.get("dtype").and_then(|d| d.as_str());
+        let shape = info.get("shape").and_then(|s| s.as_array()).and_then(|a| {
+            a.iter()
+                .map(|d| d.as_u64().map(|d| d as usize))
+                .collect::<Option<Vec<usize>>>()
+        });
+        let (Some(dtype), Some(shape)) = (dtype, shape) else {
+            return Err(format_err(
+                path,
+                format!("header entry `{key}` has no valid dtype / shape"),
+            ));
+        };
+        out.insert(
+            key.clone(),
+            TensorHeader {
+                dtype: dtype.to_string(),
+                shape,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// True for the dtypes [`read_safetensors`] converts to f32.
+pub fn is_supported_dtype(dtype: &str) -> bool {
+    matches!(dtype, "F32" | "BF16" | "F16" | "F64")
+}
+
+/// Read every tensor of a safetensors file as f32 [`TensorData`], plus the file's
+/// `__metadata__` string map if it has one. F32, BF16, F16 and F64 tensors are converted;
+/// any other dtype is a [`WeightError::UnsupportedDtype`] naming the file and key.
+#[allow(clippy::type_complexity)]
+pub fn read_safetensors(
+    path: impl AsRef<Path>,
+) -> Result<
+    (
+        BTreeMap<String, TensorData>,
+        Option<HashMap<String, String>>,
+    ),
+    WeightError,
+> {
+    let path = path.as_ref();
+    let bytes = read_file_bytes(path)?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format_err(path, e))?;
+    let metadata = meta.metadata().clone();
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| format_err(path, e))?;
+    let mut out = BTreeMap::new();
+    for (key, view) in st.iter() {
+        let values = decode_f32(path, key, view.dtype(), view.data())?;
+        out.insert(
+            key.to_string(),
+            TensorData::new(values, view.shape().to_vec()),
+        );
+    }
+    Ok((out, metadata))
+}
+
+/// A tensor ready to be written: dtype, shape and little-endian bytes.
+struct RawTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &RawTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn encode(
+    path: &Path,
+    key: &str,
+    data: &TensorData,
+    dtype: StoreDtype,
+) -> Result<RawTensor, WeightError> {
+    let values: Vec<f32> = if data.dtype == DType::F32 {
+        data.to_vec::<f32>()
+    } else {
+        data.clone().convert::<f32>().to_vec::<f32>()
+    }
+    .map_err(|e| WeightError::InvalidTensor {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        message: format!("{e:?}"),
+    })?;
+    let shape = data.shape.to_vec();
+    if values.len() != shape.iter().product::<usize>() {
+        return Err(WeightError::InvalidTensor {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            message: format!("{} values for shape {:?}", values.len(), shape),
+        });
+    }
+    let (dtype, bytes) = match dtype {
+        StoreDtype::F32 => (
+            Dtype::F32,
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        StoreDtype::BF16 => (
+            Dtype::BF16,
+            values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        StoreDtype::F16 => (
+            Dtype::F16,
+            values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+    };
+    Ok(RawTensor {
+        dtype,
+        shape,
+        bytes,
+    })
+}
+
+/// Write tensors to a safetensors file as f32, with an optional `__metadata__` map.
+/// Keys must be unique.
+pub fn write_safetensors(
+    path: impl AsRef<Path>,
+    tensors: &[(String, TensorData)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), WeightError> {
+    write_safetensors_as(path, tensors, metadata, StoreDtype::F32)
+}
+
+/// Write tensors to a safetensors file in the given storage dtype. The file is written to a
+/// temporary sibling and renamed into place, so a crash never leaves a truncated file.
+pub fn write_safetensors_as(
+    path: impl AsRef<Path>,
+    tensors: &[(String, TensorData)],
+    metadata: Option<HashMap<String, String>>,
+    dtype: StoreDtype,
+) -> Result<(), WeightError> {
+    let path = path.as_ref();
+    let mut raw: BTreeMap<&str, RawTensor> = BTreeMap::new();
+    for (key, data) in tensors {
+        let t = encode(path, key, data, dtype)?;
+        if raw.insert(key.as_str(), t).is_some() {
+            return Err(WeightError::InvalidTensor {
+                path: path.to_path_buf(),
+                key: key.clone(),
+                message: "key appears more than once".to_string(),
+            });
+        }
+    }
+    let tmp = tmp_sibling(path);
+    safetensors::serialize_to_file(raw.iter().map(|(k, v)| (*k, v)), metadata, &tmp).map_err(
+        |e| match e {
+            safetensors::SafeTensorError::IoError(io) => io_err(path, io),
+            other => format_err(path, other),
+        },
+    )?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
+}
+
+fn tmp_sibling(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(format!(".tmp{}", std::process::id()));
+    path.with_file_name(name)
+}

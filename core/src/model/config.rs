@@ -1,0 +1,51 @@
+//! Model architectures as plugins: [`ModelConfig`] (the architecture's keys of a
+//! `[models.<role>]` table, tagged `arch`) builds a [`DynModel`] with [`BuildModel`].
+
+use std::fmt::Debug;
+
+use burn::tensor::backend::AutodiffBackend;
+
+use super::DynModel;
+use crate::backend::BuildModelAll;
+use crate::config::ConfigError;
+use crate::method::BuildContext;
+use crate::role::RoleConfig;
+
+/// Why a role's model could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A key of the role table is wrong (key relative to the role table).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Anything else: weights missing or mismatched, an unsupported adapter... The message
+    /// names the file or key.
+    #[error("{0}")]
+    Build(String),
+}
+
+/// The architecture-specific keys of a role table: `arch = "<name>"` selects the
+/// implementation (`reel list` shows the registered ones), the other keys not shared by
+/// every role (`weights`, `trainable`, `adapter`, ...) belong to it. Register one with
+/// `#[reel_core::plugin(name = "<arch>", summary = "...")]` on its impl.
+#[typetag::serde(tag = "arch")]
+pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
+    /// Check values; keys relative to the role table (`preset`, `attention`, ...).
+    fn validate(&self) -> Result<(), ConfigError>;
+    /// Downcast support, for tools tied to one architecture (e.g. `reel export`).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Build a role's model for backend `B`. Implement it generically
+/// (`impl<B: AutodiffBackend> BuildModel<B> for MyModelConfig`) and every compiled backend
+/// is covered.
+pub trait BuildModel<B: AutodiffBackend> {
+    /// Build the model of `role` (this config is `role.model`): initialise it from
+    /// `role.init_seed` (else `ctx.seed`), load `role.weights`, apply `role.adapter`, freeze
+    /// it unless `role.trainable`, and compute in `ctx.precision`. Paths resolve with
+    /// [`BuildContext::resolve`].
+    fn build_model(
+        &self,
+        role: &RoleConfig,
+        ctx: &BuildContext<B>,
+    ) -> Result<DynModel<B>, ModelError>;
+}

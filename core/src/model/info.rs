@@ -1,0 +1,160 @@
+//! [`ModelInfo`]: the shape facts of a model that methods and data checks need.
+
+use crate::data::DataSpec;
+use crate::method::MethodError;
+
+/// Input/output facts of a diffusion model, independent of its architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// Latent channels the model reads.
+    pub in_channels: usize,
+    /// Latent channels the model predicts.
+    pub out_channels: usize,
+    /// Width of the text embeddings it takes.
+    pub text_dim: usize,
+    /// Patch size `[t, h, w]`: frames, height and width must be multiples of it.
+    pub patch_size: [usize; 3],
+    /// Width of the hidden states [`DiffusionModel::forward_hidden_states`] returns.
+    ///
+    /// [`DiffusionModel::forward_hidden_states`]: super::DiffusionModel::forward_hidden_states
+    pub hidden_size: usize,
+    /// Number of blocks whose hidden states can be read (indices `0..num_layers`).
+    pub num_layers: usize,
+}
+
+impl ModelInfo {
+    /// Check that role `role`'s model fits the data: it reads and predicts the data's latent
+    /// channels, takes text embeddings as wide as the data's, and its patch tiles the clip.
+    /// The error names the role and the data key to change. Roles that all fit the same data
+    /// therefore agree with each other on channels and text width.
+    pub fn check_data(&self, role: &str, spec: &DataSpec) -> Result<(), MethodError> {
+        let err = |message: String| {
+            Err(MethodError::Model {
+                role: role.to_string(),
+                message,
+            })
+        };
+        if self.in_channels != spec.channels {
+            return err(format!(
+                "the model takes {} latent channels (in_channels) but the data has {}",
+                self.in_channels, spec.channels
+            ));
+        }
+        if self.out_channels != spec.channels {
+            return err(format!(
+                "the model predicts {} latent channels (out_channels) but the data has {}",
+                self.out_channels, spec.channels
+            ));
+        }
+        if self.text_dim != spec.text_dim {
+            return err(format!(
+                "the model takes text embeddings {} wide (text_dim) but the data's are {} wide",
+                self.text_dim, spec.text_dim
+            ));
+        }
+        let axes = [
+            ("data.frames", spec.frames),
+            ("data.height", spec.height),
+            ("data.width", spec.width),
+        ];
+        for ((key, size), patch) in axes.into_iter().zip(self.patch_size) {
+            if size % patch != 0 {
+                return err(format!(
+                    "`{key}` = {size} is not a multiple of the model's patch size {patch} on \
+                     that axis (patch_size {:?})",
+                    self.patch_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Video tokens of a clip of `frames × height × width` latents (one per patch).
+    pub fn tokens(&self, frames: usize, height: usize, width: usize) -> usize {
+        let [pt, ph, pw] = self.patch_size;
+        (frames / pt) * (height / ph) * (width / pw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
+        DataSpec {
+            channels: 4,
+            frames,
+            height,
+            width,
+            text_len: 8,
+            text_dim: 32,
+        }
+    }
+
+    const INFO: ModelInfo = ModelInfo {
+        in_channels: 4,
+        out_channels: 4,
+        text_dim: 32,
+        patch_size: [4, 2, 2],
+        hidden_size: 64,
+        num_layers: 2,
+    };
+
+    fn check(role: &str, m: &ModelInfo, spec: &DataSpec) -> Result<(), MethodError> {
+        m.check_data(role, spec)
+    }
+
+    fn message(r: Result<(), MethodError>) -> String {
+        r.expect_err("should be rejected").to_string()
+    }
+
+    #[test]
+    fn check_data_accepts_clips_the_patch_tiles() {
+        let m = INFO;
+        check("student", &m, &spec(4, 12, 12)).unwrap();
+        check("student", &m, &spec(8, 14, 16)).unwrap();
+    }
+
+    #[test]
+    fn check_data_names_the_data_key_and_role() {
+        let m = INFO;
+        let e = message(check("student", &m, &spec(6, 12, 12)));
+        for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
+            assert!(e.contains(want), "missing {want:?} in: {e}");
+        }
+        let e = message(check("teacher", &m, &spec(4, 13, 12)));
+        assert!(
+            e.contains("role `teacher`") && e.contains("`data.height` = 13"),
+            "{e}"
+        );
+        let e = message(check("critic", &m, &spec(4, 12, 15)));
+        assert!(e.contains("`data.width` = 15"), "{e}");
+        let mut s = spec(4, 12, 12);
+        s.channels = 16;
+        let e = message(check("student", &m, &s));
+        assert!(
+            e.contains("4 latent channels") && e.contains("has 16"),
+            "{e}"
+        );
+        let mut s = spec(4, 12, 12);
+        s.text_dim = 64;
+        let e = message(check("student", &m, &s));
+        assert!(e.contains("32 wide") && e.contains("64 wide"), "{e}");
+    }
+
+    #[test]
+    fn output_channels_must_match_the_data() {
+        let info = ModelInfo {
+            out_channels: 8,
+            ..INFO
+        };
+        let e = info.check_data("critic", &spec(4, 12, 12)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("role `critic`") && e.contains("out_channels"),
+            "{e}"
+        );
+        INFO.check_data("critic", &spec(4, 12, 12)).unwrap();
+        assert_eq!(INFO.tokens(8, 12, 12), 2 * 6 * 6);
+    }
+}

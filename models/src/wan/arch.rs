@@ -1,0 +1,221 @@
+//! `arch = "wan"`: the Wan model as a Reel model architecture. The role table's Wan keys
+//! ([`WanArch`]), how a role's model is built from them, and the [`DiffusionModel`] /
+//! [`TrainableModel`] seam methods call.
+//!
+//! ```toml
+//! [models.student]
+//! arch = "wan"
+//! preset = "wan2.1-t2v-1.3b"        # or config = "path/to/config.json"
+//! attention = "auto"                # naive | memory_efficient | fused
+//! weights = "ckpt/Wan2.1-T2V-1.3B-Diffusers/transformer"
+//! trainable = true
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+use reel_core::config::ConfigError;
+use reel_core::method::BuildContext;
+use reel_core::model::{
+    BuildModel, DiffusionModel, DynModel, LossFn, ModelConfig, ModelError, ModelInfo,
+    TrainableModel,
+};
+use reel_core::role::RoleConfig;
+
+use super::{AttentionMode, WanConfig, WanModel};
+use crate::lora::{apply_lora, LoraSpec};
+
+/// The Wan keys of a `[models.<role>]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WanArch {
+    /// Named preset (`reel list` shows the architectures; [`WanConfig::preset_names`] the
+    /// presets), e.g. `"wan2.1-t2v-1.3b"`.
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// A diffusers `config.json` instead of a preset (read when the role is built).
+    #[serde(default)]
+    pub config: Option<PathBuf>,
+    /// Attention implementation: `"auto"` (default: memory-efficient from
+    /// [`AUTO_MIN_TOKENS`](super::AUTO_MIN_TOKENS) query tokens), `"naive"`,
+    /// `"memory_efficient"` or `"fused"` (the CubeCL kernels on `cuda`/`wgpu`).
+    #[serde(default)]
+    pub attention: AttentionMode,
+}
+
+impl WanArch {
+    /// The architecture config the table selects (preset or `config.json`), with paths
+    /// resolved by `resolve`; keys relative to the role table.
+    pub fn wan_config(&self, resolve: impl Fn(&Path) -> PathBuf) -> Result<WanConfig, ConfigError> {
+        let cfg = match (&self.preset, &self.config) {
+            (Some(name), None) => WanConfig::preset(name).ok_or_else(|| {
+                ConfigError::new(
+                    "preset",
+                    format!(
+                        "unknown Wan preset `{name}`, expected one of {:?}",
+                        WanConfig::preset_names()
+                    ),
+                )
+            })?,
+            (None, Some(path)) => {
+                let p = resolve(path);
+                WanConfig::from_json_file(&p)
+                    .map_err(|e| ConfigError::new("config", format!("{}: {e}", p.display())))?
+            }
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "config",
+                    "give either `preset` or `config`, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    "preset",
+                    "missing: give `preset = \"<name>\"` or `config = \"path/to/config.json\"`",
+                ))
+            }
+        };
+        cfg.validate()
+            .map_err(|e| ConfigError::new("preset", e.to_string()))?;
+        Ok(cfg)
+    }
+}
+
+#[reel_core::plugin(
+    name = crate::ARCH_NAME,
+    summary = "Wan2.1 video DiT (diffusers WanTransformer3DModel layout, safetensors in/out)"
+)]
+impl ModelConfig for WanArch {
+    /// Presets are checked here; a `config.json` path is read at build time (it may be
+    /// relative to the working directory of `reel train`).
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.config.is_none() || self.preset.is_some() {
+            self.wan_config(Path::to_path_buf)?;
+        }
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl<B: AutodiffBackend> BuildModel<B> for WanArch {
+    fn build_model(
+        &self,
+        role: &RoleConfig,
+        ctx: &BuildContext<B>,
+    ) -> Result<DynModel<B>, ModelError> {
+        let model = build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)?;
+        Ok(DynModel::new(model.with_precision(ctx.precision)))
+    }
+}
+
+/// Build the Wan model of one role (its `arch` must be `wan`): architecture from the preset /
+/// `config.json`, weights from `weights` (diffusers folder or file) or a seeded init
+/// (`init_seed`, else `default_seed`). Frozen roles get `require_grad = false` parameters. A
+/// role with a LoRA adapter gets fresh adapters on the targeted layers and frozen base
+/// weights (see [`apply_lora`]; without an adapter `init_seed` the adapter seed derives from
+/// `default_seed`), so only the adapter is trained and checkpointed. Every attention uses the
+/// role's `attention` mode. Errors name the file or key.
+pub fn build_wan_role<B: Backend>(
+    role: &RoleConfig,
+    resolve: impl Fn(&Path) -> PathBuf,
+    default_seed: u64,
+    device: &B::Device,
+) -> Result<WanModel<B>, ModelError> {
+    let arch = role
+        .model
+        .as_any()
+        .downcast_ref::<WanArch>()
+        .ok_or_else(|| {
+            ModelError::Build(format!(
+                "arch `{}` is not `{}`",
+                role.arch(),
+                crate::ARCH_NAME
+            ))
+        })?;
+    let cfg = arch.wan_config(&resolve)?;
+    let model = cfg
+        .try_init::<B>(device, role.init_seed.unwrap_or(default_seed))
+        .map_err(|e| ModelError::Build(e.to_string()))?
+        .with_attention(arch.attention);
+    let model = match &role.weights {
+        Some(w) => model
+            .load_weights(resolve(w))
+            .map_err(|e| ModelError::Build(e.to_string()))?,
+        None => model,
+    };
+    let model = match &role.adapter {
+        None => model,
+        Some(adapter) => {
+            let spec = adapter.as_any().downcast_ref::<LoraSpec>().ok_or_else(|| {
+                ModelError::Build(format!(
+                    "adapter {adapter:?} is not supported by the Wan model (only `kind = \"lora\"`)"
+                ))
+            })?;
+            apply_lora(model, spec, default_seed)
+                .map_err(|e| ModelError::Build(format!("adapter: {e}")))?
+        }
+    };
+    Ok(if role.trainable {
+        model
+    } else {
+        model.no_grad()
+    })
+}
+
+impl<B: Backend> DiffusionModel<B> for WanModel<B> {
+    fn info(&self) -> ModelInfo {
+        let c = &self.config;
+        ModelInfo {
+            in_channels: c.in_channels,
+            out_channels: c.out_channels,
+            text_dim: c.text_dim,
+            patch_size: c.patch_size,
+            hidden_size: c.inner_dim(),
+            num_layers: c.num_layers,
+        }
+    }
+
+    fn forward(
+        &self,
+        latents: Tensor<B, 5>,
+        timesteps: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+    ) -> Tensor<B, 5> {
+        WanModel::forward(self, latents, timesteps, text)
+    }
+
+    fn forward_hidden_states(
+        &self,
+        latents: Tensor<B, 5>,
+        timesteps: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+        blocks: &[usize],
+    ) -> (Tensor<B, 5>, Vec<Tensor<B, 3>>) {
+        WanModel::forward_hidden_states(self, latents, timesteps, text, blocks)
+    }
+}
+
+impl<B: AutodiffBackend> TrainableModel<B> for WanModel<B> {
+    fn valid(&self) -> Box<dyn DiffusionModel<B::InnerBackend>> {
+        Box::new(AutodiffModule::valid(self))
+    }
+
+    /// Block-level activation checkpointing ([`WanModel::backward_checkpointed`]).
+    fn backward_checkpointed(
+        &self,
+        latents: Tensor<B, 5>,
+        timesteps: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+        loss: LossFn<'_, B>,
+        sink: &mut dyn FnMut(&B::Gradients),
+    ) -> Tensor<B, 1> {
+        WanModel::backward_checkpointed(self, latents, timesteps, text, loss, sink)
+    }
+}

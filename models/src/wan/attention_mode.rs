@@ -1,0 +1,35 @@
+//! [`AttentionMode`]: which attention implementation a Wan role runs
+//! (`[models.<role>] attention = "..."`).
+
+use serde::{Deserialize, Serialize};
+
+/// Query length from which [`AttentionMode::Auto`] switches to the memory-efficient kernel.
+pub const AUTO_MIN_TOKENS: usize = 1024;
+
+/// Which attention implementation the model uses (`[models.<role>] attention = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionMode {
+    /// Memory-efficient when the query has at least [`AUTO_MIN_TOKENS`] tokens, plain below.
+    #[default]
+    Auto,
+    /// Always the plain `softmax(QKᵀ/√d)·V` (materialises the score matrix).
+    Naive,
+    /// Always the blocked kernel with its own backward.
+    MemoryEfficient,
+    /// Reel's fused CubeCL attention kernels (forward and backward) on the `cuda` and `wgpu`
+    /// backends, with or without Burn's fusion layer (cargo feature `fusion`); the
+    /// memory-efficient blocked version on every other backend.
+    Fused,
+}
+
+impl AttentionMode {
+    /// Whether this mode uses the memory-efficient kernel for `seq_q` query tokens.
+    pub fn use_memory_efficient(self, seq_q: usize) -> bool {
+        match self {
+            AttentionMode::Auto => seq_q >= AUTO_MIN_TOKENS,
+            AttentionMode::Naive => false,
+            AttentionMode::MemoryEfficient | AttentionMode::Fused => true,
+        }
+    }
+}
