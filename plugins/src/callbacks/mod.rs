@@ -30,7 +30,6 @@ pub mod ema;
 pub mod logging;
 pub mod validation;
 
-use std::io::IsTerminal;
 use std::path::Path;
 
 use reel_core::callback::CallbackError;
@@ -47,13 +46,7 @@ pub(crate) fn io_error(path: &Path, e: impl std::fmt::Display) -> CallbackError 
     }
 }
 
-/// Print one message line on stderr. On a terminal the line first clears whatever the
-/// in-place progress line left on the current row (the progress line redraws at the next
-/// step).
+/// Print one message line on stderr, above the progress bar when one is drawn.
 pub(crate) fn print_line(line: &str) {
-    if std::io::stderr().is_terminal() {
-        eprintln!("\r\x1b[2K{line}");
-    } else {
-        eprintln!("{line}");
-    }
+    logging::progress::print_above(line);
 }

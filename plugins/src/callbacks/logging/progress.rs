@@ -4,14 +4,18 @@
 //! step 120/1200 (10%) | loss 0.3127 | lr 1.00e-3 | gnorm 0.812 | 0.214 s/it | elapsed 00:26 | eta 03:51
 //! ```
 //!
-//! On a terminal the line is redrawn in place (`\r`) after every step; otherwise (CI, a log
-//! file) a plain line is printed every `every_steps` steps and after the last one. The ETA is
-//! the remaining steps times the mean of the last [`WINDOW`] step times. A step whose update
-//! was skipped for non-finite values ends with `| SKIPPED`.
+//! On a terminal an indicatif progress bar shows the line, redrawn after every step and cut to
+//! the terminal's width; other callbacks print their lines above it ([`print_above`]).
+//! Otherwise (CI, a log file) a plain line is printed every `every_steps` steps and after the
+//! last one. The ETA is the remaining steps times the mean of the last [`WINDOW`] step times.
+//! A step whose update was skipped for non-finite values ends with `| SKIPPED`.
 
 use std::collections::VecDeque;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
+use std::sync::Mutex;
 use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use reel_core::callback::StepReport;
 
@@ -89,6 +93,23 @@ pub fn format_line(report: &StepReport, mean_step: f64, elapsed: f64) -> String 
     parts.join(" | ")
 }
 
+/// The bar on the terminal while a run draws one (one per process: the lines other
+/// callbacks print go above it).
+static BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// The bar, if one is drawn (a poisoned lock only means a panic elsewhere: keep drawing).
+fn bar() -> std::sync::MutexGuard<'static, Option<ProgressBar>> {
+    BAR.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Print `line` on stderr, above the progress bar when one is drawn.
+pub fn print_above(line: &str) {
+    match bar().as_ref() {
+        Some(b) => b.suspend(|| eprintln!("{line}")),
+        None => eprintln!("{line}"),
+    }
+}
+
 /// Draws the progress line.
 #[derive(Debug)]
 pub struct Progress {
@@ -96,7 +117,6 @@ pub struct Progress {
     terminal: bool,
     started: Instant,
     recent: VecDeque<f64>,
-    drawn: bool,
 }
 
 impl Progress {
@@ -107,7 +127,6 @@ impl Progress {
             terminal: std::io::stderr().is_terminal(),
             started: Instant::now(),
             recent: VecDeque::with_capacity(WINDOW),
-            drawn: false,
         }
     }
 
@@ -131,24 +150,33 @@ impl Progress {
         let mean = self.push_time(report.step_seconds);
         let line = format_line(report, mean, self.started.elapsed().as_secs_f64());
         if self.terminal {
-            eprint!("\r\x1b[2K{line}");
+            let mut slot = bar();
+            let b = slot.get_or_insert_with(|| new_bar(report.max_steps));
+            b.set_length(report.max_steps);
+            b.set_position(report.step);
+            b.set_message(line);
             if is_final {
-                eprintln!();
+                b.finish();
+                *slot = None;
             }
-            let _ = std::io::stderr().flush();
-            self.drawn = !is_final;
         } else if report.step.is_multiple_of(self.every) || is_final || report.skipped {
             eprintln!("{line}");
         }
     }
 
-    /// End an in-place line (before the run ends without a final step).
+    /// Leave the bar's last line on the terminal (before the run ends without a final step).
     pub fn finish(&mut self) {
-        if self.terminal && self.drawn {
-            eprintln!();
-            self.drawn = false;
+        if let Some(b) = bar().take() {
+            b.abandon();
         }
     }
+}
+
+/// A bar of `steps` steps whose text is the progress line.
+fn new_bar(steps: u64) -> ProgressBar {
+    let style = ProgressStyle::with_template("{bar:20} {wide_msg}")
+        .unwrap_or_else(|e| panic!("the progress template is fixed and valid: {e}"));
+    ProgressBar::new(steps).with_style(style)
 }
 
 #[cfg(test)]

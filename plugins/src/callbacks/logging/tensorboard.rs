@@ -1,16 +1,17 @@
-//! TensorBoard event files, written (and read back) without TensorFlow or a protobuf crate.
+//! TensorBoard event files, written (and read back) without TensorFlow.
 //!
 //! A file `events.out.tfevents.<unix time>.<host>` is a sequence of TFRecords (see
-//! [`tfrecord`](super::tfrecord)). Each record is an `Event` protobuf, hand-encoded here with
-//! the fields TensorBoard reads:
+//! [`tfrecord`](super::tfrecord)). Each record is an `Event` protobuf (TensorFlow's
+//! `core/util/event.proto`), encoded with prost; only the fields TensorBoard reads for
+//! scalars are declared:
 //!
 //! | field | type | meaning |
 //! |---|---|---|
 //! | 1 `wall_time` | double | seconds since the epoch |
 //! | 2 `step` | int64 | the global step |
 //! | 3 `file_version` | string | `brain.Event:2`, first record only |
-//! | 5 `summary` | message | `repeated Value value = 1` with `tag = 1` (string) and `simple_value = 2` (float) |
-//! | 6 `session_log` | message | `status = 1` (enum, `START = 1`): written on resume |
+//! | 5 `summary` | `Summary` | `repeated Value value = 1`, each `tag = 1`, `simple_value = 2` |
+//! | 7 `session_log` | `SessionLog` | `status = 1` (`START = 1`): written on resume |
 //!
 //! On resume the writer starts a new file with a `SessionLog START` event at the first new
 //! step; TensorBoard then drops the older files' events from that step on, so a resumed run
@@ -21,23 +22,53 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use prost::Message;
+
 use super::tfrecord::{read_records, tfrecord};
 
 /// `file_version` of the first event of every file.
 pub const FILE_VERSION: &str = "brain.Event:2";
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+/// `SessionLog.SessionStatus.START`.
+const SESSION_START: i32 = 1;
+
+/// The wire form of `tensorflow.Event` (the fields Reel writes). `wall_time` and `step` are
+/// written even when zero (explicit presence), which readers take as the same values.
+#[derive(Clone, PartialEq, Message)]
+struct EventProto {
+    #[prost(double, optional, tag = "1")]
+    wall_time: Option<f64>,
+    #[prost(int64, optional, tag = "2")]
+    step: Option<i64>,
+    #[prost(string, optional, tag = "3")]
+    file_version: Option<String>,
+    #[prost(message, optional, tag = "5")]
+    summary: Option<SummaryProto>,
+    #[prost(message, optional, tag = "7")]
+    session_log: Option<SessionLogProto>,
 }
 
-fn len_delimited(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    varint(out, ((field << 3) | 2) as u64);
-    varint(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
+/// `tensorflow.Summary`.
+#[derive(Clone, PartialEq, Message)]
+struct SummaryProto {
+    #[prost(message, repeated, tag = "1")]
+    value: Vec<ValueProto>,
+}
+
+/// `tensorflow.Summary.Value` with a `simple_value`.
+#[derive(Clone, PartialEq, Message)]
+struct ValueProto {
+    #[prost(string, tag = "1")]
+    tag: String,
+    #[prost(float, optional, tag = "2")]
+    simple_value: Option<f32>,
+}
+
+/// `tensorflow.SessionLog` (its status).
+#[derive(Clone, PartialEq, Message)]
+struct SessionLogProto {
+    #[prost(int32, tag = "1")]
+    status: i32,
 }
 
 /// One decoded (or to-be-encoded) `Event`.
@@ -58,118 +89,41 @@ pub struct Event {
 impl Event {
     /// The protobuf encoding of this event.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.push(0x09); // field 1, 64-bit
-        out.extend_from_slice(&self.wall_time.to_le_bytes());
-        out.push(0x10); // field 2, varint
-        varint(&mut out, self.step as u64);
-        if let Some(v) = &self.file_version {
-            len_delimited(&mut out, 3, v.as_bytes());
+        let values = self
+            .values
+            .iter()
+            .map(|(tag, v)| ValueProto {
+                tag: tag.clone(),
+                simple_value: Some(*v),
+            })
+            .collect::<Vec<_>>();
+        EventProto {
+            wall_time: Some(self.wall_time),
+            step: Some(self.step),
+            file_version: self.file_version.clone(),
+            summary: (!values.is_empty()).then_some(SummaryProto { value: values }),
+            session_log: self.session_start.then_some(SessionLogProto {
+                status: SESSION_START,
+            }),
         }
-        if !self.values.is_empty() {
-            let mut summary = Vec::new();
-            for (tag, value) in &self.values {
-                let mut v = Vec::new();
-                len_delimited(&mut v, 1, tag.as_bytes());
-                v.push(0x15); // field 2, 32-bit
-                v.extend_from_slice(&value.to_le_bytes());
-                len_delimited(&mut summary, 1, &v);
-            }
-            len_delimited(&mut out, 5, &summary);
-        }
-        if self.session_start {
-            len_delimited(&mut out, 6, &[0x08, 0x01]);
-        }
-        out
+        .encode_to_vec()
     }
 
     /// Decode an `Event`, skipping fields this module does not know.
     pub fn decode(bytes: &[u8]) -> Result<Event, String> {
-        let mut ev = Event::default();
-        for (field, value) in fields(bytes)? {
-            match (field, value) {
-                (1, Wire::Fixed64(b)) => ev.wall_time = f64::from_le_bytes(b),
-                (2, Wire::Varint(v)) => ev.step = v as i64,
-                (3, Wire::Bytes(b)) => {
-                    ev.file_version = Some(String::from_utf8_lossy(b).into_owned())
-                }
-                (5, Wire::Bytes(summary)) => {
-                    for (f, v) in fields(summary)? {
-                        if let (1, Wire::Bytes(value)) = (f, v) {
-                            let (mut tag, mut simple) = (String::new(), None);
-                            for (vf, vv) in fields(value)? {
-                                match (vf, vv) {
-                                    (1, Wire::Bytes(t)) => {
-                                        tag = String::from_utf8_lossy(t).into_owned()
-                                    }
-                                    (2, Wire::Fixed32(b)) => simple = Some(f32::from_le_bytes(b)),
-                                    _ => {}
-                                }
-                            }
-                            if let Some(s) = simple {
-                                ev.values.push((tag, s));
-                            }
-                        }
-                    }
-                }
-                (6, Wire::Bytes(log)) => {
-                    ev.session_start = fields(log)?
-                        .into_iter()
-                        .any(|(f, v)| matches!((f, v), (1, Wire::Varint(1))));
-                }
-                _ => {}
-            }
-        }
-        Ok(ev)
+        let p = EventProto::decode(bytes).map_err(|e| e.to_string())?;
+        let values = p.summary.map(|s| s.value).unwrap_or_default();
+        Ok(Event {
+            wall_time: p.wall_time.unwrap_or_default(),
+            step: p.step.unwrap_or_default(),
+            file_version: p.file_version,
+            values: values
+                .into_iter()
+                .filter_map(|v| Some((v.tag, v.simple_value?)))
+                .collect(),
+            session_start: p.session_log.is_some_and(|l| l.status == SESSION_START),
+        })
     }
-}
-
-enum Wire<'a> {
-    Varint(u64),
-    Fixed64([u8; 8]),
-    Bytes(&'a [u8]),
-    Fixed32([u8; 4]),
-}
-
-/// Split a protobuf message into `(field number, value)` pairs.
-fn fields(mut b: &[u8]) -> Result<Vec<(u32, Wire<'_>)>, String> {
-    fn read_varint(b: &mut &[u8]) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = b.split_first().ok_or("truncated varint")?;
-            *b = rest;
-            v |= ((byte & 0x7f) as u64) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("varint too long".into())
-    }
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-        if b.len() < n {
-            return Err(format!("truncated field: need {n} bytes, have {}", b.len()));
-        }
-        let (head, rest) = b.split_at(n);
-        *b = rest;
-        Ok(head)
-    }
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let key = read_varint(&mut b)?;
-        let field = (key >> 3) as u32;
-        let value = match key & 7 {
-            0 => Wire::Varint(read_varint(&mut b)?),
-            1 => Wire::Fixed64(take(&mut b, 8)?.try_into().expect("8 bytes")),
-            2 => {
-                let n = read_varint(&mut b)? as usize;
-                Wire::Bytes(take(&mut b, n)?)
-            }
-            5 => Wire::Fixed32(take(&mut b, 4)?.try_into().expect("4 bytes")),
-            w => return Err(format!("field {field}: unsupported wire type {w}")),
-        };
-        out.push((field, value));
-    }
-    Ok(out)
 }
 
 /// Read every event of an event file, checking both CRCs of every record.
@@ -334,5 +288,14 @@ mod tests {
         want.extend([0x2a, 10, 0x0a, 8, 0x0a, 1, b'a', 0x15, 0, 0, 0x80, 0x3f]);
         assert_eq!(bytes, want);
         assert_eq!(Event::decode(&bytes).unwrap(), ev);
+        // A resume marker is `session_log` (field 7, length-delimited) with status START.
+        let start = Event {
+            step: 2,
+            session_start: true,
+            ..Event::default()
+        };
+        let bytes = start.encode();
+        assert_eq!(&bytes[bytes.len() - 4..], &[0x3a, 2, 0x08, 0x01]);
+        assert_eq!(Event::decode(&bytes).unwrap(), start);
     }
 }

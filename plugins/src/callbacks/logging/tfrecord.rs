@@ -4,33 +4,9 @@
 //! u32 masked_crc32c(data)`, where `masked(c) = rotate_right(c, 15) + 0xa282ead8` (TensorFlow's
 //! `crc32c::Mask`) and CRC-32C is the Castagnoli CRC (reflected polynomial `0x82F63B78`).
 
-const fn crc32c_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0x82F6_3B78
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-}
-
-static CRC32C_TABLE: [u32; 256] = crc32c_table();
-
-/// CRC-32C (Castagnoli, reflected polynomial `0x82F63B78`) of `data`.
+/// CRC-32C (Castagnoli) of `data`, from the `crc32c` crate.
 pub fn crc32c(data: &[u8]) -> u32 {
-    !data.iter().fold(!0u32, |c, &b| {
-        CRC32C_TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8)
-    })
+    crc32c::crc32c(data)
 }
 
 /// The masked CRC-32C TFRecord files store.
