@@ -43,12 +43,18 @@ pub struct NamedParam<B: Backend> {
     pub flat: Tensor<B, 1>,
 }
 
-struct Collector<B: Backend> {
-    path: PathStack,
-    out: Vec<NamedParam<B>>,
+/// Visits every float parameter together with its dotted path (what [`visit_named`] calls).
+pub trait NamedParamVisitor<B: Backend> {
+    /// Visit one parameter.
+    fn visit<const D: usize>(&mut self, path: &str, param: &Param<Tensor<B, D>>);
 }
 
-impl<B: Backend> ModuleVisitor<B> for Collector<B> {
+struct VisitorAdapter<'a, V> {
+    path: PathStack,
+    inner: &'a mut V,
+}
+
+impl<B: Backend, V: NamedParamVisitor<B>> ModuleVisitor<B> for VisitorAdapter<'_, V> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name);
     }
@@ -56,11 +62,29 @@ impl<B: Backend> ModuleVisitor<B> for Collector<B> {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let path = self.path.joined();
+        self.inner.visit(&path, param);
+    }
+}
+
+/// Call `visitor` on every float parameter of `module` with its dotted path, in module order.
+pub fn visit_named<B: Backend, M: Module<B>, V: NamedParamVisitor<B>>(module: &M, visitor: &mut V) {
+    let mut adapter = VisitorAdapter {
+        path: PathStack::default(),
+        inner: visitor,
+    };
+    module.visit(&mut adapter);
+}
+
+struct Collector<B: Backend>(Vec<NamedParam<B>>);
+
+impl<B: Backend> NamedParamVisitor<B> for Collector<B> {
+    fn visit<const D: usize>(&mut self, path: &str, param: &Param<Tensor<B, D>>) {
         let value = param.val();
         let shape = value.dims().to_vec();
         let n = shape.iter().product::<usize>();
-        self.out.push(NamedParam {
-            path: self.path.joined(),
+        self.0.push(NamedParam {
+            path: path.to_string(),
             id: param.id,
             shape,
             flat: value.reshape([n]),
@@ -70,12 +94,9 @@ impl<B: Backend> ModuleVisitor<B> for Collector<B> {
 
 /// Every float parameter of `module` with its dotted path, in module order.
 pub fn named_params<B: Backend, M: Module<B>>(module: &M) -> Vec<NamedParam<B>> {
-    let mut c = Collector {
-        path: PathStack::default(),
-        out: Vec::new(),
-    };
-    module.visit(&mut c);
-    c.out
+    let mut c = Collector(Vec::new());
+    visit_named(module, &mut c);
+    c.0
 }
 
 /// Every float parameter of `module` copied to the host, keyed by dotted path.
@@ -101,21 +122,12 @@ pub struct ParamShape {
     pub shape: Vec<usize>,
 }
 
-struct ShapeCollector {
-    path: PathStack,
-    out: Vec<ParamShape>,
-}
+struct ShapeCollector(Vec<ParamShape>);
 
-impl<B: Backend> ModuleVisitor<B> for ShapeCollector {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name);
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.out.push(ParamShape {
-            path: self.path.joined(),
+impl<B: Backend> NamedParamVisitor<B> for ShapeCollector {
+    fn visit<const D: usize>(&mut self, path: &str, param: &Param<Tensor<B, D>>) {
+        self.0.push(ParamShape {
+            path: path.to_string(),
             id: param.id,
             shape: param.lazy_shape().to_vec(),
         });
@@ -126,12 +138,9 @@ impl<B: Backend> ModuleVisitor<B> for ShapeCollector {
 /// [`named_params`] this does not initialize lazily initialized parameters, so it is cheap on
 /// a freshly built model that is about to receive pretrained weights.
 pub fn named_param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamShape> {
-    let mut c = ShapeCollector {
-        path: PathStack::default(),
-        out: Vec::new(),
-    };
-    module.visit(&mut c);
-    c.out
+    let mut c = ShapeCollector(Vec::new());
+    visit_named(module, &mut c);
+    c.0
 }
 
 /// A transformation applied to every float parameter together with its dotted path.

@@ -22,8 +22,9 @@ pub enum StoreDtype {
     F16,
 }
 
-/// Decode one little-endian safetensors tensor to f32 values.
-fn decode_f32(path: &Path, key: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightError> {
+/// Little-endian F32, BF16, F16 or F64 values as f32; `None` for any other dtype. Trailing
+/// bytes that do not fill a value are ignored (callers check byte counts).
+pub fn decode_le_floats(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     let out = match dtype {
         Dtype::F32 => bytes
             .chunks_exact(4)
@@ -41,15 +42,18 @@ fn decode_f32(path: &Path, key: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
-        other => {
-            return Err(WeightError::UnsupportedDtype {
-                path: path.to_path_buf(),
-                key: key.to_string(),
-                dtype: format!("{other:?}"),
-            })
-        }
+        _ => return None,
     };
-    Ok(out)
+    Some(out)
+}
+
+/// Decode one safetensors tensor to f32 values, naming the file and key of an unsupported dtype.
+fn decode_f32(path: &Path, key: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightError> {
+    decode_le_floats(dtype, bytes).ok_or_else(|| WeightError::UnsupportedDtype {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        dtype: format!("{dtype:?}"),
+    })
 }
 
 /// Read the raw bytes of a file, naming it on failure.

@@ -6,10 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Param};
 use burn::tensor::{backend::AutodiffBackend, backend::Backend, Tensor};
 
-use crate::params::{map_named, named_params, NamedParamMapper, PathStack};
+use crate::params::{map_named, visit_named, NamedParamMapper, NamedParamVisitor};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -46,54 +46,56 @@ pub trait RoleModule<B: AutodiffBackend>: Send {
 }
 
 struct GradCollector<'a, B: AutodiffBackend> {
-    path: PathStack,
     grads: &'a B::Gradients,
     out: ParamValues<B>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for GradCollector<'_, B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name);
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+impl<B: AutodiffBackend> NamedParamVisitor<B> for GradCollector<'_, B> {
+    fn visit<const D: usize>(&mut self, path: &str, param: &Param<Tensor<B, D>>) {
         let value = param.val();
         if !value.is_require_grad() {
             return;
         }
         if let Some(g) = value.grad(self.grads) {
             let n = g.dims().iter().product::<usize>();
-            self.out.insert(self.path.joined(), g.reshape([n]));
+            self.out.insert(path.to_string(), g.reshape([n]));
         }
     }
 }
 
-struct TrainableCollector<B: AutodiffBackend> {
-    path: PathStack,
+/// Collects flat inner values of the parameters (all, or those that require gradients).
+struct FlatCollector<B: AutodiffBackend> {
+    trainable_only: bool,
     out: Vec<FlatParam<Inner<B>>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for TrainableCollector<B> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name);
-    }
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+impl<B: AutodiffBackend> NamedParamVisitor<B> for FlatCollector<B> {
+    fn visit<const D: usize>(&mut self, path: &str, param: &Param<Tensor<B, D>>) {
         let value = param.val();
-        if value.is_require_grad() {
-            let shape = value.dims().to_vec();
-            let n = shape.iter().product::<usize>();
-            self.out.push(FlatParam {
-                path: self.path.joined(),
-                value: value.inner().reshape([n]),
-                shape,
-            });
+        if self.trainable_only && !value.is_require_grad() {
+            return;
         }
+        let shape = value.dims().to_vec();
+        let n = shape.iter().product::<usize>();
+        self.out.push(FlatParam {
+            path: path.to_string(),
+            value: value.inner().reshape([n]),
+            shape,
+        });
     }
+}
+
+/// The flat inner values of `module`'s parameters (only trainable ones when asked).
+fn flat_params<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    trainable_only: bool,
+) -> Vec<FlatParam<Inner<B>>> {
+    let mut c = FlatCollector::<B> {
+        trainable_only,
+        out: Vec::new(),
+    };
+    visit_named(module, &mut c);
+    c.out
 }
 
 /// Replaces parameters by path with new inner values (keeps id and `require_grad`).
@@ -129,21 +131,15 @@ impl<B: AutodiffBackend> NamedParamMapper<B> for Replace<'_, B> {
 impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleModule<B> for M {
     fn param_grads(&self, grads: &B::Gradients) -> ParamValues<B> {
         let mut c = GradCollector::<B> {
-            path: PathStack::default(),
             grads,
             out: BTreeMap::new(),
         };
-        self.visit(&mut c);
+        visit_named(self, &mut c);
         c.out
     }
 
     fn trainable_params(&self) -> Vec<FlatParam<Inner<B>>> {
-        let mut c = TrainableCollector::<B> {
-            path: PathStack::default(),
-            out: Vec::new(),
-        };
-        self.visit(&mut c);
-        c.out
+        flat_params(self, true)
     }
 
     fn replace_params(&mut self, values: &mut ParamValues<B>, old: Option<&mut ParamValues<B>>) {
@@ -152,14 +148,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> RoleModule<B> for M {
     }
 
     fn all_params(&self) -> Vec<FlatParam<Inner<B>>> {
-        named_params(self)
-            .into_iter()
-            .map(|p| FlatParam {
-                path: p.path,
-                value: p.flat.inner(),
-                shape: p.shape,
-            })
-            .collect()
+        flat_params(self, false)
     }
 
     fn freeze(&mut self) {

@@ -1,6 +1,9 @@
 //! Helpers shared by the file-backed data sources: decoding raw tensor bytes, padding text
 //! embeddings to a fixed length, and latent normalisation.
 
+use reel_core::io::decode_le_floats;
+use safetensors::tensor::Dtype;
+
 use reel_core::data::TextCondition;
 use serde::{Deserialize, Serialize};
 
@@ -56,24 +59,14 @@ pub fn decode_floats(bytes: &[u8], dtype: StoredDtype, numel: usize) -> Result<V
             bytes.len()
         ));
     }
-    let out = match dtype {
-        StoredDtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        StoredDtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        StoredDtype::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        StoredDtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("chunks of 8")) as f32)
-            .collect(),
+    let st = match dtype {
+        StoredDtype::F32 => Dtype::F32,
+        StoredDtype::F16 => Dtype::F16,
+        StoredDtype::Bf16 => Dtype::BF16,
+        StoredDtype::F64 => Dtype::F64,
     };
+    let out = decode_le_floats(st, bytes)
+        .unwrap_or_else(|| panic!("{st:?} is a float dtype decode_le_floats reads"));
     Ok(out)
 }
 
