@@ -8,6 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use burn::module::Param;
 use burn::tensor::{Tensor, TensorData};
 use common::{max_err, Cpu};
 use reel_core::io::read_safetensors;
@@ -168,24 +169,212 @@ fn one_tile_covering_the_frame_equals_untiled() {
     assert!(err < 1e-6, "one-tile decode differs: {err:.3e}");
 }
 
+/// diffusers' `tiled_encode` / `tiled_decode` mechanics re-done independently on host
+/// arrays: every tile through the untiled path, then blended in place with the tile above
+/// and to the left exactly as `blend_v` / `blend_h` loop, cropped to the stride and
+/// placed. The model's tiled path must give the same numbers.
+mod reference {
+    use burn::tensor::TensorData;
+
+    /// A dense 5-D host array `[B, C, T, H, W]`.
+    #[derive(Clone)]
+    pub struct Grid {
+        pub shape: [usize; 5],
+        pub data: Vec<f32>,
+    }
+
+    impl Grid {
+        pub fn from(data: TensorData) -> Self {
+            let shape: [usize; 5] = data.shape.to_vec().try_into().unwrap();
+            Self {
+                shape,
+                data: data.to_vec::<f32>().unwrap(),
+            }
+        }
+
+        fn at(&self, i: [usize; 5]) -> usize {
+            let s = self.shape;
+            (((i[0] * s[1] + i[1]) * s[2] + i[2]) * s[3] + i[3]) * s[4] + i[4]
+        }
+
+        /// diffusers' `blend_v` (`dim` 3) / `blend_h` (`dim` 4), in place on `self`.
+        pub fn blend_from(&mut self, a: &Grid, extent: usize, dim: usize) {
+            let extent = extent.min(a.shape[dim]).min(self.shape[dim]);
+            let [b, c, t, h, w] = self.shape;
+            let across = if dim == 3 { w } else { h };
+            for y in 0..extent {
+                let r = y as f64 / extent as f64;
+                let (wa, wb) = ((1.0 - r) as f32, r as f32);
+                for n in 0..b * c * t {
+                    let (i0, i1, i2) = (n / (c * t), n / t % c, n % t);
+                    for x in 0..across {
+                        let (mut dst, mut src) = ([i0, i1, i2, y, x], [i0, i1, i2, 0, 0]);
+                        if dim == 4 {
+                            dst = [i0, i1, i2, x, y];
+                            src[3] = x;
+                            src[4] = a.shape[4] - extent + y;
+                        } else {
+                            src[3] = a.shape[3] - extent + y;
+                            src[4] = x;
+                        }
+                        let j = self.at(dst);
+                        self.data[j] = a.data[a.at(src)] * wa + self.data[j] * wb;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Blend the grid row-major, crop every tile to `stride`, place it and crop the whole
+    /// to `size` (all `[h, w]`).
+    pub fn stitch(
+        mut rows: Vec<Vec<Grid>>,
+        overlap: [usize; 2],
+        stride: [usize; 2],
+        size: [usize; 2],
+    ) -> TensorData {
+        for i in 0..rows.len() {
+            for j in 0..rows[i].len() {
+                if i > 0 {
+                    let above = rows[i - 1][j].clone();
+                    rows[i][j].blend_from(&above, overlap[0], 3);
+                }
+                if j > 0 {
+                    let left = rows[i][j - 1].clone();
+                    rows[i][j].blend_from(&left, overlap[1], 4);
+                }
+            }
+        }
+        let [b, c, t, _, _] = rows[0][0].shape;
+        let mut out = vec![f32::NAN; b * c * t * size[0] * size[1]];
+        for (ti, row) in rows.iter().enumerate() {
+            for (tj, tile) in row.iter().enumerate() {
+                let [_, _, _, th, tw] = tile.shape;
+                let (y0, x0) = (ti * stride[0], tj * stride[1]);
+                for n in 0..b * c * t {
+                    for y in 0..th.min(stride[0]).min(size[0].saturating_sub(y0)) {
+                        for x in 0..tw.min(stride[1]).min(size[1].saturating_sub(x0)) {
+                            let dst = (n * size[0] + y0 + y) * size[1] + x0 + x;
+                            out[dst] = tile.data[(n * th + y) * tw + x];
+                        }
+                    }
+                }
+            }
+        }
+        TensorData::new(out, [b, c, t, size[0], size[1]])
+    }
+}
+
+/// Tile origins along an axis, as Python's `range(0, n, stride)`.
+fn origins(n: usize, stride: usize) -> Vec<usize> {
+    (0..n).step_by(stride).collect()
+}
+
+/// Runs `f` on every `[tile, tile]` crop (origins every `stride`) of `x`, row-major.
+fn per_tile(
+    x: &Tensor<Cpu, 5>,
+    tile: [usize; 2],
+    stride: [usize; 2],
+    f: impl Fn(Tensor<Cpu, 5>) -> TensorData,
+) -> Vec<Vec<reference::Grid>> {
+    let [_, _, _, h, w] = x.dims();
+    assert!(
+        origins(h, stride[0]).len() > 1,
+        "the input must need several tiles"
+    );
+    origins(h, stride[0])
+        .into_iter()
+        .map(|i| {
+            origins(w, stride[1])
+                .into_iter()
+                .map(|j| {
+                    let t = x.clone().narrow(3, i, tile[0].min(h - i));
+                    reference::Grid::from(f(t.narrow(4, j, tile[1].min(w - j))))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Tiled encode equals the reference mechanics (1e-5) on a clip larger than one tile, and
+/// the gap to the untiled encode is printed. That gap is O(1) here and cannot be bounded
+/// tightly: with random weights the encoder's receptive field (stacked 3x3 convolutions and
+/// the per-frame global attention of the middle block) spans the whole frame, so a tile,
+/// which sees zero padding instead of its neighbours and attends only within itself,
+/// computes different features; diffusers' linear blending hides seams only for trained,
+/// mostly local VAEs.
 #[test]
-fn tiled_encode_and_decode_stay_close_to_untiled() {
+fn tiled_encode_follows_diffusers_tiling() {
     let (vae, g) = (vae(), golden());
     let video = large_video(&g);
     let s = vae.config.spatial_factor();
-    let [_, _, _, h, _] = video.dims();
+    let [_, _, _, h, w] = video.dims();
     let tiling = small_tiling(h / s, s);
-    let tiled = vae.tiled_encode(video.clone(), &tiling).unwrap().mean;
-    let full = vae.encode(video).unwrap().mean;
-    let (err, scale) = max_err(
-        "tiled encode",
-        &tiled.clone().into_data(),
-        &full.clone().into_data(),
+    let (th, sh) = (
+        tiling.tile_sample_min_height,
+        tiling.tile_sample_stride_height,
     );
-    eprintln!("tiling {tiling:?}: encode max|err| = {err:.3e} (max|ref| {scale:.3})");
-    let td = vae.tiled_decode(full.clone(), &tiling).unwrap();
-    let fd = vae.decode(full).unwrap();
-    let (err, scale) = max_err("tiled decode", &td.into_data(), &fd.into_data());
-    eprintln!("tiling {tiling:?}: decode max|err| = {err:.3e} (max|ref| {scale:.3})");
-    panic!("measure");
+    let (tw, sw) = (
+        tiling.tile_sample_min_width,
+        tiling.tile_sample_stride_width,
+    );
+    let rows = per_tile(&video, [th, tw], [sh, sw], |t| {
+        vae.encode(t).unwrap().mean.into_data()
+    });
+    let overlap = [(th - sh) / s, (tw - sw) / s];
+    let want = reference::stitch(rows, overlap, [sh / s, sw / s], [h / s, w / s]);
+    let tiled = vae
+        .tiled_encode(video.clone(), &tiling)
+        .unwrap()
+        .mean
+        .into_data();
+    let (err, _) = max_err("tiled encode vs reference", &tiled, &want);
+    eprintln!("{tiling:?}: tiled encode vs reference max|err| = {err:.3e}");
+    assert!(
+        err < 1e-5,
+        "tiled encode vs the reference tiling: {err:.3e}"
+    );
+    let full = vae.encode(video).unwrap().mean.into_data();
+    let (gap, scale) = max_err("tiled vs untiled encode", &tiled, &full);
+    eprintln!("tiled vs untiled encode max|err| = {gap:.3e} (max|ref| {scale:.3})");
+}
+
+/// Tiled decode equals the reference mechanics (1e-5). The decoder's output layer is
+/// scaled down so that the clamp to [-1, 1] stays inactive (diffusers blends before
+/// clamping; the reference blends tiles from the untiled path, which are clamped).
+#[test]
+fn tiled_decode_follows_diffusers_tiling() {
+    let (mut vae, g) = (vae(), golden());
+    let conv = &mut vae.decoder.conv_out;
+    conv.weight = Param::from_tensor(conv.weight.val() * 0.02);
+    conv.bias = Param::from_tensor(conv.bias.val() * 0.02);
+    let s = vae.config.spatial_factor();
+    let z = vae.encode(large_video(&g)).unwrap().mean;
+    let [_, _, _, h, w] = z.dims();
+    let tiling = small_tiling(h, s);
+    let (th, sh) = (
+        tiling.tile_sample_min_height,
+        tiling.tile_sample_stride_height,
+    );
+    let (tw, sw) = (
+        tiling.tile_sample_min_width,
+        tiling.tile_sample_stride_width,
+    );
+    let rows = per_tile(&z, [th / s, tw / s], [sh / s, sw / s], |t| {
+        let out = vae.decode(t).unwrap();
+        let peak: f32 = out.clone().abs().max().into_scalar();
+        assert!(peak < 1.0, "a tile reaches the clamp ({peak})");
+        out.into_data()
+    });
+    let want = reference::stitch(rows, [th - sh, tw - sw], [sh, sw], [h * s, w * s]);
+    let tiled = vae.tiled_decode(z.clone(), &tiling).unwrap().into_data();
+    let (err, _) = max_err("tiled decode vs reference", &tiled, &want);
+    eprintln!("{tiling:?}: tiled decode vs reference max|err| = {err:.3e}");
+    assert!(
+        err < 1e-5,
+        "tiled decode vs the reference tiling: {err:.3e}"
+    );
+    let full = vae.decode(z).unwrap().into_data();
+    let (gap, scale) = max_err("tiled vs untiled decode", &tiled, &full);
+    eprintln!("tiled vs untiled decode max|err| = {gap:.3e} (max|ref| {scale:.3})");
 }

@@ -281,8 +281,8 @@ mod tests {
     #[test]
     fn every_problem_names_its_key() {
         let msg = Umt5Config::from_json_str(
-            r#"{"d_model": 0, "relative_attention_num_buckets": 2, "feed_forward_proj": "gated-tanh",
-                "model_type": "t5"}"#,
+            r#"{"d_model": 0, "relative_attention_num_buckets": 2,
+                "feed_forward_proj": "gated-tanh", "model_type": "t5"}"#,
         )
         .unwrap_err()
         .to_string();

@@ -231,3 +231,80 @@ impl<B: Backend> Umt5Encoder<B> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    use reel_core::io::{module_to_safetensors, read_safetensors, write_safetensors};
+
+    type TestBackend = burn::backend::NdArray;
+
+    fn config() -> Umt5Config {
+        Umt5Config::from_json_str(
+            r#"{"vocab_size": 11, "d_model": 8, "d_kv": 2, "d_ff": 12, "num_layers": 3,
+                "num_heads": 2, "relative_attention_num_buckets": 8,
+                "relative_attention_max_distance": 16, "feed_forward_proj": "relu"}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn hidden_states_and_masking() {
+        let dev = Default::default();
+        let enc = Umt5Encoder::<TestBackend>::init(&config(), &dev, 2).unwrap();
+        let ids = Tensor::<TestBackend, 2, Int>::from_data(
+            TensorData::new(vec![3i64, 5, 1, 0], [1, 4]),
+            &dev,
+        );
+        let mask = Tensor::<TestBackend, 2>::from_floats([[1.0, 1.0, 1.0, 0.0]], &dev);
+        let out = enc
+            .forward_with_hidden_states(ids.clone(), mask.clone())
+            .unwrap();
+        assert_eq!(out.hidden_states.len(), 4);
+        // Changing a masked token changes nothing at the unmasked positions.
+        let other = Tensor::<TestBackend, 2, Int>::from_data(
+            TensorData::new(vec![3i64, 5, 1, 7], [1, 4]),
+            &dev,
+        );
+        let again = enc.forward(other, mask).unwrap();
+        let diff: f32 = (again - out.last_hidden_state)
+            .narrow(1, 0, 3)
+            .abs()
+            .max()
+            .into_scalar();
+        assert!(diff < 1e-6, "{diff}");
+        let bad =
+            Tensor::<TestBackend, 2, Int>::from_data(TensorData::new(vec![3i64, 11], [1, 2]), &dev);
+        let msg = enc
+            .forward(bad, Tensor::ones([1, 2], &dev))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("outside the vocabulary"), "{msg}");
+    }
+
+    #[test]
+    fn missing_and_misshaped_weights_name_the_file_and_the_keys() {
+        let dev = Default::default();
+        let enc = Umt5Encoder::<TestBackend>::init(&config(), &dev, 2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.safetensors");
+        module_to_safetensors(&enc, &file, None).unwrap();
+        let (mut tensors, _) = read_safetensors(&file).unwrap();
+        tensors.remove("encoder.block.2.layer.0.SelfAttention.relative_attention_bias.weight");
+        tensors.insert(
+            "encoder.final_layer_norm.weight".into(),
+            TensorData::new(vec![1f32; 9], [9]),
+        );
+        let list: Vec<_> = tensors.into_iter().collect();
+        write_safetensors(&file, &list, None).unwrap();
+        let msg = enc.load_weights(&file).unwrap_err().to_string();
+        for needle in [
+            file.display().to_string(),
+            "encoder.block.2.layer.0.SelfAttention.relative_attention_bias.weight".into(),
+            "encoder.final_layer_norm.weight".into(),
+        ] {
+            assert!(msg.contains(&needle), "`{needle}` not in: {msg}");
+        }
+    }
+}

@@ -1,12 +1,13 @@
 //! The Wan2.1 video VAE (diffusers `AutoencoderKLWan`, `is_residual=False`).
 //!
-//! One concern per file: [`config`] (diffusers `config.json`), [`cache`] (the causal
-//! frame-chunk feature cache), [`conv`] (causal 3D, per-frame 2D and 1x1 convolutions),
-//! [`norm`] (`WanRMS_norm`), [`blocks`] (residual, attention and middle blocks),
-//! [`resample`] (spatial / temporal up- and downsampling), [`encoder`], [`decoder`],
-//! [`model`] ([`WanVae`]: load, encode, decode, latent normalisation) and [`tiling`]
-//! (spatially tiled encode / decode). Module field names equal the diffusers state-dict
-//! keys, so a parameter's dotted path is its key in `diffusion_pytorch_model.safetensors`.
+//! One concern per file: [`config`] (diffusers `config.json`) and [`validate`] (its
+//! checks), [`cache`] (the causal frame-chunk feature cache), [`conv`] (causal 3D,
+//! per-frame 2D and 1x1 convolutions), [`norm`] (`WanRMS_norm`), [`blocks`] (residual,
+//! attention and middle blocks), [`resample`] (spatial / temporal up- and downsampling),
+//! [`encoder`], [`decoder`], [`model`] ([`WanVae`]: load, encode, decode, latent
+//! normalisation) and [`tiling`] (spatially tiled encode / decode). Module field names
+//! equal the diffusers state-dict keys, so a parameter's dotted path is its key in
+//! `diffusion_pytorch_model.safetensors`.
 //!
 //! ```no_run
 //! # use burn::tensor::Tensor;
@@ -30,6 +31,7 @@ pub mod model;
 pub mod norm;
 pub mod resample;
 pub mod tiling;
+pub mod validate;
 
 pub use cache::{Intermediates, CACHE_T, FIRST_CHUNK};
 pub use config::{VaeConfigError, WanVaeConfig};

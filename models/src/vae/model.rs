@@ -257,3 +257,109 @@ impl<B: Backend> WanVae<B> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use reel_core::io::{module_to_safetensors, read_safetensors, write_safetensors};
+    use reel_core::params::named_param_shapes;
+
+    type TestBackend = burn::backend::NdArray;
+
+    /// Two levels, time halved once, attention at full scale: another layout than the
+    /// fixture's, so the key list and frame schedule are exercised from the config.
+    fn small_config() -> WanVaeConfig {
+        WanVaeConfig::from_json_str(
+            r#"{"base_dim": 4, "z_dim": 2, "dim_mult": [1, 2], "num_res_blocks": 1,
+                "attn_scales": [1.0], "temperal_downsample": [true],
+                "latents_mean": [0.5, -1.0], "latents_std": [2.0, 0.25]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn keys_and_frame_schedule_follow_the_config() {
+        let dev = Default::default();
+        let config = small_config();
+        let vae = WanVae::<TestBackend>::init(&config, &dev, 5).unwrap();
+        let keys: Vec<String> = named_param_shapes::<TestBackend, _>(&vae)
+            .into_iter()
+            .map(|p| p.path)
+            .collect();
+        for key in [
+            "encoder.down_blocks.0.conv1.weight",
+            "encoder.down_blocks.1.to_qkv.weight",
+            "encoder.down_blocks.2.resample.1.weight",
+            "encoder.down_blocks.2.time_conv.weight",
+            "decoder.up_blocks.0.upsamplers.0.time_conv.weight",
+            "decoder.up_blocks.1.resnets.1.conv2.weight",
+        ] {
+            assert!(keys.iter().any(|k| k == key), "missing {key}");
+        }
+        let video = Tensor::<TestBackend, 5>::random([1, 3, 9, 8, 6], Distribution::Default, &dev);
+        let post = vae.encode(video).unwrap();
+        assert_eq!(post.mean.dims(), [1, 2, config.latent_frames(9), 4, 3]);
+        assert_eq!(config.latent_frames(9), 5);
+        let video = vae.decode(post.mean.clone()).unwrap();
+        assert_eq!(video.dims(), [1, 3, 9, 8, 6]);
+        let z = vae.normalize_latents(post.mean.clone()).unwrap();
+        let back = vae.denormalize_latents(z).unwrap();
+        let err: f32 = (back - post.mean).abs().max().into_scalar();
+        assert!(err < 1e-5, "{err}");
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let dev = Default::default();
+        let vae = WanVae::<TestBackend>::init(&small_config(), &dev, 5).unwrap();
+        let msg = vae
+            .encode(Tensor::zeros([1, 4, 1, 8, 8], &dev))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("in_channels = 3"), "{msg}");
+        let msg = vae
+            .encode(Tensor::zeros([1, 3, 1, 1, 8], &dev))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("smaller than the compression"), "{msg}");
+        let msg = vae
+            .decode(Tensor::zeros([1, 3, 1, 2, 2], &dev))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("z_dim = 2"), "{msg}");
+    }
+
+    #[test]
+    fn missing_and_misshaped_weights_name_the_file_and_the_keys() {
+        let dev = Default::default();
+        let config = small_config();
+        let vae = WanVae::<TestBackend>::init(&config, &dev, 5).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), config.to_json_string()).unwrap();
+        let file = dir.path().join("diffusion_pytorch_model.safetensors");
+        module_to_safetensors(&vae, &file, None).unwrap();
+        let loaded = WanVae::<TestBackend>::load(dir.path(), &dev).unwrap();
+        let w = |m: &WanVae<TestBackend>| m.quant_conv.weight.val().into_data();
+        assert_eq!(w(&loaded), w(&vae));
+
+        let (mut tensors, _) = read_safetensors(&file).unwrap();
+        tensors.remove("decoder.conv_in.bias");
+        let bad = tensors.get("encoder.conv_out.weight").unwrap().clone();
+        let n = bad.num_elements();
+        let reshaped = burn::tensor::TensorData::new(bad.to_vec::<f32>().unwrap(), [n]);
+        tensors.insert("encoder.conv_out.weight".into(), reshaped);
+        let list: Vec<_> = tensors.into_iter().collect();
+        write_safetensors(&file, &list, None).unwrap();
+        let msg = WanVae::<TestBackend>::load(dir.path(), &dev)
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            file.display().to_string(),
+            "decoder.conv_in.bias".into(),
+            "encoder.conv_out.weight".into(),
+        ] {
+            assert!(msg.contains(&needle), "`{needle}` not in: {msg}");
+        }
+    }
+}

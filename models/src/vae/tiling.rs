@@ -81,14 +81,18 @@ pub fn blend<B: Backend>(
     if extent == 0 {
         return b;
     }
-    let weights: Vec<f32> = (0..extent)
-        .map(|y| (y as f64 / extent as f64) as f32)
-        .collect();
+    // Weights as diffusers forms them: `y / extent` and `1 - y / extent` in double, each
+    // then applied in float32.
     let mut shape = [1; 5];
     shape[dim] = extent;
-    let w = Tensor::<B, 1>::from_floats(weights.as_slice(), &b.device()).reshape(shape);
-    let head = a.clone().narrow(dim, na - extent, extent) * (w.clone().neg() + 1.0)
-        + b.clone().narrow(dim, 0, extent) * w;
+    let weights = |f: fn(f64) -> f64| {
+        let w: Vec<f32> = (0..extent)
+            .map(|y| f(y as f64 / extent as f64) as f32)
+            .collect();
+        Tensor::<B, 1>::from_floats(w.as_slice(), &b.device()).reshape(shape)
+    };
+    let head = a.clone().narrow(dim, na - extent, extent) * weights(|r| 1.0 - r)
+        + b.clone().narrow(dim, 0, extent) * weights(|r| r);
     if extent == nb {
         return head;
     }
