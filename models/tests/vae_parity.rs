@@ -136,12 +136,14 @@ fn frame_counts_follow_the_causal_schedule() {
     assert_eq!(g["decode.video"].shape[2], 1 + (latent_frames - 1) * tf);
 }
 
-/// Spatial size 2x the fixture's in each direction (the clip mirrored), so that several
-/// tiles are needed whatever the fixture size.
-fn large_video(g: &BTreeMap<String, TensorData>) -> Tensor<Cpu, 5> {
+/// Spatial size 2x the fixture's in each direction (the clip mirrored), cut to a multiple
+/// of the compression `s`, so that several whole tiles are needed whatever the fixture size.
+fn large_video(g: &BTreeMap<String, TensorData>, s: usize) -> Tensor<Cpu, 5> {
     let v = input(g, "video");
     let row = Tensor::cat(vec![v.clone(), v.flip([4])], 4);
-    Tensor::cat(vec![row.clone(), row.flip([3])], 3)
+    let big = Tensor::cat(vec![row.clone(), row.flip([3])], 3);
+    let [_, _, _, h, w] = big.dims();
+    big.narrow(3, 0, h / s * s).narrow(4, 0, w / s * s)
 }
 
 /// Tiles of half the (latent) frame every quarter, in pixels.
@@ -306,8 +308,8 @@ fn per_tile(
 #[test]
 fn tiled_encode_follows_diffusers_tiling() {
     let (vae, g) = (vae(), golden());
-    let video = large_video(&g);
     let s = vae.config.spatial_factor();
+    let video = large_video(&g, s);
     let [_, _, _, h, w] = video.dims();
     let tiling = small_tiling(h / s, s);
     let (th, sh) = (
@@ -349,7 +351,7 @@ fn tiled_decode_follows_diffusers_tiling() {
     conv.weight = Param::from_tensor(conv.weight.val() * 0.02);
     conv.bias = Param::from_tensor(conv.bias.val() * 0.02);
     let s = vae.config.spatial_factor();
-    let z = vae.encode(large_video(&g)).unwrap().mean;
+    let z = vae.encode(large_video(&g, s)).unwrap().mean;
     let [_, _, _, h, w] = z.dims();
     let tiling = small_tiling(h, s);
     let (th, sh) = (

@@ -65,10 +65,6 @@ pub struct SelfAttention<B: Backend> {
     pub relative_attention_bias: Bias<B>,
     /// Attention heads.
     pub num_heads: usize,
-    /// Relative-position buckets.
-    pub num_buckets: usize,
-    /// Distance from which offsets share the last bucket.
-    pub max_distance: usize,
 }
 
 /// The `nn.Embedding` holding the relative-position bias (`relative_attention_bias.weight`).
@@ -98,32 +94,24 @@ impl<B: Backend> SelfAttention<B> {
                 ),
             },
             num_heads: c.num_heads,
-            num_buckets: c.relative_attention_num_buckets,
-            max_distance: c.relative_attention_max_distance,
         }
     }
 
-    /// The position bias `[1, heads, L, L]` for `len` tokens (transformers `compute_bias`).
-    pub fn position_bias(&self, len: usize, device: &B::Device) -> Tensor<B, 4> {
-        let buckets: Vec<i64> = (0..len as i64)
-            .flat_map(|q| (0..len as i64).map(move |k| (q, k)))
-            .map(|(q, k)| {
-                relative_position_bucket(k - q, true, self.num_buckets, self.max_distance) as i64
-            })
-            .collect();
-        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(buckets, [len * len]), device);
-        let heads = self.num_heads;
+    /// The position bias `[1, heads, L, L]` (transformers `compute_bias`) from the
+    /// buckets of the context.
+    pub fn position_bias(&self, ctx: &AttentionContext<B>) -> Tensor<B, 4> {
+        let (len, heads) = (ctx.len, self.num_heads);
         self.relative_attention_bias
             .weight
             .val()
-            .select(0, idx)
+            .select(0, ctx.buckets.clone())
             .reshape([len, len, heads])
             .permute([2, 0, 1])
             .unsqueeze::<4>()
     }
 
-    /// `x [B, L, d_model]`, additive key mask `mask_bias [B, 1, 1, L]` `-> [B, L, d_model]`.
-    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>) -> Tensor<B, 3> {
+    /// `x [B, L, d_model] -> [B, L, d_model]` with the mask and buckets of `ctx`.
+    pub fn forward(&self, x: Tensor<B, 3>, ctx: &AttentionContext<B>) -> Tensor<B, 3> {
         let [b, l, _] = x.dims();
         let h = self.num_heads;
         let split = |t: Tensor<B, 3>| {
@@ -133,7 +121,8 @@ impl<B: Backend> SelfAttention<B> {
         let q = split(self.q.forward(x.clone()));
         let k = split(self.k.forward(x.clone()));
         let v = split(self.v.forward(x.clone()));
-        let scores = q.matmul(k.swap_dims(2, 3)) + self.position_bias(l, &x.device()) + mask_bias;
+        let bias = self.position_bias(ctx) + ctx.mask_bias.clone();
+        let scores = q.matmul(k.swap_dims(2, 3)) + bias;
         let ctx = softmax(scores, 3).matmul(v).swap_dims(1, 2);
         let inner = ctx.dims()[2] * ctx.dims()[3];
         self.o.forward(ctx.reshape([b, l, inner]))
@@ -151,20 +140,44 @@ pub struct LayerSelfAttention<B: Backend> {
 
 impl<B: Backend> LayerSelfAttention<B> {
     /// `[B, L, d_model] -> [B, L, d_model]`.
-    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>) -> Tensor<B, 3> {
-        x.clone()
-            + self
-                .SelfAttention
-                .forward(self.layer_norm.forward(x), mask_bias)
+    pub fn forward(&self, x: Tensor<B, 3>, ctx: &AttentionContext<B>) -> Tensor<B, 3> {
+        x.clone() + self.SelfAttention.forward(self.layer_norm.forward(x), ctx)
     }
 }
 
-/// The additive mask `(1 - mask) * f32::MIN` `[B, 1, 1, L]` of a `[B, L]` 0/1 mask.
-pub fn mask_bias<B: Backend>(mask: Tensor<B, 2>) -> Tensor<B, 4> {
-    let [b, l] = mask.dims();
-    (mask.neg() + 1.0)
-        .mul_scalar(f32::MIN)
-        .reshape([b, 1, 1, l])
+/// What every layer's attention shares in one forward pass.
+#[derive(Debug, Clone)]
+pub struct AttentionContext<B: Backend> {
+    /// The padding mask as an additive bias `(1 - mask) * f32::MIN`, `[B, 1, 1, L]`.
+    pub mask_bias: Tensor<B, 4>,
+    /// The bucket of every (query, key) pair, row-major `[L * L]` (the bias tables differ
+    /// per layer, the buckets do not).
+    pub buckets: Tensor<B, 1, Int>,
+    /// Sequence length `L`.
+    pub len: usize,
+}
+
+impl<B: Backend> AttentionContext<B> {
+    /// The context of a `[B, L]` 0/1 `mask` with the bidirectional buckets of `config`.
+    pub fn new(mask: Tensor<B, 2>, config: &Umt5Config) -> Self {
+        let [b, len] = mask.dims();
+        let (n, max) = (
+            config.relative_attention_num_buckets,
+            config.relative_attention_max_distance,
+        );
+        let buckets: Vec<i64> = (0..len as i64)
+            .flat_map(|q| (0..len as i64).map(move |k| k - q))
+            .map(|rel| relative_position_bucket(rel, true, n, max) as i64)
+            .collect();
+        let device = mask.device();
+        Self {
+            mask_bias: (mask.neg() + 1.0)
+                .mul_scalar(f32::MIN)
+                .reshape([b, 1, 1, len]),
+            buckets: Tensor::from_data(TensorData::new(buckets, [len * len]), &device),
+            len,
+        }
+    }
 }
 
 #[cfg(test)]

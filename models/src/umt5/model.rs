@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor};
 use reel_core::io::WeightError;
 
-use super::attention::{mask_bias, LayerSelfAttention, SelfAttention};
+use super::attention::{AttentionContext, LayerSelfAttention, SelfAttention};
 use super::config::{Umt5Config, Umt5ConfigError};
 use super::layers::{DenseReluDense, Embedding, LayerFF, T5LayerNorm};
 use crate::checkpoint;
@@ -57,8 +57,8 @@ pub struct Umt5Block<B: Backend> {
 
 impl<B: Backend> Umt5Block<B> {
     /// `[B, L, d_model] -> [B, L, d_model]`.
-    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>) -> Tensor<B, 3> {
-        self.layer.1.forward(self.layer.0.forward(x, mask_bias))
+    pub fn forward(&self, x: Tensor<B, 3>, ctx: &AttentionContext<B>) -> Tensor<B, 3> {
+        self.layer.1.forward(self.layer.0.forward(x, ctx))
     }
 }
 
@@ -192,14 +192,14 @@ impl<B: Backend> Umt5Encoder<B> {
         keep: bool,
     ) -> Result<Umt5Output<B>, Umt5Error> {
         self.check_inputs(&ids, &mask)?;
-        let bias = mask_bias(mask);
+        let ctx = AttentionContext::new(mask, &self.config);
         let mut x = self.shared.forward(ids);
         let mut hidden_states = Vec::new();
         for block in &self.encoder.block {
             if keep {
                 hidden_states.push(x.clone());
             }
-            x = block.forward(x, bias.clone());
+            x = block.forward(x, &ctx);
         }
         let last_hidden_state = self.encoder.final_layer_norm.forward(x);
         if keep {
