@@ -73,6 +73,11 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer, Umt5Error> {
 
 /// Tokenize `prompts` with special tokens (`</s>` appended by the tokenizer's
 /// post-processor), cut each to `max_length` ids and pad with id 0 to `max_length`.
+///
+/// The cut comes after `</s>` is appended, as the golden fixture was made, so a prompt
+/// longer than `max_length` ends without `</s>`. (The `tokenizers` crate's own truncation,
+/// which transformers' `truncation=True` uses, keeps `</s>` as the last id instead; prompts
+/// that fit are tokenized identically either way.)
 pub fn tokenize(
     tokenizer: &Tokenizer,
     prompts: &[&str],
