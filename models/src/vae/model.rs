@@ -121,7 +121,9 @@ impl<B: Backend> WanVae<B> {
     }
 
     /// Encode `video [B, in_channels, F, H, W]` in [-1, 1] to the posterior
-    /// `[B, z_dim, 1 + (F - 1) / 4 * (4 / temporal_factor), H / s, W / s]`.
+    /// `[B, z_dim, 1 + (F - 1) / 4 * (4 / temporal_factor), H / s, W / s]` (integer
+    /// division: as in diffusers, trailing frames that do not fill a 4-frame chunk are not
+    /// encoded, so use `F = 1 + 4k`).
     pub fn encode(&self, video: Tensor<B, 5>) -> Result<Posterior<B>, VaeError> {
         self.check_video(&video)?;
         let moments = self.encode_moments(video, &mut FeatCache::new());
