@@ -5,16 +5,11 @@
 //! `diffusion_pytorch_model.safetensors.index.json` (`{"weight_map": {key: shard}}`). Keys are
 //! the module paths of [`WanModel`] unchanged; tensors may be f32, bf16, f16 or f64 on disk.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
-use reel_core::io::{
-    check_shapes, is_supported_dtype, load_module_tensors, load_module_tensors_report,
-    module_to_safetensors_as, read_safetensors, read_safetensors_header, LoadOptions, StoreDtype,
-    WeightError,
-};
-use reel_core::params::named_param_shapes;
+use reel_core::io::{module_to_safetensors_as, StoreDtype, WeightError};
 
 use super::config::{WanConfig, WanConfigError};
 use super::model::WanModel;
@@ -54,41 +49,7 @@ pub enum WeightSource {
 /// Resolve `path`: a diffusers `transformer/` folder (index preferred when present, else the
 /// single file), a `.safetensors` file, or a `.safetensors.index.json` file.
 pub fn resolve_weights(path: impl AsRef<Path>) -> Result<WeightSource, WeightError> {
-    let path = path.as_ref();
-    if path.is_dir() {
-        let index = path.join(INDEX_FILE);
-        if index.is_file() {
-            return sharded(&index);
-        }
-        let single = path.join(WEIGHTS_FILE);
-        if single.is_file() {
-            return Ok(WeightSource::Single(single));
-        }
-        return Err(WeightError::Format {
-            path: path.to_path_buf(),
-            message: format!("folder has neither `{WEIGHTS_FILE}` nor `{INDEX_FILE}`"),
-        });
-    }
-    if path.to_string_lossy().ends_with(".index.json") {
-        return sharded(path);
-    }
-    if !path.is_file() {
-        return Err(WeightError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-        });
-    }
-    Ok(WeightSource::Single(path.to_path_buf()))
-}
-
-fn sharded(index: &Path) -> Result<WeightSource, WeightError> {
-    let map = read_weight_map(index)?;
-    let dir = index.parent().unwrap_or(Path::new("."));
-    let shards: BTreeSet<&String> = map.values().collect();
-    Ok(WeightSource::Sharded {
-        index: index.to_path_buf(),
-        shards: shards.into_iter().map(|s| dir.join(s)).collect(),
-    })
+    crate::checkpoint::resolve(path.as_ref(), &[INDEX_FILE, WEIGHTS_FILE])
 }
 
 /// The `weight_map` (key -> shard file name) of a shard index file.
@@ -116,66 +77,14 @@ pub fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, WeightE
 
 /// Load weights into `model` from a folder, a `.safetensors` file or a shard index (see
 /// [`resolve_weights`]). Strict: all missing, unexpected and wrongly shaped keys are
-/// reported together, naming the file (or index). Shards are checked from their headers
-/// first and then loaded one at a time, so peak host memory is one shard.
+/// reported together, naming the file (or index), from the file headers before any tensor
+/// is read; shards are then loaded one at a time, so peak host memory is one shard.
 pub fn load_weights<B: Backend>(
     model: WanModel<B>,
     path: impl AsRef<Path>,
 ) -> Result<WanModel<B>, WeightError> {
-    match resolve_weights(path)? {
-        WeightSource::Single(file) => {
-            let (tensors, _) = read_safetensors(&file)?;
-            load_module_tensors(model, &tensors, &LoadOptions::from_source(file.display()))
-        }
-        WeightSource::Sharded { index, shards } => load_sharded(model, &index, &shards),
-    }
-}
-
-fn load_sharded<B: Backend>(
-    mut model: WanModel<B>,
-    index: &Path,
-    shards: &[PathBuf],
-) -> Result<WanModel<B>, WeightError> {
-    // 1. Check every key and shape from the shard headers, all problems in one error.
-    let mut found: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for shard in shards {
-        for (key, header) in read_safetensors_header(shard)? {
-            if !is_supported_dtype(&header.dtype) {
-                return Err(WeightError::UnsupportedDtype {
-                    path: shard.clone(),
-                    key,
-                    dtype: header.dtype,
-                });
-            }
-            if found.insert(key.clone(), header.shape).is_some() {
-                return Err(WeightError::InvalidTensor {
-                    path: shard.clone(),
-                    key,
-                    message: "key appears in more than one shard".into(),
-                });
-            }
-        }
-    }
-    let params = named_param_shapes::<B, _>(&model);
-    let mismatch = check_shapes(&params, &found, &LoadOptions::from_source(index.display()));
-    if !mismatch.is_empty() {
-        return Err(WeightError::Mismatch(Box::new(mismatch)));
-    }
-    // 2. Load shard by shard.
-    let partial = LoadOptions {
-        strict: false,
-        allow_missing: true,
-        source: String::new(),
-    };
-    for shard in shards {
-        let (tensors, _) = read_safetensors(shard)?;
-        let opts = LoadOptions {
-            source: shard.display().to_string(),
-            ..partial.clone()
-        };
-        model = load_module_tensors_report(model, &tensors, &opts)?.0;
-    }
-    Ok(model)
+    let source = resolve_weights(path)?;
+    crate::checkpoint::load(model, &source, |k| Some(k.to_string()))
 }
 
 impl<B: Backend> WanModel<B> {
