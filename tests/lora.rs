@@ -12,8 +12,8 @@ use std::process::Command;
 use burn::tensor::{Tensor, TensorData};
 use common::*;
 use reel_core::config::parse_run_config;
-use reel_core::io::{load_module_tensors, read_safetensors, LoadOptions};
-use reel_models::lora::{load_lora, read_lora_file};
+use reel_core::io::{load_module_tensors, read_safetensors, write_safetensors, LoadOptions};
+use reel_models::lora::{load_lora, read_lora_file, LoraSpec};
 use reel_models::{build_wan_role, WanConfig, WanModel};
 
 // Keep the plugin registrations (finetune, dmd2, lora, synthetic, ema) in this test binary.
@@ -25,11 +25,61 @@ type Cpu = <TestBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend
 /// The golden fixture folder (`$REEL_WAN_FIXTURES`, else the repository's
 /// `tests/fixtures/wan_tiny`); the test fails when it is incomplete.
 fn fixtures_dir() -> PathBuf {
-    reel_core::fixtures::WAN.require(&["config.json", "pytorch_lora_weights.safetensors"])
+    reel_core::fixtures::WAN.require(&[
+        "config.json",
+        "inputs.safetensors",
+        "pytorch_lora_weights.safetensors",
+    ])
 }
 
-/// A wan-tiny finetune run with a LoRA on the fixture adapter's targets.
-fn lora_config(targets: &[String], extra_adapter: &str) -> String {
+/// The fixture's model config.
+fn fixture_config() -> WanConfig {
+    WanConfig::from_json_file(fixtures_dir().join("config.json")).unwrap()
+}
+
+/// The fixture adapter's spec (rank, alpha and targets from its metadata).
+fn fixture_spec() -> LoraSpec {
+    read_lora_file(fixtures_dir().join("pytorch_lora_weights.safetensors"))
+        .unwrap()
+        .spec
+}
+
+/// Eight samples of the fixture model's shapes as a `safetensors` data folder: latents of
+/// `in_channels` over 2×6×6 patches, 8 text tokens of `text_dim`.
+fn write_data(dir: &Path) -> PathBuf {
+    let cfg = fixture_config();
+    let [pt, ph, pw] = cfg.patch_size;
+    let latent = [cfg.in_channels, 2 * pt, 6 * ph, 6 * pw];
+    let text = [8, cfg.text_dim];
+    let data_dir = dir.join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    for i in 0..8usize {
+        let values = |n: usize, salt: usize| -> Vec<f32> {
+            (0..n)
+                .map(|j| (((j * 37 + i * 11 + salt) % 101) as f32 / 50.0) - 1.0)
+                .collect()
+        };
+        let tensors = [
+            (
+                "latents".to_string(),
+                TensorData::new(values(latent.iter().product(), 0), latent),
+            ),
+            (
+                "text_embedding".to_string(),
+                TensorData::new(values(text.iter().product(), 7), text),
+            ),
+        ];
+        write_safetensors(data_dir.join(format!("{i:02}.safetensors")), &tensors, None).unwrap();
+    }
+    data_dir
+}
+
+/// A finetune run of the fixture's model with a LoRA of the fixture adapter's rank, alpha and
+/// targets (`targets` overrides them), on the data folder `data`.
+fn lora_config(data: &Path, targets: Option<&[String]>, extra_adapter: &str) -> String {
+    let spec = fixture_spec();
+    let targets = targets.unwrap_or(&spec.target_modules);
+    let config = fixtures_dir().join("config.json");
     format!(
         r#"
 [runtime]
@@ -37,14 +87,14 @@ seed = 11
 
 [models.student]
 arch = "wan"
-preset = "wan-tiny"
+config = {config:?}
 init_seed = 5
 trainable = true
 
 [models.student.adapter]
 kind = "lora"
-rank = 4
-alpha = 8
+rank = {rank}
+alpha = {alpha}
 target_modules = {targets:?}
 {extra_adapter}
 
@@ -52,12 +102,10 @@ target_modules = {targets:?}
 kind = "finetune"
 
 [data]
-kind = "synthetic"
+kind = "safetensors"
+path = {data:?}
 batch_size = 2
-num_samples = 8
-frames = 2
-height = 12
-width = 12
+text_len = 8
 
 [optimizer]
 lr = 0.01
@@ -68,15 +116,10 @@ max_steps = 3
 [[callbacks]]
 kind = "ema"
 decay = 0.5
-"#
+"#,
+        rank = spec.rank,
+        alpha = spec.alpha,
     )
-}
-
-fn fixture_targets() -> Vec<String> {
-    read_lora_file(fixtures_dir().join("pytorch_lora_weights.safetensors"))
-        .unwrap()
-        .spec
-        .target_modules
 }
 
 fn reel(args: &[&str]) -> String {
@@ -89,27 +132,13 @@ fn reel(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The model's output on the fixture's forward inputs.
 fn forward(model: &WanModel<Cpu>) -> Vec<f32> {
     let dev = Default::default();
-    let x = Tensor::<Cpu, 5>::from_data(
-        TensorData::new(
-            (0..2 * 4 * 2 * 12 * 12)
-                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
-                .collect::<Vec<_>>(),
-            [2, 4, 2, 12, 12],
-        ),
-        &dev,
-    );
-    let t = Tensor::<Cpu, 1>::from_floats([250.0, 750.0], &dev);
-    let ctx = Tensor::<Cpu, 3>::from_data(
-        TensorData::new(
-            (0..2 * 8 * 32)
-                .map(|i| ((i * 13 % 29) as f32 / 14.0) - 1.0)
-                .collect::<Vec<_>>(),
-            [2, 8, 32],
-        ),
-        &dev,
-    );
+    let (inputs, _) = read_safetensors(fixtures_dir().join("inputs.safetensors")).unwrap();
+    let x = Tensor::<Cpu, 5>::from_data(inputs["hidden_states"].clone(), &dev);
+    let t = Tensor::<Cpu, 1>::from_data(inputs["timestep"].clone(), &dev);
+    let ctx = Tensor::<Cpu, 3>::from_data(inputs["encoder_hidden_states"].clone(), &dev);
     model
         .forward(x, t, ctx)
         .into_data()
@@ -126,16 +155,15 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn base_model() -> WanModel<Cpu> {
-    WanConfig::preset("wan-tiny")
-        .unwrap()
-        .init_seeded::<Cpu>(&Default::default(), 5)
+    fixture_config().init_seeded::<Cpu>(&Default::default(), 5)
 }
 
 #[test]
 fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
-    let text = lora_config(&fixture_targets(), "init_seed = 3");
+    let spec = fixture_spec();
+    let text = lora_config(&write_data(tmp.path()), None, "init_seed = 3");
     let loaded = load(&text, &[]);
     let summary = run(&loaded, &run_dir, None);
     assert_eq!(summary.steps, 3);
@@ -204,7 +232,7 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
             meta["transformer.r"].as_u64(),
             meta["transformer.lora_alpha"].as_f64()
         ),
-        (Some(4), Some(8.0))
+        (Some(spec.rank as u64), Some(spec.alpha))
     );
 
     // Loaded back onto the base model: identical to the role rebuilt with the checkpoint.
@@ -270,10 +298,13 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
         .find(|(k, _)| k.ends_with(".alpha"))
         .map(|(_, v)| v.to_vec::<f32>().unwrap())
         .unwrap();
-    assert_eq!(alpha, [8.0]);
+    assert_eq!(alpha, [spec.alpha as f32]);
     let comfy_read = read_lora_file(&comfy_file).unwrap();
     assert_eq!(comfy_read.style, reel_models::lora::KeyStyle::Comfy);
-    assert!(comfy_read.scaling.values().all(|s| (s - 2.0).abs() < 1e-12));
+    assert!(comfy_read
+        .scaling
+        .values()
+        .all(|s| (s - spec.scaling()).abs() < 1e-12));
     let from_comfy = load_lora(base_model(), &comfy_file).unwrap();
     assert_eq!(
         forward(&from_comfy),
@@ -305,14 +336,21 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
     let base_w: BTreeMap<String, TensorData> = reel_core::params::named_tensor_data(&base_model())
         .into_iter()
         .collect();
-    assert_eq!(
-        merged_w["blocks.0.ffn.net.2.weight"], base_w["blocks.0.ffn.net.2.weight"],
-        "frozen weights unchanged"
-    );
-    assert_ne!(
-        merged_w["blocks.0.attn1.to_q.weight"], base_w["blocks.0.attn1.to_q.weight"],
-        "targeted weights merged"
-    );
+    let module = |key: &str| {
+        key.rsplit_once('.')
+            .map_or(String::new(), |(m, _)| m.into())
+    };
+    let (targeted, frozen): (Vec<&String>, Vec<&String>) = base_w
+        .keys()
+        .filter(|k| k.ends_with(".weight"))
+        .partition(|k| spec.targets(&module(k)));
+    assert!(!targeted.is_empty() && !frozen.is_empty());
+    for k in frozen {
+        assert_eq!(merged_w[k], base_w[k], "frozen weight {k} unchanged");
+    }
+    for k in targeted {
+        assert_ne!(merged_w[k], base_w[k], "targeted weight {k} merged");
+    }
 
     // The EMA shadow exports the same way.
     let ema_file = reel(&[
@@ -340,7 +378,7 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
 #[test]
 fn lora_resume_with_ema_and_accumulation_is_bit_identical() {
     let tmp = tempfile::tempdir().unwrap();
-    let text = lora_config(&fixture_targets(), "init_seed = 3");
+    let text = lora_config(&write_data(tmp.path()), None, "init_seed = 3");
     let acc = "training.grad_accumulation=2";
     let straight = tmp.path().join("straight");
     run(
@@ -383,27 +421,32 @@ fn config_error(text: &str) -> String {
 
 #[test]
 fn bad_adapter_configs_name_the_key() {
-    let targets = fixture_targets();
-    let good = lora_config(&targets, "");
+    let spec = fixture_spec();
+    let data = Path::new("data");
+    let good = lora_config(data, None, "");
     parse_run_config(&good, Path::new("lora.toml"), &[]).unwrap();
     let shipped = include_str!("../configs/lora_quickstart.toml");
     parse_run_config(shipped, Path::new("configs/lora_quickstart.toml"), &[]).unwrap();
 
-    let err = config_error(&good.replace("rank = 4", "rank = 0"));
+    let err = config_error(&good.replace(&format!("rank = {}", spec.rank), "rank = 0"));
     assert!(err.contains("models.student.adapter.rank"), "{err}");
-    let err = config_error(&lora_config(&["to_q".into(), "to_qq".into()], ""));
+    let err = config_error(&lora_config(
+        data,
+        Some(&["to_q".into(), "to_qq".into()]),
+        "",
+    ));
     assert!(
         err.contains("models.student.adapter.target_modules[1]") && err.contains("to_qq"),
         "{err}"
     );
-    let err = config_error(&good.replace("alpha = 8", "alpha = 0.0"));
+    let err = config_error(&good.replace(&format!("alpha = {}", spec.alpha), "alpha = 0.0"));
     assert!(err.contains("models.student.adapter.alpha"), "{err}");
-    let err = config_error(&lora_config(&targets, "dropout = 0.1"));
+    let err = config_error(&lora_config(data, None, "dropout = 0.1"));
     assert!(
         err.contains("models.student.adapter.dropout") && err.contains("not supported"),
         "{err}"
     );
-    let err = config_error(&lora_config(&targets, "rnak = 3"));
+    let err = config_error(&lora_config(data, None, "rnak = 3"));
     assert!(
         err.contains("models.student.adapter") && err.contains("rnak"),
         "{err}"

@@ -38,11 +38,14 @@ impl FixtureSet {
     pub fn dir(&self) -> PathBuf {
         std::env::var_os(self.env)
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../tests/fixtures")
-                    .join(self.name)
-            })
+            .unwrap_or_else(|| self.repository_dir())
+    }
+
+    /// The repository's copy (`tests/fixtures/<name>`), whatever the environment says.
+    pub fn repository_dir(&self) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(self.name)
     }
 
     /// The folder, checked to hold each of `files`. Panics (the calling test fails) naming the

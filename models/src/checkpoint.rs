@@ -87,26 +87,38 @@ pub fn stored_shapes(source: &WeightSource) -> Result<BTreeMap<String, Vec<usize
     Ok(found)
 }
 
-/// Load every parameter of `module` from `source`, strictly. `rename` maps a stored key to
-/// the module key it fills (`None` skips the tensor); use `|k| Some(k.to_string())` for
-/// none.
+/// Check `source` against the parameters of `module` from the file headers only (no tensor
+/// data is read; a lazily initialised module allocates nothing): every missing, unexpected
+/// or wrongly shaped key is reported in one error naming the file. `rename` as for [`load`].
+pub fn check<B: Backend, M: Module<B>>(
+    module: &M,
+    source: &WeightSource,
+    rename: impl Fn(&str) -> Option<String>,
+) -> Result<(), WeightError> {
+    let found: BTreeMap<String, Vec<usize>> = stored_shapes(source)?
+        .into_iter()
+        .filter_map(|(k, s)| rename(&k).map(|k| (k, s)))
+        .collect();
+    let params = named_param_shapes::<B, M>(module);
+    let mismatch = check_shapes(&params, &found, &LoadOptions::from_source(files(source).1));
+    if mismatch.is_empty() {
+        Ok(())
+    } else {
+        Err(WeightError::Mismatch(Box::new(mismatch)))
+    }
+}
+
+/// Load every parameter of `module` from `source`, strictly (checked first with [`check`]).
+/// `rename` maps a stored key to the module key it fills (`None` skips the tensor); use
+/// `|k| Some(k.to_string())` for none.
 pub fn load<B: Backend, M: Module<B>>(
     module: M,
     source: &WeightSource,
     rename: impl Fn(&str) -> Option<String>,
 ) -> Result<M, WeightError> {
-    let (files, name) = files(source);
-    let found: BTreeMap<String, Vec<usize>> = stored_shapes(source)?
-        .into_iter()
-        .filter_map(|(k, s)| rename(&k).map(|k| (k, s)))
-        .collect();
-    let params = named_param_shapes::<B, M>(&module);
-    let mismatch = check_shapes(&params, &found, &LoadOptions::from_source(&name));
-    if !mismatch.is_empty() {
-        return Err(WeightError::Mismatch(Box::new(mismatch)));
-    }
+    check(&module, source, &rename)?;
     let mut module = module;
-    for file in files {
+    for file in files(source).0 {
         let (tensors, _) = read_safetensors(&file)?;
         let tensors: BTreeMap<String, TensorData> = tensors
             .into_iter()

@@ -41,10 +41,19 @@ fn module_keys_equal_diffusers_keys() {
         .collect();
     let theirs: BTreeSet<String> = fixture_weights().into_keys().collect();
     assert_eq!(ours, theirs);
-    assert!(ours.contains("blocks.0.attn1.to_q.weight"));
-    assert!(ours.contains("blocks.1.attn2.to_out.0.bias"));
-    assert!(ours.contains("blocks.0.ffn.net.0.proj.weight"));
-    assert!(ours.contains("blocks.0.ffn.net.2.weight"));
+    for i in 0..fixture_config().num_layers {
+        for key in [
+            "attn1.to_q.weight",
+            "attn2.to_out.0.bias",
+            "ffn.net.0.proj.weight",
+            "ffn.net.2.weight",
+        ] {
+            assert!(
+                ours.contains(&format!("blocks.{i}.{key}")),
+                "blocks.{i}.{key}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -132,15 +141,19 @@ fn sharded_checkpoint_loads() {
 fn bad_checkpoint_names_missing_extra_and_misshaped_keys() {
     let dev = Default::default();
     let mut weights = fixture_weights();
-    weights.remove("blocks.1.attn2.to_k.bias");
+    let missing = format!("blocks.{}.attn2.to_k.bias", fixture_config().num_layers - 1);
+    weights.remove(&missing);
     weights.insert(
         "blocks.0.attn1.lora_A.weight".into(),
         TensorData::new(vec![0.0f32; 4], [2, 2]),
     );
+    let proj = weights["proj_out.weight"].shape.to_vec();
+    let wrong = [proj[0] + 1, proj[1]];
     weights.insert(
         "proj_out.weight".into(),
-        TensorData::new(vec![0.0f32; 32 * 8], [8, 32]),
+        TensorData::new(vec![0.0f32; wrong[0] * wrong[1]], wrong),
     );
+    let shape_error = format!("proj_out.weight: expected {proj:?}, found {wrong:?}");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("broken.safetensors");
     let list: Vec<(String, TensorData)> = weights.into_iter().collect();
@@ -152,10 +165,10 @@ fn bad_checkpoint_names_missing_extra_and_misshaped_keys() {
     for needle in [
         "broken.safetensors",
         "missing",
-        "blocks.1.attn2.to_k.bias",
+        &missing,
         "unexpected",
         "blocks.0.attn1.lora_A.weight",
-        "proj_out.weight: expected [16, 32], found [8, 32]",
+        &shape_error,
     ] {
         assert!(err.contains(needle), "`{needle}` not in:\n{err}");
     }
@@ -175,7 +188,7 @@ fn bad_checkpoint_names_missing_extra_and_misshaped_keys() {
     let model = fixture_config().init::<Cpu>(&dev);
     let err = model.load_weights(dir.path()).unwrap_err().to_string();
     assert!(err.contains(INDEX_FILE), "{err}");
-    assert!(err.contains("blocks.1.attn2.to_k.bias"), "{err}");
+    assert!(err.contains(&missing), "{err}");
     assert!(err.contains("blocks.0.attn1.lora_A.weight"), "{err}");
     assert!(err.contains("proj_out.weight"), "{err}");
 }

@@ -89,7 +89,8 @@ fn sample<B: ReelBackend>(
     }
     if spec.channels == 4 {
         let rgb: Vec<_> = clips.iter().map(|c| clip_to_rgb(c, &spec)).collect();
-        let (sheet, w, h) = contact_sheet(&rgb, spec.width, spec.height, 8);
+        let labels: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
+        let (sheet, w, h) = contact_sheet(&rgb, &labels, spec.width, spec.height, 8);
         let path = args.out.join("sheet.png");
         write_png(&path, &sheet, w, h)?;
         println!("{}", path.display());

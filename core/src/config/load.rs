@@ -12,14 +12,32 @@ pub struct LoadedConfig {
     pub config: RunConfig,
     /// The file it came from.
     pub path: PathBuf,
-    /// Folder relative paths resolve against (the config file's folder's parent when the file
-    /// lives in `configs/`, else the file's folder — see [`base_dir_for`]).
+    /// Folder relative paths resolve against (the working directory, see [`base_dir_for`]).
     pub base_dir: PathBuf,
     /// The config after overrides, as TOML (written into the run folder).
     pub resolved_toml: String,
     /// Fingerprint of the parts a checkpoint depends on (`[models]` and `[method]`):
     /// changing `max_steps`, callbacks or logging keeps checkpoints resumable.
     pub fingerprint: String,
+}
+
+impl LoadedConfig {
+    /// Resolve a path from the config against [`base_dir`](Self::base_dir).
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        self.base_dir.join(p)
+    }
+
+    /// Check every file the config names for its roles (architecture configs, `weights`)
+    /// from headers only: what building the roles would report, without reading tensor
+    /// data. The error names the file and the key (`models.<role>.weights`).
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        for (name, role) in &self.config.models {
+            role.model
+                .check_files(role, &|p| self.resolve(p))
+                .map_err(|e| e.in_section(&format!("models.{name}")).in_file(&self.path))?;
+        }
+        Ok(())
+    }
 }
 
 /// Relative paths in a config are resolved against the current working directory, the way

@@ -2,6 +2,7 @@
 //! `[models.<role>]` table, tagged `arch`) builds a [`DynModel`] with [`BuildModel`].
 
 use std::fmt::Debug;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 
@@ -33,6 +34,18 @@ pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
     fn validate(&self) -> Result<(), ConfigError>;
     /// Downcast support, for tools tied to one architecture (e.g. `reel export`).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Check the files `role` names (architecture config, `weights`) as building it would,
+    /// but from headers only, without reading tensor data (`reel check`). `resolve` maps a
+    /// config path to a file. Errors name the key relative to the role table
+    /// (`weights`, `config`). The default has nothing to check.
+    fn check_files(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<(), ConfigError> {
+        let _ = (role, resolve);
+        Ok(())
+    }
 }
 
 /// Build a role's model for backend `B`. Implement it generically

@@ -102,6 +102,25 @@ impl ModelConfig for WanArch {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    /// The `config.json` parses and validates; `weights` resolves to a diffusers folder,
+    /// file or shard index whose headers hold exactly the model's keys and shapes (checked
+    /// against a lazily initialised model: nothing is allocated).
+    fn check_files(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<(), ConfigError> {
+        let cfg = self.wan_config(resolve)?;
+        let Some(weights) = &role.weights else {
+            return Ok(());
+        };
+        let model = cfg
+            .try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0)
+            .map_err(|e| ConfigError::new("preset", e.to_string()))?;
+        super::weights::check_weights(&model, resolve(weights))
+            .map_err(|e| ConfigError::new("weights", e.to_string()))
+    }
 }
 
 impl<B: AutodiffBackend> BuildModel<B> for WanArch {

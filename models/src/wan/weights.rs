@@ -87,6 +87,18 @@ pub fn load_weights<B: Backend>(
     crate::checkpoint::load(model, &source, |k| Some(k.to_string()))
 }
 
+/// Check the weights at `path` (as [`load_weights`] resolves it) against `model` from the
+/// file headers only: the same missing / unexpected / wrongly shaped keys `load_weights`
+/// reports, without reading tensor data. With a lazily initialised model this allocates
+/// nothing, so `reel check` runs it for the real 1.3B and 14B shapes.
+pub fn check_weights<B: Backend>(
+    model: &WanModel<B>,
+    path: impl AsRef<Path>,
+) -> Result<(), WeightError> {
+    let source = resolve_weights(path)?;
+    crate::checkpoint::check(model, &source, |k| Some(k.to_string()))
+}
+
 impl<B: Backend> WanModel<B> {
     /// Load weights into this model (see [`load_weights`]).
     pub fn load_weights(self, path: impl AsRef<Path>) -> Result<Self, WeightError> {

@@ -3,6 +3,7 @@
 //! Pixels are `[u8; 3]` RGB, row-major. Clips come from
 //! [`clip_to_rgb`](crate::data::clip_to_rgb) or any other decoder.
 
+pub mod font;
 mod gif;
 mod png;
 
@@ -13,6 +14,8 @@ pub use self::png::write_png;
 
 /// Gutter colour of contact sheets.
 pub const GUTTER: [u8; 3] = [0, 0, 0];
+/// Colour of contact-sheet row labels.
+pub const LABEL: [u8; 3] = [255, 255, 255];
 
 /// Errors of the media writers; each names the file.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +61,9 @@ pub fn upscale(rgb: &[[u8; 3]], width: usize, height: usize, scale: u32) -> Vec<
 }
 
 /// Lay clips out as one image: one row per clip, one column per frame, each frame upscaled by
-/// `scale`, with 1-pixel [`GUTTER`] lines between and around the cells. Every frame is
+/// `scale`, with 1-pixel [`GUTTER`] lines between and around the cells. When `labels` is not
+/// empty, each row is preceded by a band with its label (`labels[r]`, e.g. the caption and
+/// its score) in [`LABEL`] colour, cut with `..` to the sheet's width. Every frame is
 /// `w × h`; rows with fewer frames leave their trailing cells as gutter colour. Returns
 /// `(pixels, width, height)`.
 ///
@@ -66,6 +71,7 @@ pub fn upscale(rgb: &[[u8; 3]], width: usize, height: usize, scale: u32) -> Vec<
 /// If a frame does not hold `w·h` pixels.
 pub fn contact_sheet(
     clips: &[Vec<Vec<[u8; 3]>>],
+    labels: &[String],
     w: usize,
     h: usize,
     scale: u32,
@@ -74,13 +80,25 @@ pub fn contact_sheet(
     let (cell_w, cell_h) = (w * s, h * s);
     let cols = clips.iter().map(Vec::len).max().unwrap_or(0);
     let width = cols * (cell_w + 1) + 1;
-    let height = clips.len() * (cell_h + 1) + 1;
+    let text_scale = if width >= 240 { 2 } else { 1 };
+    let band = if labels.is_empty() {
+        0
+    } else {
+        font::GLYPH_H * text_scale + 2
+    };
+    let pitch = band + cell_h + 1;
+    let height = clips.len() * pitch + 1;
     let mut sheet = vec![GUTTER; width * height];
     for (r, clip) in clips.iter().enumerate() {
+        let top = 1 + r * pitch;
+        if let Some(label) = labels.get(r) {
+            let text = font::fit_text(label, width.saturating_sub(4), text_scale);
+            font::draw_text(&mut sheet, width, 2, top + 1, &text, text_scale, LABEL);
+        }
         for (c, frame) in clip.iter().enumerate() {
             assert_eq!(frame.len(), w * h, "contact_sheet: frame {c} of clip {r}");
             let big = upscale(frame, w, h, scale);
-            let (x0, y0) = (1 + c * (cell_w + 1), 1 + r * (cell_h + 1));
+            let (x0, y0) = (1 + c * (cell_w + 1), top + band);
             for y in 0..cell_h {
                 let dst = (y0 + y) * width + x0;
                 sheet[dst..dst + cell_w].copy_from_slice(&big[y * cell_w..(y + 1) * cell_w]);
@@ -109,7 +127,7 @@ mod tests {
     fn contact_sheet_layout() {
         let frame = |v: u8| vec![[v, v, v]; 6];
         let clips = vec![vec![frame(10), frame(20), frame(30)], vec![frame(40)]];
-        let (sheet, width, height) = contact_sheet(&clips, 3, 2, 2);
+        let (sheet, width, height) = contact_sheet(&clips, &[], 3, 2, 2);
         assert_eq!((width, height), (3 * 7 + 1, 2 * 5 + 1));
         assert_eq!(sheet.len(), width * height);
         let at = |x: usize, y: usize| sheet[y * width + x];
@@ -122,6 +140,43 @@ mod tests {
         assert_eq!(at(1, 5), GUTTER);
         assert_eq!(at(1, 6), [40; 3]);
         assert_eq!(at(8, 6), GUTTER);
-        assert_eq!(contact_sheet(&[], 3, 2, 2), (vec![GUTTER], 1, 1));
+        assert_eq!(contact_sheet(&[], &[], 3, 2, 2), (vec![GUTTER], 1, 1));
+    }
+
+    #[test]
+    fn labelled_rows_carry_their_text_above_the_frames() {
+        let frame = |v: u8| vec![[v, v, v]; 16];
+        let clips = vec![vec![frame(10)], vec![frame(40)], vec![frame(70)]];
+        let labels = [
+            "0.88 red".to_string(),
+            "0.12 blue".into(),
+            "0.88 red".into(),
+        ];
+        let (sheet, width, height) = contact_sheet(&clips, &labels, 16, 1, 4);
+        let band = font::GLYPH_H + 2;
+        let pitch = band + 4 + 1;
+        assert_eq!((width, height), (16 * 4 + 2, 3 * pitch + 1));
+        let at = |x: usize, y: usize| sheet[y * width + x];
+        // The frames sit below their bands.
+        for (r, v) in [10u8, 40, 70].into_iter().enumerate() {
+            let top = 1 + r * pitch;
+            assert_eq!(at(1, top + band), [v; 3], "row {r}");
+            assert_eq!(
+                at(1, top + band - 1),
+                GUTTER,
+                "row {r}: band above the frame"
+            );
+        }
+        let band_pixels = |r: usize| -> Vec<[u8; 3]> {
+            let top = 1 + r * pitch;
+            sheet[top * width..(top + band) * width].to_vec()
+        };
+        assert!(band_pixels(0).contains(&LABEL), "the label is drawn");
+        assert_eq!(band_pixels(0), band_pixels(2), "same text, same pixels");
+        assert_ne!(
+            band_pixels(0),
+            band_pixels(1),
+            "each row shows its own label"
+        );
     }
 }

@@ -22,7 +22,6 @@
 //! plot = true
 //! ```
 
-pub mod font;
 pub mod jsonl;
 pub mod plot;
 pub mod progress;

@@ -9,8 +9,8 @@
 
 use std::path::Path;
 
-use super::font::{draw_text, text_width, GLYPH_H};
 use super::jsonl::{is_validation, record_step, Record};
+use crate::media::font::{draw_text, text_width, GLYPH_H};
 use crate::media::{write_png, MediaError};
 
 /// Image width in pixels.

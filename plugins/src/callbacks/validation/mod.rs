@@ -7,7 +7,8 @@
 //! shadow swapped in when `use_ema` is set and a shadow exists. It writes
 //! `<run>/samples/step-<N>/`:
 //! - `<i>-<caption>.gif`: one looping GIF per prompt (spaces in the caption become `_`);
-//! - `sheet.png`: a contact sheet, one row per prompt, one column per frame;
+//! - `sheet.png`: a contact sheet, one row per prompt (labelled with its score and caption),
+//!   one column per frame;
 //! - `scores.json`: per-clip scores, when the data has an evaluator.
 //!
 //! The means of the scores become the metrics `val/overall` and `val/<criterion>` (e.g.
@@ -174,15 +175,18 @@ impl ValidationCallback {
             std::fs::remove_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
         }
         std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
-        let mut files = output::write_clips(&dir, &clips, &captions, &spec)?;
+        let scores: Option<Vec<ClipScore>> = ctx.data.evaluator().map(|evaluator| {
+            (clips.iter().zip(&captions))
+                .map(|(clip, caption)| evaluator.score(clip, &spec, caption))
+                .collect()
+        });
+        let labels: Vec<String> = (captions.iter().enumerate())
+            .map(|(i, c)| output::sheet_label(c, scores.as_ref().map(|s| &s[i])))
+            .collect();
+        let mut files = output::write_clips(&dir, &clips, &captions, &labels, &spec)?;
         let sheet_path = dir.join(output::SHEET_FILE);
         let mut metrics = Vec::new();
-        if let Some(evaluator) = ctx.data.evaluator() {
-            let scores: Vec<ClipScore> = clips
-                .iter()
-                .zip(&captions)
-                .map(|(clip, caption)| evaluator.score(clip, &spec, caption))
-                .collect();
+        if let Some(scores) = scores {
             metrics = mean_scores(&scores);
             let path = dir.join(output::SCORES_FILE);
             output::write_scores(&path, step, &metrics, &captions, &files, &scores)?;

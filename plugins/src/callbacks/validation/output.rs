@@ -85,12 +85,23 @@ pub fn summary_line(step: u64, metrics: &[(String, f64)], clips: usize, sheet: &
     format!("validation @ step {step}: {scores} -> {}", sheet.display())
 }
 
+/// The contact-sheet label of a clip: its overall score (when the data source scores clips)
+/// and its caption, e.g. `0.88 - a red circle moving left`.
+pub fn sheet_label(caption: &str, score: Option<&ClipScore>) -> String {
+    match score {
+        Some(s) => format!("{:.2} - {caption}", s.overall),
+        None => caption.to_string(),
+    }
+}
+
 /// Write one GIF per clip (named by [`clip_file_name`]) and the contact sheet
-/// [`SHEET_FILE`] into `dir`; returns the files, GIFs first.
+/// [`SHEET_FILE`] into `dir`, its rows labelled by `labels` (see [`sheet_label`]); returns
+/// the files, GIFs first.
 pub fn write_clips(
     dir: &Path,
     clips: &[Vec<f32>],
     captions: &[String],
+    labels: &[String],
     spec: &DataSpec,
 ) -> Result<Vec<PathBuf>, CallbackError> {
     let scale = display_scale(spec);
@@ -104,7 +115,7 @@ pub fn write_clips(
         files.push(path);
         frames_all.push(frames);
     }
-    let (sheet, w, h) = contact_sheet(&frames_all, spec.width, spec.height, scale);
+    let (sheet, w, h) = contact_sheet(&frames_all, labels, spec.width, spec.height, scale);
     let sheet_path = dir.join(SHEET_FILE);
     write_png(&sheet_path, &sheet, w, h).map_err(media)?;
     files.push(sheet_path);
@@ -194,7 +205,8 @@ mod tests {
         };
         let clips = vec![vec![0.0; spec.latent_numel()]; 2];
         let captions = vec!["a red square moving up".to_string(), String::new()];
-        let files = write_clips(dir.path(), &clips, &captions, &spec).unwrap();
+        let labels: Vec<String> = captions.iter().map(|c| sheet_label(c, None)).collect();
+        let files = write_clips(dir.path(), &clips, &captions, &labels, &spec).unwrap();
         let names: Vec<String> = files
             .iter()
             .map(|f| f.file_name().unwrap().to_string_lossy().to_string())
@@ -224,5 +236,14 @@ mod tests {
         assert_eq!(doc["metrics"]["val/colour"], 1.0);
         assert_eq!(doc["clips"][1]["file"], "1-clip.gif");
         assert_eq!(doc["clips"][0]["criteria"]["colour"], 1.0);
+        let scored = ClipScore {
+            criteria: vec![],
+            overall: 0.875,
+        };
+        assert_eq!(
+            sheet_label("a red square", Some(&scored)),
+            "0.88 - a red square"
+        );
+        assert_eq!(sheet_label("a red square", None), "a red square");
     }
 }

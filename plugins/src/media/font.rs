@@ -1,5 +1,6 @@
-//! A 3×5 pixel bitmap font for plot labels: digits, upper-case letters (lower case is drawn
-//! upper case) and `. - _ / + : ( ) %`; anything else draws as `?`.
+//! A 3×5 pixel bitmap font for plot labels and contact-sheet captions: digits, upper-case
+//! letters (lower case is drawn upper case) and `. - _ / + : ( ) % , = '`; anything else
+//! draws as `?`. Written here rather than through a font crate: see `docs/architecture.md`.
 
 /// Glyph width in font pixels.
 pub const GLYPH_W: usize = 3;
@@ -54,6 +55,9 @@ fn glyph(c: char) -> [u8; 5] {
         '(' => [0b001, 0b010, 0b010, 0b010, 0b001],
         ')' => [0b100, 0b010, 0b010, 0b010, 0b100],
         '%' => [0b101, 0b001, 0b010, 0b100, 0b101],
+        ',' => [0b000, 0b000, 0b000, 0b010, 0b100],
+        '=' => [0b000, 0b111, 0b000, 0b111, 0b000],
+        '\'' => [0b010, 0b010, 0b000, 0b000, 0b000],
         ' ' => [0; 5],
         _ => [0b111, 0b001, 0b010, 0b000, 0b010],
     }
@@ -66,6 +70,23 @@ pub fn text_width(text: &str, scale: usize) -> usize {
         0
     } else {
         (n * (GLYPH_W + 1) - 1) * scale
+    }
+}
+
+/// The longest prefix of `text` that fits in `max_width` pixels at `scale`, ending in `..`
+/// when it was cut.
+pub fn fit_text(text: &str, max_width: usize, scale: usize) -> String {
+    if text_width(text, scale) <= max_width {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().collect();
+    while !out.is_empty() && text_width(&format!("{out}.."), scale) > max_width {
+        out.pop();
+    }
+    if out.is_empty() {
+        String::new()
+    } else {
+        format!("{}..", out.trim_end())
     }
 }
 
@@ -119,5 +140,14 @@ mod tests {
         assert_eq!(text_width("1-", 2), 14);
         // Clipped at the border without panicking.
         draw_text(&mut img, w, 10, 4, "88", 2, [0; 3]);
+    }
+
+    #[test]
+    fn fit_text_cuts_with_dots() {
+        assert_eq!(fit_text("abc", 100, 1), "abc");
+        let cut = fit_text("a red circle moving left", text_width("a red circ..", 2), 2);
+        assert_eq!(cut, "a red circ..");
+        assert!(text_width(&cut, 2) <= text_width("a red circ..", 2));
+        assert_eq!(fit_text("abc", 1, 1), "");
     }
 }

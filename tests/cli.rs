@@ -1,0 +1,162 @@
+//! Command-line rough edges a new user meets: `reel check` reads the weight headers a config
+//! names and reports what `reel train` would (naming `models.<role>.weights`), and
+//! `reel export` accepts `<run>/checkpoints/latest`, the name `--resume` uses.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use burn::tensor::TensorData;
+use common::*;
+use reel_core::io::{read_safetensors, write_safetensors};
+use reel_models::WanConfig;
+
+type Cpu = <TestBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+
+fn reel(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reel"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("REEL_FAULT")
+        .output()
+        .expect("reel runs")
+}
+
+/// `reel check run.toml --set models.student.weights=<weights>`: its stderr when it fails,
+/// `None` when it says ok.
+fn check_with_weights(dir: &Path, weights: &str) -> Option<String> {
+    let set = format!("models.student.weights={weights}");
+    let out = reel(dir, &["check", "run.toml", "--set", &set]);
+    if out.status.success() {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.starts_with("ok:"), "{stdout}");
+        return None;
+    }
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!err.contains("panicked"), "no panic: {err}");
+    Some(err)
+}
+
+/// A diffusers `transformer/` folder of the `wan-tiny` preset (`config.json` + weights).
+fn write_transformer(dir: &Path) {
+    WanConfig::preset("wan-tiny")
+        .unwrap()
+        .init_seeded::<Cpu>(&Default::default(), 4)
+        .save_pretrained(dir)
+        .unwrap();
+}
+
+#[test]
+fn check_reads_the_weight_headers_a_role_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    write_transformer(&dir.join("good"));
+    assert_eq!(check_with_weights(dir, "good"), None, "a good folder");
+    let file = "good/diffusion_pytorch_model.safetensors";
+    assert_eq!(check_with_weights(dir, file), None, "a good file");
+
+    let expect = |weights: &str, what: &[&str]| {
+        let err = check_with_weights(dir, weights)
+            .unwrap_or_else(|| panic!("`reel check` accepted weights = {weights:?}"));
+        for w in ["run.toml", "models.student.weights"].iter().chain(what) {
+            assert!(err.contains(w), "{weights}: `{w}` not in: {err}");
+        }
+    };
+    expect("nowhere", &["nowhere", "no such file"]);
+    std::fs::create_dir(dir.join("empty")).unwrap();
+    expect("empty", &["empty", "diffusion_pytorch_model.safetensors"]);
+    std::fs::write(dir.join("notes.safetensors"), "not a safetensors file").unwrap();
+    expect("notes.safetensors", &["notes.safetensors"]);
+
+    // One key dropped, one reshaped, one added: all three named in one error.
+    let (tensors, _) = read_safetensors(dir.join(file)).unwrap();
+    let keys: Vec<&String> = tensors.keys().collect();
+    let (dropped, reshaped) = (keys[0].clone(), keys[1].clone());
+    let mut edited: Vec<(String, TensorData)> = tensors
+        .iter()
+        .filter(|(k, _)| **k != dropped)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in edited.iter_mut() {
+        if *k == reshaped {
+            let n = v.shape.iter().product::<usize>();
+            *v = TensorData::new(vec![0.0f32; n + 1], [n + 1]);
+        }
+    }
+    edited.push((
+        "blocks.99.extra.weight".into(),
+        TensorData::new(vec![1.0f32], [1]),
+    ));
+    write_safetensors(dir.join("edited.safetensors"), &edited, None).unwrap();
+    expect(
+        "edited.safetensors",
+        &[
+            "edited.safetensors",
+            &dropped,
+            &reshaped,
+            "blocks.99.extra.weight",
+        ],
+    );
+
+    // `reel train` reports the same problem.
+    let out = reel(
+        dir,
+        &[
+            "train",
+            "run.toml",
+            "--output",
+            "out",
+            "--set",
+            "models.student.weights=edited.safetensors",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&dropped), "{err}");
+
+    // A missing architecture config.json is named with its key.
+    let text = TINY_WAN_RUN.replace("preset = \"wan-tiny\"", "config = \"missing/config.json\"");
+    std::fs::write(dir.join("json.toml"), text).unwrap();
+    let out = reel(dir, &["check", "json.toml"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing config.json is an error");
+    assert!(
+        err.contains("models.student.config") && err.contains("missing/config.json"),
+        "{err}"
+    );
+}
+
+#[test]
+fn export_accepts_checkpoints_latest() {
+    let tmp = tiny_run_with_clean(&[]);
+    let dir = tmp.path();
+    let mut exported = Vec::new();
+    let step5 = format!(
+        "clean/checkpoints/{}",
+        reel_core::checkpoint::step_dir_name(5)
+    );
+    for (src, out) in [
+        ("clean", "from_run"),
+        ("clean/checkpoints/latest", "from_latest"),
+        (step5.as_str(), "from_step"),
+    ] {
+        let o = reel(dir, &["export", src, "--out", out]);
+        assert!(
+            o.status.success(),
+            "export {src}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let file = dir.join(out).join("diffusion_pytorch_model.safetensors");
+        exported.push(std::fs::read(&file).unwrap());
+    }
+    assert_eq!(
+        exported[0], exported[1],
+        "latest = the run's last checkpoint"
+    );
+    assert_eq!(exported[0], exported[2], "the last checkpoint is step 5");
+
+    let o = reel(dir, &["export", "clean/checkpoints/nowhere", "--out", "x"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("nowhere"), "{err}");
+}
