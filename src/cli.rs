@@ -61,6 +61,10 @@ enum Command {
     /// Data set tools: `reel data export` writes a config's data as parquet or safetensors.
     #[command(subcommand)]
     Data(commands::data::DataCommand),
+    /// Turn a folder of clips (videos, GIFs, PNG frames) and captions into a FastVideo
+    /// parquet data set with the Wan VAE and the UMT5 text encoder.
+    #[command(args_override_self = true)]
+    Preprocess(commands::preprocess::PreprocessArgs),
 }
 
 /// Parse the command line, run the subcommand, print any error as one line on stderr.
@@ -80,6 +84,7 @@ pub fn run() -> ExitCode {
         Command::Eval(args) => commands::eval::run(&args),
         Command::Export(args) => commands::export::run(&args),
         Command::Data(cmd) => commands::data::run(&cmd),
+        Command::Preprocess(args) => commands::preprocess::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

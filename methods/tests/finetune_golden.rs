@@ -94,13 +94,14 @@ impl Adam {
     /// Step `k` (1-based) with gradient `g`.
     fn step(&mut self, g: &[f64], k: i32, o: &OptimizerConfig) {
         let (b1, b2) = (o.betas[0], o.betas[1]);
-        for i in 0..self.p.len() {
-            self.p[i] *= 1.0 - o.lr * o.weight_decay;
-            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g[i];
-            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g[i] * g[i];
-            let m_hat = self.m[i] / (1.0 - b1.powi(k));
-            let v_hat = self.v[i] / (1.0 - b2.powi(k));
-            self.p[i] -= o.lr * m_hat / (v_hat.sqrt() + o.eps);
+        let moments = self.m.iter_mut().zip(self.v.iter_mut());
+        for ((p, (m, v)), g) in self.p.iter_mut().zip(moments).zip(g) {
+            *p *= 1.0 - o.lr * o.weight_decay;
+            *m = b1 * *m + (1.0 - b1) * g;
+            *v = b2 * *v + (1.0 - b2) * g * g;
+            let m_hat = *m / (1.0 - b1.powi(k));
+            let v_hat = *v / (1.0 - b2.powi(k));
+            *p -= o.lr * m_hat / (v_hat.sqrt() + o.eps);
         }
     }
 }

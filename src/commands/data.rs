@@ -127,6 +127,7 @@ fn write_parquet(
                         &[tokens, spec.text_dim],
                     ),
                     caption: s.caption,
+                    media: None,
                 })
             })
             .collect::<Result<Vec<_>, reel_core::data::DataError>>()?;

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod export;
 pub mod inference;
 pub mod list;
+pub mod preprocess;
 pub mod sample;
 pub mod train;
 

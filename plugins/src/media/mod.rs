@@ -1,11 +1,14 @@
-//! Writing clips and images for people to look at: animated GIFs, PNGs and contact sheets.
+//! Media for people and for preprocessing: writing animated GIFs, PNGs and contact sheets;
+//! reading GIFs, PNGs, frame folders and (through FFmpeg) videos; resizing and cropping.
 //!
 //! Pixels are `[u8; 3]` RGB, row-major. Clips come from
 //! [`clip_to_rgb`](crate::data::clip_to_rgb) or any other decoder.
 
+pub mod decode;
 pub mod font;
 mod gif;
 mod png;
+pub mod resize;
 
 use std::path::PathBuf;
 

@@ -37,7 +37,9 @@ use super::files::{find_files, first_prompts};
 use super::tensors::StoredDtype;
 use super::tensors::{decode_floats, latent_dims, numel, pad_text, text_dims, LatentNorm};
 use reader::{Columns, ParquetFile, RawRecord};
-pub use writer::{write_fastvideo_parquet, FastVideoRecord, StoredTensor, FASTVIDEO_T2V_SCHEMA};
+pub use writer::{
+    write_fastvideo_parquet, FastVideoRecord, MediaInfo, StoredTensor, FASTVIDEO_T2V_SCHEMA,
+};
 
 fn default_batch_size() -> usize {
     1

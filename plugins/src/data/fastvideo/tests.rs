@@ -22,6 +22,7 @@ fn record(i: usize, latent: [usize; 4], seq: usize, dim: usize) -> FastVideoReco
         latent: StoredTensor::f32(&values(i, n, 0.0), &latent),
         text_embedding: StoredTensor::f32(&values(i, seq * dim, 0.5), &[seq, dim]),
         caption: format!("caption {i}"),
+        media: None,
     }
 }
 

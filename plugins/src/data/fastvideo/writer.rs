@@ -64,6 +64,28 @@ pub struct FastVideoRecord {
     pub text_embedding: StoredTensor,
     /// Caption.
     pub caption: String,
+    /// The source media's description; `None` writes the id as `file_name`, `video` as
+    /// `media_type`, the latent's size as `width`/`height`/`num_frames` and zero rates.
+    pub media: Option<MediaInfo>,
+}
+
+/// FastVideo's per-row description of the source clip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaInfo {
+    /// The source file's name.
+    pub file_name: String,
+    /// `video` or `image`.
+    pub media_type: String,
+    /// Width of the processed frames in pixels.
+    pub width: i64,
+    /// Height of the processed frames in pixels.
+    pub height: i64,
+    /// Number of processed frames.
+    pub num_frames: i64,
+    /// Duration of the processed frames in seconds (0 when the rate is unknown).
+    pub duration_sec: f64,
+    /// Frame rate of the processed frames (0 when unknown).
+    pub fps: f64,
 }
 
 /// Write `records` to `path` in FastVideo's schema, `rows_per_group` rows per row group
@@ -146,20 +168,35 @@ fn write_column(
             strings(group.iter().map(|r| r.text_embedding.dtype.as_bytes())),
             col,
         ),
-        7 => bytes(strings(group.iter().map(|r| r.id.as_bytes())), col),
+        7 => bytes(
+            strings(group.iter().map(|r| match &r.media {
+                Some(m) => m.file_name.as_bytes(),
+                None => r.id.as_bytes(),
+            })),
+            col,
+        ),
         8 => bytes(strings(group.iter().map(|r| r.caption.as_bytes())), col),
-        9 => bytes(strings(group.iter().map(|_| &b"video"[..])), col),
+        9 => bytes(
+            strings(group.iter().map(|r| match &r.media {
+                Some(m) => m.media_type.as_bytes(),
+                None => &b"video"[..],
+            })),
+            col,
+        ),
         10..=12 => {
-            // width, height, num_frames: the latent's spatial size and frame count.
+            // width, height, num_frames: the media's, else the latent's size.
             let values: Vec<i64> = group
                 .iter()
                 .map(|r| {
                     let s = &r.latent.shape;
                     let at = |k: usize| s.get(s.len().wrapping_sub(k)).copied().unwrap_or(0);
-                    match index {
-                        10 => at(1),
-                        11 => at(2),
-                        _ => at(3),
+                    match (&r.media, index) {
+                        (Some(m), 10) => m.width,
+                        (Some(m), 11) => m.height,
+                        (Some(m), _) => m.num_frames,
+                        (None, 10) => at(1),
+                        (None, 11) => at(2),
+                        (None, _) => at(3),
                     }
                 })
                 .collect();
@@ -167,9 +204,19 @@ fn write_column(
                 .write_batch(&values, Some(&present), None)
                 .map(|_| ())
         }
-        _ => col
-            .typed::<DoubleType>()
-            .write_batch(&vec![0.0; n], Some(&present), None)
-            .map(|_| ()),
+        _ => {
+            // duration_sec (13), fps (14).
+            let values: Vec<f64> = group
+                .iter()
+                .map(|r| match (&r.media, index) {
+                    (Some(m), 13) => m.duration_sec,
+                    (Some(m), _) => m.fps,
+                    (None, _) => 0.0,
+                })
+                .collect();
+            col.typed::<DoubleType>()
+                .write_batch(&values, Some(&present), None)
+                .map(|_| ())
+        }
     }
 }

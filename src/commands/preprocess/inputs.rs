@@ -1,0 +1,193 @@
+//! Finding the clips of a `reel preprocess` input folder and their captions.
+//!
+//! Every entry of the folder is one item: a video (decoded by FFmpeg), a GIF, a PNG image,
+//! or a sub-folder of PNG frames. A caption comes from, in order: the `--captions` list
+//! (JSON or CSV), a sidecar `<name>.txt` beside the item (for a frame folder also
+//! `<folder>/caption.txt`). Items are sorted by path, so shard `k` always holds the same
+//! items and an interrupted run resumes where it stopped.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use reel_plugins::media::decode::MediaKind;
+
+/// One clip to preprocess.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    /// The file or frame folder.
+    pub path: PathBuf,
+    /// What it holds.
+    pub kind: MediaKind,
+    /// Its caption, or why there is none.
+    pub caption: Result<String, String>,
+}
+
+/// The items of `dir`, sorted by path, captioned from `list` (a caption file) or sidecars.
+pub fn discover(dir: &Path, list: Option<&Path>) -> anyhow::Result<Vec<Item>> {
+    let listed = match list {
+        Some(p) => read_caption_list(p)?,
+        None => BTreeMap::new(),
+    };
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    let items: Vec<Item> = paths
+        .into_iter()
+        .filter_map(|path| {
+            let kind = MediaKind::of(&path)?;
+            let caption = caption_of(&path, kind, &listed);
+            Some(Item {
+                path,
+                kind,
+                caption,
+            })
+        })
+        .collect();
+    anyhow::ensure!(
+        !items.is_empty(),
+        "{}: no videos, GIFs, PNG images or frame folders found",
+        dir.display()
+    );
+    Ok(items)
+}
+
+/// The caption of `path`: from the list (keyed by file name), else a sidecar file.
+fn caption_of(
+    path: &Path,
+    kind: MediaKind,
+    listed: &BTreeMap<String, String>,
+) -> Result<String, String> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+    if let Some(c) = name.as_ref().and_then(|n| listed.get(n)) {
+        return Ok(c.clone());
+    }
+    let mut sidecars = vec![path.with_extension("txt")];
+    if kind == MediaKind::FrameFolder {
+        sidecars.insert(0, path.join("caption.txt"));
+        sidecars.push(PathBuf::from(format!("{}.txt", path.display())));
+    }
+    for s in &sidecars {
+        if let Ok(text) = std::fs::read_to_string(s) {
+            let text = text.trim();
+            if text.is_empty() {
+                return Err(format!("{} is empty", s.display()));
+            }
+            return Ok(text.to_string());
+        }
+    }
+    Err(format!(
+        "no caption: write {} or list it in --captions",
+        sidecars[0].display()
+    ))
+}
+
+/// A caption list: JSON (`[{"path": "a.mp4", "caption": "..."}]`; FastVideo's
+/// `{"path": .., "cap": [".."]}` rows work too) or CSV with a header naming `path` (or
+/// `file_name`) and `caption` (or `cap`) columns. Keys are file names.
+pub fn read_caption_list(path: &Path) -> anyhow::Result<BTreeMap<String, String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    let rows = if is_json {
+        json_rows(&text)
+    } else {
+        csv_rows(&text)
+    }
+    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(rows
+        .into_iter()
+        .map(|(p, c)| {
+            let name = Path::new(&p)
+                .file_name()
+                .map_or(p.clone(), |n| n.to_string_lossy().to_string());
+            (name, c)
+        })
+        .collect())
+}
+
+fn json_rows(text: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let rows = value.as_array().ok_or("expected a JSON array of objects")?;
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let field = |names: &[&str]| names.iter().find_map(|n| row.get(*n));
+            let path = field(&["path", "file_name"]).and_then(|v| v.as_str());
+            let caption = match field(&["caption", "cap"]) {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Array(a)) => {
+                    a.first().and_then(|v| v.as_str()).map(str::to_string)
+                }
+                _ => None,
+            };
+            match (path, caption) {
+                (Some(p), Some(c)) => Ok((p.to_string(), c)),
+                _ => Err(format!(
+                    "record {i}: expected `path` and `caption` (or `cap`)"
+                )),
+            }
+        })
+        .collect()
+}
+
+fn csv_rows(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let headers = reader.headers().map_err(|e| e.to_string())?.clone();
+    let col = |names: &[&str]| headers.iter().position(|h| names.contains(&h.trim()));
+    let (Some(p), Some(c)) = (col(&["path", "file_name"]), col(&["caption", "cap"])) else {
+        return Err("expected a header with `path` and `caption` columns".into());
+    };
+    reader
+        .records()
+        .enumerate()
+        .map(|(i, r)| {
+            let r = r.map_err(|e| format!("record {}: {e}", i + 1))?;
+            match (r.get(p), r.get(c)) {
+                (Some(p), Some(c)) => Ok((p.to_string(), c.to_string())),
+                _ => Err(format!("record {}: missing `path` or `caption`", i + 1)),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captions_come_from_lists_and_sidecars() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        for f in ["b.gif", "a.png", "c.gif", "notes.md"] {
+            std::fs::write(d.join(f), "x").unwrap();
+        }
+        std::fs::create_dir(d.join("frames")).unwrap();
+        std::fs::write(d.join("frames/caption.txt"), "a folder\n").unwrap();
+        std::fs::write(d.join("a.txt"), " a sidecar ").unwrap();
+        let list = d.join("list.csv");
+        std::fs::write(&list, "path,caption\nsub/b.gif,\"listed, with comma\"\n").unwrap();
+        let items = discover(d, Some(&list)).unwrap();
+        let names: Vec<_> = items
+            .iter()
+            .map(|i| i.path.file_name().unwrap().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, ["a.png", "b.gif", "c.gif", "frames"]);
+        assert_eq!(items[0].caption, Ok("a sidecar".into()));
+        assert_eq!(items[1].caption, Ok("listed, with comma".into()));
+        assert!(items[2].caption.as_ref().unwrap_err().contains("c.txt"));
+        assert_eq!(items[3].caption, Ok("a folder".into()));
+        assert_eq!(items[3].kind, MediaKind::FrameFolder);
+
+        let json = d.join("list.json");
+        std::fs::write(&json, r#"[{"path": "x/c.gif", "cap": ["from fastvideo"]}]"#).unwrap();
+        assert_eq!(read_caption_list(&json).unwrap()["c.gif"], "from fastvideo");
+        std::fs::write(&json, r#"[{"path": "c.gif"}]"#).unwrap();
+        let err = read_caption_list(&json).unwrap_err().to_string();
+        assert!(
+            err.contains("list.json") && err.contains("record 0"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! `reel preprocess` end to end on the CPU with the tiny VAE and UMT5 fixtures: a folder of
+//! GIFs, PNG frame folders and images with captions becomes FastVideo parquet that the
+//! `fastvideo_parquet` source reads back, holding exactly the VAE posterior mean of the
+//! clip and the UMT5 embedding of the caption; bad files are named and skipped; a second
+//! run resumes; other settings are refused.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use burn::tensor::{Tensor, TensorData};
+use reel_core::data::DataConfig;
+use reel_models::umt5::Umt5TextEncoder;
+use reel_models::vae::WanVae;
+use reel_plugins::media::{write_gif, write_png};
+
+use reel_plugins as _;
+
+type Cpu = burn::backend::NdArray;
+
+const SIDE: usize = 16;
+const FRAMES: usize = 5;
+
+fn frame(seed: usize) -> Vec<[u8; 3]> {
+    (0..SIDE * SIDE)
+        .map(|i| {
+            let v = (i * 7 + seed * 31) % 200;
+            [v as u8, (255 - v) as u8, ((i + seed) % 64) as u8 * 4]
+        })
+        .collect()
+}
+
+fn preprocess(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    let side = SIDE.to_string();
+    let frames = FRAMES.to_string();
+    Command::new(env!("CARGO_BIN_EXE_reel"))
+        .arg("preprocess")
+        .arg(input)
+        .arg("--out")
+        .arg(out)
+        .arg("--vae")
+        .arg(&vae)
+        .arg("--text-encoder")
+        .arg(&t5)
+        .arg("--tokenizer")
+        .arg(t5.join("tokenizer.json"))
+        .args(["--frames", &frames, "--height", &side, "--width", &side])
+        .args(["--fps", "0", "--text-len", "24", "--rows-per-file", "2"])
+        .args(extra)
+        .output()
+        .expect("reel runs")
+}
+
+/// The clips as `[1, 3, F, H, W]` in [-1, 1].
+fn video(frames: &[Vec<[u8; 3]>]) -> Tensor<Cpu, 5> {
+    let plane = SIDE * SIDE;
+    let mut v = vec![0f32; 3 * frames.len() * plane];
+    for (f, img) in frames.iter().enumerate() {
+        for (p, px) in img.iter().enumerate() {
+            for c in 0..3 {
+                v[(c * frames.len() + f) * plane + p] = px[c] as f32 / 127.5 - 1.0;
+            }
+        }
+    }
+    Tensor::from_data(
+        TensorData::new(v, [1, 3, frames.len(), SIDE, SIDE]),
+        &Default::default(),
+    )
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn preprocess_writes_what_the_encoders_compute_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("clips");
+    std::fs::create_dir(&input).unwrap();
+    let gif_frames: Vec<_> = (0..FRAMES + 2).map(frame).collect();
+    write_gif(&input.join("a.gif"), &gif_frames, SIDE, SIDE, 1, 10).unwrap();
+    std::fs::write(input.join("a.txt"), "a red circle moving left").unwrap();
+    let folder = input.join("b");
+    std::fs::create_dir(&folder).unwrap();
+    let folder_frames: Vec<_> = (10..10 + FRAMES).map(frame).collect();
+    for (i, f) in folder_frames.iter().enumerate() {
+        write_png(&folder.join(format!("{i:03}.png")), f, SIDE, SIDE).unwrap();
+    }
+    std::fs::write(folder.join("caption.txt"), "a blue square").unwrap();
+    std::fs::write(input.join("c.gif"), b"GIF89a broken").unwrap();
+    std::fs::write(input.join("c.txt"), "broken").unwrap();
+    write_gif(&input.join("d.gif"), &gif_frames, SIDE, SIDE, 1, 10).unwrap();
+
+    let out = tmp.path().join("pq");
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("c.gif") && err.contains("d.gif"), "{err}");
+    assert!(err.contains("d.txt"), "the missing caption is named: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // Read back through the data source.
+    let cfg = format!(
+        "kind = \"fastvideo_parquet\"\npath = {:?}\ntext_len = 24\nnormalize = \"none\"",
+        out
+    );
+    let data: Box<dyn DataConfig> = toml::from_str(&cfg).unwrap();
+    let source = data.build(tmp.path()).unwrap();
+    assert_eq!(source.len(), 2, "a.gif and the frame folder b");
+
+    let dev = Default::default();
+    let vae = WanVae::<Cpu>::load(reel_core::fixtures::WAN_VAE.dir(), &dev).unwrap();
+    let t5dir = reel_core::fixtures::UMT5.dir();
+    let text = Umt5TextEncoder::<Cpu>::load(t5dir.join("tokenizer.json"), &t5dir, &dev).unwrap();
+    for (i, (frames, caption)) in [
+        (&gif_frames[..FRAMES], "a red circle moving left"),
+        (&folder_frames[..], "a blue square"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = source.get(i).unwrap();
+        assert_eq!(s.caption, caption);
+        let want = vae.encode(video(frames)).unwrap().mean;
+        let want = want.into_data().to_vec::<f32>().unwrap();
+        let d = max_diff(&s.latents, &want);
+        assert!(
+            d < 1e-5,
+            "clip {i}: latent differs from the VAE mean by {d}"
+        );
+        let (embeds, lengths) = text.encode_prompts(&[caption], 24).unwrap();
+        let want = embeds.into_data().to_vec::<f32>().unwrap();
+        let d = max_diff(&s.text.embedding, &want);
+        assert!(d < 1e-5, "clip {i}: text embedding differs by {d}");
+        assert_eq!(s.text.mask.iter().filter(|m| **m).count(), lengths[0]);
+    }
+
+    // A second run resumes: nothing is redone and the files are unchanged.
+    let before = std::fs::read(out.join("data_00000.parquet")).unwrap();
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("already there"), "{err}");
+    assert_eq!(
+        std::fs::read(out.join("data_00000.parquet")).unwrap(),
+        before
+    );
+
+    // Other settings into the same folder are refused.
+    let o = preprocess(&input, &out, &["--text-len", "16"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("preprocess.json"),
+        "{err}"
+    );
+
+    // An image is one frame; `--frames` must be 1 + 4k.
+    let images = tmp.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    write_png(&images.join("x.png"), &frame(3), SIDE, SIDE).unwrap();
+    std::fs::write(images.join("x.txt"), "a still").unwrap();
+    let o = preprocess(&images, &tmp.path().join("img"), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = preprocess(&images, &tmp.path().join("bad"), &["--frames", "4"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--frames 4"), "{err}");
+}
