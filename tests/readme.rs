@@ -1,5 +1,7 @@
-//! The README's plugin example is the real `examples/custom-method/src/minimal.rs`, and a
-//! method registered by that third crate is selected from TOML by its name and trains.
+//! The README is a short front door whose commands come first and whose `docs/` links
+//! resolve; the plugin example of `docs/extending.md` is the real
+//! `examples/custom-method/src/minimal.rs`; and a method registered by that third crate is
+//! selected from TOML by its name and trains.
 
 mod common;
 
@@ -8,25 +10,54 @@ use common::*;
 use reel_methods as _;
 use reel_plugins as _;
 
+/// The first ```rust block under `## Write your own method plugin` in `docs/extending.md` is
+/// byte for byte `examples/custom-method/src/minimal.rs`, which the workspace compiles.
 #[test]
 fn readme_example_is_the_compiled_file() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let doc = std::fs::read_to_string(format!("{root}/docs/extending.md")).unwrap();
     let file =
         std::fs::read_to_string(format!("{root}/examples/custom-method/src/minimal.rs")).unwrap();
-    let section = readme
+    let section = doc
         .split("## Write your own method plugin")
         .nth(1)
-        .expect("README has the plugin section");
+        .expect("docs/extending.md has the section `## Write your own method plugin`");
     let block = section
         .split("```rust\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .expect("a rust block");
+        .expect("docs/extending.md: a ```rust block under the plugin section");
     assert_eq!(
         block, file,
-        "README example and examples/custom-method/src/minimal.rs differ"
+        "the example in docs/extending.md and examples/custom-method/src/minimal.rs differ"
     );
+}
+
+/// The README stays a front door (at most 200 lines; the manual lives in `docs/`), and every
+/// relative link `](docs/...)` in it names a file that exists.
+#[test]
+fn readme_is_a_short_front_door() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines, more than 200: move the details into docs/"
+    );
+    let mut links = 0;
+    for (i, _) in readme.match_indices("](docs/") {
+        let target = &readme[i + 2..];
+        let end = target
+            .find([')', '#'])
+            .unwrap_or_else(|| panic!("README.md: unclosed link `{target}`"));
+        let path = &target[..end];
+        assert!(
+            root.join(path).is_file(),
+            "README.md links to `{path}`, which is not a file"
+        );
+        links += 1;
+    }
+    assert!(links > 0, "README.md links to no page under docs/");
 }
 
 #[test]

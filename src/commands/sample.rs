@@ -1,15 +1,18 @@
 //! `reel sample`: generate clips for given prompts from a checkpoint and write them as
-//! latents (safetensors) and animated GIFs.
+//! latents (safetensors) and pictures: with `--vae`, decoded videos (GIF, MP4 when FFmpeg
+//! is installed); prompts are encoded with `--text-encoder` when given. The outputs are the
+//! validation callback's, made by the same code.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use burn::tensor::TensorData;
 use reel_core::backend::ReelBackend;
-use reel_core::data::negative_or_zeros;
+use reel_core::callback::CallbackConfig as _;
 use reel_core::method::SampleRequest;
-use reel_plugins::data::clip_to_rgb;
-use reel_plugins::media::{contact_sheet, write_gif, write_png};
+use reel_plugins::callbacks::validation::output::write_clips;
+use reel_plugins::callbacks::validation::{clip_file_name, MediaModels};
+use reel_plugins::callbacks::ValidationConfig;
 
 use super::inference::{load, read_config, Source};
 use reel_core::with_backend;
@@ -34,30 +37,85 @@ pub struct SampleArgs {
     /// Output folder.
     #[arg(long, default_value = "samples")]
     out: PathBuf,
+    /// A diffusers Wan VAE folder (`vae/`): decode the clips to videos (GIF, MP4 with
+    /// FFmpeg) and a labelled contact sheet.
+    #[arg(long)]
+    vae: Option<PathBuf>,
+    /// The latents are raw VAE latents (not normalised with `latents_mean`/`latents_std`).
+    #[arg(long)]
+    raw_latents: bool,
+    /// Decode in spatial tiles of this many pixels (large frames on small GPUs).
+    #[arg(long)]
+    vae_tile: Option<usize>,
+    /// Frame rate of the written videos.
+    #[arg(long, default_value_t = 16.0)]
+    fps: f64,
+    /// A diffusers UMT5 folder (`text_encoder/`): encode `--prompt` and `--negative`.
+    #[arg(long)]
+    text_encoder: Option<PathBuf>,
+    /// The tokenizer (`tokenizer.json` or its folder) for `--text-encoder`.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Negative prompt for classifier-free guidance (needs `--text-encoder`).
+    #[arg(long)]
+    negative: Option<String>,
+}
+
+/// The validation settings `reel sample` shares with the `validation` callback: the same
+/// prompt encoding, VAE decoding and outputs.
+fn media_config(args: &SampleArgs) -> anyhow::Result<ValidationConfig> {
+    let cfg = ValidationConfig {
+        every_steps: 1,
+        sampling_steps: args.steps,
+        guidance_scale: args.guidance,
+        num_prompts: usize::MAX,
+        seed: args.seed,
+        use_ema: false,
+        at_end: false,
+        vae: args.vae.clone(),
+        denormalize: !args.raw_latents,
+        vae_tile: args.vae_tile,
+        fps: args.fps,
+        text_encoder: args.text_encoder.clone(),
+        tokenizer: args.tokenizer.clone(),
+        prompts: if args.text_encoder.is_some() {
+            args.prompts.clone()
+        } else {
+            Vec::new()
+        },
+        negative_prompt: args.negative.clone(),
+    };
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("--{}: {}", e.key.replace('_', "-"), e.message))?;
+    Ok(cfg)
 }
 
 fn sample<B: ReelBackend>(
     args: &SampleArgs,
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<()> {
+    let cfg = media_config(args)?;
     let mut l = load::<B>(&args.source, loaded)?;
+    let device = B::device_for(loaded.config.runtime.device);
+    let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let spec = l.source.spec();
-    let prompts = if args.prompts.is_empty() {
-        l.source.prompts()
+    let prompts = if args.prompts.is_empty() || models.text.is_some() {
+        models.prompts(&cfg, &*l.source, &spec)?
     } else {
         args.prompts
             .iter()
             .map(|c| {
-                l.source
-                    .prompt_for(c)
-                    .with_context(|| format!("the data source cannot embed the prompt `{c}`"))
+                l.source.prompt_for(c).with_context(|| {
+                    format!("the data source cannot embed the prompt `{c}`: pass --text-encoder")
+                })
             })
             .collect::<anyhow::Result<Vec<_>>>()?
     };
     anyhow::ensure!(!prompts.is_empty(), "no prompts: pass --prompt");
+    let captions: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
     let req = SampleRequest {
-        prompts: prompts.clone(),
-        negative: Some(negative_or_zeros(&*l.source)),
+        prompts,
+        negative: Some(models.negative(&cfg, &*l.source, &spec)?),
         steps: args.steps,
         guidance: args.guidance,
         seed: args.seed,
@@ -66,34 +124,23 @@ fn sample<B: ReelBackend>(
     let clips = l.method.sample(&req)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    for (i, (clip, p)) in clips.iter().zip(&prompts).enumerate() {
-        let stem = format!("{i:02}-{}", p.caption.replace(' ', "_"));
-        let data = TensorData::new(
-            clip.clone(),
-            [spec.channels, spec.frames, spec.height, spec.width],
-        );
-        let st = args.out.join(format!("{stem}.safetensors"));
+    let shape = [spec.channels, spec.frames, spec.height, spec.width];
+    for (i, (clip, caption)) in clips.iter().zip(&captions).enumerate() {
+        let st = args
+            .out
+            .join(clip_file_name(i, caption))
+            .with_extension("safetensors");
+        let data = TensorData::new(clip.clone(), shape);
         reel_core::io::write_safetensors(&st, &[("latents".to_string(), data)], None)?;
-        if spec.channels == 4 {
-            let gif = args.out.join(format!("{stem}.gif"));
-            write_gif(
-                &gif,
-                &clip_to_rgb(clip, &spec),
-                spec.width,
-                spec.height,
-                8,
-                12,
-            )?;
-        }
-        println!("{}", args.out.join(&stem).display());
+        println!("{}", st.display());
     }
-    if spec.channels == 4 {
-        let rgb: Vec<_> = clips.iter().map(|c| clip_to_rgb(c, &spec)).collect();
-        let labels: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
-        let (sheet, w, h) = contact_sheet(&rgb, &labels, spec.width, spec.height, 8);
-        let path = args.out.join("sheet.png");
-        write_png(&path, &sheet, w, h)?;
-        println!("{}", path.display());
+    if models.decoder.is_none() && spec.channels != 4 {
+        eprintln!("reel: wrote latents only: pass --vae <vae folder> to decode them to videos");
+        return Ok(());
+    }
+    let (frames, style) = models.frames(&clips, &spec, &cfg)?;
+    for file in write_clips(&args.out, &frames, &captions, &captions, &style)? {
+        println!("{}", file.display());
     }
     Ok(())
 }

@@ -74,6 +74,8 @@ pub struct CallbackContext<'a, B: AutodiffBackend> {
     pub data: &'a dyn DataSource,
     /// The run's output folder.
     pub run_dir: &'a Path,
+    /// The run's device (where the method's models live).
+    pub device: &'a B::Device,
     /// Run seed.
     pub seed: u64,
     /// Validation results produced during this hook round (the trainer forwards them to

@@ -392,6 +392,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             method: &mut *self.method,
             data: &*self.source,
             run_dir: &self.run_dir,
+            device: &self.device,
             seed: self.loaded.config.runtime.seed,
             validations: vec![],
             is_final,

@@ -6,7 +6,7 @@
 //! - [`toy_data`]: `[data] kind = "toy"`, random samples;
 //! - [`toy_method`]: `[method] kind = "toy"`, a two-role regression that exercises the trainer
 //!   loop (cadence, two optimizers, accumulation, clipping, resume) without a video model;
-//! - [`minimal`]: the README's minimal method, `kind = "fixed_sigma"`.
+//! - [`minimal`]: the minimal method of `docs/extending.md`, `kind = "fixed_sigma"`.
 //!
 //! Every plugin registers with `#[reel_core::plugin(name, summary)]` on its config impl.
 

@@ -1,4 +1,4 @@
-//! A minimal method plugin (shown verbatim in the README): flow matching at one fixed noise
+//! A minimal method plugin (shown verbatim in docs/extending.md): flow matching at one fixed noise
 //! level. `#[plugin]` on the config makes `kind = "fixed_sigma"` usable; `#[derive(Roles)]`
 //! hands the student to the trainer. It trains any registered model architecture.
 

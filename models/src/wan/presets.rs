@@ -83,7 +83,7 @@ impl WanConfig {
     ///   patch embedding sees the object's motion inside each token, where with patch
     ///   `[1, 2, 2]` (the earlier quickstart model, 2 heads) motion had to be learned as
     ///   cross-frame attention at a caption-dependent offset, which it never did (direction
-    ///   accuracy 8-16 %, measured up to 4000 steps; README, "Quickstart quality"). Heads of 48
+    ///   accuracy 8-16 %, measured up to 4000 steps; docs/quickstart.md). Heads of 48
     ///   dims give each RoPE axis 8 frequencies.
     /// - `wan-bench-small` / `wan-bench-medium`: made up for benchmarks (4 layers, 4 x 32,
     ///   ffn 512 / 8 layers, 8 x 64, ffn 2048), 4 channels, text_dim 32, patch `[1, 2, 2]`.

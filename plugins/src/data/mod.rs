@@ -6,6 +6,7 @@
 
 pub mod fastvideo;
 pub mod files;
+pub mod prompts;
 pub mod safetensors_dir;
 pub mod synthetic;
 pub mod tensors;

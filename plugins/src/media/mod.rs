@@ -9,6 +9,7 @@ pub mod font;
 mod gif;
 mod png;
 pub mod resize;
+pub mod video;
 
 use std::path::PathBuf;
 

@@ -170,7 +170,7 @@ mod tests {
             Some(vec![0, 2, 4, 6, 8])
         );
         assert_eq!(
-            frame_indices(9, 5, Some(30.0), Some(15.0)),
+            frame_indices(8, 5, Some(30.0), Some(15.0)),
             None,
             "too short"
         );

@@ -27,7 +27,10 @@
 //! at_end = true         # also validate after the last step
 //! ```
 
+mod models;
 pub mod output;
+
+use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::callback::{
@@ -35,10 +38,11 @@ use reel_core::callback::{
     ValidationReport,
 };
 use reel_core::config::{check, ConfigError};
-use reel_core::data::{negative_or_zeros, ClipScore};
+use reel_core::data::ClipScore;
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
+pub use self::models::MediaModels;
 pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
 
@@ -47,6 +51,9 @@ fn default_num_prompts() -> usize {
 }
 fn yes() -> bool {
     true
+}
+fn default_fps() -> f64 {
+    16.0
 }
 
 /// Configuration of the `validation` callback.
@@ -74,6 +81,33 @@ pub struct ValidationConfig {
     /// Also validate after the last step (default true).
     #[serde(default = "yes")]
     pub at_end: bool,
+    /// A diffusers Wan VAE folder (`vae/`): the sampled latents are decoded and written as
+    /// videos (GIF, and MP4 when FFmpeg is installed) with a labelled contact sheet.
+    #[serde(default)]
+    pub vae: Option<PathBuf>,
+    /// Undo the `latents_mean`/`latents_std` normalisation before decoding (default true:
+    /// the form `fastvideo_parquet`'s default `normalize = "wan"` trains on).
+    #[serde(default = "yes")]
+    pub denormalize: bool,
+    /// Decode in spatial tiles of this many pixels (a multiple of 8, at least 16).
+    #[serde(default)]
+    pub vae_tile: Option<usize>,
+    /// Frame rate of the written videos (default 16, Wan's).
+    #[serde(default = "default_fps")]
+    pub fps: f64,
+    /// A diffusers UMT5 folder (`text_encoder/`) to encode `prompts` and `negative_prompt`.
+    #[serde(default)]
+    pub text_encoder: Option<PathBuf>,
+    /// The tokenizer (`tokenizer.json` or its folder) for `text_encoder`.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Captions to sample instead of the data's validation prompts (needs `text_encoder`).
+    #[serde(default)]
+    pub prompts: Vec<String>,
+    /// The negative prompt of classifier-free guidance (needs `text_encoder`; default: the
+    /// data's negative text, else zeros).
+    #[serde(default)]
+    pub negative_prompt: Option<String>,
 }
 
 impl ValidationConfig {
@@ -97,57 +131,91 @@ impl CallbackConfig for ValidationConfig {
             check::positive_f64("guidance_scale", g)?;
         }
         check::positive_usize("num_prompts", self.num_prompts)?;
+        check::positive_f64("fps", self.fps)?;
+        if let Some(t) = self.vae_tile {
+            if t < 16 || t % 8 != 0 {
+                return Err(ConfigError::new(
+                    "vae_tile",
+                    format!("{t}: expected a multiple of 8, at least 16"),
+                ));
+            }
+        }
+        if self.text_encoder.is_some() != self.tokenizer.is_some() {
+            let missing = if self.tokenizer.is_none() {
+                "tokenizer"
+            } else {
+                "text_encoder"
+            };
+            return Err(ConfigError::new(
+                missing,
+                "`text_encoder` and `tokenizer` go together",
+            ));
+        }
+        if self.text_encoder.is_none() {
+            if !self.prompts.is_empty() {
+                return Err(ConfigError::new(
+                    "prompts",
+                    "encoding prompts needs `text_encoder` and `tokenizer`",
+                ));
+            }
+            if self.negative_prompt.is_some() {
+                return Err(ConfigError::new(
+                    "negative_prompt",
+                    "encoding it needs `text_encoder` and `tokenizer`",
+                ));
+            }
+        }
         Ok(())
     }
 }
 
 impl<B: AutodiffBackend> BuildCallback<B> for ValidationConfig {
     fn build_callback(&self) -> Result<Box<dyn Callback<B>>, ConfigError> {
-        Ok(Box::new(ValidationCallback::new(self.clone())))
+        Ok(Box::new(ValidationCallback::<B>::new(self.clone())))
     }
 }
 
 /// The runtime `validation` callback.
-#[derive(Debug, Clone)]
-pub struct ValidationCallback {
+pub struct ValidationCallback<B: AutodiffBackend> {
     cfg: ValidationConfig,
-    warned_no_prompts: bool,
+    warned_no_prompts: std::cell::Cell<bool>,
+    /// The VAE and text encoder, loaded at the first validation.
+    models: Option<MediaModels<B::InnerBackend>>,
 }
 
-impl ValidationCallback {
+impl<B: AutodiffBackend> ValidationCallback<B> {
     /// A callback for `cfg` (assumed validated).
     pub fn new(cfg: ValidationConfig) -> Self {
         Self {
             cfg,
-            warned_no_prompts: false,
+            warned_no_prompts: std::cell::Cell::new(false),
+            models: None,
         }
     }
 
     /// Sample, write and score one validation at `ctx.step`. `None` when the data has no
     /// prompts (warned once).
-    pub fn run<B: AutodiffBackend>(
+    pub fn run(
         &mut self,
         ctx: &mut CallbackContext<B>,
     ) -> Result<Option<ValidationReport>, CallbackError> {
         let step = ctx.step;
-        let prompts: Vec<_> = ctx
-            .data
-            .prompts()
-            .into_iter()
-            .take(self.cfg.num_prompts)
-            .collect();
+        if self.models.is_none() {
+            self.models = Some(MediaModels::load(&self.cfg, ctx.device)?);
+        }
+        let models = self.models.as_ref().expect("loaded above");
+        let spec = ctx.data.spec();
+        let prompts = models.prompts(&self.cfg, ctx.data, &spec)?;
         if prompts.is_empty() {
-            if !self.warned_no_prompts {
+            if !self.warned_no_prompts.replace(true) {
                 print_line("reel: warning: validation: the data source has no prompts; skipped");
-                self.warned_no_prompts = true;
             }
             return Ok(None);
         }
-        let spec = ctx.data.spec();
         let captions: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
         let req = SampleRequest {
             prompts,
-            negative: Some(negative_or_zeros(ctx.data)),
+            negative: Some(models.negative(&self.cfg, ctx.data, &spec)?),
             steps: self.cfg.sampling_steps,
             guidance: self.cfg.guidance_scale,
             seed: self.cfg.seed,
@@ -183,7 +251,8 @@ impl ValidationCallback {
         let labels: Vec<String> = (captions.iter().enumerate())
             .map(|(i, c)| output::sheet_label(c, scores.as_ref().map(|s| &s[i])))
             .collect();
-        let mut files = output::write_clips(&dir, &clips, &captions, &labels, &spec)?;
+        let (frames, style) = models.frames(&clips, &spec, &self.cfg)?;
+        let mut files = output::write_clips(&dir, &frames, &captions, &labels, &style)?;
         let sheet_path = dir.join(output::SHEET_FILE);
         let mut metrics = Vec::new();
         if let Some(scores) = scores {
@@ -202,7 +271,7 @@ impl ValidationCallback {
 
     /// One `sample()` call, with the EMA shadow swapped in (and back out, even on error) when
     /// configured and present.
-    fn sample<B: AutodiffBackend>(
+    fn sample(
         &self,
         ctx: &mut CallbackContext<B>,
         req: &SampleRequest,
@@ -236,7 +305,7 @@ impl ValidationCallback {
     }
 }
 
-impl<B: AutodiffBackend> Callback<B> for ValidationCallback {
+impl<B: AutodiffBackend> Callback<B> for ValidationCallback<B> {
     fn name(&self) -> &str {
         "validation"
     }

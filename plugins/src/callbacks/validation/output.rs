@@ -8,7 +8,8 @@ use reel_core::callback::CallbackError;
 use reel_core::data::{ClipScore, DataSpec};
 
 use crate::callbacks::io_error;
-use crate::data::clip_to_rgb;
+use crate::media::resize::resize;
+use crate::media::video::{pick_frames, write_mp4, Frames};
 use crate::media::{contact_sheet, write_gif, write_png, MediaError};
 
 /// Frame delay of the GIFs, in hundredths of a second.
@@ -94,32 +95,97 @@ pub fn sheet_label(caption: &str, score: Option<&ClipScore>) -> String {
     }
 }
 
-/// Write one GIF per clip (named by [`clip_file_name`]) and the contact sheet
-/// [`SHEET_FILE`] into `dir`, its rows labelled by `labels` (see [`sheet_label`]); returns
-/// the files, GIFs first.
+/// How clips are written: GIF upscaling and frame delay, whether an MP4 is also written,
+/// and how many frames (of at most what width) a contact-sheet row shows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClipStyle {
+    /// Integer upscaling of GIFs and sheet cells (latent previews are tiny).
+    pub scale: u32,
+    /// GIF frame delay in hundredths of a second.
+    pub delay_cs: u16,
+    /// Also write `<clip>.mp4` (decoded videos, when FFmpeg is installed).
+    pub mp4_fps: Option<f64>,
+    /// Frames per sheet row (evenly spaced).
+    pub sheet_frames: usize,
+    /// Sheet cells are shrunk to at most this width in pixels.
+    pub sheet_width: usize,
+}
+
+impl ClipStyle {
+    /// Latent previews (the synthetic data's 4-channel clips): every frame, upscaled.
+    pub fn preview(spec: &DataSpec) -> Self {
+        Self {
+            scale: display_scale(spec),
+            delay_cs: GIF_DELAY_CS,
+            mp4_fps: None,
+            sheet_frames: spec.frames,
+            sheet_width: usize::MAX,
+        }
+    }
+
+    /// Decoded videos at `fps`: full size, 8 frames per sheet row of at most 160 px.
+    pub fn video(fps: f64) -> Self {
+        Self {
+            scale: 1,
+            delay_cs: (100.0 / fps.max(1.0)).round().max(1.0) as u16,
+            mp4_fps: Some(fps),
+            sheet_frames: 8,
+            sheet_width: 160,
+        }
+    }
+}
+
+/// Write one GIF per clip (named by [`clip_file_name`]; plus an MP4 when the style asks and
+/// FFmpeg is installed) and the contact sheet [`SHEET_FILE`] into `dir`, its rows labelled
+/// by `labels` (see [`sheet_label`]); returns the files, clips first.
 pub fn write_clips(
     dir: &Path,
-    clips: &[Vec<f32>],
+    clips: &[Frames],
     captions: &[String],
     labels: &[String],
-    spec: &DataSpec,
+    style: &ClipStyle,
 ) -> Result<Vec<PathBuf>, CallbackError> {
-    let scale = display_scale(spec);
     let media = |e: MediaError| CallbackError::Other(format!("validation: {e}"));
     let mut files = Vec::new();
-    let mut frames_all = Vec::with_capacity(clips.len());
+    let mut rows = Vec::with_capacity(clips.len());
     for (i, (clip, caption)) in clips.iter().zip(captions).enumerate() {
-        let frames = clip_to_rgb(clip, spec);
+        let (w, h, s) = (clip.width, clip.height, style.scale);
         let path = dir.join(clip_file_name(i, caption));
-        write_gif(&path, &frames, spec.width, spec.height, scale, GIF_DELAY_CS).map_err(media)?;
-        files.push(path);
-        frames_all.push(frames);
+        write_gif(&path, &clip.frames, w, h, s, style.delay_cs).map_err(media)?;
+        files.push(path.clone());
+        if let Some(fps) = style.mp4_fps {
+            files.extend(write_mp4(&path.with_extension("mp4"), clip, fps).map_err(media)?);
+        }
+        rows.push(sheet_row(clip, style));
     }
-    let (sheet, w, h) = contact_sheet(&frames_all, labels, spec.width, spec.height, scale);
+    let (cw, ch) = rows.first().map_or((1, 1), |r| (r.width, r.height));
+    let frames: Vec<_> = rows.into_iter().map(|r| r.frames).collect();
+    let (sheet, w, h) = contact_sheet(&frames, labels, cw, ch, style.scale);
     let sheet_path = dir.join(SHEET_FILE);
     write_png(&sheet_path, &sheet, w, h).map_err(media)?;
     files.push(sheet_path);
     Ok(files)
+}
+
+/// The frames one sheet row shows: evenly spaced, shrunk to the style's cell width.
+fn sheet_row(clip: &Frames, style: &ClipStyle) -> Frames {
+    let picked = pick_frames(&clip.frames, style.sheet_frames);
+    if clip.width <= style.sheet_width {
+        return Frames {
+            frames: picked,
+            ..clip.clone()
+        };
+    }
+    let w = style.sheet_width;
+    let h = (clip.height * w / clip.width).max(1);
+    Frames {
+        frames: picked
+            .iter()
+            .map(|f| resize(f, clip.width, clip.height, w, h))
+            .collect(),
+        width: w,
+        height: h,
+    }
 }
 
 /// Write `path` (`scores.json`): the step, the mean metrics and, per clip, its caption, GIF
@@ -206,7 +272,16 @@ mod tests {
         let clips = vec![vec![0.0; spec.latent_numel()]; 2];
         let captions = vec!["a red square moving up".to_string(), String::new()];
         let labels: Vec<String> = captions.iter().map(|c| sheet_label(c, None)).collect();
-        let files = write_clips(dir.path(), &clips, &captions, &labels, &spec).unwrap();
+        let clips: Vec<Frames> = clips
+            .iter()
+            .map(|c| Frames {
+                frames: crate::data::clip_to_rgb(c, &spec),
+                width: spec.width,
+                height: spec.height,
+            })
+            .collect();
+        let style = ClipStyle::preview(&spec);
+        let files = write_clips(dir.path(), &clips, &captions, &labels, &style).unwrap();
         let names: Vec<String> = files
             .iter()
             .map(|f| f.file_name().unwrap().to_string_lossy().to_string())
@@ -245,5 +320,29 @@ mod tests {
             "0.88 - a red square"
         );
         assert_eq!(sheet_label("a red square", None), "a red square");
+    }
+
+    #[test]
+    fn decoded_videos_get_gifs_and_a_sheet_of_eight_shrunk_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let clip = Frames {
+            frames: (0..17u8).map(|i| vec![[i * 10, 0, 0]; 320 * 96]).collect(),
+            width: 320,
+            height: 96,
+        };
+        let row = sheet_row(&clip, &ClipStyle::video(16.0));
+        assert_eq!((row.frames.len(), row.width, row.height), (8, 160, 48));
+        assert_eq!(
+            row.frames[7][0],
+            [160, 0, 0],
+            "the last frame closes the row"
+        );
+        let style = ClipStyle::video(16.0);
+        assert_eq!(style.delay_cs, 6);
+        let caps = vec!["a cat".to_string()];
+        let files = write_clips(dir.path(), &[clip], &caps, &caps, &style).unwrap();
+        let gif = &files[0];
+        assert!(gif.ends_with("0-a_cat.gif") && gif.is_file());
+        assert!(files.last().unwrap().ends_with(SHEET_FILE));
     }
 }

@@ -1,0 +1,115 @@
+//! The models validation uses to show real clips: the Wan VAE turns sampled latents into
+//! videos, the UMT5 encoder turns configured prompts (and the negative prompt) into text
+//! conditions. Without them, latents are shown as they are (the synthetic data's preview)
+//! and the data's own prompts are sampled.
+
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+use reel_core::callback::CallbackError;
+use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
+use reel_models::umt5::Umt5TextEncoder;
+use reel_models::vae::Tiling;
+
+use super::output::ClipStyle;
+use super::ValidationConfig;
+use crate::data::clip_to_rgb;
+use crate::data::prompts::{encode_prompts, encode_text};
+use crate::media::video::{Frames, VideoDecoder};
+
+/// The configured VAE and text encoder of a validation callback.
+pub struct MediaModels<B: Backend> {
+    /// Decodes latents to videos (`vae`).
+    pub decoder: Option<VideoDecoder<B>>,
+    /// Encodes `prompts` and `negative_prompt` (`text_encoder`, `tokenizer`).
+    pub text: Option<Umt5TextEncoder<B>>,
+}
+
+fn failed(what: &str, path: &Path, e: impl std::fmt::Display) -> CallbackError {
+    CallbackError::Other(format!(
+        "validation: loading {what} {}: {e}",
+        path.display()
+    ))
+}
+
+impl<B: Backend> MediaModels<B> {
+    /// Load what `cfg` names onto `device`.
+    pub fn load(cfg: &ValidationConfig, device: &B::Device) -> Result<Self, CallbackError> {
+        let decoder = match &cfg.vae {
+            Some(p) => {
+                let mut d = VideoDecoder::load(p, device, cfg.denormalize)
+                    .map_err(|e| failed("the VAE", p, e))?;
+                d.tiling = cfg.vae_tile.map(|t| Tiling::square(t, t * 3 / 4 / 8 * 8));
+                Some(d)
+            }
+            None => None,
+        };
+        let text = match (&cfg.text_encoder, &cfg.tokenizer) {
+            (Some(enc), Some(tok)) => Some(
+                Umt5TextEncoder::load(tok, enc, device)
+                    .map_err(|e| failed("the text encoder", enc, e))?,
+            ),
+            _ => None,
+        };
+        Ok(Self { decoder, text })
+    }
+
+    /// The prompts to sample: `cfg.prompts` encoded with the text encoder, else the data's
+    /// first `num_prompts`.
+    pub fn prompts(
+        &self,
+        cfg: &ValidationConfig,
+        data: &dyn DataSource,
+        spec: &DataSpec,
+    ) -> Result<Vec<Prompt>, CallbackError> {
+        let n = cfg.num_prompts;
+        match &self.text {
+            Some(enc) if !cfg.prompts.is_empty() => {
+                let captions: Vec<String> = cfg.prompts.iter().take(n).cloned().collect();
+                encode_prompts(enc, &captions, spec.text_len)
+                    .map_err(|e| CallbackError::Other(format!("validation: prompts: {e}")))
+            }
+            _ => Ok(data.prompts().into_iter().take(n).collect()),
+        }
+    }
+
+    /// The negative text: `cfg.negative_prompt` encoded, else the data's (or zeros).
+    pub fn negative(
+        &self,
+        cfg: &ValidationConfig,
+        data: &dyn DataSource,
+        spec: &DataSpec,
+    ) -> Result<TextCondition, CallbackError> {
+        match (&self.text, &cfg.negative_prompt) {
+            (Some(enc), Some(neg)) => encode_text(enc, neg, spec.text_len)
+                .map_err(|e| CallbackError::Other(format!("validation: negative_prompt: {e}"))),
+            _ => Ok(negative_or_zeros(data)),
+        }
+    }
+
+    /// The clips as pictures: decoded by the VAE into videos, else the latents' preview.
+    pub fn frames(
+        &self,
+        clips: &[Vec<f32>],
+        spec: &DataSpec,
+        cfg: &ValidationConfig,
+    ) -> Result<(Vec<Frames>, ClipStyle), CallbackError> {
+        let Some(decoder) = &self.decoder else {
+            let frames = clips
+                .iter()
+                .map(|c| Frames {
+                    frames: clip_to_rgb(c, spec),
+                    width: spec.width,
+                    height: spec.height,
+                })
+                .collect();
+            return Ok((frames, ClipStyle::preview(spec)));
+        };
+        let frames = clips
+            .iter()
+            .map(|c| decoder.decode(c, spec))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CallbackError::Other(format!("validation: VAE decode: {e}")))?;
+        Ok((frames, ClipStyle::video(cfg.fps)))
+    }
+}
