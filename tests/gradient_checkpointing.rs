@@ -1,52 +1,117 @@
-//! `models.student.gradient_checkpointing = true` in a real fine-tune: block-level activation
-//! checkpointing recomputes each block in the backward pass, so the run must train exactly as
-//! the plain one does (same losses and weights up to float rounding), with gradient
-//! accumulation and with a LoRA adapter.
+//! `gradient_checkpointing = true` on a role: block-level activation checkpointing recomputes
+//! each block in the backward pass, so the run must train exactly as the plain one does (same
+//! losses and weights up to float rounding): fine-tuning with gradient accumulation and with
+//! a LoRA adapter, and DMD2 with the student and the critic checkpointed, with the GAN terms.
 
 mod common;
 
 use common::*;
 use reel_plugins::callbacks::logging::jsonl::read_metrics;
 
-/// Train `text` with `extra` overrides, plain and checkpointed, and compare the last
-/// checkpoint's student weights and the logged losses.
-fn plain_vs_checkpointed(text: &str, extra: &[&str]) {
-    let file = "student.safetensors";
+/// Train `text` with `extra` overrides, plain and with `gradient_checkpointing` on each of
+/// `roles`, and compare the last checkpoint's weights of every role in `roles` (and
+/// `others`) and the logged losses named `losses`.
+fn compare(text: &str, extra: &[&str], roles: &[&str], others: &[&str], losses: &[&str]) {
+    // Burn 0.21's autodiff lets a `backward()` on one thread free graph steps another thread
+    // is still building (tracel-ai/burn#5573), which the staged backward of checkpointing
+    // exposes: the runs of this file take turns. (One training per process, as `reel train`
+    // runs, is not affected.)
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let mut base = vec!["training.max_steps=3"];
     base.extend_from_slice(extra);
+    let sets: Vec<String> = roles
+        .iter()
+        .map(|r| format!("models.{r}.gradient_checkpointing=true"))
+        .collect();
     let mut ck = base.clone();
-    ck.push("models.student.gradient_checkpointing=true");
+    ck.extend(sets.iter().map(String::as_str));
     let plain = run(&load(text, &base), &tmp.path().join("plain"), None);
     let check = run(&load(text, &ck), &tmp.path().join("ck"), None);
-    assert_eq!(plain.steps, 3);
-    assert_eq!(check.steps, 3);
+    assert_eq!((plain.steps, check.steps), (3, 3));
 
-    let a = tensors(&ckpt(&tmp.path().join("plain"), 3).join(file));
-    let b = tensors(&ckpt(&tmp.path().join("ck"), 3).join(file));
-    let w0 = tensors(&ckpt(&tmp.path().join("plain"), 1).join(file));
-    let moved = max_diff(&a, &w0);
-    let diff = max_diff(&a, &b);
-    eprintln!("{extra:?}: max |plain − checkpointed| = {diff:.2e}, training moved {moved:.2e}");
-    assert!(moved > 1e-4, "training moved the weights: {moved}");
-    assert!(
-        diff <= 1e-5,
-        "checkpointed weights differ from plain: {diff:.3e}"
-    );
+    for role in roles.iter().chain(others) {
+        let file = format!("{role}.safetensors");
+        let a = tensors(&ckpt(&tmp.path().join("plain"), 3).join(&file));
+        let b = tensors(&ckpt(&tmp.path().join("ck"), 3).join(&file));
+        let w0 = tensors(&ckpt(&tmp.path().join("plain"), 1).join(&file));
+        let moved = max_diff(&a, &w0);
+        let diff = max_diff(&a, &b);
+        eprintln!("{extra:?} {role}: max |plain − checkpointed| = {diff:.2e}, moved {moved:.2e}");
+        assert!(moved > 1e-4, "{role}: training moved the weights: {moved}");
+        assert!(
+            diff <= 1e-5,
+            "{role}: checkpointed weights differ: {diff:.3e}"
+        );
+    }
 
-    let losses = |dir: &str| -> Vec<f64> {
+    let logged = |dir: &str, key: &str| -> Vec<f64> {
         read_metrics(&tmp.path().join(dir).join("metrics.jsonl"))
             .unwrap()
             .iter()
-            .filter_map(|r| r.get("loss").and_then(|x| x.as_f64()))
+            .filter_map(|r| r.get(key).and_then(|x| x.as_f64()))
             .collect()
     };
-    let (la, lb) = (losses("plain"), losses("ck"));
-    assert_eq!(la.len(), 3, "one logged loss per step: {la:?}");
-    assert_eq!(la.len(), lb.len());
-    for (x, y) in la.iter().zip(&lb) {
-        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "loss {x} vs {y}");
+    for key in losses {
+        let (la, lb) = (logged("plain", key), logged("ck", key));
+        assert!(!la.is_empty(), "`{key}` is logged");
+        assert_eq!(la.len(), lb.len(), "{key}");
+        for (x, y) in la.iter().zip(&lb) {
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                "{key}: {x} vs {y}"
+            );
+        }
     }
+}
+
+fn plain_vs_checkpointed(text: &str, extra: &[&str]) {
+    compare(text, extra, &["student"], &[], &["loss"]);
+}
+
+#[test]
+fn checkpointed_dmd2_student_and_critic_match_plain_with_gan_terms() {
+    let text = distill_config(
+        r#"kind = "dmd2"
+denoising_steps = [1000, 500]
+generator_update_interval = 2
+gan_generator_weight = 0.5
+gan_discriminator_weight = 0.5
+gan_loss = "non_saturating"
+gan_heads = { blocks = [0], hidden = 16 }"#,
+        true,
+        3,
+    );
+    let losses = [
+        "generator_loss",
+        "critic_loss",
+        "gan_generator_loss",
+        "gan_discriminator_loss",
+    ];
+    let roles = ["student", "critic"];
+    compare(
+        &text,
+        &["training.grad_accumulation=2"],
+        &roles,
+        &["discriminator"],
+        &losses,
+    );
+    // Each role alone, without the GAN terms.
+    let plain = text
+        .replace("gan_generator_weight = 0.5", "gan_generator_weight = 0.0")
+        .replace(
+            "gan_discriminator_weight = 0.5",
+            "gan_discriminator_weight = 0.0",
+        );
+    compare(
+        &plain,
+        &[],
+        &["student"],
+        &["critic"],
+        &["generator_loss", "critic_loss"],
+    );
+    compare(&plain, &[], &["critic"], &["student"], &["critic_loss"]);
 }
 
 #[test]

@@ -186,18 +186,13 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
             let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
             let t = timesteps_from_sigmas(sigma.clone());
             let pre = self.cfg.precondition_outputs;
-            let mut stages = Vec::new();
-            let loss = self.student.model().backward_checkpointed(
+            self.student.checkpointed_backward(
                 x_t.clone(),
                 t,
                 text,
                 Box::new(|pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre)),
-                &mut |g| stages.push(self.student.collect_grads(g)),
-            );
-            for g in stages {
-                self.student.add_grads(g, ctx.grad_scale());
-            }
-            loss
+                ctx.grad_scale(),
+            )
         } else {
             let (loss, _) = flow_matching_loss(
                 self.student.model(),

@@ -9,7 +9,7 @@ use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 use super::module::{ParamValues, RoleModule};
 use super::state::{check_keys, flat_from_data, to_data};
 use super::{RoleHandle, RoleStateError};
-use crate::model::{DiffusionModel, DynModel};
+use crate::model::{DiffusionModel, DynModel, LossFn};
 use crate::optim::{adamw_update, AdamWState, Moments, OptimizerConfig};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -174,6 +174,42 @@ impl<B: AutodiffBackend> TrainableRole<B, DynModel<B>> {
     /// The current model without autodiff (for no-grad inference: sampling, targets).
     pub fn model_valid(&self) -> Box<dyn DiffusionModel<Inner<B>>> {
         self.model.valid()
+    }
+
+    /// Forward, `loss(prediction)` and the model's block-checkpointed backward
+    /// ([`TrainableModel::backward_checkpointed`](crate::model::TrainableModel)): the loss,
+    /// detached, and this role's gradients stage by stage (add them with
+    /// [`Self::add_grads`]; the gradients of other models in the loss's graph are dropped).
+    pub fn checkpointed_grads(
+        &self,
+        latents: Tensor<B, 5>,
+        timesteps: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+        loss: LossFn<'_, B>,
+    ) -> (Tensor<B, 1>, Vec<ParamValues<B>>) {
+        let mut stages = Vec::new();
+        let out = self
+            .model
+            .backward_checkpointed(latents, timesteps, text, loss, &mut |g| {
+                stages.push(self.model.param_grads(g))
+            });
+        (out, stages)
+    }
+
+    /// [`Self::checkpointed_grads`] with the gradients accumulated with weight `scale`.
+    pub fn checkpointed_backward(
+        &mut self,
+        latents: Tensor<B, 5>,
+        timesteps: Tensor<B, 1>,
+        text: Tensor<B, 3>,
+        loss: LossFn<'_, B>,
+        scale: f64,
+    ) -> Tensor<B, 1> {
+        let (out, stages) = self.checkpointed_grads(latents, timesteps, text, loss);
+        for g in stages {
+            self.add_grads(g, scale);
+        }
+        out
     }
 }
 

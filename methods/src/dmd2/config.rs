@@ -243,6 +243,12 @@ impl MethodConfig for Dmd2Config {
             RoleRequirement::trainable("critic"),
         ]
     }
+
+    /// The student and the critic can each be block-checkpointed (the GAN terms' judge
+    /// forwards through the critic are not).
+    fn supports_gradient_checkpointing(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -50,7 +50,9 @@ pub mod rollout;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 
-use reel_core::flow::{add_noise, sigma_tensor, timesteps_from_sigmas};
+use reel_core::flow::{
+    add_noise, sigma_tensor, timesteps_from_sigmas, velocity_target, x0_from_velocity,
+};
 use reel_core::method::{
     Batch, BuildContext, BuildMethod, MethodError, SampleRequest, StepContext, StepOutput,
     TrainingMethod,
@@ -99,9 +101,21 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
             critic,
             teacher,
             discriminator,
+            checkpoint_student: ctx.role("student")?.gradient_checkpointing,
+            checkpoint_critic: ctx.role("critic")?.gradient_checkpointing,
             device: ctx.device.clone(),
         }))
     }
+}
+
+/// What the generator step logs and hands to the critic step.
+struct GeneratorParts<B: AutodiffBackend> {
+    /// The DMD loss, detached.
+    dmd: Tensor<B, 1>,
+    /// The GAN generator term, detached (when on).
+    gan: Option<Tensor<B, 1>>,
+    /// The student's sample `x0`, without autodiff.
+    sample: Tensor<Inner<B>, 5>,
 }
 
 /// The runtime DMD2 method.
@@ -117,6 +131,9 @@ pub struct Dmd2<B: AutodiffBackend> {
     /// Heads on the critic's hidden states, when the adversarial terms are on.
     #[role]
     discriminator: Option<TrainableRole<B, DiscriminatorHeads<B>>>,
+    /// Block-level activation checkpointing of the student / the critic.
+    checkpoint_student: bool,
+    checkpoint_critic: bool,
     device: B::Device,
 }
 
@@ -152,6 +169,112 @@ impl<B: AutodiffBackend> Dmd2<B> {
         )
     }
 
+    /// The generator's objective on the student's `x0` (with its graph): the DMD loss plus the
+    /// weighted GAN term, and its parts for logging with the detached sample.
+    fn generator_objective(
+        &self,
+        x0: Tensor<B, 5>,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+        text: Tensor<B, 3>,
+        uncond: Tensor<Inner<B>, 3>,
+    ) -> (Tensor<B, 1>, GeneratorParts<B>) {
+        let idx = &batch.indices;
+        let dims = batch.latents.dims();
+        let x0_i = x0.clone().inner();
+        let scores = dmd_scores(
+            x0_i.clone(),
+            per_sample_noise::<Inner<B>>(ctx, idx, dims, "dmd2-score-noise", &self.device),
+            sigma_tensor::<Inner<B>>(
+                &self.score_sigmas(ctx, idx, "dmd2-score-sigma"),
+                &self.device,
+            ),
+            &*self.critic.model().valid(),
+            &*self.teacher,
+            text.clone().inner(),
+            uncond,
+            self.cfg.guidance_scale,
+            self.cfg.cfg_form,
+        );
+        let dmd = generator_loss(x0.clone(), scores.grad);
+        let mut loss = dmd.clone();
+        let mut gan_loss = None;
+        if let Some(d) = &self.discriminator {
+            let (x, t) = self.gan_point(x0, ctx, idx);
+            let logits = d.model().judge(self.critic.model(), x, t, text);
+            let gan = self.cfg.gan_loss.generator_heads(logits);
+            loss = loss + gan.clone().mul_scalar(self.cfg.gan_generator_weight);
+            gan_loss = Some(gan.detach());
+        }
+        let parts = GeneratorParts {
+            dmd: dmd.detach(),
+            gan: gan_loss,
+            sample: x0_i,
+        };
+        (loss, parts)
+    }
+
+    /// The critic's flow matching on the detached student `sample` (block-checkpointed when
+    /// the critic role asks), plus the discriminator's GAN terms when on.
+    fn critic_step(
+        &mut self,
+        sample: Tensor<B, 5>,
+        batch: &Batch<B>,
+        ctx: &StepContext,
+        mut out: StepOutput<B>,
+    ) -> Result<StepOutput<B>, MethodError> {
+        let (idx, dims, text) = (&batch.indices, batch.latents.dims(), batch.text.clone());
+        let noise = per_sample_noise::<B>(ctx, idx, dims, "dmd2-critic-noise", &self.device);
+        let sigma = sigma_tensor::<B>(
+            &self.score_sigmas(ctx, idx, "dmd2-critic-sigma"),
+            &self.device,
+        );
+        let scale = ctx.grad_scale();
+        let mut loss = None;
+        if self.checkpoint_critic {
+            let noisy = add_noise(sample.clone(), noise.clone(), sigma.clone());
+            let target = velocity_target(sample.clone(), noise);
+            let t = timesteps_from_sigmas(sigma);
+            let mse = Box::new(move |pred: Tensor<B, 5>| pred.sub(target).square().mean());
+            let l = self
+                .critic
+                .checkpointed_backward(noisy, t, text.clone(), mse, scale);
+            out = out.with_loss("critic_loss", l);
+        } else {
+            let critic = critic_loss(
+                self.critic.model(),
+                sample.clone(),
+                noise,
+                sigma,
+                text.clone(),
+            );
+            out = out.with_loss("critic_loss", critic.loss.clone());
+            loss = Some(critic.loss);
+        }
+        if let Some(d) = &self.discriminator {
+            let (real, t) = self.gan_point(batch.latents.clone(), ctx, idx);
+            let (fake, _) = self.gan_point(sample, ctx, idx);
+            let heads = d.model();
+            let real = heads.judge(self.critic.model(), real, t.clone(), text.clone());
+            let fake = heads.judge(self.critic.model(), fake, t, text);
+            let gan = self.cfg.gan_loss.discriminator_heads(real, fake);
+            out = out.with_loss("gan_discriminator_loss", gan.clone());
+            let gan = gan.mul_scalar(self.cfg.gan_discriminator_weight);
+            loss = Some(match loss {
+                Some(l) => l + gan,
+                None => gan,
+            });
+        }
+        if let Some(loss) = loss {
+            let grads = loss.backward();
+            self.critic.accumulate(&grads, scale);
+            if let Some(d) = &mut self.discriminator {
+                d.accumulate(&grads, scale);
+            }
+        }
+        Ok(out)
+    }
+
     /// The rollout's noisy input (no gradients) and its σ `[B]`.
     fn rollout_input(
         &self,
@@ -182,8 +305,6 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
         batch: &Batch<B>,
         ctx: &StepContext,
     ) -> Result<StepOutput<B>, MethodError> {
-        let idx = &batch.indices;
-        let dims = batch.latents.dims();
         let [n, l, d] = batch.text.dims();
         let text = batch.text.clone();
         let text_i = text.clone().inner();
@@ -192,41 +313,43 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
         let mut out = StepOutput::default();
 
         let sample = if self.cfg.generator_due(ctx.step) {
-            let (x0, _) = student_x0(
-                self.student.model(),
-                Tensor::from_inner(x_t),
-                sigma_tensor::<B>(&sigma, &self.device),
-                text.clone(),
-            );
-            let x0_i = x0.clone().inner();
-            let scores = dmd_scores(
-                x0_i.clone(),
-                per_sample_noise::<Inner<B>>(ctx, idx, dims, "dmd2-score-noise", &self.device),
-                sigma_tensor::<Inner<B>>(
-                    &self.score_sigmas(ctx, idx, "dmd2-score-sigma"),
-                    &self.device,
-                ),
-                &*self.critic.model().valid(),
-                &*self.teacher,
-                text_i,
-                uncond_i,
-                self.cfg.guidance_scale,
-                self.cfg.cfg_form,
-            );
-            let dmd = generator_loss(x0.clone(), scores.grad);
-            out = out.with_loss("generator_loss", dmd.clone());
-            let mut loss = dmd;
-            if let Some(d) = &self.discriminator {
-                let (x, t) = self.gan_point(x0, ctx, idx);
-                let logits = d.model().judge(self.critic.model(), x, t, text.clone());
-                let gan = self.cfg.gan_loss.generator_heads(logits);
-                out = out.with_loss("gan_generator_loss", gan.clone());
-                loss = loss + gan.mul_scalar(self.cfg.gan_generator_weight);
+            let sigma_a = sigma_tensor::<B>(&sigma, &self.device);
+            let x_t = Tensor::<B, 5>::from_inner(x_t);
+            let (text_a, scale) = (text.clone(), ctx.grad_scale());
+            let mut parts = None;
+            if self.checkpoint_student {
+                // The student's blocks are recomputed in the backward; the objective (teacher
+                // and critic scores, GAN term) runs on its prediction.
+                let t = timesteps_from_sigmas(sigma_a.clone());
+                let objective = |v: Tensor<B, 5>| {
+                    let x0 = x0_from_velocity(x_t.clone(), v, sigma_a.clone());
+                    let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i);
+                    parts = Some(p);
+                    loss
+                };
+                let (_, stages) = self.student.checkpointed_grads(
+                    x_t.clone(),
+                    t,
+                    text.clone(),
+                    Box::new(objective),
+                );
+                for g in stages {
+                    self.student.add_grads(g, scale);
+                }
+            } else {
+                let (x0, _) = student_x0(self.student.model(), x_t, sigma_a, text.clone());
+                let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i);
+                // Only the student takes these gradients (the critic's and heads' are dropped).
+                let grads = loss.backward();
+                self.student.accumulate(&grads, scale);
+                parts = Some(p);
             }
-            // Only the student takes these gradients (the critic's and the heads' are dropped).
-            let grads = loss.backward();
-            self.student.accumulate(&grads, ctx.grad_scale());
-            x0_i
+            let p = parts.expect("the generator objective ran");
+            out = out.with_loss("generator_loss", p.dmd);
+            if let Some(gan) = p.gan {
+                out = out.with_loss("gan_generator_loss", gan);
+            }
+            p.sample
         } else {
             student_x0(
                 &*self.student.model().valid(),
@@ -236,36 +359,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
             )
             .0
         };
-
-        let sample = Tensor::<B, 5>::from_inner(sample);
-        let critic = critic_loss(
-            self.critic.model(),
-            sample.clone(),
-            per_sample_noise::<B>(ctx, idx, dims, "dmd2-critic-noise", &self.device),
-            sigma_tensor::<B>(
-                &self.score_sigmas(ctx, idx, "dmd2-critic-sigma"),
-                &self.device,
-            ),
-            text.clone(),
-        );
-        out = out.with_loss("critic_loss", critic.loss.clone());
-        let mut loss = critic.loss;
-        if let Some(d) = &self.discriminator {
-            let (real, t) = self.gan_point(batch.latents.clone(), ctx, idx);
-            let (fake, _) = self.gan_point(sample, ctx, idx);
-            let heads = d.model();
-            let real = heads.judge(self.critic.model(), real, t.clone(), text.clone());
-            let fake = heads.judge(self.critic.model(), fake, t, text);
-            let gan = self.cfg.gan_loss.discriminator_heads(real, fake);
-            out = out.with_loss("gan_discriminator_loss", gan.clone());
-            loss = loss + gan.mul_scalar(self.cfg.gan_discriminator_weight);
-        }
-        let grads = loss.backward();
-        self.critic.accumulate(&grads, ctx.grad_scale());
-        if let Some(d) = &mut self.discriminator {
-            d.accumulate(&grads, ctx.grad_scale());
-        }
-        Ok(out)
+        self.critic_step(Tensor::from_inner(sample), batch, ctx, out)
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {
