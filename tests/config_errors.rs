@@ -363,8 +363,9 @@ fn bad_configs_fail_with_a_one_line_error_naming_the_key() {
     }
 }
 
-/// Block-level activation checkpointing is a finetune option: accepted there, and a clear
-/// error naming the key and the methods that support it elsewhere or on a frozen role.
+/// Block-level activation checkpointing: accepted by every built-in method on a trainable
+/// role; a clear error naming the key for a method that cannot (a third-party method that
+/// does not opt in) and on a frozen role.
 #[test]
 fn gradient_checkpointing_is_checked_per_method_and_role() {
     let on = vec!["models.student.gradient_checkpointing=true".to_string()];
@@ -373,11 +374,32 @@ fn gradient_checkpointing_is_checked_per_method_and_role() {
     assert!(cfg.config.models["student"].gradient_checkpointing);
 
     let dmd2 = include_str!("../configs/dmd2_quickstart.toml");
-    let err = parse_run_config(dmd2, Path::new("dmd2.toml"), &on)
-        .expect_err("dmd2 does not checkpoint")
+    let mut both = on.clone();
+    both.push("models.critic.gradient_checkpointing=true".into());
+    parse_run_config(dmd2, Path::new("dmd2.toml"), &both).expect("dmd2 checkpoints");
+
+    // `fixed_sigma` (examples/custom-method) does not opt in.
+    let custom = BASE.replace("kind = \"finetune\"", "kind = \"fixed_sigma\"\nsigma = 0.5");
+    let custom: String = custom
+        .lines()
+        .filter(|l| {
+            ![
+                "shift",
+                "sigma_density",
+                "cfg_dropout",
+                "sample_steps",
+                "guidance_scale",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let err = parse_run_config(&custom, Path::new("custom.toml"), &on)
+        .expect_err("fixed_sigma does not checkpoint")
         .to_string();
     for want in [
-        "dmd2.toml",
+        "custom.toml",
         "models.student.gradient_checkpointing",
         "finetune",
     ] {

@@ -18,6 +18,7 @@ pub mod method;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod profile;
 pub mod registry;
 pub mod rng;
 pub mod role;

@@ -20,6 +20,7 @@ use reel_core::method::{
     StepOutput, TrainingMethod,
 };
 use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::profile::phase;
 use reel_core::role::{RoleRequirement, TrainableRole};
 
 use crate::common::{
@@ -186,24 +187,34 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
             let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
             let t = timesteps_from_sigmas(sigma.clone());
             let pre = self.cfg.precondition_outputs;
-            self.student.checkpointed_backward(
-                x_t.clone(),
-                t,
-                text,
-                Box::new(|pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre)),
-                ctx.grad_scale(),
+            phase::<B, _>(
+                "student forward + backward (checkpointed)",
+                &self.device,
+                || {
+                    self.student.checkpointed_backward(
+                        x_t.clone(),
+                        t,
+                        text,
+                        Box::new(|pred| loss_of_prediction(pred, x_t, x0, noise, sigma, pre)),
+                        ctx.grad_scale(),
+                    )
+                },
             )
         } else {
-            let (loss, _) = flow_matching_loss(
-                self.student.model(),
-                x0,
-                noise,
-                sigma,
-                text,
-                self.cfg.precondition_outputs,
-            );
-            let grads = loss.backward();
-            self.student.accumulate(&grads, ctx.grad_scale());
+            let (loss, _) = phase::<B, _>("student forward", &self.device, || {
+                flow_matching_loss(
+                    self.student.model(),
+                    x0,
+                    noise,
+                    sigma,
+                    text,
+                    self.cfg.precondition_outputs,
+                )
+            });
+            phase::<B, _>("student backward", &self.device, || {
+                let grads = loss.backward();
+                self.student.accumulate(&grads, ctx.grad_scale());
+            });
             loss
         };
         Ok(StepOutput::default().with_loss("loss", loss))

@@ -218,7 +218,7 @@ impl RunConfig {
             if role.gradient_checkpointing && !self.method.supports_gradient_checkpointing() {
                 return Err(ConfigError::new(
                     format!("{section}.gradient_checkpointing"),
-                    "this method does not support block-level activation checkpointing (supported by: finetune); set it to false",
+                    "this method does not support block-level activation checkpointing (the built-in finetune, dmd2, adversarial and consistency do); set it to false",
                 ));
             }
         }

@@ -4,8 +4,13 @@
 //! The cursor counts samples consumed since the start of the run. Position `p` maps to sample
 //! `perm(epoch = p / len)[p % len]`, where each epoch's permutation depends only on the run
 //! seed and the epoch index, so restoring the cursor restores the exact data order.
+//!
+//! While the trainer computes a step, a background thread already reads and decodes the next
+//! batch (the order is known in advance), so a slow source (parquet at 29k tokens per
+//! sample) overlaps with compute. The batch returned is the same with or without it.
 
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use burn::tensor::{backend::Backend, Bool, Tensor, TensorData};
 
@@ -32,7 +37,12 @@ pub struct Loader {
     cursor: u64,
     perm_epoch: Option<u64>,
     perm: Vec<usize>,
+    /// The batch at a cursor, being read on a background thread.
+    prefetch: Option<(u64, Prefetch)>,
 }
+
+/// A batch read on a background thread: its indices and the thread's samples.
+type Prefetch = (Vec<usize>, JoinHandle<Result<Vec<Sample>, DataError>>);
 
 impl Loader {
     /// A loader starting at cursor 0. Fails on an empty source.
@@ -56,6 +66,7 @@ impl Loader {
             cursor: 0,
             perm_epoch: None,
             perm: Vec::new(),
+            prefetch: None,
         })
     }
 
@@ -96,21 +107,48 @@ impl Loader {
         self.perm[offset]
     }
 
-    /// The next `batch_size` samples (wrapping into the next epoch when needed).
+    /// The next `batch_size` samples (wrapping into the next epoch when needed); then starts
+    /// reading the batch after it in the background.
     pub fn next_batch(&mut self) -> Result<HostBatch, DataError> {
-        let spec = self.source.spec();
-        let mut indices = Vec::with_capacity(self.batch_size);
-        let mut samples = Vec::with_capacity(self.batch_size);
-        for _ in 0..self.batch_size {
-            let idx = self.index_at(self.cursor);
-            let sample = self.source.get(idx)?;
-            check_sample(&sample, &spec, idx)?;
-            indices.push(idx);
-            samples.push(sample);
-            self.cursor += 1;
-        }
+        let indices = self.indices_from(self.cursor);
+        let samples = match self.prefetch.take() {
+            Some((at, (idx, job))) if at == self.cursor && idx == indices => job
+                .join()
+                // A panicking source: read again here, where the panic surfaces as before.
+                .unwrap_or_else(|_| read_samples(&*self.source, &indices))?,
+            _ => read_samples(&*self.source, &indices)?,
+        };
+        self.cursor += indices.len() as u64;
+        let next = self.indices_from(self.cursor);
+        let source = self.source.clone();
+        let job = std::thread::Builder::new().name("reel-data".into()).spawn({
+            let next = next.clone();
+            move || read_samples(&*source, &next)
+        });
+        // Without a thread (resource limits) the next batch is simply read when asked for.
+        self.prefetch = job.ok().map(|job| (self.cursor, (next, job)));
         Ok(HostBatch { indices, samples })
     }
+
+    /// The source indices of the batch starting at `cursor`.
+    fn indices_from(&mut self, cursor: u64) -> Vec<usize> {
+        (0..self.batch_size as u64)
+            .map(|i| self.index_at(cursor + i))
+            .collect()
+    }
+}
+
+/// Read and check the samples at `indices`.
+fn read_samples(source: &dyn DataSource, indices: &[usize]) -> Result<Vec<Sample>, DataError> {
+    let spec = source.spec();
+    indices
+        .iter()
+        .map(|&idx| {
+            let sample = source.get(idx)?;
+            check_sample(&sample, &spec, idx)?;
+            Ok(sample)
+        })
+        .collect()
 }
 
 fn check_sample(s: &Sample, spec: &DataSpec, idx: usize) -> Result<(), DataError> {
@@ -261,6 +299,66 @@ mod tests {
             rest.extend(b.next_batch().unwrap().indices);
         }
         assert_eq!(rest, seen[9..]);
+    }
+
+    /// Records which indices were read; index 7 is a bad record.
+    #[derive(Debug, Default)]
+    struct Watched {
+        read: std::sync::Mutex<Vec<usize>>,
+    }
+    impl DataSource for Watched {
+        fn spec(&self) -> DataSpec {
+            Counting(0).spec()
+        }
+        fn len(&self) -> usize {
+            8
+        }
+        fn get(&self, index: usize) -> Result<Sample, DataError> {
+            self.read.lock().unwrap().push(index);
+            if index == 7 {
+                return Err(DataError::Record {
+                    file: "bad.parquet".into(),
+                    record: 7,
+                    reason: "truncated".into(),
+                });
+            }
+            Counting(8).get(index)
+        }
+    }
+
+    #[test]
+    fn the_next_batch_is_read_in_the_background_and_errors_arrive_with_it() {
+        let src = Arc::new(Watched::default());
+        let mut a = Loader::new(src.clone(), 2, false, 0).unwrap();
+        assert_eq!(a.next_batch().unwrap().indices, [0, 1]);
+        // Batch [2, 3] is read without being asked for.
+        let t0 = std::time::Instant::now();
+        while src.read.lock().unwrap().len() < 4 {
+            assert!(t0.elapsed().as_secs() < 30, "no background read");
+            std::thread::yield_now();
+        }
+        assert_eq!(*src.read.lock().unwrap(), [0, 1, 2, 3]);
+        let b = a.next_batch().unwrap();
+        assert_eq!(
+            (b.indices, b.samples[1].latents.clone()),
+            (vec![2, 3], vec![3.0])
+        );
+        assert_eq!(
+            src.read.lock().unwrap().len(),
+            4,
+            "the prefetched batch is used"
+        );
+        assert_eq!(a.next_batch().unwrap().indices, [4, 5]);
+        // The bad record's error comes with the batch that holds it, naming file and record.
+        let err = a.next_batch().unwrap_err().to_string();
+        assert!(
+            err.contains("bad.parquet") && err.contains("record 7"),
+            "{err}"
+        );
+        // A jump (resume) reads the batch at the new cursor, not the prefetched one.
+        a.set_cursor(1);
+        assert_eq!(a.next_batch().unwrap().indices, [1, 2]);
+        assert_eq!(a.cursor(), 3);
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct RoleKeys {
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
     /// Recompute each transformer block in the backward pass instead of keeping its
-    /// activations (block-level activation checkpointing; methods that support it: `finetune`).
+    /// activations (block-level activation checkpointing; every built-in method supports it).
     #[serde(default)]
     pub gradient_checkpointing: bool,
 }

@@ -15,6 +15,7 @@ use crate::config::{ConfigError, LoadedConfig, NonFinitePolicy, SaveErrorPolicy}
 use crate::data::{negative_or_zeros, to_device, DataSource, Loader, TextCondition};
 use crate::fault;
 use crate::method::{StepContext, TrainingMethod};
+use crate::profile;
 use crate::rng::RunRng;
 
 type Scalar<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
@@ -173,15 +174,19 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     }
 
     /// One optimizer step: micro-batches, one host sync, update (or the non-finite policy),
-    /// callbacks, checkpoint.
-    fn train_step(&mut self) -> Result<(), TrainError> {
+    /// callbacks, checkpoint. Each piece is a [`profile`] phase; time outside them counts as
+    /// `other`.
+    pub fn train_step(&mut self) -> Result<(), TrainError> {
+        let device = self.device.clone();
+        let _step = profile::enter::<B>("other", &device);
         let t0 = Instant::now();
         let cursor_before = self.loader.cursor();
         let parts = self.forward_backward()?;
-        let reduced = self.reduce(parts);
+        let reduced =
+            profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts));
         let bad = reduced.non_finite();
         let lrs = if bad.is_empty() {
-            self.update(&reduced.norms)
+            profile::phase::<B, _>("clip + optimizer", &device, || self.update(&reduced.norms))
         } else {
             self.on_non_finite(&bad, cursor_before)?;
             vec![]
@@ -199,8 +204,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             skipped: !bad.is_empty(),
         };
         self.last_losses = reduced.losses;
-        self.end_step(&report)?;
-        self.checkpoint_if_due()
+        profile::phase::<B, _>("callbacks", &device, || self.end_step(&report))?;
+        profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
     }
 
     /// Forward and backward of every micro-batch of the step; the losses stay on the device.
@@ -209,8 +214,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let spec = self.source.spec();
         let mut parts: LossParts<B> = vec![];
         for micro in 0..accum {
+            let data = profile::enter::<B>("data", &self.device);
             let host = self.loader.next_batch()?;
             let batch = to_device::<B>(&host, &spec, &self.negative, &self.device);
+            drop(data);
             let ctx = StepContext {
                 step: self.step,
                 micro,
@@ -218,7 +225,11 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 max_steps: self.loaded.config.training.max_steps,
                 rng: self.rng,
             };
-            for (name, value) in self.method.micro_step(&batch, &ctx)?.losses {
+            // A method's own phases nest inside; the rest of its step counts here.
+            let out = profile::phase::<B, _>("method (other)", &self.device, || {
+                self.method.micro_step(&batch, &ctx)
+            })?;
+            for (name, value) in out.losses {
                 match parts.iter_mut().find(|(n, _)| *n == name) {
                     Some((_, values)) => values.push(value),
                     None => parts.push((name, vec![value])),

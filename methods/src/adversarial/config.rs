@@ -118,4 +118,9 @@ impl MethodConfig for AdversarialConfig {
             RoleRequirement::frozen("teacher"),
         ]
     }
+
+    /// The student can be block-checkpointed (the teacher's feature forwards are not).
+    fn supports_gradient_checkpointing(&self) -> bool {
+        true
+    }
 }

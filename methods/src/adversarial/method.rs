@@ -61,6 +61,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for AdversarialConfig {
             student,
             teacher,
             discriminator,
+            checkpointing: ctx.role("student")?.gradient_checkpointing,
             device: ctx.device.clone(),
         }))
     }
@@ -76,6 +77,8 @@ pub struct Adversarial<B: AutodiffBackend> {
     teacher: DynModel<B>,
     #[role]
     discriminator: TrainableRole<B, DiscriminatorHeads<B>>,
+    /// Block-level activation checkpointing of the student.
+    checkpointing: bool,
     device: B::Device,
 }
 
@@ -125,32 +128,48 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Adversarial<B> {
         let noise = per_sample_noise::<B>(ctx, idx, dims, "noise", &self.device);
         let noise_d = per_sample_noise::<B>(ctx, idx, dims, "noise-disc", &self.device);
 
-        // Student (generator) step.
+        // Student (generator) step: the objective on the student's velocity `v`.
         let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
-        let v = self.student.model().forward(
-            x_t.clone(),
-            timesteps_from_sigmas(sigma.clone()),
-            text.clone(),
-        );
-        let fake = x0_from_velocity(x_t, v.clone(), sigma);
-        let fake_d = add_noise(fake, noise_d.clone(), sigma_d.clone());
-        let heads = self.discriminator.model();
-        let gen_loss = self.cfg.gan_loss.generator_heads(heads.judge(
-            &self.teacher,
-            fake_d.clone(),
-            t_d.clone(),
-            text.clone(),
-        ));
-        let mut out = StepOutput::default().with_loss("generator_loss", gen_loss.clone());
-        let mut loss = gen_loss.mul_scalar(self.cfg.generator_weight);
-        if self.cfg.flow_matching_weight > 0.0 {
-            let fm = v.sub(velocity_target(x0.clone(), noise)).square().mean();
-            out = out.with_loss("flow_matching_loss", fm.clone());
-            loss = loss + fm.mul_scalar(self.cfg.flow_matching_weight);
+        let t = timesteps_from_sigmas(sigma.clone());
+        let mut parts = None;
+        let objective = |v: Tensor<B, 5>| {
+            let fake = x0_from_velocity(x_t.clone(), v.clone(), sigma);
+            let fake_d = add_noise(fake, noise_d.clone(), sigma_d.clone());
+            let logits = (self.discriminator.model()).judge(
+                &self.teacher,
+                fake_d.clone(),
+                t_d.clone(),
+                text.clone(),
+            );
+            let gen_loss = self.cfg.gan_loss.generator_heads(logits);
+            let mut loss = gen_loss.clone().mul_scalar(self.cfg.generator_weight);
+            let mut fm_loss = None;
+            if self.cfg.flow_matching_weight > 0.0 {
+                let fm = v.sub(velocity_target(x0.clone(), noise)).square().mean();
+                loss = loss + fm.clone().mul_scalar(self.cfg.flow_matching_weight);
+                fm_loss = Some(fm.detach());
+            }
+            parts = Some((gen_loss.detach(), fm_loss, fake_d.detach()));
+            loss
+        };
+        let scale = ctx.grad_scale();
+        if self.checkpointing {
+            let (_, stages) =
+                self.student
+                    .checkpointed_grads(x_t.clone(), t, text.clone(), Box::new(objective));
+            for g in stages {
+                self.student.add_grads(g, scale);
+            }
+        } else {
+            let v = self.student.model().forward(x_t.clone(), t, text.clone());
+            let grads = objective(v).backward();
+            self.student.accumulate(&grads, scale);
         }
-        let grads = loss.backward();
-        self.student.accumulate(&grads, ctx.grad_scale());
-        drop(grads);
+        let (gen_loss, fm_loss, fake_d) = parts.expect("the generator objective ran");
+        let mut out = StepOutput::default().with_loss("generator_loss", gen_loss);
+        if let Some(fm) = fm_loss {
+            out = out.with_loss("flow_matching_loss", fm);
+        }
 
         // Discriminator step, from detached inputs.
         if ctx
@@ -158,7 +177,6 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Adversarial<B> {
             .is_multiple_of(self.cfg.discriminator_interval as u64)
         {
             let real_d = add_noise(x0, noise_d, sigma_d);
-            let fake_d = fake_d.detach();
             let heads = self.discriminator.model();
             let real_logits =
                 heads.forward(self.features_detached(real_d.clone(), t_d.clone(), text.clone()));
@@ -247,6 +265,7 @@ mod tests {
             teacher: DynModel::new(wan.init_seeded::<Ad>(&dev, 3)).frozen(),
             discriminator: TrainableRole::new("discriminator", heads, opt, None, 10),
             cfg,
+            checkpointing: false,
             device: dev,
         }
     }

@@ -171,6 +171,11 @@ impl MethodConfig for ConsistencyConfig {
             RoleRequirement::frozen("teacher"),
         ]
     }
+
+    /// The student can be block-checkpointed.
+    fn supports_gradient_checkpointing(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
             student,
             teacher,
             target,
+            checkpointing: ctx.role("student")?.gradient_checkpointing,
             device: ctx.device.clone(),
         }))
     }
@@ -154,6 +155,8 @@ pub struct Consistency<B: AutodiffBackend> {
     /// The EMA target (role `target`, never given gradients), when `target = "ema"`.
     #[role]
     pub(crate) target: Option<TrainableRole<B, DynModel<B>>>,
+    /// Block-level activation checkpointing of the student.
+    pub(crate) checkpointing: bool,
     pub(crate) device: B::Device,
 }
 
@@ -190,19 +193,10 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
         );
         let text_i = batch.text.clone().inner();
 
-        // The student's phase-end prediction (with gradients).
-        let x_t_ad = Tensor::<B, 5>::from_inner(x_t.clone());
-        let v = self.student.model().forward(
-            x_t_ad.clone(),
-            timesteps::<B>(&pts.sigma, &device),
-            batch.text.clone(),
-        );
-        let pred = euler_segment(x_t_ad, v, &pts.sigma, &pts.sigma_end);
-
         // The teacher's guided step and the target from its point (no gradients).
         let x_next = teacher_step(
             &self.teacher,
-            x_t,
+            x_t.clone(),
             &pts.sigma,
             &pts.sigma_next,
             text_i.clone(),
@@ -220,28 +214,49 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
             text_i,
         );
 
-        let distance =
-            self.cfg
-                .loss
-                .loss(pred.clone(), Tensor::from_inner(target), self.cfg.huber_c);
-        let mut out = StepOutput::default();
-        let loss = if self.cfg.pred_decay_weight > 0.0 {
+        // The student's phase-end prediction (with gradients) against the target.
+        let x_t_ad = Tensor::<B, 5>::from_inner(x_t);
+        let t = timesteps::<B>(&pts.sigma, &device);
+        let mut out = None;
+        let objective = |v: Tensor<B, 5>| {
+            let pred = euler_segment(x_t_ad.clone(), v, &pts.sigma, &pts.sigma_end);
+            let target = Tensor::from_inner(target);
+            let distance = self.cfg.loss.loss(pred.clone(), target, self.cfg.huber_c);
+            if self.cfg.pred_decay_weight <= 0.0 {
+                out = Some(StepOutput::default().with_loss("loss", distance.clone().detach()));
+                return distance;
+            }
             let decay = self.cfg.pred_decay_type.loss(pred);
-            let total = distance
-                .clone()
-                .add(decay.clone().mul_scalar(self.cfg.pred_decay_weight));
-            out = out
-                .with_loss("loss", total.clone())
-                .with_loss("consistency_loss", distance)
-                .with_loss("pred_decay_loss", decay);
+            let total =
+                (distance.clone()).add(decay.clone().mul_scalar(self.cfg.pred_decay_weight));
+            out = Some(
+                StepOutput::default()
+                    .with_loss("loss", total.clone().detach())
+                    .with_loss("consistency_loss", distance.detach())
+                    .with_loss("pred_decay_loss", decay.detach()),
+            );
             total
-        } else {
-            out = out.with_loss("loss", distance.clone());
-            distance
         };
-        let grads = loss.backward();
-        self.student.accumulate(&grads, ctx.grad_scale());
-        Ok(out)
+        let scale = ctx.grad_scale();
+        if self.checkpointing {
+            let (_, stages) = (self.student).checkpointed_grads(
+                x_t_ad.clone(),
+                t,
+                batch.text.clone(),
+                Box::new(objective),
+            );
+            for g in stages {
+                self.student.add_grads(g, scale);
+            }
+        } else {
+            let v = self
+                .student
+                .model()
+                .forward(x_t_ad.clone(), t, batch.text.clone());
+            let grads = objective(v).backward();
+            self.student.accumulate(&grads, scale);
+        }
+        Ok(out.expect("the objective ran"))
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {

@@ -154,6 +154,7 @@ fn method(target: TargetNetwork, decay: f64) -> Consistency<B> {
         student,
         teacher: Box::new(tiny().init_seeded::<I>(&dev, 3)),
         target,
+        checkpointing: false,
         device: dev,
     }
 }

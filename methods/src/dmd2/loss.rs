@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use reel_core::flow::{add_noise, timesteps_from_sigmas, velocity_target, x0_from_velocity};
 use reel_core::model::DiffusionModel;
+use reel_core::profile::{enter, phase};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -114,9 +115,13 @@ pub fn dmd_scores<B: Backend>(
     let n = x0.dims()[0];
     let noisy = add_noise(x0.clone(), noise, sigma.clone());
     let t = timesteps_from_sigmas(sigma.clone());
-    let v_critic = critic.forward(noisy.clone(), t.clone(), cond.clone());
+    let dev = x0.device();
+    let v_critic = phase::<B, _>("critic forward (score)", &dev, || {
+        critic.forward(noisy.clone(), t.clone(), cond.clone())
+    });
     let fake_x0 = x0_from_velocity(noisy.clone(), v_critic.clone(), sigma.clone());
 
+    let teacher_phase = enter::<B>("teacher forward", &dev);
     let (v_teacher_cond, v_teacher_uncond) = if form.is_cond_only(guidance) {
         (teacher.forward(noisy.clone(), t, cond), None)
     } else {
@@ -127,6 +132,7 @@ pub fn dmd_scores<B: Backend>(
         );
         (both.clone().narrow(0, 0, n), Some(both.narrow(0, n, n)))
     };
+    drop(teacher_phase);
     let real_cond_x0 = x0_from_velocity(noisy.clone(), v_teacher_cond.clone(), sigma.clone());
     let real_uncond_x0 = v_teacher_uncond
         .clone()

@@ -58,6 +58,7 @@ use reel_core::method::{
     TrainingMethod,
 };
 use reel_core::model::{DiffusionModel, DynModel};
+use reel_core::profile::{enter, phase};
 use reel_core::role::TrainableRole;
 
 use crate::adversarial::DiscriminatorHeads;
@@ -182,6 +183,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
         let idx = &batch.indices;
         let dims = batch.latents.dims();
         let x0_i = x0.clone().inner();
+        // The critic and teacher forwards (their own phases inside `dmd_scores`).
         let scores = dmd_scores(
             x0_i.clone(),
             per_sample_noise::<Inner<B>>(ctx, idx, dims, "dmd2-score-noise", &self.device),
@@ -201,7 +203,9 @@ impl<B: AutodiffBackend> Dmd2<B> {
         let mut gan_loss = None;
         if let Some(d) = &self.discriminator {
             let (x, t) = self.gan_point(x0, ctx, idx);
-            let logits = d.model().judge(self.critic.model(), x, t, text);
+            let logits = phase::<B, _>("discriminator forward", &self.device, || {
+                d.model().judge(self.critic.model(), x, t, text)
+            });
             let gan = self.cfg.gan_loss.generator_heads(logits);
             loss = loss + gan.clone().mul_scalar(self.cfg.gan_generator_weight);
             gan_loss = Some(gan.detach());
@@ -236,18 +240,25 @@ impl<B: AutodiffBackend> Dmd2<B> {
             let target = velocity_target(sample.clone(), noise);
             let t = timesteps_from_sigmas(sigma);
             let mse = Box::new(move |pred: Tensor<B, 5>| pred.sub(target).square().mean());
-            let l = self
-                .critic
-                .checkpointed_backward(noisy, t, text.clone(), mse, scale);
+            let l = phase::<B, _>(
+                "critic forward + backward (checkpointed)",
+                &self.device,
+                || {
+                    self.critic
+                        .checkpointed_backward(noisy, t, text.clone(), mse, scale)
+                },
+            );
             out = out.with_loss("critic_loss", l);
         } else {
-            let critic = critic_loss(
-                self.critic.model(),
-                sample.clone(),
-                noise,
-                sigma,
-                text.clone(),
-            );
+            let critic = phase::<B, _>("critic forward", &self.device, || {
+                critic_loss(
+                    self.critic.model(),
+                    sample.clone(),
+                    noise,
+                    sigma,
+                    text.clone(),
+                )
+            });
             out = out.with_loss("critic_loss", critic.loss.clone());
             loss = Some(critic.loss);
         }
@@ -255,8 +266,10 @@ impl<B: AutodiffBackend> Dmd2<B> {
             let (real, t) = self.gan_point(batch.latents.clone(), ctx, idx);
             let (fake, _) = self.gan_point(sample, ctx, idx);
             let heads = d.model();
+            let judging = enter::<B>("discriminator forward", &self.device);
             let real = heads.judge(self.critic.model(), real, t.clone(), text.clone());
             let fake = heads.judge(self.critic.model(), fake, t, text);
+            drop(judging);
             let gan = self.cfg.gan_loss.discriminator_heads(real, fake);
             out = out.with_loss("gan_discriminator_loss", gan.clone());
             let gan = gan.mul_scalar(self.cfg.gan_discriminator_weight);
@@ -266,6 +279,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
             });
         }
         if let Some(loss) = loss {
+            let _b = enter::<B>("critic backward", &self.device);
             let grads = loss.backward();
             self.critic.accumulate(&grads, scale);
             if let Some(d) = &mut self.discriminator {
@@ -292,7 +306,9 @@ impl<B: AutodiffBackend> Dmd2<B> {
             &self.device,
         );
         if simulate {
-            simulate_input(&*self.student.model().valid(), &self.schedule, &draws, text)
+            phase::<B, _>("student rollout (no grad)", &self.device, || {
+                simulate_input(&*self.student.model().valid(), &self.schedule, &draws, text)
+            })
         } else {
             data_latent_input(batch.latents.clone().inner(), &self.schedule, &draws)
         }
@@ -327,6 +343,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                     parts = Some(p);
                     loss
                 };
+                let _p = enter::<B>("student forward + backward (checkpointed)", &self.device);
                 let (_, stages) = self.student.checkpointed_grads(
                     x_t.clone(),
                     t,
@@ -337,9 +354,12 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                     self.student.add_grads(g, scale);
                 }
             } else {
-                let (x0, _) = student_x0(self.student.model(), x_t, sigma_a, text.clone());
+                let (x0, _) = phase::<B, _>("student forward", &self.device, || {
+                    student_x0(self.student.model(), x_t, sigma_a, text.clone())
+                });
                 let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i);
                 // Only the student takes these gradients (the critic's and heads' are dropped).
+                let _b = enter::<B>("student backward", &self.device);
                 let grads = loss.backward();
                 self.student.accumulate(&grads, scale);
                 parts = Some(p);
@@ -351,6 +371,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
             }
             p.sample
         } else {
+            let _p = enter::<B>("student forward (no grad)", &self.device);
             student_x0(
                 &*self.student.model().valid(),
                 x_t,
@@ -426,6 +447,8 @@ mod tests {
             ),
             teacher: Box::new(tiny.init_seeded::<I>(&dev, 3)),
             discriminator: None,
+            checkpoint_student: false,
+            checkpoint_critic: false,
             device: dev,
         }
     }

@@ -5,10 +5,16 @@
 //! tokens, width `d`, FFN width `f`, `n` blocks and batch `B`:
 //! `B·n·[N·(12d² + 4df + 4Nd + 4Ld) + L·4d²]`; a training step counts 3× the forward.
 //!
+//! `--breakdown` runs real trainer steps instead and splits them into phases
+//! ([`breakdown`]); it benches `--method finetune` or `dmd2`, or any run config (`--config`).
+//!
 //! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
 //! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS
 //! is the process's high-water mark, so compare it between separate runs.
 
+mod breakdown;
+
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
@@ -73,6 +79,24 @@ pub struct BenchArgs {
     /// backward pass), as `models.<role>.gradient_checkpointing = true` does.
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// Split real trainer steps into phases (data, each role's forward and backward, host
+    /// sync, clip + optimizer, callbacks, checkpoint), a device sync around each.
+    #[arg(long)]
+    pub breakdown: bool,
+    /// With `--breakdown`: the method of the generated run, `finetune` or `dmd2` (student,
+    /// critic and frozen teacher from the preset; the generator updates every step).
+    #[arg(long, default_value = "finetune", value_parser = ["finetune", "dmd2"])]
+    pub method: String,
+    /// With `--breakdown`: bench this run config instead of a preset (its backend, shapes and
+    /// data; `--backend`, `--shape`, `--method` and friends do not apply).
+    #[arg(long, requires = "breakdown")]
+    pub config: Option<PathBuf>,
+    /// With `--config`: override a key, as `reel train --set` does (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", requires = "config")]
+    pub set: Vec<String>,
+    /// With `--config`: drop every role's `weights` (random weights of the same shapes).
+    #[arg(long, requires = "config")]
+    pub random_weights: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -115,11 +139,15 @@ pub struct BenchRow {
     peak_rss_mib: f64,
 }
 
+/// Median, min and max of timed repetitions.
 #[derive(Debug, Clone, Serialize)]
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
+pub struct Stats {
+    /// Median (the upper one of an even count).
+    pub median: f64,
+    /// Fastest.
+    pub min: f64,
+    /// Slowest.
+    pub max: f64,
 }
 
 fn stats(mut v: Vec<f64>) -> Stats {
@@ -320,8 +348,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.shape.len() != 3 {
         anyhow::bail!("--shape takes three numbers: F H W");
     }
-    if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu {
+    if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu && args.config.is_none() {
         anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
+    }
+    if args.steps == 0 {
+        anyhow::bail!("--steps must be at least 1");
+    }
+    if args.breakdown {
+        return breakdown::run(args);
     }
     let rows = with_backend!(args.backend, |B| run_backend::<B>(args))?;
     if args.json {

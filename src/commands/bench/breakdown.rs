@@ -1,0 +1,318 @@
+//! `reel bench --breakdown`: real trainer steps split into phases (data, each role's forward
+//! and backward, the host sync, clipping + optimizer, callbacks such as EMA, checkpointing).
+//!
+//! Without `--config`, each preset (× LoRA rank) becomes a run config in memory: the chosen
+//! method (`finetune`, or `dmd2` with its student, critic and frozen teacher, the generator
+//! updating every step), random weights of the preset's shapes, the `random` data source at
+//! `--shape`, and an EMA of the trained roles. With `--config`, that run config is benched as
+//! it stands (`--set` overrides; `--random-weights` drops every `weights` key).
+//!
+//! Each phase is timed with a device sync on both sides ([`reel_core::profile`]). The syncs
+//! stall the launch queue, so the phases add up to the *profiled* step; the unprofiled step
+//! (timed steps without phase syncs, one sync at the end of each) is printed beside it.
+
+use std::path::Path;
+use std::time::Instant;
+
+use reel_core::backend::ReelBackend;
+use reel_core::config::{parse_run_config, LoadedConfig};
+use reel_core::profile;
+use reel_core::trainer::{TrainOptions, Trainer};
+use reel_core::with_backend;
+use reel_models::wan::WanArch;
+use reel_models::WanConfig;
+use serde::Serialize;
+
+use super::{stats, BenchArgs, Stats};
+
+/// One phase's time per step.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseRow {
+    /// Phase name (see [`reel_core::profile`]).
+    pub phase: String,
+    /// Milliseconds per step over the timed steps.
+    pub ms: Stats,
+    /// Share of the profiled step's median.
+    pub share: f64,
+}
+
+/// The breakdown of one benchmarked run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Breakdown {
+    /// What ran: `<preset> <method>` or the config path.
+    pub label: String,
+    /// Backend, with `+fusion` / `+autotune` when built with them.
+    pub backend: String,
+    /// Samples per optimizer step (micro-batch × accumulation).
+    pub samples_per_step: usize,
+    /// Video tokens per sample.
+    pub tokens: usize,
+    /// Phases in the order they first ran.
+    pub phases: Vec<PhaseRow>,
+    /// The step with a sync around every phase (the phases add up to it).
+    pub profiled_step_ms: Stats,
+    /// The step without phase syncs (one sync at its end).
+    pub step_ms: Stats,
+}
+
+/// Run the breakdown for every preset × LoRA rank (or the `--config`), print it.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let runs = match &args.config {
+        Some(path) => vec![(path.display().to_string(), config_run(args, path)?)],
+        None => preset_runs(args)?,
+    };
+    let mut out = vec![];
+    for (label, loaded) in runs {
+        let backend = loaded.config.runtime.backend;
+        let row = with_backend!(backend, |B| bench_run::<B>(args, &label, &loaded))?;
+        out.push(row);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for b in &out {
+            print_table(b);
+        }
+    }
+    Ok(())
+}
+
+/// The user's run config, with `--random-weights` and the bench's step count applied.
+fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<LoadedConfig> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+    let mut root: toml::Table =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if args.random_weights {
+        if let Some(toml::Value::Table(models)) = root.get_mut("models") {
+            for (_, role) in models.iter_mut() {
+                if let toml::Value::Table(t) = role {
+                    t.remove("weights");
+                }
+            }
+        }
+    }
+    if let Some(toml::Value::Table(training)) = root.get_mut("training") {
+        training.remove("checkpoint_every");
+    }
+    let mut sets = args.set.clone();
+    sets.push(format!("training.max_steps={}", total_steps(args) + 1));
+    Ok(parse_run_config(&toml::to_string(&root)?, path, &sets)?)
+}
+
+/// Every step the bench runs: warm-up, profiled, unprofiled.
+fn total_steps(args: &BenchArgs) -> usize {
+    args.warmup + 2 * args.steps
+}
+
+/// One generated run config per preset × LoRA rank.
+fn preset_runs(args: &BenchArgs) -> anyhow::Result<Vec<(String, LoadedConfig)>> {
+    let mut runs = vec![];
+    for preset in &args.presets {
+        let cfg = WanConfig::preset(preset).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unknown preset `{preset}`, expected one of {:?}",
+                WanConfig::preset_names()
+            )
+        })?;
+        for &rank in &args.lora_ranks {
+            let text = preset_toml(args, preset, &cfg, rank);
+            let mut label = format!("{preset} {}", args.method);
+            if rank > 0 {
+                label.push_str(&format!(" lora{rank}"));
+            }
+            let loaded = parse_run_config(&text, Path::new("<bench>"), &args.set)?;
+            runs.push((label, loaded));
+        }
+    }
+    Ok(runs)
+}
+
+/// The run config of one preset row (see the module docs).
+fn preset_toml(args: &BenchArgs, preset: &str, cfg: &WanConfig, rank: usize) -> String {
+    let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
+    let dtype = serde_json::to_value(args.dtype).expect("dtype serializes");
+    let attention = serde_json::to_value(args.attention).expect("attention serializes");
+    let role = |name: &str, trainable: bool| {
+        let mut t = format!(
+            "[models.{name}]\narch = \"wan\"\npreset = \"{preset}\"\nattention = {attention}\n\
+             trainable = {trainable}\n"
+        );
+        if trainable {
+            t.push_str(&format!(
+                "gradient_checkpointing = {}\n",
+                args.gradient_checkpointing
+            ));
+        }
+        if trainable && rank > 0 {
+            let targets: Vec<String> = args.lora_targets.iter().map(|m| format!("{m:?}")).collect();
+            t.push_str(&format!(
+                "adapter = {{ kind = \"lora\", rank = {rank}, alpha = {rank}.0, target_modules = [{}] }}\n",
+                targets.join(", ")
+            ));
+        }
+        t
+    };
+    let mut text = format!(
+        "[runtime]\nbackend = \"{}\"\ndtype = {dtype}\nseed = 0\n\n",
+        args.backend.as_str()
+    );
+    let trained = match args.method.as_str() {
+        "dmd2" => {
+            for (name, trainable) in [("student", true), ("critic", true), ("teacher", false)] {
+                text.push_str(&role(name, trainable));
+            }
+            text.push_str("[method]\nkind = \"dmd2\"\ngenerator_update_interval = 1\n");
+            "\"student\", \"critic\""
+        }
+        _ => {
+            text.push_str(&role("student", true));
+            text.push_str("[method]\nkind = \"finetune\"\n");
+            "\"student\""
+        }
+    };
+    text.push_str(&format!(
+        "[data]\nkind = \"random\"\nbatch_size = {b}\nnum_samples = {n}\nchannels = {c}\n\
+         frames = {f}\nheight = {h}\nwidth = {w}\ntext_len = {l}\ntext_dim = {d}\n\n\
+         [training]\nmax_steps = {max}\nmax_grad_norm = 1.0\n\n\
+         [[callbacks]]\nkind = \"ema\"\ndecay = 0.99\nroles = [{trained}]\n",
+        b = args.batch,
+        n = args.batch * total_steps(args),
+        c = cfg.in_channels,
+        l = args.text_len,
+        d = cfg.text_dim,
+        max = total_steps(args) + 1,
+    ));
+    text
+}
+
+/// Build the trainer, warm up, run the profiled then the unprofiled steps.
+fn bench_run<B: ReelBackend>(
+    args: &BenchArgs,
+    label: &str,
+    loaded: &LoadedConfig,
+) -> anyhow::Result<Breakdown> {
+    let dir = tempfile::tempdir()?;
+    let opts = TrainOptions {
+        output_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    let mut trainer = Trainer::<B>::new(loaded, &opts)?;
+    let device = B::device_for(loaded.config.runtime.device);
+    for _ in 0..args.warmup {
+        trainer.train_step()?;
+    }
+    profile::start();
+    for _ in 0..args.steps {
+        trainer.train_step()?;
+        profile::end_step();
+    }
+    let steps = profile::finish();
+    let mut plain = vec![];
+    for _ in 0..args.steps {
+        let t0 = Instant::now();
+        trainer.train_step()?;
+        let _ = B::sync(&device);
+        plain.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    let spec = trainer_spec(loaded)?;
+    Ok(summarize(label, loaded, spec, &steps, plain))
+}
+
+/// Samples per step and tokens per sample of the run's data and first Wan-like role.
+fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize)> {
+    let cfg = &loaded.config;
+    let source = cfg.data.build(&loaded.base_dir)?;
+    let s = source.spec();
+    let patch = cfg
+        .models
+        .values()
+        .filter_map(|r| r.model.as_any().downcast_ref::<WanArch>())
+        .find_map(|a| a.wan_config(|p| loaded.resolve(p)).ok())
+        .map_or([1, 1, 1], |c| c.patch_size);
+    let tokens = (s.frames / patch[0]) * (s.height / patch[1]) * (s.width / patch[2]);
+    Ok((
+        cfg.data.batch_size() * cfg.training.grad_accumulation,
+        tokens,
+    ))
+}
+
+fn summarize(
+    label: &str,
+    loaded: &LoadedConfig,
+    (samples_per_step, tokens): (usize, usize),
+    steps: &[profile::StepPhases],
+    plain: Vec<f64>,
+) -> Breakdown {
+    let mut names: Vec<String> = vec![];
+    for step in steps {
+        for (n, _) in step {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+    }
+    let totals: Vec<f64> = steps
+        .iter()
+        .map(|s| s.iter().map(|(_, ms)| ms).sum())
+        .collect();
+    let profiled = stats(totals);
+    let phases = names
+        .into_iter()
+        .map(|name| {
+            let per_step: Vec<f64> = steps
+                .iter()
+                .map(|s| {
+                    s.iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(0.0, |(_, ms)| *ms)
+                })
+                .collect();
+            let ms = stats(per_step);
+            PhaseRow {
+                share: ms.median / profiled.median.max(1e-9),
+                phase: name,
+                ms,
+            }
+        })
+        .collect();
+    Breakdown {
+        label: label.to_string(),
+        backend: super::backend_label(loaded.config.runtime.backend),
+        samples_per_step,
+        tokens,
+        phases,
+        profiled_step_ms: profiled,
+        step_ms: stats(plain),
+    }
+}
+
+fn print_table(b: &Breakdown) {
+    println!(
+        "{} on {}: {} sample(s) x {} tokens per step",
+        b.label, b.backend, b.samples_per_step, b.tokens
+    );
+    println!(
+        "  {:<44} {:>10} {:>10} {:>10} {:>7}",
+        "phase", "median ms", "min ms", "max ms", "share"
+    );
+    for p in &b.phases {
+        println!(
+            "  {:<44} {:>10.1} {:>10.1} {:>10.1} {:>6.1}%",
+            p.phase,
+            p.ms.median,
+            p.ms.min,
+            p.ms.max,
+            100.0 * p.share
+        );
+    }
+    let (pr, st) = (&b.profiled_step_ms, &b.step_ms);
+    println!(
+        "  {:<44} {:>10.1} {:>10.1} {:>10.1}",
+        "step, profiled (sum of the phases)", pr.median, pr.min, pr.max
+    );
+    println!(
+        "  {:<44} {:>10.1} {:>10.1} {:>10.1}",
+        "step, unprofiled", st.median, st.min, st.max
+    );
+}
