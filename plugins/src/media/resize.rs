@@ -93,8 +93,11 @@ pub fn cover_and_crop(img: &[[u8; 3]], w: usize, h: usize, tw: usize, th: usize)
 }
 
 /// Indices of the `want` frames kept from a clip of `available` frames shot at `src_fps`,
-/// sampled at `target_fps` from the start (every `src_fps / target_fps`-th frame, rounded;
-/// every frame when either rate is unknown). `None` when the clip is too short.
+/// sampled at `target_fps` from the first frame as FastVideo's preprocessing does
+/// (`np.arange(0, available, src_fps / target_fps).astype(int)[:want]`): frame
+/// `⌊i · src_fps / target_fps⌋`, so a clip shot slower than `target_fps` repeats frames.
+/// Every frame when either rate is unknown. `None` when the clip is too short (FastVideo
+/// drops such clips too).
 pub fn frame_indices(
     available: usize,
     want: usize,
@@ -102,11 +105,11 @@ pub fn frame_indices(
     target_fps: Option<f64>,
 ) -> Option<Vec<usize>> {
     let stride = match (src_fps, target_fps) {
-        (Some(s), Some(t)) if s > 0.0 && t > 0.0 => (s / t).max(1.0),
+        (Some(s), Some(t)) if s > 0.0 && t > 0.0 => s / t,
         _ => 1.0,
     };
     let idx: Vec<usize> = (0..want)
-        .map(|i| (i as f64 * stride).round() as usize)
+        .map(|i| (i as f64 * stride).floor() as usize)
         .collect();
     (want > 0 && idx.last().is_some_and(|&l| l < available)).then_some(idx)
 }
@@ -174,9 +177,14 @@ mod tests {
             None,
             "too short"
         );
+        // FastVideo's rule: truncated fractional strides, repeats below the target rate.
         assert_eq!(
             frame_indices(5, 5, Some(10.0), Some(16.0)),
-            Some(vec![0, 1, 2, 3, 4])
+            Some(vec![0, 0, 1, 1, 2])
+        );
+        assert_eq!(
+            frame_indices(20, 5, Some(24.0), Some(16.0)),
+            Some(vec![0, 1, 3, 4, 6])
         );
         assert_eq!(frame_indices(3, 0, None, None), None);
     }
