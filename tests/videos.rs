@@ -109,3 +109,154 @@ fn validation_and_sample_decode_videos_with_the_vae() {
         .to_string();
     assert!(err.contains("callbacks[0].text_encoder"), "{err}");
 }
+
+/// The tiny real workflow: a folder of clips with captions goes through `reel preprocess`
+/// (tiny VAE + UMT5), a `finetune` run trains on the parquet it wrote, and `reel sample`
+/// decodes clips whose frame count and size are the VAE's compression undone. A VAE that
+/// does not match the model's latent channels is refused before sampling.
+#[test]
+fn clips_to_trained_weights_to_videos() {
+    let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    let tok = t5.join("tokenizer.json");
+    let tmp = tempfile::tempdir().unwrap();
+    let clips = tmp.path().join("clips");
+    std::fs::create_dir(&clips).unwrap();
+    let (side, frames) = (32usize, 5usize);
+    for (i, caption) in ["a red circle", "a blue square", "a cat", "a dog"]
+        .iter()
+        .enumerate()
+    {
+        let clip: Vec<Vec<[u8; 3]>> = (0..frames)
+            .map(|f| {
+                (0..side * side)
+                    .map(|p| [((p * 3 + f * 17 + i * 50) % 256) as u8, (i * 60) as u8, 90])
+                    .collect()
+            })
+            .collect();
+        let name = format!("clip{i}");
+        reel_plugins::media::write_gif(
+            &clips.join(format!("{name}.gif")),
+            &clip,
+            side,
+            side,
+            1,
+            16,
+        )
+        .unwrap();
+        std::fs::write(clips.join(format!("{name}.txt")), caption).unwrap();
+    }
+    let reel = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_reel"))
+            .current_dir(tmp.path())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let (vae_s, t5_s, tok_s) = (
+        vae.to_str().unwrap(),
+        t5.to_str().unwrap(),
+        tok.to_str().unwrap(),
+    );
+    let (ok, err) = reel(&[
+        "preprocess",
+        "clips",
+        "--out",
+        "data",
+        "--vae",
+        vae_s,
+        "--text-encoder",
+        t5_s,
+        "--tokenizer",
+        tok_s,
+        "--frames",
+        "5",
+        "--height",
+        "32",
+        "--width",
+        "32",
+        "--fps",
+        "0",
+        "--text-len",
+        "16",
+    ]);
+    assert!(ok, "preprocess: {err}");
+
+    let run = |student: &str, data: &str| {
+        format!(
+            "[runtime]\nseed = 1\n\n[models.student]\narch = \"wan\"\n{student}\ninit_seed = 1\n\
+             trainable = true\n\n[method]\nkind = \"finetune\"\n\n[data]\n{data}\n\n\
+             [optimizer]\nlr = 1e-3\n\n[training]\nmax_steps = 2\n"
+        )
+    };
+    let parquet = "kind = \"fastvideo_parquet\"\npath = \"data\"\nbatch_size = 2\ntext_len = 16\n\
+                   normalize = \"none\"";
+    std::fs::write(
+        tmp.path().join("run.toml"),
+        run("preset = \"wan-tiny\"", parquet),
+    )
+    .unwrap();
+    let o = common::reel_train(tmp.path(), "run", &[], None);
+    assert!(
+        o.status.success(),
+        "train: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    let (ok, err) = reel(&[
+        "sample",
+        "run",
+        "--prompt",
+        "a red circle",
+        "--steps",
+        "2",
+        "--vae",
+        vae_s,
+        "--text-encoder",
+        t5_s,
+        "--tokenizer",
+        tok_s,
+        "--out",
+        "samples",
+    ]);
+    assert!(ok, "sample: {err}");
+    // 32 px / 8 = 4 latent pixels and 5 frames -> 2 latent frames, decoded back to 5 × 32².
+    assert_eq!(
+        gif_info(&tmp.path().join("samples/0-a_red_circle.gif")),
+        (side, side, frames)
+    );
+
+    // A model with 8 latent channels cannot use this 4-channel VAE.
+    let mut wide = reel_models::WanConfig::preset("wan-tiny").unwrap();
+    wide.in_channels = 8;
+    wide.out_channels = 8;
+    std::fs::write(
+        tmp.path().join("wide.json"),
+        serde_json::to_string(&wide).unwrap(),
+    )
+    .unwrap();
+    let random = "kind = \"random\"\nchannels = 8\nframes = 2\nheight = 4\nwidth = 4\n\
+                  text_len = 16\ntext_dim = 32";
+    std::fs::write(
+        tmp.path().join("run.toml"),
+        run("config = \"wide.json\"", random),
+    )
+    .unwrap();
+    let o = common::reel_train(tmp.path(), "wide", &[], None);
+    assert!(
+        o.status.success(),
+        "train: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let (ok, err) = reel(&["sample", "wide", "--vae", vae_s, "--out", "wide-samples"]);
+    assert!(!ok, "a mismatched VAE is refused");
+    assert!(
+        err.contains("--vae") && err.contains("8 channels") && err.contains("z_dim = 4"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -99,6 +99,11 @@ fn sample<B: ReelBackend>(
     let device = B::device_for(loaded.config.runtime.device);
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let spec = l.source.spec();
+    if let (Some(decoder), Some(vae)) = (&models.decoder, &args.vae) {
+        decoder
+            .check_spec(&spec)
+            .with_context(|| format!("--vae {}", vae.display()))?;
+    }
     let prompts = if args.prompts.is_empty() || models.text.is_some() {
         models.prompts(&cfg, &*l.source, &spec)?
     } else {
