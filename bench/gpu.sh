@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurement matrix in one command: Reel's CUDA build variants x attention x dtype x
 # gradient checkpointing, with PyTorch + diffusers beside each (shape, dtype, checkpointing)
-# in the same run, then the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens.
+# in the same run, then the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens,
+# then the Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens); ENCODERS=0 skips them.
 # Writes bench/results/<date>-<gpu>[-<TAG>].{json,md}: one row per Reel run, with the device,
 # the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON of every GPU run.
 #
@@ -17,6 +18,7 @@
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
 #   BREAKDOWN_SHAPE=20,56,104 (empty: skip)   BREAKDOWN_VARIANT=<first of VARIANTS>   TAG=slice1
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
+#   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
 # (out of memory) is recorded with `error` and the matrix goes on.
 set -uo pipefail
@@ -163,12 +165,45 @@ PY
   done
 fi
 
-"$PYTHON" - "$rows" "$breakdowns" "$out" "$gpu" "$date" <<'PY'
+# The VAE and the text encoder at Wan's sizes: decode/encode of 81x480x832 (whole and in
+# 256-px tiles) and UMT5-XXL on 512 tokens, random weights of the real shapes.
+encoders=$tmp/encoders.json
+echo "[]" >"$encoders"
+ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
+if [[ ${ENCODERS:-1} == 1 ]]; then
+  n=0
+  IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
+  for spec in "${encoder_runs[@]}"; do
+    n=$((n + 1))
+    echo "encoders: $spec" >&2
+    efile=$tmp/enc.$n.json
+    # shellcheck disable=SC2086 # $spec is a list of arguments
+    emem=$(peak_run "$efile" "$BIN_DIR/reel-cuda-$BREAKDOWN_VARIANT" bench --backend cuda $spec \
+      --steps "$STEPS" --warmup "$WARMUP" --json)
+    "$PYTHON" - "$encoders" "$efile" "$spec" "$emem" <<'PY'
 import json, sys
-rows_path, bd_path, out, gpu, date = sys.argv[1:6]
+path, efile, spec, mem = sys.argv[1:5]
+all_ = json.load(open(path))
+try:
+    rows = json.load(open(efile))
+except Exception:
+    err = [l for l in open(efile + ".err").read().splitlines() if l.strip()]
+    rows = [dict(op=spec, error=err[-1][:300] if err else "failed")]
+for r in rows:
+    r.update(args=spec, gpu_mib=float(mem) if mem else None)
+all_ += rows
+json.dump(all_, open(path, "w"))
+PY
+  done
+fi
+
+"$PYTHON" - "$rows" "$breakdowns" "$out" "$gpu" "$date" "$encoders" <<'PY'
+import json, sys
+rows_path, bd_path, out, gpu, date, enc_path = sys.argv[1:7]
 rows = [json.loads(l) for l in open(rows_path) if l.strip()]
 breakdowns = json.load(open(bd_path))
-json.dump(dict(device=gpu, date=date, rows=rows, breakdowns=breakdowns),
+encoders = json.load(open(enc_path))
+json.dump(dict(device=gpu, date=date, rows=rows, breakdowns=breakdowns, encoders=encoders),
           open(out + ".json", "w"), indent=1)
 f = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"
 lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
@@ -191,6 +226,15 @@ for b in breakdowns:
     lines += [f"| {p['phase']} | {p['ms']['median']:.1f} | {100 * p['share']:.1f} % |" for p in b["phases"]]
     lines.append(f"| step, profiled | {b['profiled_step_ms']['median']:.1f} | |")
     lines.append(f"| step, unprofiled | {b['step_ms']['median']:.1f} | |")
+if encoders:
+    lines += ["", "| encoder run | op | input | output | median ms | GPU MiB (process peak) |",
+              "|---|---|---|---|---|---|"]
+    for e in encoders:
+        if "error" in e:
+            lines.append(f"| `{e['args']}` | failed: {e['error'][:80]} | | | | |")
+        else:
+            lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
+                         f"{e['ms']['median']:.1f} | {f(e.get('gpu_mib'), 0)} |")
 open(out + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 print(f"\nwrote {out}.json and {out}.md", file=sys.stderr)

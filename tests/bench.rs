@@ -148,3 +148,67 @@ fn bad_arguments_are_refused_with_a_message() {
         .expect("reel runs");
     assert!(!out.status.success(), "--config needs --breakdown");
 }
+
+#[test]
+fn vae_and_text_encoder_timings_have_the_models_shapes() {
+    let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "model.safetensors"]);
+    let out = Command::new(BIN)
+        .args(["bench", "--json", "--steps", "1", "--warmup", "0"])
+        .arg("--vae")
+        .arg(&vae)
+        .arg("--text-encoder")
+        .arg(&t5)
+        .args([
+            "--video",
+            "5",
+            "16",
+            "24",
+            "--text-len",
+            "7",
+            "--batch",
+            "2",
+        ])
+        .output()
+        .expect("reel runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(vae.join("config.json")).unwrap()).unwrap();
+    let z = cfg["z_dim"].as_u64().unwrap();
+    let t5cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(t5.join("config.json")).unwrap()).unwrap();
+    let ops: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["vae decode", "vae encode", "umt5 encode"]);
+    // Decode: latents [1, z, f, h, w] -> the video asked for; encode: back to the latents.
+    let (lat, video) = (&rows[0]["input"], &rows[0]["output"]);
+    assert_eq!(video, &serde_json::json!([1, 3, 5, 16, 24]));
+    assert_eq!(lat[1].as_u64(), Some(z));
+    assert_eq!(&rows[1]["input"], video);
+    assert_eq!(&rows[1]["output"], lat);
+    assert_eq!(
+        rows[2]["output"],
+        serde_json::json!([2, 7, t5cfg["d_model"].as_u64().unwrap()])
+    );
+    for r in rows.as_array().unwrap() {
+        assert!(r["ms"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let out = Command::new(BIN)
+        .args(["bench", "--vae", "no/such/vae"])
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no/such/vae"),
+        "{err}"
+    );
+}

@@ -143,6 +143,13 @@ impl<B: Backend> Umt5Encoder<B> {
     /// [`WEIGHT_FILES`]), or a weights file with `config.json` beside it.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, Umt5Error> {
         let path = path.as_ref();
+        if !path.exists() {
+            return Err(Umt5ConfigError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+            }
+            .into());
+        }
         let dir = if path.is_dir() {
             path
         } else {

@@ -104,6 +104,13 @@ impl<B: Backend> WanVae<B> {
     /// or a weights file with `config.json` beside it. Keys are diffusers' as they are.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, VaeError> {
         let path = path.as_ref();
+        if !path.exists() {
+            return Err(VaeConfigError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+            }
+            .into());
+        }
         let dir = if path.is_dir() {
             path
         } else {

@@ -49,6 +49,12 @@ impl Tiling {
         }
     }
 
+    /// Square tiles of `size` pixels overlapping by about a quarter (the stride is `3/4` of
+    /// the size, rounded down to a multiple of 8): the `vae_tile` / `--tile` setting.
+    pub fn overlapping(size: usize) -> Self {
+        Self::square(size, size * 3 / 4 / 8 * 8)
+    }
+
     /// `(size, stride)` per axis (height, width), checked against the compression `s`:
     /// positive multiples of `s` with `stride <= size`.
     fn axes(&self, s: usize) -> Result<[(usize, usize); 2], VaeError> {

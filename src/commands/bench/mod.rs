@@ -8,11 +8,15 @@
 //! `--breakdown` runs real trainer steps instead and splits them into phases
 //! ([`breakdown`]); it benches `--method finetune` or `dmd2`, or any run config (`--config`).
 //!
+//! `--vae` / `--text-encoder` time the Wan VAE's decode and encode and UMT5's encoding
+//! instead ([`encoders`]).
+//!
 //! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
 //! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS
 //! is the process's high-water mark, so compare it between separate runs.
 
 mod breakdown;
+mod encoders;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -97,6 +101,21 @@ pub struct BenchArgs {
     /// With `--config`: drop every role's `weights` (random weights of the same shapes).
     #[arg(long, requires = "config")]
     pub random_weights: bool,
+    /// Time the Wan VAE's decode and encode of a `--video` instead of the DiT: a diffusers
+    /// `vae/` folder, a `config.json` (random weights), or `wan2.1` (random Wan2.1 VAE).
+    #[arg(long, value_name = "DIR|config.json|wan2.1")]
+    pub vae: Option<String>,
+    /// With `--vae`: the video's frames, height and width in pixels.
+    #[arg(long, num_args = 3, value_names = ["F", "H", "W"], default_values_t = vec![81, 480, 832])]
+    pub video: Vec<usize>,
+    /// With `--vae`: decode and encode in overlapping square tiles of this many pixels.
+    #[arg(long, requires = "vae")]
+    pub vae_tile: Option<usize>,
+    /// Time UMT5's encoding of `--batch` prompts of `--text-len` tokens instead of the DiT: a
+    /// `text_encoder/` folder, a `config.json` (random weights), or `umt5-xxl` (random weights
+    /// of Wan's text encoder).
+    #[arg(long, value_name = "DIR|config.json|umt5-xxl")]
+    pub text_encoder: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -356,6 +375,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.breakdown {
         return breakdown::run(args);
+    }
+    if args.vae.is_some() || args.text_encoder.is_some() {
+        anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");
+        return encoders::run(args);
     }
     let rows = with_backend!(args.backend, |B| run_backend::<B>(args))?;
     if args.json {

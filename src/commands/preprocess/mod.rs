@@ -148,7 +148,7 @@ fn load<B: ReelBackend>(args: &PreprocessArgs) -> anyhow::Result<Encoders<B::Inn
     let vae = WanVae::load(&args.vae, &device).context("loading the VAE")?;
     let text = Umt5TextEncoder::load(&args.tokenizer, &args.text_encoder, &device)
         .context("loading the text encoder")?;
-    let tiling = args.tile.map(|t| Tiling::square(t, t * 3 / 4 / 8 * 8));
+    let tiling = args.tile.map(Tiling::overlapping);
     Ok(Encoders {
         vae,
         text,

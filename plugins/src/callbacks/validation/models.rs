@@ -39,7 +39,7 @@ impl<B: Backend> MediaModels<B> {
             Some(p) => {
                 let mut d = VideoDecoder::load(p, device, cfg.denormalize)
                     .map_err(|e| failed("the VAE", p, e))?;
-                d.tiling = cfg.vae_tile.map(|t| Tiling::square(t, t * 3 / 4 / 8 * 8));
+                d.tiling = cfg.vae_tile.map(Tiling::overlapping);
                 Some(d)
             }
             None => None,

@@ -1,0 +1,188 @@
+//! `reel bench --vae …` / `--text-encoder …`: time the Wan VAE's decode and encode of a
+//! video and UMT5's encoding of a batch of prompts, on any backend, after warm-up.
+//!
+//! `--vae` takes a diffusers `vae/` folder (its weights), a `config.json` (random weights of
+//! that shape) or `wan2.1` (random weights of the Wan2.1 VAE). `--text-encoder` takes a
+//! `text_encoder/` folder, a `config.json`, or `umt5-xxl` (random weights of Wan's UMT5-XXL:
+//! 24 layers, width 4096, 5.7 B parameters). Timing does not depend on the weights' values.
+//! Peak memory is the process's high-water mark on the host; `bench/gpu.sh` samples GPU memory.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use reel_core::backend::ReelBackend;
+use reel_core::rng::StreamRng;
+use reel_core::with_backend;
+use reel_models::umt5::{Umt5Config, Umt5Encoder};
+use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
+use serde::Serialize;
+
+use super::{peak_rss_mib, stats, BenchArgs, Stats};
+
+/// One timed operation.
+#[derive(Debug, Clone, Serialize)]
+pub struct EncoderRow {
+    /// `vae decode`, `vae encode` or `umt5 encode`.
+    pub op: String,
+    /// Input shape: latents `[1, C, f, h, w]`, video `[1, 3, F, H, W]` or ids `[B, L]`.
+    pub input: Vec<usize>,
+    /// Output shape.
+    pub output: Vec<usize>,
+    /// Milliseconds over the timed repetitions.
+    pub ms: Stats,
+    /// Process peak RSS after the row (MiB).
+    pub peak_rss_mib: f64,
+}
+
+/// Wan's text encoder (`google/umt5-xxl`, as in `Wan2.1-T2V-*/text_encoder/config.json`).
+const UMT5_XXL: &str = r#"{"vocab_size": 256384, "d_model": 4096, "d_kv": 64, "d_ff": 10240,
+  "num_layers": 24, "num_heads": 64, "feed_forward_proj": "gated-gelu"}"#;
+
+/// Run the encoder benchmarks asked for and print their table (or JSON).
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let rows = with_backend!(args.backend, |B| rows::<B>(args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12} {:<24} {:<24} | {:>10} {:>10} {:>10} | {:>9}",
+        "op", "input", "output", "median ms", "min ms", "max ms", "peak MiB"
+    );
+    for r in rows {
+        println!(
+            "{:<12} {:<24} {:<24} | {:>10.1} {:>10.1} {:>10.1} | {:>9.0}",
+            r.op,
+            format!("{:?}", r.input),
+            format!("{:?}", r.output),
+            r.ms.median,
+            r.ms.min,
+            r.ms.max,
+            r.peak_rss_mib
+        );
+    }
+    Ok(())
+}
+
+fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<EncoderRow>> {
+    let device = B::device_for(0);
+    let mut rows = vec![];
+    if let Some(spec) = &args.vae {
+        rows.extend(vae_rows::<B::InnerBackend>(args, spec, &device)?);
+    }
+    if let Some(spec) = &args.text_encoder {
+        rows.push(umt5_row::<B::InnerBackend>(args, spec, &device)?);
+    }
+    Ok(rows)
+}
+
+/// Time `f` (`warmup` untimed, then `steps` timed runs), syncing the device after each.
+fn time<B: Backend, T>(
+    args: &BenchArgs,
+    device: &B::Device,
+    mut f: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<(Stats, T)> {
+    let mut out = None;
+    let mut ms = vec![];
+    for i in 0..args.warmup + args.steps {
+        let t0 = Instant::now();
+        let r = f()?;
+        let _ = B::sync(device);
+        if i >= args.warmup {
+            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        out = Some(r);
+    }
+    Ok((stats(ms), out.expect("at least one timed step")))
+}
+
+fn vae_rows<B: Backend>(
+    args: &BenchArgs,
+    spec: &str,
+    device: &B::Device,
+) -> anyhow::Result<Vec<EncoderRow>> {
+    let vae = load_vae::<B>(spec, device)?;
+    let [f, h, w] = [args.video[0], args.video[1], args.video[2]];
+    let c = &vae.config;
+    let (s, lf) = (c.spatial_factor(), c.latent_frames(f));
+    anyhow::ensure!(
+        h % s == 0 && w % s == 0,
+        "--video {f} {h} {w}: height and width must be multiples of the VAE's {s}"
+    );
+    let tiling = args.vae_tile.map(Tiling::overlapping);
+    let mut rng = StreamRng::from_seed(0);
+    let z: Tensor<B, 5> = rng.normal_tensor([1, c.z_dim, lf, h / s, w / s], device);
+    let (ms, video) = time::<B, _>(args, device, || {
+        Ok(match &tiling {
+            Some(t) => vae.tiled_decode(z.clone(), t)?,
+            None => vae.decode(z.clone())?,
+        })
+    })?;
+    let mut rows = vec![EncoderRow {
+        op: "vae decode".into(),
+        input: z.dims().to_vec(),
+        output: video.dims().to_vec(),
+        ms,
+        peak_rss_mib: peak_rss_mib(),
+    }];
+    let (ms, mean) = time::<B, _>(args, device, || {
+        Ok(match &tiling {
+            Some(t) => vae.tiled_encode(video.clone(), t)?.mean,
+            None => vae.encode(video.clone())?.mean,
+        })
+    })?;
+    rows.push(EncoderRow {
+        op: "vae encode".into(),
+        input: video.dims().to_vec(),
+        output: mean.dims().to_vec(),
+        ms,
+        peak_rss_mib: peak_rss_mib(),
+    });
+    Ok(rows)
+}
+
+fn load_vae<B: Backend>(spec: &str, device: &B::Device) -> anyhow::Result<WanVae<B>> {
+    let path = Path::new(spec);
+    let vae = if spec == "wan2.1" {
+        WanVae::init(&WanVaeConfig::from_json_str("{}")?, device, 0)?
+    } else if path.extension().is_some_and(|e| e == "json") {
+        WanVae::init(&WanVaeConfig::from_json_file(path)?, device, 0)?
+    } else {
+        WanVae::load(path, device).with_context(|| format!("--vae {spec}"))?
+    };
+    Ok(vae)
+}
+
+fn umt5_row<B: Backend>(
+    args: &BenchArgs,
+    spec: &str,
+    device: &B::Device,
+) -> anyhow::Result<EncoderRow> {
+    let path = Path::new(spec);
+    let model = if spec == "umt5-xxl" {
+        Umt5Encoder::<B>::init(&Umt5Config::from_json_str(UMT5_XXL)?, device, 0)?
+    } else if path.extension().is_some_and(|e| e == "json") {
+        Umt5Encoder::init(&Umt5Config::from_json_file(path)?, device, 0)?
+    } else {
+        Umt5Encoder::load(path, device).with_context(|| format!("--text-encoder {spec}"))?
+    };
+    let [b, l] = [args.batch, args.text_len];
+    let vocab = model.config.vocab_size as u64;
+    let mut rng = StreamRng::from_seed(0);
+    let ids: Vec<i64> = (0..b * l).map(|_| rng.below(vocab) as i64).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, l]), device);
+    let mask = Tensor::<B, 2>::ones([b, l], device);
+    let (ms, out) = time::<B, _>(args, device, || {
+        Ok(model.forward(ids.clone(), mask.clone())?)
+    })?;
+    Ok(EncoderRow {
+        op: "umt5 encode".into(),
+        input: vec![b, l],
+        output: out.dims().to_vec(),
+        ms,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
