@@ -212,3 +212,50 @@ fn vae_and_text_encoder_timings_have_the_models_shapes() {
         "{err}"
     );
 }
+
+#[test]
+fn devices_reports_one_and_n_workers_with_the_global_batch_and_efficiency() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--devices",
+            "3",
+            "--preset",
+            "wan-tiny",
+            "--shape",
+            "2",
+            "8",
+            "8",
+            "--batch",
+            "2",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run reel bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let rows = rows.as_array().expect("a list of rows");
+    let field = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(rows.len(), 2);
+    for (r, (workers, batch)) in rows.iter().zip([(1.0, 2.0), (3.0, 6.0)]) {
+        assert_eq!(
+            (field(r, "workers"), field(r, "global_batch")),
+            (workers, batch)
+        );
+        let ms = &r["step_ms"];
+        assert!(field(ms, "min") > 0.0 && field(ms, "min") <= field(ms, "median"));
+        let sps = batch / (field(ms, "median") / 1e3);
+        assert!((field(r, "samples_per_s") - sps).abs() <= 1e-6 * sps);
+    }
+    assert_eq!(field(&rows[0], "efficiency"), 1.0);
+    let expected = field(&rows[1], "samples_per_s") / (3.0 * field(&rows[0], "samples_per_s"));
+    assert!((field(&rows[1], "efficiency") - expected).abs() < 1e-9);
+}

@@ -176,6 +176,38 @@ fn bad_data_stops_training_naming_file_and_record() {
     assert!(err.contains("00000007.safetensors: record 0"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 
+    // With two data-parallel workers, the worker whose shard holds it stops the group, named.
+    let o = train(
+        dir,
+        "bad_group",
+        "kind = \"safetensors\"\npath = \"st\"\nbatch_size = 4\ntext_len = 8",
+    );
+    assert!(!o.status.success());
+    let cfg = dir.join("bad_group.toml");
+    let o = reel(
+        &[
+            "train",
+            cfg.to_str().unwrap(),
+            "--output",
+            dir.join("bad_group").to_str().unwrap(),
+            "--set",
+            "runtime.num_devices=2",
+        ],
+        dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("(device ")
+            && err.contains("failed: ")
+            && err.contains("00000007.safetensors: record 0"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("collective"),
+        "{err}"
+    );
+
     // A missing data folder is reported at start, with the path.
     let o = train(
         dir,

@@ -7,7 +7,10 @@
 //! Non-fatal points ask [`fires`] instead: `non-finite-loss` (once per step, after the losses
 //! are read back) makes the trainer see a NaN loss at the `n`-th step of the process, to test
 //! the `training.non_finite` policies; `checkpoint-disk-full` (before each checkpoint file)
-//! makes that write fail as on a full disk, to test `training.on_save_error`.
+//! makes that write fail as on a full disk, to test `training.on_save_error`;
+//! `worker-panic` (once per worker and step, at the step's end) panics the thread of the
+//! worker that reaches the `n`-th hit, to test that a failed data-parallel worker stops the
+//! others.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -17,6 +17,7 @@ pub mod io;
 pub mod method;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod params;
 pub mod profile;
 pub mod registry;

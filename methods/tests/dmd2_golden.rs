@@ -189,6 +189,7 @@ fn scores(
         guidance,
         form,
     )
+    .unwrap_or_else(|e| panic!("one device has no collective to fail: {e}"))
 }
 
 #[test]

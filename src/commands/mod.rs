@@ -21,8 +21,16 @@ pub fn describe(loaded: &LoadedConfig) -> String {
         .map(|(n, r)| format!("{n}={}{}", r.arch(), if r.trainable { "*" } else { "" }))
         .collect();
     let backend = c.runtime.backend.as_str();
+    let devices = c.runtime.worker_devices();
+    let workers = match devices.len() {
+        1 => String::new(),
+        n => format!(
+            ", {n} data-parallel workers on devices {devices:?} ({} samples each)",
+            c.data.batch_size() / n
+        ),
+    };
     format!(
-        "method `{}`, roles [{}] (* = trainable), backend {backend}, {} steps",
+        "method `{}`, roles [{}] (* = trainable), backend {backend}{workers}, {} steps",
         c.method.typetag_name(),
         roles.join(", "),
         c.training.max_steps

@@ -57,6 +57,20 @@ pub fn run(
         losses.join(" "),
         summary.checkpoint.display()
     );
+    if let Some(first) = summary.worker_digests.first() {
+        let n = summary.worker_digests.len();
+        if summary.worker_digests.iter().all(|d| d == first) {
+            eprintln!(
+                "reel: all {n} workers ended with identical weights, optimizer state and EMA (sha256 {})",
+                &first[..16.min(first.len())]
+            );
+        } else {
+            eprintln!(
+                "reel: warning: the {n} workers ended with different states (sha256 {:?}); worker 0's was saved. Please report this.",
+                summary.worker_digests
+            );
+        }
+    }
     if summary.skipped_steps > 0 {
         eprintln!(
             "reel: {} step(s) were skipped for non-finite values",

@@ -89,6 +89,13 @@ pub struct CallbackContext<'a, B: AutodiffBackend> {
 pub trait Callback<B: AutodiffBackend>: Send {
     /// Name for messages and state files.
     fn name(&self) -> &str;
+    /// Whether this callback runs on every worker of a data-parallel run: `true` for one
+    /// that changes training state (EMA), which must stay identical on every worker. The
+    /// default, `false`, runs it on worker 0 only, which writes the run's files (logs,
+    /// samples, its checkpoint state).
+    fn on_every_worker(&self) -> bool {
+        false
+    }
     /// Before the first step (after a resume, after state is loaded).
     fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
         let _ = ctx;

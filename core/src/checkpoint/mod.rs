@@ -71,6 +71,10 @@ pub struct TrainerState {
     pub step: u64,
     /// Data loader cursor (samples consumed).
     pub data_cursor: u64,
+    /// Data-parallel workers of the run that wrote it (0 in checkpoints from before
+    /// data parallelism: one). The state does not depend on it; resume reports a change.
+    #[serde(default)]
+    pub workers: usize,
     /// Run seed.
     pub seed: u64,
     /// Optimizer steps per role.

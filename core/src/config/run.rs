@@ -33,9 +33,18 @@ pub struct RuntimeConfig {
     /// Backend name: `cpu` or `cuda`.
     #[serde(default)]
     pub backend: BackendName,
-    /// Device index (CUDA).
+    /// Device index (CUDA) of a single-device run.
     #[serde(default)]
     pub device: usize,
+    /// Data parallelism: one worker per listed device, in one process (`[0, 1, 2, 3]`). Each
+    /// worker reads `data.batch_size / workers` samples of every global batch; gradients are
+    /// averaged across workers before clipping and AdamW, so the run equals a one-device run
+    /// with the whole batch. On CPU backends the indices only count workers.
+    #[serde(default)]
+    pub devices: Option<Vec<usize>>,
+    /// Shorthand for `devices = [0, 1, ..., N-1]`.
+    #[serde(default)]
+    pub num_devices: Option<usize>,
     /// Compute precision.
     #[serde(default)]
     pub dtype: Precision,
@@ -52,10 +61,60 @@ impl Default for RuntimeConfig {
         Self {
             backend: BackendName::Cpu,
             device: 0,
+            devices: None,
+            num_devices: None,
             dtype: Precision::F32,
             seed: 0,
             output_dir: None,
         }
+    }
+}
+
+impl RuntimeConfig {
+    /// The device index of every worker: `devices`, else `0..num_devices`, else `[device]`.
+    pub fn worker_devices(&self) -> Vec<usize> {
+        match (&self.devices, self.num_devices) {
+            (Some(d), _) => d.clone(),
+            (None, Some(n)) => (0..n).collect(),
+            (None, None) => vec![self.device],
+        }
+    }
+
+    /// Check the device keys; keys relative to `[runtime]`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.devices.is_some() && self.num_devices.is_some() {
+            return Err(ConfigError::new(
+                "num_devices",
+                "set either `devices = [..]` or `num_devices = N`, not both",
+            ));
+        }
+        if (self.devices.is_some() || self.num_devices.is_some()) && self.device != 0 {
+            return Err(ConfigError::new(
+                "device",
+                "`device` selects the device of a one-device run; with `devices`/`num_devices` list the devices there instead",
+            ));
+        }
+        if let Some(n) = self.num_devices {
+            check::positive_usize("num_devices", n)?;
+        }
+        if let Some(d) = &self.devices {
+            if d.is_empty() {
+                return Err(ConfigError::new(
+                    "devices",
+                    "expected at least one device index",
+                ));
+            }
+            let mut seen = d.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            if seen.len() != d.len() {
+                return Err(ConfigError::new(
+                    "devices",
+                    format!("expected distinct device indices, got {d:?}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -165,6 +224,9 @@ impl RunConfig {
                 "bf16 needs a backend with bfloat16 kernels: set `runtime.backend = \"cuda\"` (or \"flex\" on CPU); the ndarray `cpu` backend computes in f32 only",
             ));
         }
+        self.runtime
+            .validate()
+            .map_err(|e| e.in_section("runtime"))?;
         self.training
             .validate()
             .map_err(|e| e.in_section("training"))?;
@@ -173,6 +235,16 @@ impl RunConfig {
             .map_err(|e| e.in_section("optimizer"))?;
         self.method.validate().map_err(|e| e.in_section("method"))?;
         self.data.validate().map_err(|e| e.in_section("data"))?;
+        let workers = self.runtime.worker_devices().len();
+        if !self.data.batch_size().is_multiple_of(workers) {
+            return Err(ConfigError::new(
+                "data.batch_size",
+                format!(
+                    "the global batch ({}) must split evenly over the {workers} workers of `runtime.devices`; expected a multiple of {workers}",
+                    self.data.batch_size()
+                ),
+            ));
+        }
         for (i, cb) in self.callbacks.iter().enumerate() {
             cb.validate()
                 .map_err(|e| e.in_section(&format!("callbacks[{i}]")))?;

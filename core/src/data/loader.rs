@@ -5,6 +5,11 @@
 //! `perm(epoch = p / len)[p % len]`, where each epoch's permutation depends only on the run
 //! seed and the epoch index, so restoring the cursor restores the exact data order.
 //!
+//! With data parallelism every worker owns a loader over the same order and reads only its
+//! shard of each global batch ([`Loader::sharded`]): worker `r` of `W` takes positions
+//! `r·B/W .. (r+1)·B/W` of the batch, and the cursor still counts global samples, so a
+//! checkpoint resumes on any number of workers.
+//!
 //! While the trainer computes a step, a background thread already reads and decodes the next
 //! batch (the order is known in advance), so a slow source (parquet at 29k tokens per
 //! sample) overlaps with compute. The batch returned is the same with or without it.
@@ -37,6 +42,8 @@ pub struct Loader {
     cursor: u64,
     perm_epoch: Option<u64>,
     perm: Vec<usize>,
+    /// This worker's shard `(rank, workers)` of each global batch.
+    shard: (usize, usize),
     /// The batch at a cursor, being read on a background thread.
     prefetch: Option<(u64, Prefetch)>,
 }
@@ -66,8 +73,21 @@ impl Loader {
             cursor: 0,
             perm_epoch: None,
             perm: Vec::new(),
+            shard: (0, 1),
             prefetch: None,
         })
+    }
+
+    /// Read only worker `rank`'s shard of each global batch of `batch_size` samples (which
+    /// must split evenly over `workers`; the run config checks it).
+    pub fn sharded(mut self, rank: usize, workers: usize) -> Self {
+        assert!(
+            rank < workers && self.batch_size.is_multiple_of(workers),
+            "shard {rank} of {workers} over a global batch of {}",
+            self.batch_size
+        );
+        self.shard = (rank, workers);
+        self
     }
 
     /// Samples consumed so far.
@@ -118,7 +138,7 @@ impl Loader {
                 .unwrap_or_else(|_| read_samples(&*self.source, &indices))?,
             _ => read_samples(&*self.source, &indices)?,
         };
-        self.cursor += indices.len() as u64;
+        self.cursor += self.batch_size as u64;
         let next = self.indices_from(self.cursor);
         let source = self.source.clone();
         let job = std::thread::Builder::new().name("reel-data".into()).spawn({
@@ -130,10 +150,12 @@ impl Loader {
         Ok(HostBatch { indices, samples })
     }
 
-    /// The source indices of the batch starting at `cursor`.
+    /// The source indices of this worker's shard of the batch starting at `cursor`.
     fn indices_from(&mut self, cursor: u64) -> Vec<usize> {
-        (0..self.batch_size as u64)
-            .map(|i| self.index_at(cursor + i))
+        let (rank, workers) = self.shard;
+        let per = (self.batch_size / workers) as u64;
+        (0..per)
+            .map(|i| self.index_at(cursor + rank as u64 * per + i))
             .collect()
     }
 }
@@ -299,6 +321,35 @@ mod tests {
             rest.extend(b.next_batch().unwrap().indices);
         }
         assert_eq!(rest, seen[9..]);
+    }
+
+    #[test]
+    fn shards_partition_every_global_batch_and_resume_on_another_count() {
+        let src: Arc<dyn DataSource> = Arc::new(Counting(7));
+        let mut whole = Loader::new(src.clone(), 6, true, 3).unwrap();
+        let mut shards: Vec<Loader> = (0..3)
+            .map(|r| Loader::new(src.clone(), 6, true, 3).unwrap().sharded(r, 3))
+            .collect();
+        for _ in 0..4 {
+            let expected = whole.next_batch().unwrap().indices;
+            let got: Vec<usize> = shards
+                .iter_mut()
+                .flat_map(|l| l.next_batch().unwrap().indices)
+                .collect();
+            assert_eq!(got, expected);
+            assert!(shards.iter().all(|l| l.cursor() == whole.cursor()));
+        }
+        // A 3-worker cursor resumes on 2 workers with the same global order.
+        let cursor = shards[0].cursor();
+        let expected = whole.next_batch().unwrap().indices;
+        let got: Vec<usize> = (0..2)
+            .flat_map(|r| {
+                let mut l = Loader::new(src.clone(), 6, true, 3).unwrap().sharded(r, 2);
+                l.set_cursor(cursor);
+                l.next_batch().unwrap().indices
+            })
+            .collect();
+        assert_eq!(got, expected);
     }
 
     /// Records which indices were read; index 7 is a bad record.

@@ -44,6 +44,9 @@ pub enum MethodError {
     /// Data problem.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A collective operation of a data-parallel run failed.
+    #[error(transparent)]
+    Parallel(#[from] crate::parallel::ParallelError),
     /// The method cannot do what was asked (e.g. sampling).
     #[error("{0}")]
     Unsupported(String),

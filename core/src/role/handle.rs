@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
 use super::{RoleModule, TrainableRole};
+use crate::parallel::ParallelError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -29,6 +30,10 @@ pub enum RoleStateError {
     },
 }
 
+/// A function over a role's flat gradients (see [`RoleHandle::map_grads`]).
+pub type GradMap<'a, B> =
+    &'a mut dyn FnMut(Vec<Tensor<Inner<B>, 1>>) -> Result<Vec<Tensor<Inner<B>, 1>>, ParallelError>;
+
 /// Object-safe view of a trainable role used by the trainer, checkpoints and callbacks.
 pub trait RoleHandle<B: AutodiffBackend>: Send {
     /// Role name.
@@ -41,6 +46,11 @@ pub trait RoleHandle<B: AutodiffBackend>: Send {
     /// Apply the pending gradients with AdamW at global step `step`, scaled by `grad_scale`
     /// (the clipping factor), then clear them.
     fn apply_update(&mut self, step: u64, grad_scale: f64);
+    /// Replace the pending gradients, in key order, by `f` of them (the data-parallel
+    /// all-reduce); no call without pending gradients.
+    fn map_grads(&mut self, f: GradMap<'_, B>) -> Result<(), ParallelError>;
+    /// `(tensors, values)` of the pending gradients.
+    fn grad_counts(&self) -> (usize, usize);
     /// Drop pending gradients without updating (non-finite skip, or a role not due).
     fn discard_grads(&mut self);
     /// Learning rate at global step `step`.

@@ -8,9 +8,10 @@ use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
 use super::module::{ParamValues, RoleModule};
 use super::state::{check_keys, flat_from_data, to_data};
-use super::{RoleHandle, RoleStateError};
+use super::{GradMap, RoleHandle, RoleStateError};
 use crate::model::{DiffusionModel, DynModel, LossFn};
 use crate::optim::{adamw_update, AdamWState, Moments, OptimizerConfig};
+use crate::parallel::ParallelError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -268,6 +269,32 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
         }
         self.state.step = k;
         self.replace(new_values, None);
+    }
+
+    fn map_grads(&mut self, f: GradMap<'_, B>) -> Result<(), ParallelError> {
+        if self.grads.is_empty() {
+            return Ok(());
+        }
+        let (keys, values): (Vec<String>, Vec<_>) =
+            std::mem::take(&mut self.grads).into_iter().unzip();
+        let values = f(values)?;
+        assert_eq!(
+            values.len(),
+            keys.len(),
+            "role `{}`: a gradient map returned {} tensors for {}",
+            self.name,
+            values.len(),
+            keys.len()
+        );
+        self.grads = keys.into_iter().zip(values).collect();
+        Ok(())
+    }
+
+    fn grad_counts(&self) -> (usize, usize) {
+        (
+            self.grads.len(),
+            self.grads.values().map(|g| g.dims()[0]).sum(),
+        )
     }
 
     fn discard_grads(&mut self) {

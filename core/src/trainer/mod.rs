@@ -9,6 +9,7 @@
 //! `resume` restores, and each step is `forward_backward`, `reduce`, then `update` (or the
 //! non-finite policy), the callbacks and `checkpoint_if_due`.
 
+mod group;
 mod run;
 mod state;
 
@@ -27,6 +28,7 @@ use crate::checkpoint::{CheckpointError, TrainerState};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::data::{DataError, DataSource};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
+use crate::parallel::ParallelError;
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +68,19 @@ pub enum TrainError {
         /// The checkpoint folder.
         checkpoint: PathBuf,
     },
+    /// A collective operation failed (see [`crate::parallel`]).
+    #[error(transparent)]
+    Parallel(#[from] ParallelError),
+    /// A data-parallel worker failed; the others were stopped.
+    #[error("worker {rank} (device {device}) failed: {cause}")]
+    Worker {
+        /// The worker's rank.
+        rank: usize,
+        /// Its device index.
+        device: usize,
+        /// What failed (its error or panic message).
+        cause: String,
+    },
     /// Output folder problems.
     #[error("{path}: {message}")]
     Io {
@@ -100,6 +115,12 @@ pub struct TrainSummary {
     pub checkpoint: PathBuf,
     /// Steps whose update was skipped (non-finite).
     pub skipped_steps: u64,
+    /// Data-parallel runs: each worker's SHA-256 of its final weights, optimizer state and
+    /// EMA, in worker order (all equal unless something broke the workers' agreement).
+    /// Empty for a one-device run.
+    pub worker_digests: Vec<String>,
+    /// Wall time of every step this invocation ran, in seconds (worker 0's).
+    pub step_seconds: Vec<f64>,
 }
 
 /// The run folder: `--output`, else `[runtime] output_dir`, else `runs/<config stem>`.
@@ -151,12 +172,18 @@ pub fn load_checkpoint_into<B: AutodiffBackend>(
     state::restore(dir, method)
 }
 
-/// Train a run to `max_steps` (or until interrupted) on backend `B`.
+/// Train a run to `max_steps` (or until interrupted) on backend `B`: on `runtime.device`,
+/// or with one worker per device of `runtime.devices` (see [`crate::parallel`]).
 pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    Trainer::<B>::new(loaded, opts)?.run()
+    match loaded.config.runtime.worker_devices().as_slice() {
+        [device] => {
+            Trainer::<B>::in_seat(loaded, opts, crate::parallel::Seat::single(*device))?.run()
+        }
+        devices => group::train_group::<B>(loaded, opts, devices),
+    }
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {

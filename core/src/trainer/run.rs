@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::tensor::{backend::AutodiffBackend, Tensor};
+use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
 use super::{build_method, io_err, publish_final, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
@@ -15,6 +15,7 @@ use crate::config::{ConfigError, LoadedConfig, NonFinitePolicy, SaveErrorPolicy}
 use crate::data::{negative_or_zeros, to_device, DataSource, Loader, TextCondition};
 use crate::fault;
 use crate::method::{StepContext, TrainingMethod};
+use crate::parallel::{ParallelError, Seat};
 use crate::profile;
 use crate::rng::RunRng;
 
@@ -23,10 +24,12 @@ type Scalar<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 /// Named losses of one step, each with its per-micro-batch values (device scalars).
 type LossParts<B> = Vec<(String, Vec<Scalar<B>>)>;
 
-/// What one host sync read: mean losses and each updating role's pre-clip gradient norm.
+/// What one host sync read: mean losses and each updating role's pre-clip gradient norm
+/// (averaged over the workers of a group), and whether any worker was interrupted.
 struct Reduced {
     losses: Vec<(String, f64)>,
     norms: Vec<(String, f64)>,
+    interrupted: bool,
 }
 
 impl Reduced {
@@ -54,41 +57,64 @@ pub struct Trainer<'a, B: ReelBackend> {
     callbacks: Vec<Box<dyn Callback<B>>>,
     store: CheckpointStore,
     rng: RunRng,
+    seat: Seat<<B as AutodiffBackend>::InnerBackend>,
+    /// A group's agreed interrupt (read with the losses of the last step).
+    stop_agreed: bool,
     step: u64,
     skipped_steps: u64,
     last_losses: Vec<(String, f64)>,
+    step_seconds: Vec<f64>,
     last_checkpoint: Option<PathBuf>,
 }
 
 impl<'a, B: ReelBackend> Trainer<'a, B> {
-    /// Build the run: folder, data, method and callbacks; restore a checkpoint when
-    /// `opts.resume` says so.
+    /// Build the run on one device (`runtime.device`): folder, data, method and callbacks;
+    /// restore a checkpoint when `opts.resume` says so.
     pub fn new(loaded: &'a LoadedConfig, opts: &TrainOptions) -> Result<Self, TrainError> {
+        Self::in_seat(loaded, opts, Seat::single(loaded.config.runtime.device))
+    }
+
+    /// Build worker `seat.rank` of a data-parallel group (see [`crate::parallel`]): it reads
+    /// its shard of each batch; only worker 0 writes files and runs the callbacks that are
+    /// not [`Callback::on_every_worker`].
+    pub fn in_seat(
+        loaded: &'a LoadedConfig,
+        opts: &TrainOptions,
+        seat: Seat<<B as AutodiffBackend>::InnerBackend>,
+    ) -> Result<Self, TrainError> {
         let cfg = &loaded.config;
         let run_dir = super::run_dir_for(loaded, opts.output_dir.as_deref());
-        std::fs::create_dir_all(&run_dir).map_err(|e| io_err(&run_dir, e))?;
-        let resolved = run_dir.join("config.resolved.toml");
-        std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
-        let device = B::device_for(cfg.runtime.device);
+        if seat.is_main() {
+            std::fs::create_dir_all(&run_dir).map_err(|e| io_err(&run_dir, e))?;
+            let resolved = run_dir.join("config.resolved.toml");
+            std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
+        }
+        let device = B::device_for(seat.device);
         let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
         let loader = Loader::new(
             source.clone(),
             cfg.data.batch_size(),
             cfg.data.shuffle(),
             cfg.runtime.seed,
-        )?;
+        )?
+        .sharded(seat.rank, seat.workers);
         let method = build_method::<B>(loaded, &*source, &device)?;
-        let callbacks = cfg
+        let mut callbacks: Vec<Box<dyn Callback<B>>> = cfg
             .callbacks
             .iter()
             .map(|c| B::build_callback(&**c))
             .collect::<Result<_, _>>()?;
+        if !seat.is_main() {
+            callbacks.retain(|c| c.on_every_worker());
+        }
         let mut trainer = Self {
             loaded,
             interrupt: opts.interrupt.clone(),
             negative: negative_or_zeros(&*source),
             store: CheckpointStore::new(&run_dir, cfg.training.keep_last),
             rng: RunRng::new(cfg.runtime.seed),
+            seat,
+            stop_agreed: false,
             run_dir,
             device,
             source,
@@ -98,6 +124,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             step: 0,
             skipped_steps: 0,
             last_losses: vec![],
+            step_seconds: vec![],
             last_checkpoint: None,
         };
         let resumed = match &opts.resume {
@@ -110,8 +137,18 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
 
     /// Train to `max_steps`, or until interrupted; publish the final weights.
     pub fn run(mut self) -> Result<TrainSummary, TrainError> {
+        self.run_to_end()
+    }
+
+    /// SHA-256 of every role's weights, optimizer state and EMA (see [`super::group`]).
+    pub(super) fn state_digest(&self) -> String {
+        super::group::digest_roles(self.method.roles())
+    }
+
+    /// [`Self::run`] without consuming the trainer.
+    pub(super) fn run_to_end(&mut self) -> Result<TrainSummary, TrainError> {
         while self.step < self.loaded.config.training.max_steps {
-            if self.interrupted() {
+            if self.stop_requested() {
                 let checkpoint = self.save(self.loader.cursor())?;
                 return Err(TrainError::Interrupted {
                     step: self.step,
@@ -122,22 +159,28 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         }
         let checkpoint = match self.last_checkpoint.take() {
             Some(c) => c,
+            None if !self.seat.is_main() => PathBuf::new(),
             None => self.store.resolve("latest", &self.loaded.fingerprint)?.0,
         };
-        publish_final(&checkpoint, &self.run_dir)?;
+        if self.seat.is_main() {
+            publish_final(&checkpoint, &self.run_dir)?;
+        }
         Ok(TrainSummary {
-            run_dir: self.run_dir,
+            run_dir: self.run_dir.clone(),
             steps: self.step,
-            last_losses: self.last_losses,
+            last_losses: self.last_losses.clone(),
             checkpoint,
             skipped_steps: self.skipped_steps,
+            worker_digests: vec![],
+            step_seconds: std::mem::take(&mut self.step_seconds),
         })
     }
 
     /// Restore the checkpoint `spec` (`latest` or a folder); returns its folder.
     fn resume(&mut self, spec: &str) -> Result<PathBuf, TrainError> {
         let (dir, _manifest, warnings) = self.store.resolve(spec, &self.loaded.fingerprint)?;
-        for w in warnings {
+        let main = self.seat.is_main();
+        for w in warnings.iter().filter(|_| main) {
             eprintln!("reel: warning: {w}");
         }
         let st = state::restore(&dir, &mut *self.method)?;
@@ -155,7 +198,18 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         }
         self.step = st.step;
         self.loader.set_cursor(st.data_cursor);
-        eprintln!("reel: resumed from {} at step {}", dir.display(), self.step);
+        if main {
+            eprintln!("reel: resumed from {} at step {}", dir.display(), self.step);
+            let (was, now) = (st.workers.max(1), self.seat.workers);
+            if was != now {
+                let batch = self.loaded.config.data.batch_size();
+                eprintln!(
+                    "reel: the checkpoint was trained on {was} worker(s), this run has {now}: the global batch stays {batch} samples ({} per worker, was {}); weights, optimizer state, EMA and the data order continue unchanged",
+                    batch / now,
+                    batch / was
+                );
+            }
+        }
         Ok(dir)
     }
 
@@ -173,6 +227,16 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .is_some_and(|f| f.load(Ordering::SeqCst))
     }
 
+    /// Whether to checkpoint and stop before the next step: the interrupt flag alone, or in
+    /// a group what the workers agreed on at the last step's reduction (so that all stop at
+    /// the same step).
+    fn stop_requested(&self) -> bool {
+        match self.seat.collective() {
+            None => self.interrupted(),
+            Some(_) => self.stop_agreed,
+        }
+    }
+
     /// One optimizer step: micro-batches, one host sync, update (or the non-finite policy),
     /// callbacks, checkpoint. Each piece is a [`profile`] phase; time outside them counts as
     /// `other`.
@@ -181,9 +245,14 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let _step = profile::enter::<B>("other", &device);
         let t0 = Instant::now();
         let cursor_before = self.loader.cursor();
+        let turn = self.seat.autodiff_turn();
         let parts = self.forward_backward()?;
+        drop(turn);
+        profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads())?;
         let reduced =
-            profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts));
+            profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts))?;
+        self.stop_agreed = reduced.interrupted;
+        let _turn = self.seat.autodiff_turn();
         let bad = reduced.non_finite();
         let lrs = if bad.is_empty() {
             profile::phase::<B, _>("clip + optimizer", &device, || self.update(&reduced.norms))
@@ -193,6 +262,12 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         };
         self.step += 1;
         fault::point("step-end");
+        if fault::fires("worker-panic") {
+            panic!(
+                "REEL_FAULT: worker-panic in worker {} at step {}",
+                self.seat.rank, self.step
+            );
+        }
         let report = StepReport {
             step: self.step,
             max_steps: self.loaded.config.training.max_steps,
@@ -204,6 +279,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             skipped: !bad.is_empty(),
         };
         self.last_losses = reduced.losses;
+        self.step_seconds.push(report.step_seconds);
         profile::phase::<B, _>("callbacks", &device, || self.end_step(&report))?;
         profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
     }
@@ -239,13 +315,66 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         Ok(parts)
     }
 
-    /// One host sync: every loss (mean over micro-batches) and every updating role's
-    /// gradient norm.
-    fn reduce(&self, parts: LossParts<B>) -> Reduced {
+    /// In a group: average every updating role's pending gradients over the workers (after
+    /// checking that all workers hold the same gradients to average).
+    fn all_reduce_grads(&mut self) -> Result<(), TrainError> {
+        let Some(collective) = self.seat.collective() else {
+            return Ok(());
+        };
+        let mut roles = self.method.roles_mut();
+        let counts: Vec<f32> = roles
+            .iter()
+            .flat_map(|r| {
+                let (tensors, values) = r.grad_counts();
+                [tensors as f32, (values % (1 << 20)) as f32]
+            })
+            .collect();
+        if !counts.is_empty() {
+            let local = Tensor::from_data(
+                TensorData::new(counts.clone(), [counts.len()]),
+                &self.device,
+            );
+            let agreed = collective
+                .mean(local)?
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap_or_default();
+            if agreed != counts {
+                return Err(ParallelError::Mismatch {
+                    rank: self.seat.rank,
+                    detail: format!(
+                        "(tensors, values mod 2^20) per role here {counts:?}, mean over the workers {agreed:?}"
+                    ),
+                }
+                .into());
+            }
+        }
+        for role in roles.iter_mut() {
+            role.map_grads(&mut |grads| collective.mean_all(grads))?;
+        }
+        Ok(())
+    }
+
+    /// One host sync: every loss (mean over micro-batches, then over the workers of a group)
+    /// and every updating role's gradient norm.
+    fn reduce(&self, parts: LossParts<B>) -> Result<Reduced, TrainError> {
         let mut scalars: Vec<Scalar<B>> = parts
             .iter()
             .map(|(_, v)| Tensor::cat(v.clone(), 0).sum().div_scalar(v.len() as f64))
             .collect();
+        if fault::fires("non-finite-loss") && !scalars.is_empty() {
+            scalars[0] = scalars[0].clone().add_scalar(f64::NAN);
+        }
+        // In a group, the workers average the losses and agree on an interrupt (one more
+        // value, read back with the rest).
+        let group = self.seat.collective();
+        if let Some(collective) = group {
+            let flag = Tensor::from_floats([self.interrupted() as u8 as f32], &self.device);
+            let local = Tensor::cat(scalars.into_iter().chain([flag]).collect(), 0);
+            let reduced = collective.mean(local)?;
+            let n = reduced.dims()[0];
+            scalars = (0..n).map(|i| reduced.clone().slice(i..i + 1)).collect();
+        }
         let mut updating = vec![];
         for role in self.method.roles() {
             if let Some(n2) = role.grad_norm_sq() {
@@ -260,17 +389,16 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             data.to_vec::<f64>()
                 .unwrap_or_else(|e| panic!("f64 scalars do not read back: {e:?}"))
         };
-        if fault::fires("non-finite-loss") && !values.is_empty() {
-            values[0] = f64::NAN;
-        }
-        let norms = values.split_off(parts.len());
-        Reduced {
+        let mut norms = values.split_off(parts.len());
+        let interrupted = group.is_some() && norms.remove(0) > 0.0;
+        Ok(Reduced {
             losses: parts.into_iter().map(|(n, _)| n).zip(values).collect(),
             norms: updating
                 .into_iter()
                 .zip(norms.into_iter().map(f64::sqrt))
                 .collect(),
-        }
+            interrupted,
+        })
     }
 
     /// Clip each updating role by its global norm and step its optimizer; returns the
@@ -338,10 +466,11 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     fn checkpoint_if_due(&mut self) -> Result<(), TrainError> {
         let loaded = self.loaded;
         let training = &loaded.config.training;
-        let due = self.is_final()
-            || training
-                .checkpoint_every
-                .is_some_and(|n| self.step.is_multiple_of(n));
+        let due = self.seat.is_main()
+            && (self.is_final()
+                || training
+                    .checkpoint_every
+                    .is_some_and(|n| self.step.is_multiple_of(n)));
         if due {
             match self.save(self.loader.cursor()) {
                 Ok(dir) => self.last_checkpoint = Some(dir),
@@ -363,12 +492,17 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.step == self.loaded.config.training.max_steps
     }
 
-    /// A checkpoint of the current state with the data cursor `cursor`.
+    /// A checkpoint of the current state with the data cursor `cursor`, written by worker 0
+    /// (the other workers return an empty path).
     fn save(&mut self, cursor: u64) -> Result<PathBuf, TrainError> {
+        if !self.seat.is_main() {
+            return Ok(PathBuf::new());
+        }
         let loaded = self.loaded;
         let at = state::SavePoint {
             step: self.step,
             data_cursor: cursor,
+            workers: self.seat.workers,
             seed: loaded.config.runtime.seed,
             resolved_toml: &loaded.resolved_toml,
             fingerprint: &loaded.fingerprint,

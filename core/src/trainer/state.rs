@@ -30,6 +30,8 @@ pub(super) struct SavePoint<'a> {
     pub step: u64,
     /// Data loader cursor to resume from.
     pub data_cursor: u64,
+    /// Workers of the run that writes it.
+    pub workers: usize,
     /// Run seed.
     pub seed: u64,
     /// The resolved config, saved as `config.toml`.
@@ -77,6 +79,7 @@ pub(super) fn save<B: AutodiffBackend>(
     let state = TrainerState {
         step: at.step,
         data_cursor: at.data_cursor,
+        workers: at.workers,
         seed: at.seed,
         optimizer_steps,
         method_state: ctx.method.state(),

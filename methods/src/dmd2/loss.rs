@@ -10,7 +10,8 @@
 //! uncond = x_s − σ·teacher(x_s, 1000σ, uncond)
 //! real   = uncond + g·(cond − uncond)           (cfg_form = "uncond", FastVideo's new trainer)
 //!        | cond + g·(cond − uncond)             (cfg_form = "legacy", its DistillationPipeline)
-//! grad   = nan_to_num((fake − real) / mean|x0 − real|)      (one global mean)
+//! grad   = nan_to_num((fake − real) / mean|x0 − real|)      (one mean over the micro-batch,
+//!                                                           all workers' shards together)
 //! loss   = 0.5·mean((x0 − stopgrad(x0 − grad))²)
 //! ```
 //!
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use reel_core::flow::{add_noise, timesteps_from_sigmas, velocity_target, x0_from_velocity};
 use reel_core::model::DiffusionModel;
+use reel_core::parallel::{mean_over_workers, ParallelError};
 use reel_core::profile::{enter, phase};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -111,7 +113,7 @@ pub fn dmd_scores<B: Backend>(
     uncond: Tensor<B, 3>,
     guidance: f64,
     form: CfgForm,
-) -> DmdScores<B> {
+) -> Result<DmdScores<B>, ParallelError> {
     let n = x0.dims()[0];
     let noisy = add_noise(x0.clone(), noise, sigma.clone());
     let t = timesteps_from_sigmas(sigma.clone());
@@ -142,14 +144,15 @@ pub fn dmd_scores<B: Backend>(
         // Cond-only forms: the combination is `cond` whatever `uncond` is.
         None => form.combine(real_cond_x0.clone(), real_cond_x0.clone(), guidance),
     };
-    let normalizer = x0.sub(real_x0.clone()).abs().mean();
+    // Over the whole global micro-batch in a data-parallel run.
+    let normalizer = mean_over_workers(x0.sub(real_x0.clone()).abs().mean())?;
     let grad = nan_to_num(
         fake_x0
             .clone()
             .sub(real_x0.clone())
             .div(normalizer.clone().reshape([1, 1, 1, 1, 1])),
     );
-    DmdScores {
+    Ok(DmdScores {
         noisy,
         v_critic,
         fake_x0,
@@ -160,7 +163,7 @@ pub fn dmd_scores<B: Backend>(
         real_x0,
         normalizer,
         grad,
-    }
+    })
 }
 
 /// The generator loss `0.5·mean((x0 − stopgrad(x0 − grad))²)` (value `0.5·mean(grad²)`;

@@ -179,7 +179,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
         ctx: &StepContext,
         text: Tensor<B, 3>,
         uncond: Tensor<Inner<B>, 3>,
-    ) -> (Tensor<B, 1>, GeneratorParts<B>) {
+    ) -> Result<(Tensor<B, 1>, GeneratorParts<B>), MethodError> {
         let idx = &batch.indices;
         let dims = batch.latents.dims();
         let x0_i = x0.clone().inner();
@@ -197,7 +197,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
             uncond,
             self.cfg.guidance_scale,
             self.cfg.cfg_form,
-        );
+        )?;
         let dmd = generator_loss(x0.clone(), scores.grad);
         let mut loss = dmd.clone();
         let mut gan_loss = None;
@@ -215,7 +215,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
             gan: gan_loss,
             sample: x0_i,
         };
-        (loss, parts)
+        Ok((loss, parts))
     }
 
     /// The critic's flow matching on the detached student `sample` (block-checkpointed when
@@ -338,10 +338,18 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                 // and critic scores, GAN term) runs on its prediction.
                 let t = timesteps_from_sigmas(sigma_a.clone());
                 let objective = |v: Tensor<B, 5>| {
-                    let x0 = x0_from_velocity(x_t.clone(), v, sigma_a.clone());
-                    let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i);
-                    parts = Some(p);
-                    loss
+                    let x0 = x0_from_velocity(x_t.clone(), v.clone(), sigma_a.clone());
+                    match self.generator_objective(x0, batch, ctx, text_a, uncond_i) {
+                        Ok((loss, p)) => {
+                            parts = Some(Ok(p));
+                            loss
+                        }
+                        // The error is returned below; the backward of a zero loss is moot.
+                        Err(e) => {
+                            parts = Some(Err(e));
+                            v.sum().mul_scalar(0.0)
+                        }
+                    }
                 };
                 let _p = enter::<B>("student forward + backward (checkpointed)", &self.device);
                 let (_, stages) = self.student.checkpointed_grads(
@@ -357,14 +365,14 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Dmd2<B> {
                 let (x0, _) = phase::<B, _>("student forward", &self.device, || {
                     student_x0(self.student.model(), x_t, sigma_a, text.clone())
                 });
-                let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i);
+                let (loss, p) = self.generator_objective(x0, batch, ctx, text_a, uncond_i)?;
                 // Only the student takes these gradients (the critic's and heads' are dropped).
                 let _b = enter::<B>("student backward", &self.device);
                 let grads = loss.backward();
                 self.student.accumulate(&grads, scale);
-                parts = Some(p);
+                parts = Some(Ok(p));
             }
-            let p = parts.expect("the generator objective ran");
+            let p = parts.expect("the generator objective ran")?;
             out = out.with_loss("generator_loss", p.dmd);
             if let Some(gan) = p.gan {
                 out = out.with_loss("gan_generator_loss", gan);

@@ -153,6 +153,11 @@ impl<B: AutodiffBackend> Callback<B> for EmaCallback {
         "ema"
     }
 
+    /// The shadow is training state: every worker keeps its own, identical copy.
+    fn on_every_worker(&self) -> bool {
+        true
+    }
+
     fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
         let have: Vec<String> = ctx
             .method

@@ -78,7 +78,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// The user's run config, with `--random-weights` and the bench's step count applied.
-fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<LoadedConfig> {
+pub(super) fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<LoadedConfig> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
     let mut root: toml::Table =
@@ -101,12 +101,12 @@ fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<LoadedConfig> {
 }
 
 /// Every step the bench runs: warm-up, profiled, unprofiled.
-fn total_steps(args: &BenchArgs) -> usize {
+pub(super) fn total_steps(args: &BenchArgs) -> usize {
     args.warmup + 2 * args.steps
 }
 
 /// One generated run config per preset × LoRA rank.
-fn preset_runs(args: &BenchArgs) -> anyhow::Result<Vec<(String, LoadedConfig)>> {
+pub(super) fn preset_runs(args: &BenchArgs) -> anyhow::Result<Vec<(String, LoadedConfig)>> {
     let mut runs = vec![];
     for preset in &args.presets {
         let cfg = WanConfig::preset(preset).ok_or_else(|| {

@@ -8,6 +8,9 @@
 //! `--breakdown` runs real trainer steps instead and splits them into phases
 //! ([`breakdown`]); it benches `--method finetune` or `dmd2`, or any run config (`--config`).
 //!
+//! `--devices N` trains the same run on 1 and on N data-parallel workers and reports the
+//! scaling efficiency ([`scaling`]).
+//!
 //! `--vae` / `--text-encoder` time the Wan VAE's decode and encode and UMT5's encoding
 //! instead ([`encoders`]).
 //!
@@ -17,6 +20,7 @@
 
 mod breakdown;
 mod encoders;
+mod scaling;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -87,13 +91,18 @@ pub struct BenchArgs {
     /// sync, clip + optimizer, callbacks, checkpoint), a device sync around each.
     #[arg(long)]
     pub breakdown: bool,
+    /// Data-parallel scaling: train the generated run (or `--config`) for real on 1 worker and
+    /// on N workers (`runtime.num_devices`), each worker with `--batch` samples (or the
+    /// config's batch), and print step time, throughput and scaling efficiency.
+    #[arg(long, value_name = "N", conflicts_with = "breakdown")]
+    pub devices: Option<usize>,
     /// With `--breakdown`: the method of the generated run, `finetune` or `dmd2` (student,
     /// critic and frozen teacher from the preset; the generator updates every step).
     #[arg(long, default_value = "finetune", value_parser = ["finetune", "dmd2"])]
     pub method: String,
     /// With `--breakdown`: bench this run config instead of a preset (its backend, shapes and
     /// data; `--backend`, `--shape`, `--method` and friends do not apply).
-    #[arg(long, requires = "breakdown")]
+    #[arg(long)]
     pub config: Option<PathBuf>,
     /// With `--config`: override a key, as `reel train --set` does (repeatable).
     #[arg(long, value_name = "KEY=VALUE", requires = "config")]
@@ -376,6 +385,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.breakdown {
         return breakdown::run(args);
     }
+    if let Some(n) = args.devices {
+        anyhow::ensure!(n >= 1, "--devices must be at least 1");
+        return scaling::run(args, n);
+    }
+    anyhow::ensure!(
+        args.config.is_none(),
+        "--config applies to --breakdown and --devices"
+    );
     if args.vae.is_some() || args.text_encoder.is_some() {
         anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");
         return encoders::run(args);
