@@ -100,7 +100,7 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
 
 /// Build the method and load the weights.
 pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Result<Loaded<B>> {
-    let device = B::device_for(loaded.config.runtime.device);
+    let device = B::device_for(loaded.config.runtime.main_device());
     let source: Arc<dyn DataSource> = Arc::from(loaded.config.data.build(&loaded.base_dir)?);
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut checkpoint = None;

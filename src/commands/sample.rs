@@ -96,7 +96,7 @@ fn sample<B: ReelBackend>(
 ) -> anyhow::Result<()> {
     let cfg = media_config(args)?;
     let mut l = load::<B>(&args.source, loaded)?;
-    let device = B::device_for(loaded.config.runtime.device);
+    let device = B::device_for(loaded.config.runtime.main_device());
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let spec = l.source.spec();
     if let (Some(decoder), Some(vae)) = (&models.decoder, &args.vae) {

@@ -80,6 +80,12 @@ impl RuntimeConfig {
         }
     }
 
+    /// Worker 0's device: the device of a one-device run, and where `reel sample` and
+    /// `reel eval` run.
+    pub fn main_device(&self) -> usize {
+        self.worker_devices()[0]
+    }
+
     /// Check the device keys; keys relative to `[runtime]`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.devices.is_some() && self.num_devices.is_some() {

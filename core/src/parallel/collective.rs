@@ -115,11 +115,11 @@ impl<B: Backend> Collective<B> {
     pub fn mean_all(&self, xs: Vec<Tensor<B, 1>>) -> Result<Vec<Tensor<B, 1>>, ParallelError> {
         let mut out = Vec::with_capacity(xs.len());
         for bucket in buckets(&xs.iter().map(|x| x.dims()[0]).collect::<Vec<_>>()) {
-            let parts: Vec<Tensor<B, 1>> = xs[bucket.clone()].to_vec();
-            if parts.len() == 1 {
-                out.push(self.mean(parts.into_iter().next().unwrap_or_else(|| unreachable!()))?);
+            if bucket.len() == 1 {
+                out.push(self.mean(xs[bucket.start].clone())?);
                 continue;
             }
+            let parts: Vec<Tensor<B, 1>> = xs[bucket].to_vec();
             let sizes: Vec<usize> = parts.iter().map(|p| p.dims()[0]).collect();
             let reduced = self.mean(Tensor::cat(parts, 0))?;
             let mut at = 0;

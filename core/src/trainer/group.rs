@@ -15,10 +15,11 @@ use crate::role::RoleHandle;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// How one worker ended: its result and, on failure, the order in which it failed.
+/// How one worker ended: its result and, when it failed (not by agreement), the order in
+/// which it failed.
 struct Outcome {
     result: Result<(TrainSummary, String), TrainError>,
-    failed_at: usize,
+    failed_at: Option<usize>,
 }
 
 /// Train on every device of `runtime.devices` at once; returns worker 0's summary with the
@@ -45,9 +46,9 @@ pub(super) fn train_group<B: ReelBackend>(
                         let result =
                             catch_unwind(AssertUnwindSafe(|| run_worker::<B>(loaded, opts, seat)))
                                 .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
-                        let mut failed_at = usize::MAX;
+                        let mut failed_at = None;
                         if result.as_ref().is_err_and(|e| !agreed(e)) {
-                            failed_at = failures.fetch_add(1, Ordering::SeqCst);
+                            failed_at = Some(failures.fetch_add(1, Ordering::SeqCst));
                             session.abort();
                         }
                         Outcome { result, failed_at }
@@ -96,8 +97,13 @@ fn conclude(mut outcomes: Vec<Outcome>, devices: &[usize]) -> Result<TrainSummar
         )
     };
     let first = (0..outcomes.len())
-        .filter(|&r| outcomes[r].failed_at != usize::MAX)
-        .min_by_key(|&r| (consequence(&outcomes[r]), outcomes[r].failed_at));
+        .filter_map(|r| {
+            outcomes[r]
+                .failed_at
+                .map(|at| (consequence(&outcomes[r]), at, r))
+        })
+        .min()
+        .map(|(_, _, r)| r);
     if let Some(rank) = first {
         let error = outcomes
             .into_iter()

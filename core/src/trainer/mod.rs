@@ -179,9 +179,7 @@ pub fn train<B: ReelBackend>(
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
     match loaded.config.runtime.worker_devices().as_slice() {
-        [device] => {
-            Trainer::<B>::in_seat(loaded, opts, crate::parallel::Seat::single(*device))?.run()
-        }
+        [_] => Trainer::<B>::new(loaded, opts)?.run(),
         devices => group::train_group::<B>(loaded, opts, devices),
     }
 }

@@ -68,10 +68,14 @@ pub struct Trainer<'a, B: ReelBackend> {
 }
 
 impl<'a, B: ReelBackend> Trainer<'a, B> {
-    /// Build the run on one device (`runtime.device`): folder, data, method and callbacks;
-    /// restore a checkpoint when `opts.resume` says so.
+    /// Build the run on one device (`runtime.main_device()`): folder, data, method and
+    /// callbacks; restore a checkpoint when `opts.resume` says so.
     pub fn new(loaded: &'a LoadedConfig, opts: &TrainOptions) -> Result<Self, TrainError> {
-        Self::in_seat(loaded, opts, Seat::single(loaded.config.runtime.device))
+        Self::in_seat(
+            loaded,
+            opts,
+            Seat::single(loaded.config.runtime.main_device()),
+        )
     }
 
     /// Build worker `seat.rank` of a data-parallel group (see [`crate::parallel`]): it reads
@@ -159,7 +163,6 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         }
         let checkpoint = match self.last_checkpoint.take() {
             Some(c) => c,
-            None if !self.seat.is_main() => PathBuf::new(),
             None => self.store.resolve("latest", &self.loaded.fingerprint)?.0,
         };
         if self.seat.is_main() {
@@ -371,9 +374,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         if let Some(collective) = group {
             let flag = Tensor::from_floats([self.interrupted() as u8 as f32], &self.device);
             let local = Tensor::cat(scalars.into_iter().chain([flag]).collect(), 0);
-            let reduced = collective.mean(local)?;
-            let n = reduced.dims()[0];
-            scalars = (0..n).map(|i| reduced.clone().slice(i..i + 1)).collect();
+            scalars = vec![collective.mean(local)?];
         }
         let mut updating = vec![];
         for role in self.method.roles() {
@@ -466,11 +467,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     fn checkpoint_if_due(&mut self) -> Result<(), TrainError> {
         let loaded = self.loaded;
         let training = &loaded.config.training;
-        let due = self.seat.is_main()
-            && (self.is_final()
-                || training
-                    .checkpoint_every
-                    .is_some_and(|n| self.step.is_multiple_of(n)));
+        let due = self.is_final()
+            || training
+                .checkpoint_every
+                .is_some_and(|n| self.step.is_multiple_of(n));
         if due {
             match self.save(self.loader.cursor()) {
                 Ok(dir) => self.last_checkpoint = Some(dir),

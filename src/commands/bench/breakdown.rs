@@ -198,7 +198,7 @@ fn bench_run<B: ReelBackend>(
         ..Default::default()
     };
     let mut trainer = Trainer::<B>::new(loaded, &opts)?;
-    let device = B::device_for(loaded.config.runtime.device);
+    let device = B::device_for(loaded.config.runtime.main_device());
     for _ in 0..args.warmup {
         trainer.train_step()?;
     }

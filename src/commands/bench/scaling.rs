@@ -38,9 +38,14 @@ pub struct ScalingRow {
 
 /// Bench 1 and `n` workers, print the table (or JSON).
 pub fn run(args: &BenchArgs, n: usize) -> anyhow::Result<()> {
+    // A config's own batch is the one-worker batch (read once).
+    let config_batch = match &args.config {
+        Some(path) => Some(config_run(args, path)?.config.data.batch_size()),
+        None => None,
+    };
     let mut rows: Vec<ScalingRow> = vec![];
     for workers in if n == 1 { vec![1] } else { vec![1, n] } {
-        let (label, loaded) = workers_run(args, workers)?;
+        let (label, loaded) = workers_run(args, config_batch, workers)?;
         let row = measure(args, &label, &loaded, workers)?;
         rows.push(row);
     }
@@ -72,18 +77,21 @@ pub fn run(args: &BenchArgs, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The benched run on `workers` workers, each with the one-worker batch.
-fn workers_run(args: &BenchArgs, workers: usize) -> anyhow::Result<(String, LoadedConfig)> {
+/// The benched run on `workers` workers, each with the one-worker batch (`config_batch`
+/// for `--config`, else `--batch`).
+fn workers_run(
+    args: &BenchArgs,
+    config_batch: Option<usize>,
+    workers: usize,
+) -> anyhow::Result<(String, LoadedConfig)> {
     let mut a = args.clone();
     a.set.push(format!("runtime.num_devices={workers}"));
-    match &args.config {
-        Some(path) => {
-            let one = config_run(args, path)?;
-            let batch = one.config.data.batch_size() * workers;
-            a.set.push(format!("data.batch_size={batch}"));
+    match (&args.config, config_batch) {
+        (Some(path), Some(batch)) => {
+            a.set.push(format!("data.batch_size={}", batch * workers));
             Ok((path.display().to_string(), config_run(&a, path)?))
         }
-        None => {
+        _ => {
             a.batch = args.batch * workers;
             let mut runs = preset_runs(&a)?;
             anyhow::ensure!(!runs.is_empty(), "no preset to bench");
