@@ -404,3 +404,30 @@ fn a_panicking_worker_stops_the_group_with_its_name_and_the_run_resumes() {
         );
     }
 }
+
+#[test]
+fn a_launcher_needs_the_mpi_build_and_a_known_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("run.toml"), finetune("")).unwrap();
+    let unknown = reel_group(tmp.path(), "x", &["--set", "runtime.launcher=slurm"], None);
+    let err = String::from_utf8_lossy(&unknown.stderr).to_string();
+    assert!(!unknown.status.success());
+    assert!(
+        err.contains("run.toml") && err.contains("launcher") && err.contains("mpi"),
+        "{err}"
+    );
+    let mpi = reel_group(tmp.path(), "x", &["--set", "runtime.launcher=mpi"], None);
+    let err = String::from_utf8_lossy(&mpi.stderr).to_string();
+    if cfg!(feature = "mpi") {
+        // Built with MPI and started without a launcher: a one-process MPI job that trains.
+        assert!(mpi.status.success(), "{err}");
+    } else {
+        assert!(!mpi.status.success());
+        assert!(
+            err.contains("run.toml: runtime.launcher: \"mpi\" needs a reel built with MPI support")
+                && err.contains("--features mpi"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("x").exists(), "nothing may be written");
+    }
+}

@@ -70,6 +70,7 @@ fn run(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSummary 
         resume: resume.map(str::to_string),
         output_dir: Some(dir.to_path_buf()),
         interrupt: None,
+        processes: None,
     };
     train::<CpuBackend>(loaded, &opts).unwrap_or_else(|e| panic!("training should succeed: {e}"))
 }

@@ -7,6 +7,7 @@ pub mod export;
 pub mod inference;
 pub mod list;
 pub mod preprocess;
+pub mod processes;
 pub mod sample;
 pub mod train;
 

@@ -1,10 +1,12 @@
 //! `reel train`: run (or resume) a training run.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use reel_core::config::load_run_config;
+use reel_core::parallel::Processes;
 use reel_core::trainer::{train, TrainOptions};
 
 use reel_core::with_backend;
@@ -36,46 +38,78 @@ pub fn run(
     output: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let loaded = load_run_config(config, set)?;
-    eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
+    let job = super::processes::join(&loaded, config)?;
+    let process = job.processes.as_ref().map(|p| (p.rank(), p.size()));
+    if process.is_none_or(|(rank, _)| rank == 0) {
+        eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
+    }
+    if let Some((rank, size)) = process {
+        let here = loaded.config.runtime.worker_devices().len();
+        say(&format!(
+            "reel: process {rank} of {size}: {here} worker(s) here, {} in all",
+            here * size
+        ));
+    }
     let opts = TrainOptions {
         resume,
         output_dir: output,
         interrupt: Some(interrupt_flag()),
+        processes: job.processes.clone(),
     };
     let summary = with_backend!(loaded.config.runtime.backend, |B| train::<B>(
         &loaded, &opts
     )
     .map_err(anyhow::Error::from))?;
-    let losses: Vec<String> = summary
-        .last_losses
-        .iter()
-        .map(|(k, v)| format!("{k}={v:.4}"))
-        .collect();
-    eprintln!(
-        "reel: done: {} steps, last {}, checkpoint {}",
-        summary.steps,
-        losses.join(" "),
-        summary.checkpoint.display()
-    );
-    if let Some(first) = summary.worker_digests.first() {
-        let n = summary.worker_digests.len();
-        if summary.worker_digests.iter().all(|d| d == first) {
+    let main = process.is_none_or(|(rank, _)| rank == 0);
+    if main {
+        let losses: Vec<String> = summary
+            .last_losses
+            .iter()
+            .map(|(k, v)| format!("{k}={v:.4}"))
+            .collect();
+        eprintln!(
+            "reel: done: {} steps, last {}, checkpoint {}",
+            summary.steps,
+            losses.join(" "),
+            summary.checkpoint.display()
+        );
+        if summary.skipped_steps > 0 {
             eprintln!(
-                "reel: all {n} workers ended with identical weights, optimizer state and EMA (sha256 {})",
-                &first[..16.min(first.len())]
-            );
-        } else {
-            eprintln!(
-                "reel: warning: the {n} workers ended with different states (sha256 {:?}); worker 0's was saved. Please report this.",
-                summary.worker_digests
+                "reel: {} step(s) were skipped for non-finite values",
+                summary.skipped_steps
             );
         }
     }
-    if summary.skipped_steps > 0 {
-        eprintln!(
-            "reel: {} step(s) were skipped for non-finite values",
-            summary.skipped_steps
-        );
+    report_agreement(job.processes.as_deref(), &summary.worker_digests)
+}
+
+/// Say whether every worker (of every process) ended with the same training state.
+fn report_agreement(processes: Option<&dyn Processes>, digests: &[String]) -> anyhow::Result<()> {
+    let Some(own) = digests.first() else {
+        return Ok(());
+    };
+    let here = digests.iter().all(|d| d == own);
+    let (same, workers) = match processes {
+        Some(p) => (
+            super::processes::same_digest_everywhere(p, own)? && here,
+            format!("workers of the {} processes", p.size()),
+        ),
+        None => (here, format!("{} workers", digests.len())),
+    };
+    if same && processes.is_none_or(|p| p.rank() == 0) {
+        say(&format!(
+            "reel: all {workers} ended with identical weights, optimizer state and EMA (sha256 {})",
+            &own[..16.min(own.len())]
+        ));
+    } else if !same {
+        say(&format!(
+            "reel: warning: the {workers} ended with different states (here: sha256 {digests:?}); worker 0's was saved. Please report this."
+        ));
     }
     Ok(())
+}
+
+/// A line to stderr in one write (an MPI launcher interleaves processes' partial writes).
+fn say(line: &str) {
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

@@ -63,6 +63,7 @@ pub fn run(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSumm
         resume: resume.map(str::to_string),
         output_dir: Some(dir.to_path_buf()),
         interrupt: None,
+        processes: None,
     };
     train::<TestBackend>(loaded, &opts).unwrap_or_else(|e| panic!("training should succeed: {e}"))
 }

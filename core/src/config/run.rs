@@ -26,6 +26,14 @@ pub enum Precision {
     Bf16,
 }
 
+/// `[runtime] launcher`: how the processes of a multi-process run were started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// An MPI launcher (`mpirun`, `srun`): the process joins the MPI job it was started in.
+    Mpi,
+}
+
 /// `[runtime]`: where and how the run executes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +53,12 @@ pub struct RuntimeConfig {
     /// Shorthand for `devices = [0, 1, ..., N-1]`.
     #[serde(default)]
     pub num_devices: Option<usize>,
+    /// Several processes (one per machine): `"mpi"` joins the MPI job this process was
+    /// started in (`mpirun -np 2 reel train ...`); every process runs the workers of its own
+    /// `devices` (the same count everywhere) and `data.batch_size` splits over all of them.
+    /// Needs a `reel` built with `--features mpi`. Unset: the run is this process alone.
+    #[serde(default)]
+    pub launcher: Option<Launcher>,
     /// Compute precision.
     #[serde(default)]
     pub dtype: Precision,
@@ -63,6 +77,7 @@ impl Default for RuntimeConfig {
             device: 0,
             devices: None,
             num_devices: None,
+            launcher: None,
             dtype: Precision::F32,
             seed: 0,
             output_dir: None,

@@ -8,8 +8,13 @@
 //! workers, so clipping, AdamW and EMA see the same numbers everywhere and the weights stay
 //! identical on every worker. Worker 0 (its [`Seat::is_main`]) writes checkpoints, logs and
 //! samples.
+//!
+//! A run can also span several processes, one per machine, started by a launcher such as
+//! `mpirun` ([`Processes`], the `reel` binary's `mpi` feature): each process runs its own
+//! devices' workers, and the means reach every worker of every process.
 
 mod collective;
+mod processes;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -19,6 +24,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 pub use collective::{Collective, Session, BUCKET_VALUES};
+pub use processes::{global_workers, ProcessHandle, Processes};
 
 /// Errors of collective operations.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +39,9 @@ pub enum ParallelError {
         /// What `burn-collective` said.
         detail: String,
     },
+    /// The processes of a multi-process run disagree (see [`Processes`]).
+    #[error("the processes of the run: {0}")]
+    Processes(String),
     /// Workers reached a collective with different gradients to average (a method whose
     /// gradients depend on the worker, which breaks data parallelism).
     #[error(

@@ -4,13 +4,14 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use sha2::{Digest, Sha256};
 
 use super::{TrainError, TrainOptions, TrainSummary, Trainer};
 use crate::backend::ReelBackend;
+use crate::config::ConfigError;
 use crate::config::LoadedConfig;
-use crate::parallel::{ParallelError, Seat, Session};
+use crate::parallel::{global_workers, Collective, ParallelError, Processes, Seat, Session};
 use crate::role::RoleHandle;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -22,36 +23,34 @@ struct Outcome {
     failed_at: Option<usize>,
 }
 
-/// Train on every device of `runtime.devices` at once; returns worker 0's summary with the
-/// digest of every worker's final state.
+/// Train on every device of `runtime.devices` at once (and, with `opts.processes`, together
+/// with the other processes of the run); returns worker 0's summary with the digest of every
+/// local worker's final state.
 pub(super) fn train_group<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
     devices: &[usize],
 ) -> Result<TrainSummary, TrainError> {
-    let inner: Vec<_> = devices.iter().map(|&d| B::device_for(d)).collect();
-    let session = Session::<Inner<B>>::open(&inner)?;
+    let processes = opts.processes.as_deref();
+    let (session, seats) = open_seats::<B>(loaded, opts, devices)?;
+    let first_rank = seats[0].0;
     let failures = AtomicUsize::new(0);
-    let workers = devices.len();
+    let supervisor = Supervisor {
+        session: session.as_ref(),
+        processes,
+        failures: &failures,
+    };
     let outcomes: Vec<Outcome> = std::thread::scope(|s| {
-        let handles: Vec<_> = devices
-            .iter()
-            .enumerate()
-            .map(|(rank, &device)| {
-                let (session, failures) = (&session, &failures);
+        let handles: Vec<_> = seats
+            .into_iter()
+            .zip(devices)
+            .map(|((rank, workers, collective), &device)| {
+                let supervisor = &supervisor;
                 std::thread::Builder::new()
                     .name(format!("reel-worker-{rank}"))
                     .spawn_scoped(s, move || {
-                        let seat = Seat::in_group(rank, workers, device, session.peer(rank));
-                        let result =
-                            catch_unwind(AssertUnwindSafe(|| run_worker::<B>(loaded, opts, seat)))
-                                .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
-                        let mut failed_at = None;
-                        if result.as_ref().is_err_and(|e| !agreed(e)) {
-                            failed_at = Some(failures.fetch_add(1, Ordering::SeqCst));
-                            session.abort();
-                        }
-                        Outcome { result, failed_at }
+                        let seat = Seat::in_group(rank, workers, device, collective);
+                        supervisor.run::<B>(loaded, opts, seat)
                     })
                     .unwrap_or_else(|e| panic!("cannot start worker thread {rank}: {e}"))
             })
@@ -64,7 +63,108 @@ pub(super) fn train_group<B: ReelBackend>(
             })
             .collect()
     });
-    conclude(outcomes, devices)
+    conclude(outcomes, devices, first_rank)
+}
+
+/// The local session (none for the only worker of a process) and each local worker's
+/// `(global rank, global workers, collective handle)`.
+#[allow(clippy::type_complexity)]
+fn open_seats<B: ReelBackend>(
+    loaded: &LoadedConfig,
+    opts: &TrainOptions,
+    devices: &[usize],
+) -> Result<
+    (
+        Option<Session<Inner<B>>>,
+        Vec<(usize, usize, Collective<Inner<B>>)>,
+    ),
+    TrainError,
+> {
+    let inner: Vec<_> = devices.iter().map(|&d| B::device_for(d)).collect();
+    let Some(processes) = &opts.processes else {
+        let session = Session::open(&inner, None)?;
+        let seats = (0..devices.len())
+            .map(|l| (l, devices.len(), session.peer(l)))
+            .collect();
+        return Ok((Some(session), seats));
+    };
+    let world = global_workers(&**processes, devices.len()).map_err(ParallelError::Processes)?;
+    check_global_batch(loaded, world)?;
+    if devices.len() == 1 {
+        let only = Collective::sole_worker_of(processes.clone());
+        return Ok((None, vec![(processes.rank(), world, only)]));
+    }
+    let session = Session::open(&inner, Some(processes.clone()))?;
+    let seats = (0..devices.len())
+        .map(|l| (session.global_rank(l), world, session.peer(l)))
+        .collect();
+    Ok((Some(session), seats))
+}
+
+/// What every worker thread shares: how to stop the others when it fails (`B`: the inner
+/// backend of the group's collectives).
+struct Supervisor<'a, B: Backend> {
+    session: Option<&'a Session<B>>,
+    processes: Option<&'a dyn Processes>,
+    failures: &'a AtomicUsize,
+}
+
+impl<B: Backend> Supervisor<'_, B> {
+    /// Run one worker; when it fails (not by agreement), stop the local workers' collective
+    /// calls and, for the first failure of a multi-process run, every process.
+    fn run<R: ReelBackend<InnerBackend = B>>(
+        &self,
+        loaded: &LoadedConfig,
+        opts: &TrainOptions,
+        seat: Seat<B>,
+    ) -> Outcome {
+        let (rank, device) = (seat.rank, seat.device);
+        let result = catch_unwind(AssertUnwindSafe(|| run_worker::<R>(loaded, opts, seat)))
+            .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
+        let mut failed_at = None;
+        if let Some(e) = result.as_ref().err().filter(|e| !agreed(e)) {
+            let first = self.failures.fetch_add(1, Ordering::SeqCst);
+            failed_at = Some(first);
+            if let Some(s) = self.session {
+                s.abort();
+            }
+            if let (Some(p), 0) = (self.processes, first) {
+                stop_processes(p, rank, device, e);
+            }
+        }
+        Outcome { result, failed_at }
+    }
+}
+
+/// The global batch must split evenly over every worker of every process.
+fn check_global_batch(loaded: &LoadedConfig, world: usize) -> Result<(), TrainError> {
+    let batch = loaded.config.data.batch_size();
+    if batch.is_multiple_of(world) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "data.batch_size",
+        format!("the global batch ({batch}) must split evenly over the {world} workers of all processes; expected a multiple of {world}"),
+    )
+    .in_file(&loaded.path)
+    .into())
+}
+
+/// A worker of a multi-process run failed first here: report it, then stop every process
+/// (the others may be waiting for this one in an all-reduce, which nothing else would end).
+fn stop_processes(processes: &dyn Processes, rank: usize, device: usize, e: &TrainError) -> ! {
+    let line = match e {
+        named @ TrainError::Worker { .. } => named.to_string(),
+        e => format!("worker {rank} (device {device}) failed: {e}"),
+    };
+    // One write, so that the launcher does not interleave it with other processes' output.
+    let line = format!(
+        "reel: process {} of {}: {line}; stopping every process of the run\n",
+        processes.rank(),
+        processes.size()
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    processes.abort(1)
 }
 
 /// Build and run one worker; its summary and the digest of its final state.
@@ -89,7 +189,12 @@ fn agreed(e: &TrainError) -> bool {
 
 /// The group's result: the first worker failure that is not a consequence of another (a
 /// collective aborted because a worker failed), named with its worker; else worker 0's.
-fn conclude(mut outcomes: Vec<Outcome>, devices: &[usize]) -> Result<TrainSummary, TrainError> {
+/// `first_rank` is the global rank of this process's first worker.
+fn conclude(
+    mut outcomes: Vec<Outcome>,
+    devices: &[usize],
+    first_rank: usize,
+) -> Result<TrainSummary, TrainError> {
     let consequence = |o: &Outcome| {
         matches!(
             o.result,
@@ -113,7 +218,7 @@ fn conclude(mut outcomes: Vec<Outcome>, devices: &[usize]) -> Result<TrainSummar
         return Err(match error {
             named @ TrainError::Worker { .. } => named,
             e => TrainError::Worker {
-                rank,
+                rank: first_rank + rank,
                 device: devices[rank],
                 cause: e.to_string(),
             },

@@ -28,7 +28,7 @@ use crate::checkpoint::{CheckpointError, TrainerState};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::data::{DataError, DataSource};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
-use crate::parallel::ParallelError;
+use crate::parallel::{ParallelError, ProcessHandle};
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +100,9 @@ pub struct TrainOptions {
     pub output_dir: Option<PathBuf>,
     /// Set to `true` (e.g. by a SIGINT handler) to checkpoint and stop at the next step.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// The other processes of a multi-process run (`runtime.launcher`); `None` for a run in
+    /// one process.
+    pub processes: Option<ProcessHandle>,
 }
 
 /// What a finished run reports.
@@ -173,14 +176,18 @@ pub fn load_checkpoint_into<B: AutodiffBackend>(
 }
 
 /// Train a run to `max_steps` (or until interrupted) on backend `B`: on `runtime.device`,
-/// or with one worker per device of `runtime.devices` (see [`crate::parallel`]).
+/// or with one worker per device of `runtime.devices`, and with the other processes of
+/// `opts.processes` (see [`crate::parallel`]).
 pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    match loaded.config.runtime.worker_devices().as_slice() {
-        [_] => Trainer::<B>::new(loaded, opts)?.run(),
-        devices => group::train_group::<B>(loaded, opts, devices),
+    match (
+        &opts.processes,
+        loaded.config.runtime.worker_devices().as_slice(),
+    ) {
+        (None, [_]) => Trainer::<B>::new(loaded, opts)?.run(),
+        (_, devices) => group::train_group::<B>(loaded, opts, devices),
     }
 }
 

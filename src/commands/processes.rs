@@ -1,0 +1,141 @@
+//! Runs of several processes (`[runtime] launcher = "mpi"`): joining the MPI job, and the
+//! checks around it.
+//!
+//! Across processes the trainer needs one operation, the sum of a host buffer
+//! ([`Processes::sum`]); MPI's `MPI_Allreduce` provides it through the `mpi` crate (rsmpi)
+//! when `reel` is built with `--features mpi`. Launch with `mpirun` (or `srun`), one process
+//! per machine; each process runs the workers of its own `runtime.devices`.
+
+use std::path::Path;
+
+use anyhow::bail;
+use reel_core::config::{Launcher, LoadedConfig};
+use reel_core::parallel::{ProcessHandle, Processes};
+
+/// Environment variables MPI launchers set to the number of processes of the job (Open MPI,
+/// then MPICH/Hydra and Intel MPI).
+const SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
+
+/// The processes of this run, while it lasts (finalizes MPI when dropped).
+pub struct Job {
+    /// The handle the trainer uses; `None` for a run in one process.
+    pub processes: Option<ProcessHandle>,
+    #[cfg(feature = "mpi")]
+    _universe: Option<mpi::environment::Universe>,
+}
+
+/// Join the run's processes as `runtime.launcher` says; refuse a process that an MPI launcher
+/// started as one of several when the config does not say so (every copy would train alone
+/// and write the same run folder).
+pub fn join(loaded: &LoadedConfig, config: &Path) -> anyhow::Result<Job> {
+    match loaded.config.runtime.launcher {
+        None => {
+            if let Some((var, n)) = launched_size() {
+                bail!(
+                    "{}: runtime.launcher: this process is one of {n} started by an MPI launcher ({var}={n}), but the config sets no launcher, so each would train alone into the same folder; expected `launcher = \"mpi\"` in [runtime] (or --set runtime.launcher=mpi)",
+                    config.display()
+                );
+            }
+            Ok(Job {
+                processes: None,
+                #[cfg(feature = "mpi")]
+                _universe: None,
+            })
+        }
+        Some(Launcher::Mpi) => join_mpi(config),
+    }
+}
+
+/// `(variable, processes)` when an MPI launcher started this process as one of several.
+fn launched_size() -> Option<(&'static str, usize)> {
+    SIZE_VARS.iter().find_map(|&var| {
+        let n: usize = std::env::var(var).ok()?.trim().parse().ok()?;
+        (n > 1).then_some((var, n))
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn join_mpi(config: &Path) -> anyhow::Result<Job> {
+    bail!(
+        "{}: runtime.launcher: \"mpi\" needs a reel built with MPI support; expected a build with `--features mpi` (scripts/install-mpi.sh installs Open MPI), or no launcher for a run in one process",
+        config.display()
+    )
+}
+
+#[cfg(feature = "mpi")]
+fn join_mpi(config: &Path) -> anyhow::Result<Job> {
+    use mpi::traits::Communicator;
+    let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+    else {
+        bail!(
+            "{}: runtime.launcher: MPI was already initialized in this process",
+            config.display()
+        );
+    };
+    // Worker threads call MPI (one at a time), and a failing worker aborts from its own thread.
+    if threading != mpi::Threading::Multiple {
+        bail!(
+            "{}: runtime.launcher: the MPI library offers thread support {threading:?}; Reel needs MPI_THREAD_MULTIPLE (Open MPI and MPICH provide it)",
+            config.display()
+        );
+    }
+    let world = universe.world();
+    let processes = MpiProcesses {
+        rank: world.rank() as usize,
+        size: world.size() as usize,
+    };
+    Ok(Job {
+        processes: Some(std::sync::Arc::new(processes)),
+        _universe: Some(universe),
+    })
+}
+
+/// The processes of an MPI job (`MPI_COMM_WORLD`).
+#[cfg(feature = "mpi")]
+#[derive(Debug)]
+struct MpiProcesses {
+    rank: usize,
+    size: usize,
+}
+
+#[cfg(feature = "mpi")]
+impl Processes for MpiProcesses {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn sum(&self, values: &mut [f32]) -> Result<(), String> {
+        use mpi::collective::{CommunicatorCollectives, SystemOperation};
+        let send = values.to_vec();
+        // MPI's default error handler ends the job on a failed call, so this returns only
+        // with the sum.
+        mpi::topology::SimpleCommunicator::world().all_reduce_into(
+            &send[..],
+            values,
+            SystemOperation::sum(),
+        );
+        Ok(())
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        use mpi::traits::Communicator;
+        mpi::topology::SimpleCommunicator::world().abort(code)
+    }
+}
+
+/// Whether every process ended with the same state digest (hex SHA-256): the sums of its
+/// bytes and of their squares over the processes equal `size` times this process's own only
+/// when all are equal.
+pub fn same_digest_everywhere(processes: &dyn Processes, digest: &str) -> anyhow::Result<bool> {
+    let bytes: Vec<f32> = digest.bytes().map(f32::from).collect();
+    let mut values: Vec<f32> = bytes.iter().chain(&bytes).copied().collect();
+    values[bytes.len()..].iter_mut().for_each(|b| *b *= *b);
+    let own = values.clone();
+    processes.sum(&mut values).map_err(anyhow::Error::msg)?;
+    let n = processes.size() as f32;
+    Ok(values.iter().zip(&own).all(|(sum, v)| *sum == n * v))
+}
