@@ -95,3 +95,44 @@ fn f32_memory_efficient_attention_matches_naive_on_flex() {
         assert!(e < 1e-4, "gradient of {name}: relative error {e:.2e}");
     }
 }
+
+/// The model's output for fixed inputs (forward only: frozen models have no gradients).
+fn forward_only(m: &WanModel<Ad>) -> Vec<f32> {
+    let dev = Default::default();
+    let mut rng = StreamRng::from_seed(9);
+    let x: Tensor<Ad, 5> = rng.normal_tensor([1, 4, 4, 8, 8], &dev);
+    let t = Tensor::<Ad, 1>::from_floats([600.0], &dev);
+    let ctx: Tensor<Ad, 3> = rng.normal_tensor([1, 5, 32], &dev);
+    values(&m.forward(x, t, ctx).into_data())
+}
+
+#[test]
+fn a_frozen_bf16_model_stores_bf16_weight_matrices_and_computes_the_same_bits() {
+    let master = model(Precision::Bf16, AttentionMode::Naive).no_grad();
+    let stored = model(Precision::Bf16, AttentionMode::Naive)
+        .no_grad()
+        .with_bf16_weights();
+    let bytes = |m: &WanModel<Ad>| -> usize {
+        named_tensor_data(m)
+            .iter()
+            .map(|(_, d)| d.as_bytes().len())
+            .sum()
+    };
+    let params = named_tensor_data(&stored);
+    let bf16: Vec<&String> = params
+        .iter()
+        .filter(|(_, d)| d.dtype == DType::BF16)
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        bf16.iter().all(|n| n.ends_with(".weight")) && bf16.len() >= 4,
+        "{bf16:?}"
+    );
+    let bias = params.iter().find(|(n, _)| n == "proj_out.bias");
+    assert!(bias.is_some_and(|(_, d)| d.dtype == DType::F32), "{bias:?}");
+    let (b16, b32) = (bytes(&stored), bytes(&master));
+    eprintln!("frozen model bytes: {b16} with bf16 weight matrices, {b32} float32");
+    assert!((b16 as f64) < 0.6 * b32 as f64, "{b16} vs {b32}");
+    // Rounding the weights once or on every forward gives the same products.
+    assert_eq!(forward_only(&stored), forward_only(&master));
+}

@@ -18,7 +18,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
-use reel_core::config::ConfigError;
+use reel_core::config::{ConfigError, Precision};
 use reel_core::method::BuildContext;
 use reel_core::model::{
     BuildModel, DiffusionModel, DynModel, LossFn, ModelConfig, ModelError, ModelInfo,
@@ -129,8 +129,14 @@ impl<B: AutodiffBackend> BuildModel<B> for WanArch {
         role: &RoleConfig,
         ctx: &BuildContext<B>,
     ) -> Result<DynModel<B>, ModelError> {
-        let model = build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)?;
-        Ok(DynModel::new(model.with_precision(ctx.precision)))
+        let model = build_wan_role::<B>(role, |p| ctx.resolve(p), ctx.seed, &ctx.device)?
+            .with_precision(ctx.precision);
+        // A frozen role computing in bf16 keeps its weight matrices in bf16 (same products,
+        // half the memory); trained roles keep float32 master weights.
+        Ok(DynModel::new(match (role.trainable, ctx.precision) {
+            (false, Precision::Bf16) => model.with_bf16_weights(),
+            _ => model,
+        }))
     }
 }
 
