@@ -17,6 +17,7 @@
 #   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused"
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
 #   BREAKDOWN_SHAPE=20,56,104 (empty: skip)   BREAKDOWN_VARIANT=<first of VARIANTS>   TAG=slice1
+#   BREAKDOWN_RUNS="finetune finetune-unfused dmd2" (-unfused: optimizer.fused = false)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
@@ -34,6 +35,7 @@ STEPS=${STEPS:-3}
 WARMUP=${WARMUP:-1}
 BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
 BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
+BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-unfused dmd2"}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
@@ -143,13 +145,19 @@ breakdowns=$tmp/breakdowns.json
 echo "[]" >"$breakdowns"
 if [[ -n $BREAKDOWN_SHAPE ]]; then
   read -r f h w <<<"${BREAKDOWN_SHAPE//,/ }"
-  for method in finetune dmd2; do
-    echo "breakdown: $method $BREAKDOWN_SHAPE ($BREAKDOWN_VARIANT)" >&2
-    bfile=$tmp/breakdown.$method.json
+  # `finetune-unfused`: the fine-tuning step with AdamW and EMA as Burn tensor operations
+  # (optimizer.fused = false), for the `clip + optimizer` and `callbacks` phases side by side.
+  for run in $BREAKDOWN_RUNS; do
+    method=${run%-unfused}
+    extra=()
+    [[ $run == *-unfused ]] && extra=(--set optimizer.fused=false)
+    echo "breakdown: $run $BREAKDOWN_SHAPE ($BREAKDOWN_VARIANT)" >&2
+    bfile=$tmp/breakdown.$run.json
     bmem=$(peak_run "$bfile" "$BIN_DIR/reel-cuda-$BREAKDOWN_VARIANT" bench --breakdown --backend cuda \
       --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
-      --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing --attention fused --json)
-    "$PYTHON" - "$breakdowns" "$bfile" "$method" "$BREAKDOWN_VARIANT" "$bmem" <<'PY'
+      --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing --attention fused \
+      "${extra[@]}" --json)
+    "$PYTHON" - "$breakdowns" "$bfile" "$run" "$BREAKDOWN_VARIANT" "$bmem" <<'PY'
 import json, sys
 path, bfile, method, variant, mem = sys.argv[1:6]
 all_ = json.load(open(path))

@@ -147,6 +147,15 @@ fn bad_arguments_are_refused_with_a_message() {
         .output()
         .expect("reel runs");
     assert!(!out.status.success(), "--config needs --breakdown");
+    // `--set` reaches the run generated from a preset.
+    let out = Command::new(BIN)
+        .args(["bench", "--breakdown", "--preset", "wan-tiny"])
+        .args(["--set", "optimizer.fused=3"])
+        .output()
+        .expect("reel runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("optimizer.fused"), "{err}");
 }
 
 #[test]

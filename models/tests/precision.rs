@@ -4,6 +4,7 @@
 mod common;
 
 use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
 use burn::tensor::{DType, Tensor};
 use common::*;
 use reel_core::config::Precision;

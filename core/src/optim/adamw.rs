@@ -38,19 +38,85 @@ impl<B: Backend> Default for AdamWState<B> {
     }
 }
 
-/// One AdamW update of a flattened parameter. `k` is the 1-based step number.
+/// The host-side scalars of one AdamW step of a role, computed in float64 once for all of
+/// its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWScalars {
+    /// Factor on the gradient (gradient clipping), applied first.
+    pub grad_scale: f64,
+    /// Adam `β1`.
+    pub beta1: f64,
+    /// Adam `β2`.
+    pub beta2: f64,
+    /// Decoupled decay factor `1 − lr·wd`.
+    pub decay: f64,
+    /// `sqrt(1 − β2^k)`.
+    pub bc2_sqrt: f64,
+    /// Adam `ε`.
+    pub eps: f64,
+    /// `lr / (1 − β1^k)`.
+    pub step_size: f64,
+}
+
+impl AdamWScalars {
+    /// The scalars of step `k` (1-based) at learning rate `lr`, gradients scaled by
+    /// `grad_scale`.
+    pub fn new(cfg: &OptimizerConfig, lr: f64, k: u64, grad_scale: f64) -> Self {
+        let [beta1, beta2] = cfg.betas;
+        Self {
+            grad_scale,
+            beta1,
+            beta2,
+            decay: 1.0 - lr * cfg.weight_decay,
+            bc2_sqrt: (1.0 - beta2.powi(k as i32)).sqrt(),
+            eps: cfg.eps,
+            step_size: lr / (1.0 - beta1.powi(k as i32)),
+        }
+    }
+}
+
+/// One AdamW update of a flattened parameter (see [`AdamWScalars`]):
 ///
-/// `p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
+/// `g ← g·grad_scale; p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
 ///  p ← p − (lr / (1−β1^k)) · m / (sqrt(v) / sqrt(1−β2^k) + ε)`
+///
+/// With `fused` and a float32 parameter on a CubeCL backend (`cuda`, `wgpu`) the step is
+/// one kernel ([`fused`](crate::optim::fused), same operation order); otherwise Burn tensor
+/// operations.
 pub fn adamw_update<B: Backend>(
-    cfg: &OptimizerConfig,
-    lr: f64,
-    k: u64,
+    s: &AdamWScalars,
+    fused: bool,
     param: Tensor<B, 1>,
     grad: Tensor<B, 1>,
     moments: Option<Moments<B>>,
 ) -> (Tensor<B, 1>, Moments<B>) {
-    let [b1, b2] = cfg.betas;
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let (param, grad, moments) = if fused {
+        match super::fused::try_adamw((param, grad, moments), s) {
+            Ok(out) => return out,
+            Err(inputs) => inputs,
+        }
+    } else {
+        (param, grad, moments)
+    };
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    let _ = fused;
+    reference_update(s, param, grad, moments)
+}
+
+/// [`adamw_update`] in Burn tensor operations.
+fn reference_update<B: Backend>(
+    s: &AdamWScalars,
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moments: Option<Moments<B>>,
+) -> (Tensor<B, 1>, Moments<B>) {
+    let (b1, b2) = (s.beta1, s.beta2);
+    let grad = if s.grad_scale == 1.0 {
+        grad
+    } else {
+        grad.mul_scalar(s.grad_scale)
+    };
     let (m, v) = match moments {
         Some(Moments {
             exp_avg,
@@ -68,15 +134,13 @@ pub fn adamw_update<B: Backend>(
             grad.square().mul_scalar(1.0 - b2),
         ),
     };
-    let bc1 = 1.0 - b1.powi(k as i32);
-    let bc2_sqrt = (1.0 - b2.powi(k as i32)).sqrt();
-    let decayed = if cfg.weight_decay == 0.0 {
+    let decayed = if s.decay == 1.0 {
         param
     } else {
-        param.mul_scalar(1.0 - lr * cfg.weight_decay)
+        param.mul_scalar(s.decay)
     };
-    let denom = v.clone().sqrt().div_scalar(bc2_sqrt).add_scalar(cfg.eps);
-    let updated = decayed.sub(m.clone().div(denom).mul_scalar(lr / bc1));
+    let denom = v.clone().sqrt().div_scalar(s.bc2_sqrt).add_scalar(s.eps);
+    let updated = decayed.sub(m.clone().div(denom).mul_scalar(s.step_size));
     (
         updated,
         Moments {
@@ -84,6 +148,28 @@ pub fn adamw_update<B: Backend>(
             exp_avg_sq: v,
         },
     )
+}
+
+/// One EMA step of a flattened parameter's shadow: `shadow·decay + param·(1 − decay)`; one
+/// kernel with `fused` on a CubeCL backend (see [`adamw_update`]).
+pub fn ema_update<B: Backend>(
+    fused: bool,
+    shadow: Tensor<B, 1>,
+    param: Tensor<B, 1>,
+    decay: f64,
+) -> Tensor<B, 1> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let (shadow, param) = if fused {
+        match super::fused::try_ema(shadow, param, decay) {
+            Ok(out) => return out,
+            Err(inputs) => inputs,
+        }
+    } else {
+        (shadow, param)
+    };
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    let _ = fused;
+    shadow.mul_scalar(decay).add(param.mul_scalar(1.0 - decay))
 }
 
 #[cfg(test)]
@@ -104,8 +190,9 @@ mod tests {
         };
         let p = Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32, -2.0], [2]), &dev);
         let g = Tensor::<B, 1>::from_data(TensorData::new(vec![0.5f32, 0.25], [2]), &dev);
-        let (p1, m1) = adamw_update(&cfg, 0.1, 1, p, g.clone(), None);
-        let (p2, _) = adamw_update(&cfg, 0.1, 2, p1.clone(), g, Some(m1));
+        let s = |k| AdamWScalars::new(&cfg, 0.1, k, 1.0);
+        let (p1, m1) = adamw_update(&s(1), true, p, g.clone(), None);
+        let (p2, _) = adamw_update(&s(2), true, p1.clone(), g, Some(m1));
         // Hand computation in f64.
         let hand = |p0: f64, g: f64| {
             let (lr, wd, b1, b2, eps) = (0.1, 0.01, 0.9f64, 0.999f64, 1e-8);

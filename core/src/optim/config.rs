@@ -42,6 +42,11 @@ pub struct OptimizerConfig {
     /// Final learning rate as a fraction of `lr` (linear / cosine schedules).
     #[serde(default)]
     pub min_lr_ratio: f64,
+    /// One kernel per parameter tensor for the AdamW and EMA updates on the CubeCL backends
+    /// (`cuda`, `wgpu`; same results up to fused multiply-adds); `false` runs Burn tensor
+    /// operations. No effect on CPU backends or under Burn's `fusion` feature.
+    #[serde(default = "default_fused")]
+    pub fused: bool,
 }
 
 fn default_lr() -> f64 {
@@ -56,6 +61,9 @@ fn default_eps() -> f64 {
 fn default_wd() -> f64 {
     0.01
 }
+fn default_fused() -> bool {
+    true
+}
 
 impl Default for OptimizerConfig {
     fn default() -> Self {
@@ -67,6 +75,7 @@ impl Default for OptimizerConfig {
             schedule: ScheduleKind::Constant,
             warmup_steps: 0,
             min_lr_ratio: 0.0,
+            fused: default_fused(),
         }
     }
 }
@@ -119,6 +128,8 @@ pub struct OptimizerPatch {
     pub warmup_steps: Option<u64>,
     /// See [`OptimizerConfig::min_lr_ratio`].
     pub min_lr_ratio: Option<f64>,
+    /// See [`OptimizerConfig::fused`].
+    pub fused: Option<bool>,
 }
 
 impl OptimizerPatch {
@@ -132,6 +143,7 @@ impl OptimizerPatch {
             schedule: self.schedule.unwrap_or(base.schedule),
             warmup_steps: self.warmup_steps.unwrap_or(base.warmup_steps),
             min_lr_ratio: self.min_lr_ratio.unwrap_or(base.min_lr_ratio),
+            fused: self.fused.unwrap_or(base.fused),
         }
     }
 }

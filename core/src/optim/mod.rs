@@ -1,5 +1,7 @@
 //! Optimizers and learning-rate schedules.
 mod adamw;
 mod config;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod fused;
 pub use adamw::*;
 pub use config::*;

@@ -10,7 +10,7 @@ use super::module::{ParamValues, RoleModule};
 use super::state::{check_keys, flat_from_data, to_data};
 use super::{GradMap, RoleHandle, RoleStateError};
 use crate::model::{DiffusionModel, DynModel, LossFn};
-use crate::optim::{adamw_update, AdamWState, Moments, OptimizerConfig};
+use crate::optim::{adamw_update, ema_update, AdamWScalars, AdamWState, Moments, OptimizerConfig};
 use crate::parallel::ParallelError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -249,6 +249,7 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
             .into_iter()
             .map(|p| (p.path, p.value))
             .collect();
+        let scalars = AdamWScalars::new(&self.optimizer, lr, k, grad_scale);
         let mut new_values = ParamValues::<B>::new();
         for (path, g) in grads {
             let p = params.remove(&path).unwrap_or_else(|| {
@@ -257,13 +258,8 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
                     self.name
                 )
             });
-            let g = if grad_scale == 1.0 {
-                g
-            } else {
-                g.mul_scalar(grad_scale)
-            };
             let prev = self.state.moments.remove(&path);
-            let (updated, moments) = adamw_update(&self.optimizer, lr, k, p, g, prev);
+            let (updated, moments) = adamw_update(&scalars, self.optimizer.fused, p, g, prev);
             self.state.moments.insert(path.clone(), moments);
             new_values.insert(path, updated);
         }
@@ -383,7 +379,7 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
         let ema = self.ema.get_or_insert_with(BTreeMap::new);
         for p in current {
             let next = match ema.remove(&p.path) {
-                Some(e) => e.mul_scalar(decay).add(p.value.mul_scalar(1.0 - decay)),
+                Some(e) => ema_update(self.optimizer.fused, e, p.value, decay),
                 None => p.value,
             };
             ema.insert(p.path, next);

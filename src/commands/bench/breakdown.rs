@@ -5,7 +5,7 @@
 //! method (`finetune`, or `dmd2` with its student, critic and frozen teacher, the generator
 //! updating every step), random weights of the preset's shapes, the `random` data source at
 //! `--shape`, and an EMA of the trained roles. With `--config`, that run config is benched as
-//! it stands (`--set` overrides; `--random-weights` drops every `weights` key).
+//! it stands (`--random-weights` drops every `weights` key). `--set` overrides keys of either.
 //!
 //! Each phase is timed with a device sync on both sides ([`reel_core::profile`]). The syncs
 //! stall the launch queue, so the phases add up to the *profiled* step; the unprofiled step

@@ -104,8 +104,9 @@ pub struct BenchArgs {
     /// data; `--backend`, `--shape`, `--method` and friends do not apply).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// With `--config`: override a key, as `reel train --set` does (repeatable).
-    #[arg(long, value_name = "KEY=VALUE", requires = "config")]
+    /// With `--breakdown`: override a key of the run config (`--config`, or the one generated
+    /// from the preset), as `reel train --set` does (repeatable), e.g. `optimizer.fused=false`.
+    #[arg(long, value_name = "KEY=VALUE", requires = "breakdown")]
     pub set: Vec<String>,
     /// With `--config`: drop every role's `weights` (random weights of the same shapes).
     #[arg(long, requires = "config")]

@@ -1,0 +1,123 @@
+//! The fused update kernels against the tensor-operation updates on the CPU: AdamW over
+//! several steps (first step without moments, weight decay, gradient scaling) and the EMA, on
+//! uneven lengths, one longer than a single launch's units (grid stride). Run on the wgpu
+//! backend (`--features wgpu`; on a machine without a GPU, Mesa's lavapipe) and on CUDA
+//! (`--features cuda`).
+
+use super::*;
+use crate::optim::{adamw_update, ema_update, OptimizerConfig};
+use crate::rng::StreamRng;
+
+type Cpu = burn::backend::NdArray;
+
+fn values<B: Backend>(t: Tensor<B, 1>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .to_vec()
+        .expect("float32 data")
+}
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let t: Tensor<Cpu, 1> = StreamRng::from_seed(seed).normal_tensor([len], &Default::default());
+    values(t)
+}
+
+fn on<B: Backend>(v: &[f32], device: &B::Device) -> Tensor<B, 1> {
+    Tensor::from_floats(v, device)
+}
+
+/// Largest `|a − b| / max(1, |b|)`.
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+/// Three AdamW steps of a parameter of `len` values on `B` (fused) and on the CPU (tensor
+/// operations): parameter and moments agree after each step.
+fn check_adamw<B: Backend>(len: usize, device: &B::Device) {
+    let cfg = OptimizerConfig {
+        lr: 0.05,
+        weight_decay: 0.1,
+        ..Default::default()
+    };
+    let p0 = random(len, 1);
+    let (mut p, mut state) = (on::<B>(&p0, device), None::<Moments<B>>);
+    let (mut p_cpu, mut state_cpu) = (on::<Cpu>(&p0, &Default::default()), None);
+    for k in 1..=3u64 {
+        let g = random(len, 10 + k);
+        let s = AdamWScalars::new(&cfg, cfg.lr, k, [0.7, 1.0, 0.25][k as usize - 1]);
+        let inputs = (p, on::<B>(&g, device), state);
+        let (np, nm) = try_adamw(inputs, &s).unwrap_or_else(|_| panic!("no fused kernel"));
+        let (cp, cm) = adamw_update(&s, false, p_cpu, on(&g, &Default::default()), state_cpu);
+        let pairs = [
+            (np.clone(), cp.clone(), "param"),
+            (nm.exp_avg.clone(), cm.exp_avg.clone(), "exp_avg"),
+            (nm.exp_avg_sq.clone(), cm.exp_avg_sq.clone(), "exp_avg_sq"),
+        ];
+        for (got, want, name) in pairs {
+            let e = max_rel(&values(got), &values(want));
+            assert!(e < 2e-6, "len {len}, step {k}: {name} off by {e:.2e}");
+        }
+        (p, state, p_cpu, state_cpu) = (np, Some(nm), cp, Some(cm));
+    }
+}
+
+fn check_ema<B: Backend>(len: usize, device: &B::Device) {
+    let (e, p) = (random(len, 3), random(len, 4));
+    let got = try_ema(on::<B>(&e, device), on::<B>(&p, device), 0.93)
+        .unwrap_or_else(|_| panic!("no fused kernel"));
+    let cpu = Default::default();
+    let want = ema_update(false, on::<Cpu>(&e, &cpu), on::<Cpu>(&p, &cpu), 0.93);
+    let err = max_rel(&values(got), &values(want));
+    assert!(err < 1e-6, "len {len}: EMA off by {err:.2e}");
+}
+
+#[test]
+fn cpu_backends_get_no_fused_kernel() {
+    let dev = Default::default();
+    let s = AdamWScalars::new(&OptimizerConfig::default(), 1e-3, 1, 1.0);
+    let t = || on::<Cpu>(&[1.0, 2.0], &dev);
+    assert!(try_adamw((t(), t(), None), &s).is_err());
+    assert!(try_ema(t(), t(), 0.5).is_err());
+}
+
+macro_rules! backend_tests {
+    ($name:ident, $backend:ty) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn fused_adamw_matches_the_tensor_operations() {
+                let device = Default::default();
+                for len in [1, 255, 1000, 4099] {
+                    check_adamw::<$backend>(len, &device);
+                }
+            }
+
+            #[test]
+            fn fused_updates_stride_over_buffers_longer_than_one_launch() {
+                let device = Default::default();
+                let len = (UNITS * MAX_CUBES) as usize + 1003;
+                check_adamw::<$backend>(len, &device);
+                check_ema::<$backend>(len, &device);
+            }
+
+            #[test]
+            fn fused_ema_matches_the_tensor_operations() {
+                let device = Default::default();
+                for len in [1, 300, 5000] {
+                    check_ema::<$backend>(len, &device);
+                }
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+backend_tests!(wgpu, WgpuCube);
+
+#[cfg(feature = "cuda")]
+backend_tests!(cuda, CudaCube);
