@@ -17,7 +17,8 @@
 #   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused"
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
 #   BREAKDOWN_SHAPE=20,56,104 (empty: skip)   BREAKDOWN_VARIANT=<first of VARIANTS>   TAG=slice1
-#   BREAKDOWN_RUNS="finetune finetune-unfused dmd2" (-unfused: optimizer.fused = false)
+#   BREAKDOWN_RUNS="finetune finetune-unfused dmd2 dmd2-flash" (-unfused: optimizer.fused =
+#   false; -flash: attention = "flash")
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
@@ -35,7 +36,7 @@ STEPS=${STEPS:-3}
 WARMUP=${WARMUP:-1}
 BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
 BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
-BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-unfused dmd2"}
+BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-unfused dmd2 dmd2-flash"}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
@@ -147,15 +148,19 @@ if [[ -n $BREAKDOWN_SHAPE ]]; then
   read -r f h w <<<"${BREAKDOWN_SHAPE//,/ }"
   # `finetune-unfused`: the fine-tuning step with AdamW and EMA as Burn tensor operations
   # (optimizer.fused = false), for the `clip + optimizer` and `callbacks` phases side by side.
+  # `dmd2-flash`: the DMD2 step with attention = "flash" (tensor-core forwards without
+  # gradients: teacher, rollout, critic scoring).
   for run in $BREAKDOWN_RUNS; do
-    method=${run%-unfused}
+    method=${run%%-*}
+    attention=fused
     extra=()
     [[ $run == *-unfused ]] && extra=(--set optimizer.fused=false)
+    [[ $run == *-flash ]] && attention=flash
     echo "breakdown: $run $BREAKDOWN_SHAPE ($BREAKDOWN_VARIANT)" >&2
     bfile=$tmp/breakdown.$run.json
     bmem=$(peak_run "$bfile" "$BIN_DIR/reel-cuda-$BREAKDOWN_VARIANT" bench --breakdown --backend cuda \
       --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
-      --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing --attention fused \
+      --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing --attention "$attention" \
       "${extra[@]}" --json)
     "$PYTHON" - "$breakdowns" "$bfile" "$run" "$BREAKDOWN_VARIANT" "$bmem" <<'PY'
 import json, sys
@@ -225,7 +230,7 @@ for r in rows:
                  f"{f(r['torch_step_ms'])} | {f(r['ratio'], 2)} | {f(r['reel_forward_ms'])} | "
                  f"{f(r['torch_forward_ms'])} | {f(r['reel_gpu_mib'], 0)} | {f(r['torch_gpu_mib'], 0)} |")
 for b in breakdowns:
-    lines += ["", f"Breakdown, {b['method']} ({b['variant']}, bf16, checkpointing, fused attention), "
+    lines += ["", f"Breakdown, {b['method']} ({b['variant']}, bf16, checkpointing), "
               f"GPU peak {f(b.get('gpu_mib'), 0)} MiB:"]
     if "error" in b:
         lines.append(f"failed: {b['error']}")

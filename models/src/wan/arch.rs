@@ -42,7 +42,8 @@ pub struct WanArch {
     pub config: Option<PathBuf>,
     /// Attention implementation: `"auto"` (default: memory-efficient from
     /// [`AUTO_MIN_TOKENS`](super::AUTO_MIN_TOKENS) query tokens), `"naive"`,
-    /// `"memory_efficient"` or `"fused"` (the CubeCL kernels on `cuda`/`wgpu`).
+    /// `"memory_efficient"`, `"fused"` (the CubeCL kernels on `cuda`/`wgpu`) or `"flash"`
+    /// (`"fused"`, with the tensor-core flash kernel for forwards without gradients).
     #[serde(default)]
     pub attention: AttentionMode,
 }

@@ -21,6 +21,11 @@ pub enum AttentionMode {
     /// backends, with or without Burn's fusion layer (cargo feature `fusion`); the
     /// memory-efficient blocked version on every other backend.
     Fused,
+    /// [`Self::Fused`], except that forwards no gradient flows through (a frozen teacher,
+    /// DMD2's rollouts and critic scoring, sampling) run Burn's tensor-core flash attention
+    /// kernel (`cubek-attention`: float16 tiles, float32 accumulation) where the device has
+    /// the instructions, on the plain CubeCL backends (not under Burn's `fusion` feature).
+    Flash,
 }
 
 impl AttentionMode {
@@ -29,7 +34,7 @@ impl AttentionMode {
         match self {
             AttentionMode::Auto => seq_q >= AUTO_MIN_TOKENS,
             AttentionMode::Naive => false,
-            AttentionMode::MemoryEfficient | AttentionMode::Fused => true,
+            AttentionMode::MemoryEfficient | AttentionMode::Fused | AttentionMode::Flash => true,
         }
     }
 }

@@ -364,13 +364,14 @@ pub fn memory_efficient_attention<B: Backend>(
     blocked_forward(q, k, v, blocks).0
 }
 
-/// Whether `attention = "fused"` runs the fused CubeCL kernels on the backend `B` (otherwise
-/// it runs the blocked version); asks the same dispatch with a one-element input.
+/// Whether `attention = "fused"` (or `"flash"`) runs the fused CubeCL kernels on the backend
+/// `B` (otherwise it runs the blocked version); asks the same dispatch with a one-element
+/// input.
 pub fn fused_kernels_apply<B: Backend>(device: &B::Device) -> bool {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
         let t = || Tensor::<B, 4>::zeros([1, 1, 1, 1], device);
-        super::fused_attention::try_fused_attention(t(), t(), t()).is_ok()
+        super::fused_attention::try_fused_attention(t(), t(), t(), false).is_ok()
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     {
@@ -387,8 +388,8 @@ pub fn attention<B: Backend>(
     mode: AttentionMode,
 ) -> Tensor<B, 4> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let (q, k, v) = if mode == AttentionMode::Fused {
-        match super::fused_attention::try_fused_attention(q, k, v) {
+    let (q, k, v) = if matches!(mode, AttentionMode::Fused | AttentionMode::Flash) {
+        match super::fused_attention::try_fused_attention(q, k, v, mode == AttentionMode::Flash) {
             Ok(o) => return o,
             Err(qkv) => qkv,
         }

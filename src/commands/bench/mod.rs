@@ -76,7 +76,8 @@ pub struct BenchArgs {
     )]
     pub lora_targets: Vec<String>,
     /// Attention implementation: `auto` (memory-efficient from 1024 tokens), `naive`,
-    /// `memory_efficient` or `fused` (CubeCL kernels on `cuda` / `wgpu`).
+    /// `memory_efficient`, `fused` (CubeCL kernels on `cuda` / `wgpu`) or `flash` (`fused`,
+    /// with the tensor-core flash kernel for forwards without gradients).
     #[arg(long, default_value = "auto", value_parser = parse_attention)]
     pub attention: AttentionMode,
     /// Compute precision: `f32`, or `bf16` (bfloat16 matrix products with float32 master
@@ -133,7 +134,7 @@ pub struct BenchArgs {
 
 fn parse_attention(s: &str) -> Result<AttentionMode, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| format!("`{s}`: expected auto, naive, memory_efficient or fused"))
+        .map_err(|_| format!("`{s}`: expected auto, naive, memory_efficient, fused or flash"))
 }
 
 fn parse_dtype(s: &str) -> Result<Precision, String> {
@@ -325,10 +326,11 @@ fn run_one<B: AutodiffBackend>(
         grad_optim_mib: (trainable_params * 3 * 4) as f64 / (1024.0 * 1024.0),
         backend: backend_label(args.backend),
         dtype: args.dtype,
-        attention: if args.attention == AttentionMode::Fused
+        attention: if matches!(args.attention, AttentionMode::Fused | AttentionMode::Flash)
             && reel_models::wan::mem_attention::fused_kernels_apply::<B>(device)
         {
-            "fused".into()
+            let flash = args.attention == AttentionMode::Flash;
+            (if flash { "flash" } else { "fused" }).into()
         } else if args.attention.use_memory_efficient(tokens) {
             "mem_eff".into()
         } else {

@@ -31,7 +31,7 @@ impl<K: FusedKernels + FusionBackend> FusionLayer for K {
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
     ) -> Result<Tensor<B, 4>, Qkv<B>> {
-        try_kernels::<B, Fusion<K>>(q, k, v)
+        try_kernels::<B, Fusion<K>>(q, k, v, false)
     }
 }
 

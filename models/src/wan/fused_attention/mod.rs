@@ -8,6 +8,7 @@
 //! `attention = "fused"`; on other backends that mode runs the blocked version. With the
 //! `fusion` feature the kernels also run under Burn's fusion layer (`fusion.rs`).
 
+pub mod flash;
 pub mod kernels;
 
 #[cfg(feature = "fusion")]
@@ -217,6 +218,18 @@ pub trait FusedKernels: Backend {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The forward's output alone, for a forward that is not differentiated; with `flash`,
+    /// the tensor-core flash kernel where it runs ([`flash`]), else [`Self::fused_forward`].
+    fn fused_forward_output(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        flash: bool,
+    ) -> FloatTensor<Self> {
+        let _ = flash;
+        Self::fused_forward(q, k, v).0
+    }
 }
 
 impl<R, F, I, BT> FusedKernels for CubeBackend<R, F, I, BT>
@@ -243,6 +256,20 @@ where
         d_out: CubeTensor<R>,
     ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
         backward(q, k, v, o, lse, d_out)
+    }
+
+    fn fused_forward_output(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        flash: bool,
+    ) -> CubeTensor<R> {
+        if flash {
+            if let Some(o) = flash::try_accelerated(&q, &k, &v) {
+                return o;
+            }
+        }
+        forward(q, k, v).0
     }
 }
 
@@ -274,11 +301,13 @@ impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
 }
 
 /// Fused attention as one autodiff operation on `Autodiff<B, C>`. Shapes as in
-/// [`super::mem_attention::naive_attention`].
+/// [`super::mem_attention::naive_attention`]. With `flash`, a forward that no gradient
+/// flows through runs the tensor-core flash kernel where it can ([`flash`]).
 pub fn autodiff_attention<B: FusedKernels, C: CheckpointStrategy>(
     q: Tensor<Autodiff<B, C>, 4>,
     k: Tensor<Autodiff<B, C>, 4>,
     v: Tensor<Autodiff<B, C>, 4>,
+    flash: bool,
 ) -> Tensor<Autodiff<B, C>, 4> {
     let q = q.into_primitive().tensor();
     let k = k.into_primitive().tensor();
@@ -297,24 +326,29 @@ pub fn autodiff_attention<B: FusedKernels, C: CheckpointStrategy>(
             let state = (q.primitive, k.primitive, v.primitive, o.clone(), lse);
             prep.finish(state, o)
         }
-        OpsKind::UnTracked(prep) => {
-            let (o, _) = B::fused_forward(q.primitive, k.primitive, v.primitive);
-            prep.finish(o)
-        }
+        OpsKind::UnTracked(prep) => prep.finish(B::fused_forward_output(
+            q.primitive,
+            k.primitive,
+            v.primitive,
+            flash,
+        )),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-/// Fused attention forward without autodiff.
+/// Fused attention forward without autodiff (with `flash`, the tensor-core flash kernel
+/// where it can run).
 pub fn inference_attention<B: FusedKernels>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    flash: bool,
 ) -> Tensor<B, 4> {
-    let (o, _) = B::fused_forward(
+    let o = B::fused_forward_output(
         q.into_primitive().tensor(),
         k.into_primitive().tensor(),
         v.into_primitive().tensor(),
+        flash,
     );
     Tensor::from_primitive(TensorPrimitive::Float(o))
 }
@@ -337,16 +371,17 @@ fn try_kernels<B: Backend, K: FusedKernels>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    flash: bool,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
     let q = match cast::<B, Autodiff<K>>(q) {
         Ok(q) => {
-            let o = autodiff_attention(q, same(k), same(v));
+            let o = autodiff_attention(q, same(k), same(v), flash);
             return Ok(same(o));
         }
         Err(q) => q,
     };
     match cast::<B, K>(q) {
-        Ok(q) => Ok(same(inference_attention(q, same(k), same(v)))),
+        Ok(q) => Ok(same(inference_attention(q, same(k), same(v), flash))),
         Err(q) => Err((q, k, v)),
     }
 }
@@ -357,8 +392,9 @@ fn try_cube<B: Backend, Cube: FusedKernels + FusionLayer>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    flash: bool,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
-    let (q, k, v) = match try_kernels::<B, Cube>(q, k, v) {
+    let (q, k, v) = match try_kernels::<B, Cube>(q, k, v, flash) {
         Ok(o) => return Ok(o),
         Err(qkv) => qkv,
     };
@@ -367,24 +403,27 @@ fn try_cube<B: Backend, Cube: FusedKernels + FusionLayer>(
 
 /// The fused kernels when `B` is one of the compiled CubeCL backends (`Cuda`, `Wgpu`, with or
 /// without autodiff, with or without Burn's fusion layer); otherwise the inputs come back
-/// unchanged.
+/// unchanged. With `flash`, forwards without gradients on the plain CubeCL backends run the
+/// tensor-core flash kernel where it can ([`flash`]).
 pub fn try_fused_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
+    flash: bool,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
     #[cfg(feature = "cuda")]
     let (q, k, v) =
-        match try_cube::<B, CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>(q, k, v) {
+        match try_cube::<B, CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>(q, k, v, flash) {
             Ok(o) => return Ok(o),
             Err(qkv) => qkv,
         };
     #[cfg(feature = "wgpu")]
-    let (q, k, v) =
-        match try_cube::<B, CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>>(q, k, v) {
-            Ok(o) => return Ok(o),
-            Err(qkv) => qkv,
-        };
+    let (q, k, v) = match try_cube::<B, CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>>(
+        q, k, v, flash,
+    ) {
+        Ok(o) => return Ok(o),
+        Err(qkv) => qkv,
+    };
     Err((q, k, v))
 }
 

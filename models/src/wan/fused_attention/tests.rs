@@ -82,7 +82,7 @@ fn check_against_naive<A: AutodiffBackend>(device: &A::Device) {
         for strided in [false, true] {
             let want = run::<CpuAd>(naive_attention, dims, strided, &Default::default());
             let got = run::<A>(
-                |q, k, v| match try_fused_attention(q, k, v) {
+                |q, k, v| match try_fused_attention(q, k, v, false) {
                     Ok(o) => o,
                     Err(_) => panic!("no fused kernel for {}", std::any::type_name::<A>()),
                 },
@@ -99,8 +99,9 @@ fn check_against_naive<A: AutodiffBackend>(device: &A::Device) {
     }
 }
 
-/// The forward without autodiff (inference) on the inner backend `B`.
-fn check_inference<B: Backend>(device: &B::Device) {
+/// Inputs of the forward-only checks: `q [1, 2, 45, 32]`, `k [1, 2, 77, 32]`,
+/// `v [1, 2, 77, 16]` (uneven lengths), and the naive output on the CPU.
+fn forward_case() -> ([TensorData; 3], TensorData) {
     let (q, k, v) = (
         rand([1, 2, 45, 32], 5),
         rand([1, 2, 77, 32], 6),
@@ -112,14 +113,72 @@ fn check_inference<B: Backend>(device: &B::Device) {
         Tensor::<Cpu, 4>::from_data(k.clone(), &cpu),
         Tensor::<Cpu, 4>::from_data(v.clone(), &cpu),
     );
+    ([q, k, v], want.into_data())
+}
+
+/// The forward without autodiff (inference) on the inner backend `B`, within `tol` of the
+/// naive attention on the CPU (`flash`: the tensor-core kernel where the device has one).
+fn check_inference<B: Backend>(device: &B::Device, flash: bool, tol: f32) {
+    let ([q, k, v], want) = forward_case();
     let got = try_fused_attention(
         Tensor::<B, 4>::from_data(q, device),
         Tensor::<B, 4>::from_data(k, device),
         Tensor::<B, 4>::from_data(v, device),
+        flash,
     )
     .unwrap_or_else(|_| panic!("no fused kernel for {}", std::any::type_name::<B>()));
-    let diff = max_abs_diff(want.into_data(), got.into_data());
-    assert!(diff < 2e-5, "inference output differs by {diff}");
+    let diff = max_abs_diff(want, got.into_data());
+    assert!(
+        diff < tol,
+        "inference output (flash {flash}) differs by {diff}"
+    );
+}
+
+/// A forward on the autodiff backend `A` whose inputs track no gradient (a frozen teacher):
+/// with `flash`, the untracked branch runs the flash forward where it can.
+fn check_untracked<A: AutodiffBackend>(device: &A::Device, flash: bool, tol: f32) {
+    let ([q, k, v], want) = forward_case();
+    let got = try_fused_attention(
+        Tensor::<A, 4>::from_data(q, device),
+        Tensor::<A, 4>::from_data(k, device),
+        Tensor::<A, 4>::from_data(v, device),
+        flash,
+    )
+    .unwrap_or_else(|_| panic!("no fused kernel for {}", std::any::type_name::<A>()));
+    let diff = max_abs_diff(want, got.into_data());
+    assert!(
+        diff < tol,
+        "untracked output (flash {flash}) differs by {diff}"
+    );
+}
+
+/// cubek's flash forward with `routine` on the CubeCL backend `R`, contiguous and on the
+/// `[B, S, H, D]`-as-`[B, H, S, D]` views the Wan blocks pass: float16 tiles, so within 1e-2.
+fn check_cubek_flash<R: CubeRuntime>(device: &R::Device, routine: flash::FlashRoutine) {
+    type K<R> = CubeBackend<R, f32, i32, u32>;
+    let ([q, k, v], want) = forward_case();
+    for strided in [false, true] {
+        let t = |d: &TensorData| {
+            let t = Tensor::<K<R>, 4>::from_data(d.clone(), device);
+            let t = if strided {
+                // Stored `[B, S, H, D]`, seen as `[B, H, S, D]`.
+                let stored = t.swap_dims(1, 2).into_data();
+                Tensor::<K<R>, 4>::from_data(stored, device).swap_dims(1, 2)
+            } else {
+                t
+            };
+            t.into_primitive().tensor()
+        };
+        let o = flash::flash_forward(t(&q), t(&k), t(&v), routine)
+            .unwrap_or_else(|e| panic!("{routine:?} flash forward cannot run: {e:?}"));
+        let got = Tensor::<K<R>, 4>::from_primitive(TensorPrimitive::Float(o)).into_data();
+        let diff = max_abs_diff(want.clone(), got);
+        eprintln!("{routine:?} flash forward (strided {strided}): max abs diff {diff:.2e}");
+        assert!(
+            diff < 1e-2,
+            "{routine:?} (strided {strided}): differs by {diff}"
+        );
+    }
 }
 
 #[test]
@@ -140,7 +199,7 @@ fn tiles_fit_the_shared_memory_budget() {
 #[test]
 fn cpu_backends_get_no_fused_kernel() {
     let t = || Tensor::<CpuAd, 4>::zeros([1, 1, 4, 8], &Default::default());
-    assert!(try_fused_attention(t(), t(), t()).is_err());
+    assert!(try_fused_attention(t(), t(), t(), false).is_err());
     assert!(!fused_kernels_apply::<CpuAd>(&Default::default()));
 }
 
@@ -156,7 +215,7 @@ fn check_inside_elementwise_chain<A: AutodiffBackend>(device: &A::Device) {
     let want = run::<CpuAd>(chain(naive_attention), dims, true, &Default::default());
     let got = run::<A>(
         chain(|q, k, v| {
-            try_fused_attention(q, k, v)
+            try_fused_attention(q, k, v, false)
                 .unwrap_or_else(|_| panic!("no fused kernel for {}", std::any::type_name::<A>()))
         }),
         dims,
@@ -169,7 +228,7 @@ fn check_inside_elementwise_chain<A: AutodiffBackend>(device: &A::Device) {
 /// The kernel tests on the CubeCL backend `$cube` and, with the `fusion` feature, on Burn's
 /// fusion layer over it.
 macro_rules! backend_tests {
-    ($name:ident, $cube:ty) => {
+    ($name:ident, $cube:ty, $runtime:ty) => {
         mod $name {
             use super::*;
             type Cube = $cube;
@@ -181,7 +240,21 @@ macro_rules! backend_tests {
 
             #[test]
             fn fused_inference_matches_naive() {
-                check_inference::<Cube>(&Default::default());
+                check_inference::<Cube>(&Default::default(), false, 2e-5);
+            }
+
+            #[test]
+            fn flash_forwards_match_naive() {
+                // The tensor-core kernel (float16 tiles) where the device has one, else the
+                // fused kernel; with and without autodiff.
+                check_inference::<Cube>(&Default::default(), true, 1e-2);
+                check_untracked::<Autodiff<Cube>>(&Default::default(), true, 1e-2);
+                check_untracked::<Autodiff<Cube>>(&Default::default(), false, 2e-5);
+            }
+
+            #[test]
+            fn cubek_unit_flash_forward_matches_naive() {
+                check_cubek_flash::<$runtime>(&Default::default(), flash::FlashRoutine::Unit);
             }
 
             #[test]
@@ -213,7 +286,8 @@ macro_rules! backend_tests {
 
                 #[test]
                 fn fusion_fused_inference_matches_naive() {
-                    check_inference::<Fused>(&Default::default());
+                    check_inference::<Fused>(&Default::default(), false, 2e-5);
+                    check_inference::<Fused>(&Default::default(), true, 2e-5);
                 }
 
                 #[test]
@@ -226,7 +300,25 @@ macro_rules! backend_tests {
 }
 
 #[cfg(feature = "wgpu")]
-backend_tests!(wgpu, CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>);
+backend_tests!(
+    wgpu,
+    CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>,
+    cubecl::wgpu::WgpuRuntime
+);
 
 #[cfg(feature = "cuda")]
-backend_tests!(cuda, CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>);
+backend_tests!(
+    cuda,
+    CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>,
+    cubecl::cuda::CudaRuntime
+);
+
+/// The tensor-core routine itself, on a GPU with tensor cores.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_tensor_core_flash_forward_matches_naive() {
+    check_cubek_flash::<cubecl::cuda::CudaRuntime>(
+        &Default::default(),
+        flash::FlashRoutine::Accelerated,
+    );
+}
