@@ -88,6 +88,16 @@ where
         moments: Option<(CubeTensor<R>, CubeTensor<R>)>,
         s: &AdamWScalars,
     ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+        let len = param.meta.num_elements();
+        let lens: Vec<usize> = std::iter::once(&grad)
+            .chain(moments.iter().flat_map(|(m, v)| [m, v]))
+            .map(|t| t.meta.num_elements())
+            .collect();
+        if lens.iter().any(|&l| l != len) {
+            panic!(
+                "fused AdamW: a parameter of {len} values with gradient and moments of {lens:?}"
+            );
+        }
         let (param, grad) = (contiguous(param), contiguous(grad));
         let first = moments.is_none();
         let (m, v) = match moments {
@@ -124,6 +134,10 @@ where
     }
 
     fn fused_ema(shadow: CubeTensor<R>, param: CubeTensor<R>, decay: f64) -> CubeTensor<R> {
+        let (len, other) = (shadow.meta.num_elements(), param.meta.num_elements());
+        if len != other {
+            panic!("fused EMA: a shadow of {len} values for a parameter of {other}");
+        }
         let (shadow, param) = (contiguous(shadow), contiguous(param));
         let out = empty_like(&shadow);
         let (count, dim) = grid(shadow.meta.num_elements());
