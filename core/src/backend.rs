@@ -13,7 +13,10 @@
 //! builds for every compiled backend, the `with_backend!` dispatch, and [`find_backend`],
 //! which downcast chains use to try each compiled backend in turn.
 
-use burn::tensor::backend::AutodiffBackend;
+use std::any::Any;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::callback::{BuildCallback, CallbackConfig};
@@ -296,6 +299,19 @@ pub trait ReelBackend: AutodiffBackend {
         role: &RoleConfig,
         ctx: &BuildContext<Self>,
     ) -> Result<DynModel<Self>, ModelError>;
+}
+
+/// `t` as a tensor of the concrete backend `T` when `B` is `T` (a checked, safe downcast);
+/// otherwise `t` back. How generic code reaches a backend's own kernels (the fused attention
+/// and optimizer kernels on the CubeCL backends).
+pub fn downcast_tensor<B: Backend, T: Backend, const D: usize>(
+    t: Tensor<B, D>,
+) -> Result<Tensor<T, D>, Tensor<B, D>> {
+    let mut slot = Some(t);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<Tensor<T, D>>>() {
+        Some(s) => Ok(s.take().expect("slot is filled")),
+        None => Err(slot.expect("slot is untouched")),
+    }
 }
 
 /// A question asked of each compiled backend by [`find_backend`].

@@ -12,8 +12,6 @@
 //! backend [`attention`] falls back to the plain formulation (correct, quadratic memory); on
 //! a backend without autodiff the blocked forward is used directly.
 
-use std::any::Any;
-
 pub use super::attention_mode::{AttentionMode, AUTO_MIN_TOKENS};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -24,6 +22,7 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{activation, DType, Tensor, TensorPrimitive};
+use reel_core::backend::downcast_tensor;
 
 /// Largest transient score block, in elements (`B·H·block_q·block_k`): 16 Mi floats = 64 MiB.
 pub const BLOCK_BUDGET: usize = 1 << 24;
@@ -307,17 +306,6 @@ pub fn autodiff_attention_with<B: Backend, C: CheckpointStrategy>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-/// Move `t` to the concrete type `T` when `B` is `T` (a checked, safe downcast).
-pub(crate) fn cast<B: Backend, T: Backend, const D: usize>(
-    t: Tensor<B, D>,
-) -> Result<Tensor<T, D>, Tensor<B, D>> {
-    let mut slot = Some(t);
-    match (&mut slot as &mut dyn Any).downcast_mut::<Option<Tensor<T, D>>>() {
-        Some(s) => Ok(s.take().expect("slot is filled")),
-        None => Err(slot.expect("slot is untouched")),
-    }
-}
-
 /// Run the custom-backward attention when `B` is the autodiff backend `A`.
 #[allow(clippy::type_complexity)]
 fn try_autodiff<B: Backend, I: Backend>(
@@ -325,14 +313,19 @@ fn try_autodiff<B: Backend, I: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Result<Tensor<B, 4>, (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
-    let q = match cast::<B, Autodiff<I>, 4>(q) {
+    let q = match downcast_tensor::<B, Autodiff<I>, 4>(q) {
         Ok(q) => q,
         Err(q) => return Err((q, k, v)),
     };
-    let k = cast::<B, Autodiff<I>, 4>(k).unwrap_or_else(|_| unreachable!("k has the type of q"));
-    let v = cast::<B, Autodiff<I>, 4>(v).unwrap_or_else(|_| unreachable!("v has the type of q"));
+    let k = downcast_tensor::<B, Autodiff<I>, 4>(k)
+        .unwrap_or_else(|_| unreachable!("k has the type of q"));
+    let v = downcast_tensor::<B, Autodiff<I>, 4>(v)
+        .unwrap_or_else(|_| unreachable!("v has the type of q"));
     let o = autodiff_attention(q, k, v);
-    Ok(cast::<Autodiff<I>, B, 4>(o).unwrap_or_else(|_| unreachable!("B is Autodiff<I>")))
+    Ok(
+        downcast_tensor::<Autodiff<I>, B, 4>(o)
+            .unwrap_or_else(|_| unreachable!("B is Autodiff<I>")),
+    )
 }
 
 /// Memory-efficient attention on any backend: the custom backward on Reel's autodiff

@@ -12,8 +12,6 @@
 
 pub mod kernels;
 
-use std::any::Any;
-
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor, TensorPrimitive};
@@ -25,6 +23,7 @@ use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
 use super::{AdamWScalars, Moments};
+use crate::backend::downcast_tensor;
 
 /// Units per cube of the update kernels.
 const UNITS: u32 = 256;
@@ -106,7 +105,7 @@ where
             None => (grad.clone(), grad.clone()),
         };
         let (out_p, out_m, out_v) = (empty_like(&param), empty_like(&param), empty_like(&param));
-        let (count, dim) = grid(param.meta.num_elements());
+        let (count, dim) = grid(len);
         let client = param.client.clone();
         kernels::adamw_step::launch::<R>(
             &client,
@@ -140,7 +139,7 @@ where
         }
         let (shadow, param) = (contiguous(shadow), contiguous(param));
         let out = empty_like(&shadow);
-        let (count, dim) = grid(shadow.meta.num_elements());
+        let (count, dim) = grid(len);
         let client = shadow.client.clone();
         kernels::ema_step::launch::<R>(
             &client,
@@ -156,18 +155,11 @@ where
     }
 }
 
-/// `t` as a tensor of the concrete backend `T` when `B` is `T` (a checked downcast).
-fn cast<B: Backend, T: Backend>(t: Tensor<B, 1>) -> Result<Tensor<T, 1>, Tensor<B, 1>> {
-    let mut slot = Some(t);
-    match (&mut slot as &mut dyn Any).downcast_mut::<Option<Tensor<T, 1>>>() {
-        Some(s) => Ok(s.take().expect("the slot was just filled")),
-        None => Err(slot.expect("the slot is untouched")),
-    }
-}
-
-/// What `cast` cannot fail on: a tensor of the type another tensor was cast from.
+/// What [`downcast_tensor`] cannot fail on: a tensor of the type another tensor was cast
+/// from.
 fn same<B: Backend, T: Backend>(t: Tensor<B, 1>) -> Tensor<T, 1> {
-    cast::<B, T>(t).unwrap_or_else(|_| unreachable!("the tensors share one backend type"))
+    downcast_tensor::<B, T, 1>(t)
+        .unwrap_or_else(|_| unreachable!("the tensors share one backend type"))
 }
 
 fn float<K: Backend>(t: Tensor<K, 1>) -> FloatTensor<K> {
@@ -191,7 +183,7 @@ fn adamw_on<B: Backend, K: FusedOptim>(
         && moments
             .as_ref()
             .is_none_or(|m| m.exp_avg.dtype() == DType::F32 && m.exp_avg_sq.dtype() == DType::F32);
-    let param = match cast::<B, K>(param) {
+    let param = match downcast_tensor::<B, K, 1>(param) {
         Ok(p) if f32_only => p,
         Ok(p) => return Err((same(p), grad, moments)),
         Err(p) => return Err((p, grad, moments)),
@@ -217,7 +209,7 @@ fn ema_on<B: Backend, K: FusedOptim>(
     decay: f64,
 ) -> Result<Tensor<B, 1>, (Tensor<B, 1>, Tensor<B, 1>)> {
     let f32_only = shadow.dtype() == DType::F32 && param.dtype() == DType::F32;
-    let shadow = match cast::<B, K>(shadow) {
+    let shadow = match downcast_tensor::<B, K, 1>(shadow) {
         Ok(e) if f32_only => e,
         Ok(e) => return Err((same(e), param)),
         Err(e) => return Err((e, param)),
@@ -234,7 +226,6 @@ type WgpuCube = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
 /// One fused AdamW step when `B` is a compiled CubeCL backend and the tensors are float32;
 /// otherwise the inputs come back unchanged.
-#[allow(clippy::needless_return)]
 pub fn try_adamw<B: Backend>(
     inputs: AdamWInputs<B>,
     s: &AdamWScalars,
@@ -249,7 +240,6 @@ pub fn try_adamw<B: Backend>(
         Ok(out) => return Ok(out),
         Err(inputs) => inputs,
     };
-    let _ = s;
     Err(inputs)
 }
 
@@ -270,7 +260,6 @@ pub fn try_ema<B: Backend>(
         Ok(out) => return Ok(out),
         Err(inputs) => inputs,
     };
-    let _ = decay;
     Err((shadow, param))
 }
 

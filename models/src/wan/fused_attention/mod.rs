@@ -355,7 +355,7 @@ pub fn inference_attention<B: FusedKernels>(
 
 /// `t` as a tensor of the concrete backend `T` when `B` is `T`.
 fn cast<B: Backend, T: Backend>(t: Tensor<B, 4>) -> Result<Tensor<T, 4>, Tensor<B, 4>> {
-    super::mem_attention::cast::<B, T, 4>(t)
+    reel_core::backend::downcast_tensor::<B, T, 4>(t)
 }
 
 /// Whatever `cast` cannot fail on: `k` and `v` have the type of `q`.
