@@ -14,11 +14,11 @@
 # Every axis is an environment variable (space-separated values), so one session can run the
 # matrix in slices that each fit a 10-minute command:
 #   SHAPES="8,32,32 21,30,52 20,56,104"   latent F,H,W: 2048, 8190 and 29120 tokens (patch 1x2x2)
-#   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused"
+#   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused flash"
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
 #   BREAKDOWN_SHAPE=20,56,104 (empty: skip)   BREAKDOWN_VARIANT=<first of VARIANTS>   TAG=slice1
-#   BREAKDOWN_RUNS="finetune finetune-unfused dmd2 dmd2-flash" (-unfused: optimizer.fused =
-#   false; -flash: attention = "flash")
+#   BREAKDOWN_RUNS="finetune finetune-flash finetune-unfused dmd2 dmd2-flash" (-unfused:
+#   optimizer.fused = false; -flash: attention = "flash", tensor-core attention in bf16)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
@@ -27,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SHAPES=${SHAPES:-"8,32,32 21,30,52 20,56,104"}
 VARIANTS=${VARIANTS:-"plain fusion fusion+autotune"}
-ATTENTION=${ATTENTION:-"memory_efficient fused"}
+ATTENTION=${ATTENTION:-"memory_efficient fused flash"}
 DTYPES=${DTYPES:-"f32 bf16"}
 CKPTS=${CKPTS:-"0 1"}
 PRESET=${PRESET:-wan2.1-t2v-1.3b}
@@ -36,7 +36,7 @@ STEPS=${STEPS:-3}
 WARMUP=${WARMUP:-1}
 BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
 BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
-BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-unfused dmd2 dmd2-flash"}
+BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-flash finetune-unfused dmd2 dmd2-flash"}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
@@ -148,8 +148,8 @@ if [[ -n $BREAKDOWN_SHAPE ]]; then
   read -r f h w <<<"${BREAKDOWN_SHAPE//,/ }"
   # `finetune-unfused`: the fine-tuning step with AdamW and EMA as Burn tensor operations
   # (optimizer.fused = false), for the `clip + optimizer` and `callbacks` phases side by side.
-  # `dmd2-flash`: the DMD2 step with attention = "flash" (tensor-core forwards without
-  # gradients: teacher, rollout, critic scoring).
+  # `-flash`: attention = "flash": tensor-core attention (cubek's flash forward where no
+  # gradient flows, Reel's tiled kernels for the training forward and backward in bf16).
   for run in $BREAKDOWN_RUNS; do
     method=${run%%-*}
     attention=fused

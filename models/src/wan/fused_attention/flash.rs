@@ -5,7 +5,8 @@
 //! Its tiles hold `q`, `k`, `v` and the probabilities in float16, with float32 softmax
 //! statistics and accumulators, and it returns no log-sum-exp, so it serves only forwards
 //! whose output is not differentiated: a frozen teacher, DMD2's rollouts and critic scoring,
-//! sampling and validation. Training forwards and the backward keep the fused kernels. When
+//! sampling and validation. Training forwards and the backward run the tiled tensor-core
+//! kernels of [`super::tiled`] (bf16/f16 attention) or the fused ones. When
 //! the device has no matching tensor-core instruction (or the shape does not tile), the
 //! caller falls back to the fused forward kernel; the reason is printed once.
 

@@ -6,10 +6,14 @@
 //! Same contract as the blocked version: saved state `q, k, v, o, lse`, memory linear in the
 //! sequence length, float32 softmax statistics, gradients of the exact softmax. Selected with
 //! `attention = "fused"`; on other backends that mode runs the blocked version. With the
-//! `fusion` feature the kernels also run under Burn's fusion layer (`fusion.rs`).
+//! `fusion` feature the kernels also run under Burn's fusion layer (`fusion.rs`). With
+//! `attention = "flash"`, bf16/f16 training attention runs the tensor-core kernels of
+//! [`tiled`] instead, and forwards without gradients cubek's flash kernel ([`flash`]).
 
 pub mod flash;
 pub mod kernels;
+pub mod tiled;
+pub mod tiled_kernels;
 
 #[cfg(feature = "fusion")]
 mod fusion;
@@ -31,6 +35,8 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
+use std::sync::Once;
+use tiled::Products;
 
 /// Rows (units) per cube.
 const UNITS: usize = 64;
@@ -230,6 +236,46 @@ pub trait FusedKernels: Backend {
         let _ = flash;
         Self::fused_forward(q, k, v).0
     }
+
+    /// The tiled forward of [`tiled`] (`(o, lse)`, same contract as [`Self::fused_forward`])
+    /// with `products`, or `None` where it cannot run (then the fused kernels do).
+    fn tiled_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        products: Products,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        let _ = (q, k, v, products);
+        None
+    }
+
+    /// The tiled backward of [`tiled`] (`(dq, dk, dv)`), or `None` where it cannot run.
+    fn tiled_backward(
+        qkv: (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>),
+        o: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        products: Products,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
+        let _ = (qkv, o, lse, d_out, products);
+        None
+    }
+}
+
+/// `result`, or `None` after a one-time note on stderr of why the tensor-core kernels do not
+/// run (unit products, the tests' choice, always run).
+fn tiled_or_note<T>(result: Result<T, tiled::Unavailable>, shape: [usize; 4]) -> Option<T> {
+    static NOTE: Once = Once::new();
+    result
+        .map_err(|e| {
+            NOTE.call_once(|| {
+                eprintln!(
+                    "reel: attention = \"flash\": the tiled attention kernels cannot run q \
+                     {shape:?} on this device ({e}); using the fused kernels"
+                )
+            })
+        })
+        .ok()
 }
 
 impl<R, F, I, BT> FusedKernels for CubeBackend<R, F, I, BT>
@@ -271,10 +317,37 @@ where
         }
         forward(q, k, v).0
     }
+
+    fn tiled_forward(
+        q: CubeTensor<R>,
+        k: CubeTensor<R>,
+        v: CubeTensor<R>,
+        products: Products,
+    ) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
+        check_shapes(&q, &k, &v);
+        let shape = q.meta.shape().dims();
+        tiled_or_note(tiled::forward(q, k, v, products), shape)
+    }
+
+    fn tiled_backward(
+        qkv: (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>),
+        o: CubeTensor<R>,
+        lse: CubeTensor<R>,
+        d_out: CubeTensor<R>,
+        products: Products,
+    ) -> Option<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
+        check_shapes(&qkv.0, &qkv.1, &qkv.2);
+        let shape = qkv.0.meta.shape().dims();
+        tiled_or_note(tiled::backward(qkv, o, lse, d_out, products), shape)
+    }
 }
 
+/// The backward of [`autodiff_attention`]; `tiled`: the products of the tiled kernels that
+/// ran the forward, whose backward then runs too (the fused one where it cannot).
 #[derive(Debug)]
-struct FusedBackward;
+struct FusedBackward {
+    tiled: Option<Products>,
+}
 
 impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
     // q, k, v, o, lse.
@@ -294,7 +367,14 @@ impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
     ) {
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, o, lse) = ops.state;
-        let (dq, dk, dv) = B::fused_backward(q, k, v, o, lse, d_out);
+        let tiled = self.tiled.and_then(|products| {
+            let qkv = (q.clone(), k.clone(), v.clone());
+            B::tiled_backward(qkv, o.clone(), lse.clone(), d_out.clone(), products)
+        });
+        let (dq, dk, dv) = match tiled {
+            Some(grads) => grads,
+            None => B::fused_backward(q, k, v, o, lse, d_out),
+        };
         let parents = ops.parents.map(|n| n.map(|n| n.id));
         super::mem_attention::register_qkv_grads::<B>(grads, parents, [dq, dk, dv]);
     }
@@ -302,27 +382,59 @@ impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
 
 /// Fused attention as one autodiff operation on `Autodiff<B, C>`. Shapes as in
 /// [`super::mem_attention::naive_attention`]. With `flash`, a forward that no gradient
-/// flows through runs the tensor-core flash kernel where it can ([`flash`]).
+/// flows through runs the tensor-core flash kernel where it can ([`flash`]), and a tracked
+/// forward and its backward the tensor-core tiled kernels where they can ([`tiled`]).
 pub fn autodiff_attention<B: FusedKernels, C: CheckpointStrategy>(
     q: Tensor<Autodiff<B, C>, 4>,
     k: Tensor<Autodiff<B, C>, 4>,
     v: Tensor<Autodiff<B, C>, 4>,
     flash: bool,
 ) -> Tensor<Autodiff<B, C>, 4> {
+    autodiff_attention_with(q, k, v, flash, flash.then_some(Products::TensorCores))
+}
+
+/// [`autodiff_attention`] whose tracked forward and backward try the tiled kernels with
+/// `tiled` products first (the tests choose [`Products::Units`]).
+pub fn autodiff_attention_with<B: FusedKernels, C: CheckpointStrategy>(
+    q: Tensor<Autodiff<B, C>, 4>,
+    k: Tensor<Autodiff<B, C>, 4>,
+    v: Tensor<Autodiff<B, C>, 4>,
+    flash: bool,
+    tiled: Option<Products>,
+) -> Tensor<Autodiff<B, C>, 4> {
     let q = q.into_primitive().tensor();
     let k = k.into_primitive().tensor();
     let v = v.into_primitive().tensor();
-    let out = match FusedBackward
+    let forward = |products: Products| {
+        let (q, k, v) = (
+            q.primitive.clone(),
+            k.primitive.clone(),
+            v.primitive.clone(),
+        );
+        B::tiled_forward(q, k, v, products).map(|r| (products, r))
+    };
+    // Decided before `prepare`, which takes the backward (and its products) by value.
+    let tracked = [&q.node, &k.node, &v.node]
+        .iter()
+        .any(|n| !n.requirement.is_none());
+    let tiled = tiled.filter(|_| tracked).and_then(forward);
+    let backward = FusedBackward {
+        tiled: tiled.as_ref().map(|(products, _)| *products),
+    };
+    let out = match backward
         .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let (o, lse) = B::fused_forward(
-                q.primitive.clone(),
-                k.primitive.clone(),
-                v.primitive.clone(),
-            );
+            let (o, lse) = match tiled {
+                Some((_, result)) => result,
+                None => B::fused_forward(
+                    q.primitive.clone(),
+                    k.primitive.clone(),
+                    v.primitive.clone(),
+                ),
+            };
             let state = (q.primitive, k.primitive, v.primitive, o.clone(), lse);
             prep.finish(state, o)
         }

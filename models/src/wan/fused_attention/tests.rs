@@ -4,6 +4,7 @@
 //! Mesa's lavapipe) and on CUDA (`--features cuda`).
 
 use super::*;
+use crate::wan::fused_attention::tiled::Products;
 use crate::wan::mem_attention::{fused_kernels_apply, naive_attention};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, TensorData};
@@ -164,6 +165,83 @@ fn check_cubek_flash<R: CubeRuntime>(device: &R::Device, routine: flash::FlashRo
     }
 }
 
+/// Shapes of the tiled kernels' tests: uneven lengths (partial tiles and cubes), `Sq ≠ Sk`,
+/// head dims that are not multiples of 16, `D ≠ Dv`, and head dims up to 64; all fit 32 KiB
+/// of shared memory in float32 (the software Vulkan driver's limit).
+const TILED_SHAPES: [(usize, usize, usize, usize); 4] = [
+    (37, 53, 8, 5),
+    (130, 70, 16, 16),
+    (20, 7, 24, 24),
+    (65, 33, 48, 64),
+];
+
+/// `f` of `t` and, inside it, the attention with its inputs cast to `dtype` and its output
+/// cast back to float32 (the gradients flow back through the casts).
+fn in_dtype<B: Backend>(
+    dtype: burn::tensor::FloatDType,
+    att: impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4>,
+) -> impl Fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) -> Tensor<B, 4> {
+    move |q, k, v| {
+        att(q.cast(dtype), k.cast(dtype), v.cast(dtype)).cast(burn::tensor::FloatDType::F32)
+    }
+}
+
+/// The tiled kernels with `products` on `K` (inputs in `dtype`) against the naive attention
+/// on the CPU: outputs and gradients within `tol` of the largest reference value, on every
+/// shape of [`TILED_SHAPES`], contiguous and strided; and the tiled kernels themselves ran
+/// (no fallback to the fused ones).
+fn check_tiled<K: FusedKernels>(
+    device: &K::Device,
+    products: Products,
+    dtype: burn::tensor::FloatDType,
+    tol: f32,
+) {
+    for (sq, sk, d, dv) in TILED_SHAPES {
+        let t = |s: [usize; 4]| {
+            Tensor::<K, 4>::zeros(s, device)
+                .cast(dtype)
+                .into_primitive()
+                .tensor()
+        };
+        let (q, k, v) = (t([2, 3, sq, d]), t([2, 3, sk, d]), t([2, 3, sk, dv]));
+        let (o, lse) =
+            K::tiled_forward(q.clone(), k.clone(), v.clone(), products).unwrap_or_else(|| {
+                panic!("tiled forward ({products:?}) cannot run {sq} {sk} {d} {dv}")
+            });
+        assert!(
+            K::tiled_backward((q, k, v), o.clone(), lse, o, products).is_some(),
+            "tiled backward ({products:?}) cannot run {sq} {sk} {d} {dv}"
+        );
+    }
+    let mut worst = 0.0f32;
+    for dims in TILED_SHAPES {
+        for strided in [false, true] {
+            let want = run::<CpuAd>(naive_attention, dims, strided, &Default::default());
+            let tiled = |q, k, v| autodiff_attention_with(q, k, v, false, Some(products));
+            let got = run::<Autodiff<K>>(in_dtype(dtype, tiled), dims, strided, device);
+            for (name, (a, b)) in ["out", "dq", "dk", "dv"]
+                .iter()
+                .zip(want.into_iter().zip(got))
+            {
+                let scale = Tensor::<Cpu, 4>::from_data(a.clone(), &Default::default())
+                    .abs()
+                    .max()
+                    .into_scalar()
+                    .elem::<f32>()
+                    .max(1.0);
+                let diff = max_abs_diff(a, b) / scale;
+                worst = worst.max(diff);
+                assert!(
+                    diff < tol,
+                    "tiled {products:?} {dtype:?}: {name} differs by {diff} of its max \
+                     (sq, sk, d, dv = {dims:?}, strided {strided})"
+                );
+            }
+        }
+    }
+    eprintln!("tiled {products:?} {dtype:?}: largest difference {worst:.2e} of the max");
+}
+
 #[test]
 fn tiles_fit_the_shared_memory_budget() {
     assert_eq!(tile_rows(8, 5, 48 << 10), MAX_TILE);
@@ -241,6 +319,26 @@ macro_rules! backend_tests {
             }
 
             #[test]
+            fn tiled_unit_products_match_naive_forward_and_gradients() {
+                let f32 = burn::tensor::FloatDType::F32;
+                check_tiled::<Cube>(&Default::default(), tiled::Products::Units, f32, 2e-5);
+                // Half-precision operands in shared memory, float32 statistics.
+                let f16 = burn::tensor::FloatDType::F16;
+                check_tiled::<Cube>(&Default::default(), tiled::Products::Units, f16, 1e-2);
+            }
+
+            #[test]
+            fn flash_training_without_tensor_cores_falls_back_to_the_fused_kernels() {
+                // Float32 inputs have no tensor-core product: the tracked forward and the
+                // backward of `attention = "flash"` run the fused kernels.
+                let dims = TILED_SHAPES[0];
+                let want = run::<CpuAd>(naive_attention, dims, true, &Default::default());
+                let flash = |q, k, v| autodiff_attention(q, k, v, true);
+                let got = run::<Autodiff<Cube>>(flash, dims, true, &Default::default());
+                assert_outputs_close(want, got, "(flash, float32)");
+            }
+
+            #[test]
             fn fused_kernels_apply_with_and_without_autodiff() {
                 assert!(fused_kernels_apply::<Cube>(&Default::default()));
                 assert!(fused_kernels_apply::<Autodiff<Cube>>(&Default::default()));
@@ -304,4 +402,16 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
         &Default::default(),
         flash::FlashRoutine::Accelerated,
     );
+}
+
+/// The tiled training kernels on tensor cores (bf16 inputs, float32 accumulation), after the
+/// same kernels with unit products in bf16, so that a failure tells the tile instructions from
+/// the rest of the kernel.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_tensor_core_tiled_attention_matches_naive() {
+    type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    let bf16 = burn::tensor::FloatDType::BF16;
+    check_tiled::<Cube>(&Default::default(), Products::Units, bf16, 3e-2);
+    check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2);
 }

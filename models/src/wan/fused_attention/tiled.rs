@@ -1,0 +1,330 @@
+//! Tiled attention for training on tensor cores: the forward (output and log-sum-exp) and
+//! backward of [`super::kernels`], rebuilt from 16×16 tile products ([`super::tiled_kernels`])
+//! so that `q·kᵀ`, `P·v`, `dO·vᵀ`, `dS·k`, `Pᵀ·dO` and `dSᵀ·q` run as cooperative-matrix
+//! (tensor-core) instructions with float32 accumulation (FlashAttention-2, Dao 2023,
+//! Algorithms 1 and 2, with `dQ` in its own pass instead of atomics).
+//!
+//! `attention = "flash"` runs it for the tracked forwards and the backward of bf16/f16
+//! attention on devices with 16×16×16 tensor-core products for that dtype and 32-unit planes
+//! (NVIDIA GPUs); elsewhere [`try_forward`] says why not and the SIMT fused kernels run. The
+//! same kernels with unit loops in place of the tile instructions ([`Products::Units`]) run on
+//! any CubeCL device and are what the tests check on a software Vulkan driver.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::features::MmaConfig;
+use cubecl::prelude::*;
+
+use super::tiled_kernels::{self as kernels, PAD_FLOAT, PAD_OPERAND, TILE};
+
+/// Units per cube: four planes (warps) of 32.
+const UNITS: usize = 128;
+/// Tile shapes tried, largest first: `(own rows per cube, rows per streamed tile)`.
+const SHAPES: [(usize, usize); 5] = [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)];
+
+/// How the tile products run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    /// Cooperative-matrix (tensor-core) instructions; needs f16/bf16 inputs.
+    TensorCores,
+    /// Plain unit loops over the same shared-memory tiles (any device, any float dtype).
+    Units,
+}
+
+/// Why the tiled kernels cannot run a problem on a device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// Tensor-core products need half-precision inputs.
+    #[error("tensor-core products need bf16 or f16 inputs, got {0:?}")]
+    Dtype(DType),
+    /// The device has no 16×16×16 cooperative-matrix product for the dtype.
+    #[error("the device has no 16x16x16 tensor-core product for {0:?}")]
+    NoInstruction(DType),
+    /// The kernels assume planes (warps) of 32 units.
+    #[error("the device's planes have {min}..{max} units, not 32")]
+    PlaneSize {
+        /// Smallest plane size.
+        min: u32,
+        /// Largest plane size.
+        max: u32,
+    },
+    /// Not even the smallest tiles fit the device's shared memory.
+    #[error("head dims {d}/{dv} need {need} bytes of shared memory, the device has {have}")]
+    SharedMemory {
+        /// Query/key head dim.
+        d: usize,
+        /// Value head dim.
+        dv: usize,
+        /// Bytes the smallest tiles need.
+        need: usize,
+        /// Bytes the device gives a cube.
+        have: usize,
+    },
+}
+
+/// `(q, k, v)` or their gradients.
+pub type Qkv<R> = (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>);
+
+/// Head dims rounded up to the tile side.
+fn padded(d: usize) -> usize {
+    d.div_ceil(TILE) * TILE
+}
+
+/// Which kernel a shared-memory size is computed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// [`kernels::tiled_forward`].
+    Forward,
+    /// [`kernels::tiled_backward_q`].
+    BackwardQ,
+    /// [`kernels::tiled_backward_kv`].
+    BackwardKv,
+}
+
+/// Shared memory in bytes of `kernel` for `rows` own rows, streamed tiles of `cols` rows,
+/// padded head dims `dp`/`dvp` and operands of `elem` bytes (its `SharedMemory` arrays, with
+/// their padded rows).
+pub fn shared_bytes(
+    kernel: Kernel,
+    rows: usize,
+    cols: usize,
+    dp: usize,
+    dvp: usize,
+    elem: usize,
+) -> usize {
+    // Padded row lengths: operand matrices (`F`) and float32 matrices.
+    let op = |w: usize| w + PAD_OPERAND;
+    let fl = |w: usize| w + PAD_FLOAT;
+    let staged = rows * op(dp) + cols * op(dp) + cols * op(dvp);
+    let (operands, floats) = match kernel {
+        Kernel::Forward => (
+            staged + rows * op(cols),
+            rows * fl(cols) + rows * fl(dvp) + 3 * rows,
+        ),
+        Kernel::BackwardQ => (
+            staged + rows * op(dvp) + rows * op(cols),
+            2 * rows * fl(cols) + rows * fl(dp) + 2 * rows,
+        ),
+        Kernel::BackwardKv => (
+            staged + rows * op(dvp) + 2 * rows * op(cols),
+            2 * rows * fl(cols) + rows * fl(dp) + rows * fl(dvp) + 2 * cols,
+        ),
+    };
+    operands * elem + floats * 4
+}
+
+/// The largest tile shape of [`SHAPES`] whose shared memory fits `have` bytes.
+pub fn tile_shape(
+    kernel: Kernel,
+    d: usize,
+    dv: usize,
+    elem: usize,
+    have: usize,
+) -> Result<(usize, usize), Unavailable> {
+    let (dp, dvp) = (padded(d), padded(dv));
+    SHAPES
+        .into_iter()
+        .find(|&(r, c)| shared_bytes(kernel, r, c, dp, dvp, elem) <= have)
+        .ok_or_else(|| Unavailable::SharedMemory {
+            d,
+            dv,
+            need: shared_bytes(kernel, TILE, TILE, dp, dvp, elem),
+            have,
+        })
+}
+
+/// Whether `products` can run for inputs like `q` on its device.
+pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<(), Unavailable> {
+    if products == Products::Units {
+        return Ok(());
+    }
+    if !matches!(q.dtype, DType::BF16 | DType::F16) {
+        return Err(Unavailable::Dtype(q.dtype));
+    }
+    let props = q.client.properties();
+    let (min, max) = (props.hardware.plane_size_min, props.hardware.plane_size_max);
+    if (min, max) != (32, 32) {
+        return Err(Unavailable::PlaneSize { min, max });
+    }
+    let elem: StorageType = q.dtype.into();
+    let config = MmaConfig {
+        a_type: elem,
+        b_type: elem,
+        cd_type: DType::F32.into(),
+        m: TILE as u32,
+        n: TILE as u32,
+        k: TILE as u32,
+    };
+    if !props.features.matmul.cmma.contains(&config) {
+        return Err(Unavailable::NoInstruction(q.dtype));
+    }
+    Ok(())
+}
+
+/// Tile shape of `kernel` for `q`'s device and dtype.
+fn shape_for<R: CubeRuntime>(
+    kernel: Kernel,
+    q: &CubeTensor<R>,
+    d: usize,
+    dv: usize,
+) -> Result<(usize, usize), Unavailable> {
+    let have = q.client.properties().hardware.max_shared_memory_size;
+    tile_shape(kernel, d, dv, q.dtype.size(), have)
+}
+
+fn empty<R: CubeRuntime>(t: &CubeTensor<R>, dims: &[usize], dtype: DType) -> CubeTensor<R> {
+    empty_device_dtype(
+        t.client.clone(),
+        t.device.clone(),
+        Shape::from(dims.to_vec()),
+        dtype,
+    )
+}
+
+fn launch_dims(rows: usize, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
+    (
+        CubeCount::Static(seq.div_ceil(rows) as u32, batch_heads as u32, 1),
+        CubeDim::new_2d(32, (UNITS / 32) as u32),
+    )
+}
+
+/// Forward: `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` for `q [B, H, Sq, D]`,
+/// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype; shapes checked by
+/// the caller), or why `products` cannot run it here.
+pub fn forward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    products: Products,
+) -> Result<(CubeTensor<R>, CubeTensor<R>), Unavailable> {
+    check(&q, products)?;
+    let [b, h, sq, d] = q.meta.shape().dims();
+    let dv = v.meta.shape()[3];
+    let (rows, cols) = shape_for(Kernel::Forward, &q, d, dv)?;
+    let out = empty(&q, &[b, h, sq, dv], q.dtype);
+    let lse = empty(&q, &[b, h, sq], DType::F32);
+    let (count, dim) = launch_dims(rows, sq, b * h);
+    let dtype = q.dtype;
+    kernels::tiled_forward::launch::<R>(
+        &q.client.clone(),
+        count,
+        dim,
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        1.0 / (d as f32).sqrt(),
+        padded(d),
+        padded(dv),
+        rows,
+        cols,
+        UNITS,
+        products == Products::TensorCores,
+        dtype.into(),
+    );
+    Ok((out, lse))
+}
+
+/// Backward: `(dq, dk, dv)` shaped like `q, k, v` from the saved `o`, `lse` and the output
+/// gradient `d_out [B, H, Sq, Dv]` (cast to the inputs' dtype), or why `products` cannot run
+/// it here.
+pub fn backward<R: CubeRuntime>(
+    (q, k, v): Qkv<R>,
+    o: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    d_out: CubeTensor<R>,
+    products: Products,
+) -> Result<Qkv<R>, Unavailable> {
+    check(&q, products)?;
+    let [b, h, sq, d] = q.meta.shape().dims();
+    let sk = k.meta.shape()[2];
+    let dv = v.meta.shape()[3];
+    let (rows_q, cols_k) = shape_for(Kernel::BackwardQ, &q, d, dv)?;
+    let (rows_k, cols_q) = shape_for(Kernel::BackwardKv, &q, d, dv)?;
+    let dtype = q.dtype;
+    let d_out = if d_out.dtype == dtype {
+        d_out
+    } else {
+        burn_cubecl::kernel::cast(d_out, dtype)
+    };
+    let dq = empty(&q, &[b, h, sq, d], dtype);
+    let dk = empty(&q, &[b, h, sk, d], dtype);
+    let dvt = empty(&q, &[b, h, sk, dv], dtype);
+    let delta = empty(&q, &[b, h, sq], DType::F32);
+    let scale = 1.0 / (d as f32).sqrt();
+    let tc = products == Products::TensorCores;
+    let client = q.client.clone();
+    let (count, dim) = launch_dims(rows_q, sq, b * h);
+    kernels::tiled_backward_q::launch::<R>(
+        &client,
+        count,
+        dim,
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        o.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        dq.clone().into_tensor_arg(),
+        delta.clone().into_tensor_arg(),
+        scale,
+        padded(d),
+        padded(dv),
+        rows_q,
+        cols_k,
+        UNITS,
+        tc,
+        dtype.into(),
+    );
+    let (count, dim) = launch_dims(rows_k, sk, b * h);
+    kernels::tiled_backward_kv::launch::<R>(
+        &client,
+        count,
+        dim,
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        delta.into_tensor_arg(),
+        dk.clone().into_tensor_arg(),
+        dvt.clone().into_tensor_arg(),
+        scale,
+        padded(d),
+        padded(dv),
+        rows_k,
+        cols_q,
+        UNITS,
+        tc,
+        dtype.into(),
+    );
+    Ok((dq, dk, dvt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_shapes_fit_and_shrink_with_shared_memory() {
+        // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the largest tiles.
+        for kernel in [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv] {
+            assert_eq!(tile_shape(kernel, 128, 128, 2, 227 << 10), Ok((64, 64)));
+        }
+        // 48 KiB: smaller tiles, each within the budget.
+        for kernel in [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv] {
+            for (d, dv, elem) in [(128, 128, 2), (64, 64, 4), (24, 8, 4)] {
+                let (r, c) = tile_shape(kernel, d, dv, elem, 48 << 10).expect("fits");
+                assert!(shared_bytes(kernel, r, c, padded(d), padded(dv), elem) <= 48 << 10);
+                assert!(r % TILE == 0 && c % TILE == 0);
+            }
+        }
+        let err = tile_shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10).unwrap_err();
+        assert!(matches!(err, Unavailable::SharedMemory { need, .. } if need > 32 << 10));
+        assert_eq!(padded(5), 16);
+        assert_eq!(padded(128), 128);
+    }
+}

@@ -1,0 +1,527 @@
+//! CubeCL kernels of the tiled attention ([`super::tiled`]): the FlashAttention-2 forward
+//! (output and log-sum-exp) and backward (`dQ` per query tile, `dK`/`dV` per key tile) built
+//! from 16×16 tile products, so that every product runs on tensor cores.
+//!
+//! Each cube owns `rows` rows of one `(b, h)` and streams tiles of `cols` rows of the other
+//! sequence through shared memory. Operands (`q`, `k`, `v`, `dO`, probabilities, score
+//! gradients) sit in shared memory in the input dtype `F`; scores, softmax statistics and the
+//! accumulators are float32. Head dims are padded with zeros to multiples of 16, and rows past
+//! a sequence's end are zero (keys) or masked (probability 0). A shared-memory matrix of width
+//! `w` keeps `w + PAD_OPERAND` (`F`) or `w + PAD_FLOAT` (float32) elements per row, so that
+//! consecutive rows start in different memory banks.
+//!
+//! A product `c (+)= a·b` or `c (+)= a·bᵀ` ([`product`]) runs either as cooperative-matrix
+//! (`cmma`, tensor-core) instructions, one plane (warp) per 16×16 output tile, or as plain
+//! unit loops over the same shared memory (`tc = false`): the second is the same kernel on
+//! devices without tensor cores, which the tests run on a software Vulkan driver.
+
+// The `#[cube(launch)]` macro generates undocumented launch modules and structs.
+#![allow(missing_docs)]
+
+use cubecl::prelude::*;
+
+/// Side of a tile product (the cmma shape is 16×16×16).
+pub const TILE: usize = 16;
+/// Byte alignment of every shared-memory array: tensor-core loads and stores need 32-byte
+/// aligned tile pointers (16 padded rows of any array are a multiple of 32 bytes, so every
+/// tile's offset keeps the alignment).
+const ALIGN: usize = 32;
+/// Padding of an operand row (`F`) in shared memory, in elements: 16 bytes for 16-bit types,
+/// the smallest row step tensor-core loads accept.
+pub const PAD_OPERAND: usize = 8;
+/// Padding of a float32 row in shared memory, in elements (16 bytes).
+pub const PAD_FLOAT: usize = 4;
+/// Initial running maximum (WGSL has no `-inf` literal).
+const NEG_BIG: f32 = -1.0e30;
+/// Log-sum-exp of rows past the end of the query sequence: their probabilities are 0.
+const POS_BIG: f32 = 1.0e30;
+
+/// Offset of element `(bh, row, col)` of a `[B, H, S, C]` tensor with `heads` heads.
+#[cube]
+fn offset<F: Numeric>(t: &Tensor<F>, bh: usize, heads: usize, row: usize, col: usize) -> usize {
+    (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2) + col * t.stride(3)
+}
+
+/// Offset of the statistic of row `row` in a `[B, H, S]` tensor with `heads` heads.
+#[cube]
+fn stat_offset(t: &Tensor<f32>, bh: usize, heads: usize, row: usize) -> usize {
+    (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2)
+}
+
+/// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
+/// rows), zero past the sequence's end and in the padding columns `C .. cp`.
+#[cube]
+fn stage<F: Float>(
+    t: &Tensor<F>,
+    dst: &mut SharedMemory<F>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) {
+    let heads = t.shape(1);
+    let len = t.shape(2);
+    let cols = t.shape(3);
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * cp {
+        let row = row0 + idx / cp;
+        let col = idx % cp;
+        let mut val = F::new(0.0);
+        if row < len && col < cols {
+            val = t[offset(t, bh, heads, row, col)];
+        }
+        dst[(idx / cp) * (cp + PAD_OPERAND) + col] = val;
+        idx += units;
+    }
+}
+
+/// Set the first `len` values of `dst` to `value`.
+#[cube]
+fn fill(dst: &mut SharedMemory<f32>, value: f32, #[comptime] len: usize, #[comptime] units: usize) {
+    let mut idx = UNIT_POS as usize;
+    while idx < len {
+        dst[idx] = value;
+        idx += units;
+    }
+}
+
+/// `c (+)= a·b` in shared memory, row-major with padded rows: `a` is `m × kd`, `b` is `kd × n`
+/// or, with `b_t`, `n × kd` (the product is then `a·bᵀ`), `c` is `m × n` float32. Without
+/// `accumulate`, `c` is overwritten. All units of the cube take part; the caller syncs.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] tc: bool,
+    #[comptime] units: usize,
+) {
+    if comptime![tc] {
+        tensor_core_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+    } else {
+        unit_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+    }
+}
+
+/// An uninitialised 16×16×16 fragment of the tile product.
+#[cube]
+fn fragment<E: Numeric>(
+    #[comptime] ident: cmma::MatrixIdent,
+    #[comptime] layout: cmma::MatrixLayout,
+) -> cmma::Matrix<E> {
+    unsafe { cmma::Matrix::<E>::uninitialized(ident, TILE, TILE, TILE, layout) }
+}
+
+/// The 16×16 tile at element `at` of a shared-memory matrix with `ld` elements per row.
+#[cube]
+fn tile_of<E: Numeric>(smem: &SharedMemory<E>, at: usize, #[comptime] ld: usize) -> Slice<E> {
+    smem.slice(at, at + (TILE - 1) * ld + TILE)
+}
+
+/// [`product`] with cooperative-matrix instructions: plane `p` computes the 16×16 output
+/// tiles `p, p + planes, …`, accumulating in float32 over `kd / 16` steps.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn tensor_core_product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] units: usize,
+) {
+    let planes = comptime![units / 32];
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    let ldc = comptime![n + PAD_FLOAT];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    let mut t = UNIT_POS_Y as usize;
+    while t < tiles {
+        let row0 = (t / tiles_n) * TILE;
+        let col0 = (t % tiles_n) * TILE;
+        let c_at = row0 * ldc + col0;
+        let acc = fragment::<f32>(
+            cmma::MatrixIdent::Accumulator,
+            cmma::MatrixLayout::Undefined,
+        );
+        if comptime![accumulate] {
+            let tile = tile_of(c, c_at, ldc);
+            cmma::load_with_layout(&acc, &tile, ldc as u32, cmma::MatrixLayout::RowMajor);
+        } else {
+            cmma::fill(&acc, 0.0f32);
+        }
+        for step in 0..kd / TILE {
+            let k0 = step * TILE;
+            let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+            cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
+            if comptime![b_t] {
+                // `bᵀ` (`kd × n`) is `b` (`n × kd`, padded rows) read column-major.
+                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+                cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
+                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
+            } else {
+                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
+                cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
+                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
+            }
+        }
+        let mut out = c.slice_mut(c_at, c_at + (TILE - 1) * ldc + TILE);
+        cmma::store(&mut out, &acc, ldc as u32, cmma::MatrixLayout::RowMajor);
+        t += planes;
+    }
+}
+
+/// [`product`] on plain units: one output value per unit and step, float32 sums.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn unit_product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] units: usize,
+) {
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    let ldc = comptime![n + PAD_FLOAT];
+    let mut idx = UNIT_POS as usize;
+    while idx < m * n {
+        let i = idx / n;
+        let j = idx % n;
+        let mut sum = 0.0f32;
+        if comptime![accumulate] {
+            sum = c[i * ldc + j];
+        }
+        for x in 0..kd {
+            let bv = if comptime![b_t] {
+                b[j * lda + x]
+            } else {
+                b[x * ldb + j]
+            };
+            sum += f32::cast_from(a[i * lda + x]) * f32::cast_from(bv);
+        }
+        c[i * ldc + j] = sum;
+        idx += units;
+    }
+}
+
+/// Forward: `out = softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]` (float32, of the scaled
+/// scores). Cube `(x, bh)` owns query rows `x·rows ..`; key tiles of `cols` rows stream by.
+/// `dp`, `dvp`: the head dims rounded up to 16.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn tiled_forward<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+    #[comptime] tc: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bh = CUBE_POS_Y as usize;
+    let heads = q.shape(1);
+    let seq_q = q.shape(2);
+    let seq_k = k.shape(2);
+    let dv = v.shape(3);
+    let row0 = CUBE_POS_X as usize * rows;
+
+    // Row steps of the padded matrices.
+    let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
+    let lo = comptime![dvp + PAD_FLOAT];
+    let mut qs = SharedMemory::<F>::new_aligned(rows * (dp + PAD_OPERAND), ALIGN);
+    let mut ks = SharedMemory::<F>::new_aligned(cols * (dp + PAD_OPERAND), ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(cols * (dvp + PAD_OPERAND), ALIGN);
+    let mut s = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
+    let mut p = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
+    let mut o = SharedMemory::<f32>::new_aligned(rows * lo, ALIGN);
+    let mut m = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    let mut l = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    let mut corr = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    stage(q, &mut qs, bh, row0, rows, dp, units);
+    fill(&mut o, 0.0f32, rows * lo, units);
+    fill(&mut m, f32::new(NEG_BIG), rows, units);
+    fill(&mut l, 0.0f32, rows, units);
+
+    for t in 0..seq_k.div_ceil(cols) {
+        let key0 = t * cols;
+        stage(k, &mut ks, bh, key0, cols, dp, units);
+        stage(v, &mut vs, bh, key0, cols, dvp, units);
+        sync_cube();
+        product::<F>(&qs, &ks, &mut s, rows, cols, dp, true, false, tc, units);
+        sync_cube();
+        // Online softmax, one unit per row. Row `r` starts its sweep at column `r`, so that
+        // the units of a plane read different memory banks at every step.
+        let r = UNIT_POS as usize;
+        if r < rows {
+            let valid = seq_k - key0;
+            let mut mx = m[r];
+            for step in 0..cols {
+                let j = (step + r) % cols;
+                if j < valid {
+                    mx = f32::max(mx, s[r * ls + j] * scale);
+                }
+            }
+            let mut sum = 0.0f32;
+            for step in 0..cols {
+                let j = (step + r) % cols;
+                let mut pj = 0.0f32;
+                if j < valid {
+                    pj = f32::exp(s[r * ls + j] * scale - mx);
+                }
+                p[r * lp + j] = F::cast_from(pj);
+                sum += pj;
+            }
+            let c = f32::exp(m[r] - mx);
+            l[r] = l[r] * c + sum;
+            m[r] = mx;
+            corr[r] = c;
+        }
+        sync_cube();
+        let mut idx = UNIT_POS as usize;
+        while idx < rows * lo {
+            o[idx] *= corr[idx / lo];
+            idx += units;
+        }
+        sync_cube();
+        product::<F>(&p, &vs, &mut o, rows, dvp, cols, false, true, tc, units);
+        sync_cube();
+    }
+
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * dv {
+        let r = idx / dv;
+        let c = idx % dv;
+        if row0 + r < seq_q {
+            out[offset(out, bh, heads, row0 + r, c)] = F::cast_from(o[r * lo + c] / l[r]);
+        }
+        idx += units;
+    }
+    let r = UNIT_POS as usize;
+    if r < rows && row0 + r < seq_q {
+        lse[stat_offset(lse, bh, heads, row0 + r)] = m[r] + f32::ln(l[r]);
+    }
+}
+
+/// Backward, query side: `delta = Δ = Σ dO∘O` per query row (float32 `[B, H, Sq]`, read by
+/// [`tiled_backward_kv`]) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
+/// from the saved log-sum-exp.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn tiled_backward_q<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    dq: &mut Tensor<F>,
+    delta: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+    #[comptime] tc: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bh = CUBE_POS_Y as usize;
+    let heads = q.shape(1);
+    let seq_q = q.shape(2);
+    let seq_k = k.shape(2);
+    let d = q.shape(3);
+    let dv = v.shape(3);
+    let row0 = CUBE_POS_X as usize * rows;
+
+    let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
+    let lq = comptime![dp + PAD_FLOAT];
+    let mut qs = SharedMemory::<F>::new_aligned(rows * (dp + PAD_OPERAND), ALIGN);
+    let mut dos = SharedMemory::<F>::new_aligned(rows * (dvp + PAD_OPERAND), ALIGN);
+    let mut ks = SharedMemory::<F>::new_aligned(cols * (dp + PAD_OPERAND), ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(cols * (dvp + PAD_OPERAND), ALIGN);
+    let mut s = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
+    let mut dpm = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
+    let mut ds = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
+    let mut dqs = SharedMemory::<f32>::new_aligned(rows * lq, ALIGN);
+    let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    stage(q, &mut qs, bh, row0, rows, dp, units);
+    stage(d_out, &mut dos, bh, row0, rows, dvp, units);
+    fill(&mut dqs, 0.0f32, rows * lq, units);
+    let r = UNIT_POS as usize;
+    if r < rows {
+        let row = row0 + r;
+        let mut row_lse = f32::new(POS_BIG);
+        let mut dlt = 0.0f32;
+        if row < seq_q {
+            for c in 0..dv {
+                let o_rc = f32::cast_from(out[offset(out, bh, heads, row, c)]);
+                dlt += f32::cast_from(d_out[offset(d_out, bh, heads, row, c)]) * o_rc;
+            }
+            row_lse = lse[stat_offset(lse, bh, heads, row)];
+            delta[stat_offset(delta, bh, heads, row)] = dlt;
+        }
+        lses[r] = row_lse;
+        deltas[r] = dlt;
+    }
+
+    for t in 0..seq_k.div_ceil(cols) {
+        let key0 = t * cols;
+        stage(k, &mut ks, bh, key0, cols, dp, units);
+        stage(v, &mut vs, bh, key0, cols, dvp, units);
+        sync_cube();
+        product::<F>(&qs, &ks, &mut s, rows, cols, dp, true, false, tc, units);
+        product::<F>(&dos, &vs, &mut dpm, rows, cols, dvp, true, false, tc, units);
+        sync_cube();
+        let mut idx = UNIT_POS as usize;
+        while idx < rows * cols {
+            let (r, j) = (idx / cols, idx % cols);
+            let mut g = 0.0f32;
+            if key0 + j < seq_k {
+                let p = f32::exp(s[r * ls + j] * scale - lses[r]);
+                g = p * (dpm[r * ls + j] - deltas[r]);
+            }
+            ds[r * lp + j] = F::cast_from(g);
+            idx += units;
+        }
+        sync_cube();
+        product::<F>(&ds, &ks, &mut dqs, rows, dp, cols, false, true, tc, units);
+        sync_cube();
+    }
+
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * d {
+        let r = idx / d;
+        let c = idx % d;
+        if row0 + r < seq_q {
+            dq[offset(dq, bh, heads, row0 + r, c)] = F::cast_from(dqs[r * lq + c] * scale);
+        }
+        idx += units;
+    }
+}
+
+/// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles:
+/// `dv = Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`] (launched first on
+/// the same stream). Scores are computed transposed (`k·qᵀ`) so every product keeps its
+/// left operand row-major.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn tiled_backward_kv<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &mut Tensor<F>,
+    dv_out: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+    #[comptime] tc: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bh = CUBE_POS_Y as usize;
+    let heads = q.shape(1);
+    let seq_q = q.shape(2);
+    let seq_k = k.shape(2);
+    let d = q.shape(3);
+    let dv = v.shape(3);
+    let row0 = CUBE_POS_X as usize * rows;
+
+    let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
+    let (lk, lv) = comptime![(dp + PAD_FLOAT, dvp + PAD_FLOAT)];
+    let mut ks = SharedMemory::<F>::new_aligned(rows * (dp + PAD_OPERAND), ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(rows * (dvp + PAD_OPERAND), ALIGN);
+    let mut qs = SharedMemory::<F>::new_aligned(cols * (dp + PAD_OPERAND), ALIGN);
+    let mut dos = SharedMemory::<F>::new_aligned(cols * (dvp + PAD_OPERAND), ALIGN);
+    let mut st = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
+    let mut dpt = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
+    let mut pt = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
+    let mut dst = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
+    let mut dks = SharedMemory::<f32>::new_aligned(rows * lk, ALIGN);
+    let mut dvs = SharedMemory::<f32>::new_aligned(rows * lv, ALIGN);
+    let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
+    let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
+    stage(k, &mut ks, bh, row0, rows, dp, units);
+    stage(v, &mut vs, bh, row0, rows, dvp, units);
+    fill(&mut dks, 0.0f32, rows * lk, units);
+    fill(&mut dvs, 0.0f32, rows * lv, units);
+
+    for t in 0..seq_q.div_ceil(cols) {
+        let q0 = t * cols;
+        stage(q, &mut qs, bh, q0, cols, dp, units);
+        stage(d_out, &mut dos, bh, q0, cols, dvp, units);
+        let j = UNIT_POS as usize;
+        if j < cols {
+            let mut lv = f32::new(POS_BIG);
+            let mut dl = 0.0f32;
+            if q0 + j < seq_q {
+                lv = lse[stat_offset(lse, bh, heads, q0 + j)];
+                dl = delta[stat_offset(delta, bh, heads, q0 + j)];
+            }
+            lses[j] = lv;
+            deltas[j] = dl;
+        }
+        sync_cube();
+        product::<F>(&ks, &qs, &mut st, rows, cols, dp, true, false, tc, units);
+        product::<F>(&vs, &dos, &mut dpt, rows, cols, dvp, true, false, tc, units);
+        sync_cube();
+        let mut idx = UNIT_POS as usize;
+        while idx < rows * cols {
+            let (r, j) = (idx / cols, idx % cols);
+            let p = f32::exp(st[r * ls + j] * scale - lses[j]);
+            pt[r * lp + j] = F::cast_from(p);
+            dst[r * lp + j] = F::cast_from(p * (dpt[r * ls + j] - deltas[j]));
+            idx += units;
+        }
+        sync_cube();
+        product::<F>(&pt, &dos, &mut dvs, rows, dvp, cols, false, true, tc, units);
+        product::<F>(&dst, &qs, &mut dks, rows, dp, cols, false, true, tc, units);
+        sync_cube();
+    }
+
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * d {
+        let r = idx / d;
+        if row0 + r < seq_k {
+            dk[offset(dk, bh, heads, row0 + r, idx % d)] =
+                F::cast_from(dks[r * lk + idx % d] * scale);
+        }
+        idx += units;
+    }
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * dv {
+        let r = idx / dv;
+        if row0 + r < seq_k {
+            dv_out[offset(dv_out, bh, heads, row0 + r, idx % dv)] =
+                F::cast_from(dvs[r * lv + idx % dv]);
+        }
+        idx += units;
+    }
+}
