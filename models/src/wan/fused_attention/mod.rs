@@ -244,10 +244,7 @@ pub trait FusedKernels: Backend {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         products: Products,
-    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
-        let _ = (q, k, v, products);
-        None
-    }
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 
     /// The tiled backward of [`tiled`] (`(dq, dk, dv)`), or `None` where it cannot run.
     fn tiled_backward(
@@ -256,10 +253,7 @@ pub trait FusedKernels: Backend {
         lse: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
         products: Products,
-    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)> {
-        let _ = (qkv, o, lse, d_out, products);
-        None
-    }
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>)>;
 }
 
 /// `result`, or `None` after a one-time note on stderr of why the tensor-core kernels do not
@@ -510,7 +504,7 @@ fn try_cube<B: Backend, Cube: FusedKernels + FusionLayer>(
         Ok(o) => return Ok(o),
         Err(qkv) => qkv,
     };
-    Cube::try_fused::<B>(q, k, v)
+    Cube::try_fused::<B>(q, k, v, flash)
 }
 
 /// The fused kernels when `B` is one of the compiled CubeCL backends (`Cuda`, `Wgpu`, with or
@@ -551,7 +545,9 @@ mod no_fusion {
             q: Tensor<B, 4>,
             k: Tensor<B, 4>,
             v: Tensor<B, 4>,
+            flash: bool,
         ) -> Result<Tensor<B, 4>, Qkv<B>> {
+            let _ = flash;
             Err((q, k, v))
         }
     }

@@ -188,15 +188,17 @@ fn in_dtype<B: Backend>(
 
 /// The tiled kernels with `products` on `K` (inputs in `dtype`) against the naive attention
 /// on the CPU: outputs and gradients within `tol` of the largest reference value, on every
-/// shape of [`TILED_SHAPES`], contiguous and strided; and the tiled kernels themselves ran
-/// (no fallback to the fused ones).
+/// shape of [`TILED_SHAPES`] and `more`, contiguous and strided; and the tiled kernels
+/// themselves ran (no fallback to the fused ones).
 fn check_tiled<K: FusedKernels>(
     device: &K::Device,
     products: Products,
     dtype: burn::tensor::FloatDType,
     tol: f32,
+    more: &[(usize, usize, usize, usize)],
 ) {
-    for (sq, sk, d, dv) in TILED_SHAPES {
+    let shapes: Vec<_> = TILED_SHAPES.iter().chain(more).copied().collect();
+    for &(sq, sk, d, dv) in &shapes {
         let t = |s: [usize; 4]| {
             Tensor::<K, 4>::zeros(s, device)
                 .cast(dtype)
@@ -214,7 +216,7 @@ fn check_tiled<K: FusedKernels>(
         );
     }
     let mut worst = 0.0f32;
-    for dims in TILED_SHAPES {
+    for &dims in &shapes {
         for strided in [false, true] {
             let want = run::<CpuAd>(naive_attention, dims, strided, &Default::default());
             let tiled = |q, k, v| autodiff_attention_with(q, k, v, false, Some(products));
@@ -321,10 +323,10 @@ macro_rules! backend_tests {
             #[test]
             fn tiled_unit_products_match_naive_forward_and_gradients() {
                 let f32 = burn::tensor::FloatDType::F32;
-                check_tiled::<Cube>(&Default::default(), tiled::Products::Units, f32, 2e-5);
+                check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
                 // Half-precision operands in shared memory, float32 statistics.
                 let f16 = burn::tensor::FloatDType::F16;
-                check_tiled::<Cube>(&Default::default(), tiled::Products::Units, f16, 1e-2);
+                check_tiled::<Cube>(&Default::default(), Products::Units, f16, 1e-2, &[]);
             }
 
             #[test]
@@ -372,6 +374,13 @@ macro_rules! backend_tests {
                 }
 
                 #[test]
+                fn fusion_tiled_unit_products_match_naive_forward_and_gradients() {
+                    // The tiled kernels as custom fusion operations.
+                    let f32 = burn::tensor::FloatDType::F32;
+                    check_tiled::<Fused>(&Default::default(), Products::Units, f32, 2e-5, &[]);
+                }
+
+                #[test]
                 fn fusion_fused_attention_inside_an_elementwise_chain() {
                     check_inside_elementwise_chain::<Autodiff<Fused>>(&Default::default());
                 }
@@ -404,14 +413,19 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
     );
 }
 
-/// The tiled training kernels on tensor cores (bf16 inputs, float32 accumulation), after the
-/// same kernels with unit products in bf16, so that a failure tells the tile instructions from
-/// the rest of the kernel.
+/// The tiled training kernels on tensor cores (bf16 and f16 inputs, float32 accumulation),
+/// after the same kernels with unit products in bf16, so that a failure tells the tile
+/// instructions from the rest of the kernel; also at Wan's head dim 128.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_tiled_attention_matches_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-    let bf16 = burn::tensor::FloatDType::BF16;
-    check_tiled::<Cube>(&Default::default(), Products::Units, bf16, 3e-2);
-    check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2);
+    let wan = [(200, 150, 128, 128)];
+    let (bf16, f16) = (
+        burn::tensor::FloatDType::BF16,
+        burn::tensor::FloatDType::F16,
+    );
+    check_tiled::<Cube>(&Default::default(), Products::Units, bf16, 3e-2, &wan);
+    check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2, &wan);
+    check_tiled::<Cube>(&Default::default(), Products::TensorCores, f16, 1e-2, &wan);
 }

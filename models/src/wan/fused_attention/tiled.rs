@@ -157,7 +157,11 @@ pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<()
         n: TILE as u32,
         k: TILE as u32,
     };
-    if !props.features.matmul.cmma.contains(&config) {
+    // bf16 fragments exist from compute capability 8.0 on, where CubeCL also registers the
+    // 16×8×16 `mma` shape; before it the `cmma` check alone passes and compilation would fail.
+    let ampere = MmaConfig { n: 8, ..config };
+    let bf16_ok = q.dtype != DType::BF16 || props.features.matmul.mma.contains(&ampere);
+    if !props.features.matmul.cmma.contains(&config) || !bf16_ok {
         return Err(Unavailable::NoInstruction(q.dtype));
     }
     Ok(())
