@@ -49,8 +49,9 @@ pub trait FusedOptim: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// `t` with a contiguous layout (the kernels index the flat buffer).
-fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+/// `t` with a contiguous layout, copied when it is a strided view (kernels that index the
+/// flat buffer need it).
+pub fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if t.is_contiguous() {
         t
     } else {

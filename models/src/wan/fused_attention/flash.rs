@@ -14,11 +14,11 @@ use std::sync::Once;
 
 use burn::tensor::ops::AttentionModuleOptions;
 use burn_cubecl::kernel::attention::{attention, AttentionStrategy};
-use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubek::attention::definition::AttentionSetupError;
 use cubek::attention::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
+use reel_core::optim::fused::contiguous;
 
 /// Planes (warps) per cube: query tiles computed side by side.
 const PLANES: u8 = 4;
@@ -57,15 +57,6 @@ pub fn flash_forward<R: CubeRuntime>(
     let (q, k, v) = (contiguous(q), contiguous(k), contiguous(v));
     let options = AttentionModuleOptions::default();
     attention(q, k, v, None, None, options, strategy)
-}
-
-/// `t`, copied into a contiguous buffer when it is a strided view.
-fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
-    if t.is_contiguous() {
-        t
-    } else {
-        into_contiguous(t)
-    }
 }
 
 /// The tensor-core flash forward, or `None` (with a one-time note on stderr) when it cannot

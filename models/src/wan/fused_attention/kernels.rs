@@ -12,19 +12,25 @@
 use cubecl::prelude::*;
 
 /// Score of padded keys and initial running maximum (WGSL has no `-inf` literal).
-const NEG_BIG: f32 = -1.0e30;
+pub(super) const NEG_BIG: f32 = -1.0e30;
 /// Log-sum-exp given to padded query rows in the key-side kernel: their probabilities are 0.
-const POS_BIG: f32 = 1.0e30;
+pub(super) const POS_BIG: f32 = 1.0e30;
 
 /// Offset of element `(bh, row, col)` of a `[B, H, S, C]` tensor with `heads` heads.
 #[cube]
-fn offset<F: Numeric>(t: &Tensor<F>, bh: usize, heads: usize, row: usize, col: usize) -> usize {
+pub(super) fn offset<F: Numeric>(
+    t: &Tensor<F>,
+    bh: usize,
+    heads: usize,
+    row: usize,
+    col: usize,
+) -> usize {
     (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2) + col * t.stride(3)
 }
 
 /// Offset of the statistic of row `row` in a `[B, H, S]` tensor with `heads` heads.
 #[cube]
-fn stat_offset(t: &Tensor<f32>, bh: usize, heads: usize, row: usize) -> usize {
+pub(super) fn stat_offset(t: &Tensor<f32>, bh: usize, heads: usize, row: usize) -> usize {
     (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2)
 }
 

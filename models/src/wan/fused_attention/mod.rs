@@ -103,6 +103,16 @@ fn empty_like_rows<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize, dtype: DType)
     empty_device_dtype(t.client.clone(), t.device.clone(), shape, dtype)
 }
 
+/// `t` in `dtype` (cast when it is not): the backward kernels read the output gradient in the
+/// inputs' dtype.
+fn as_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    if t.dtype == dtype {
+        t
+    } else {
+        burn_cubecl::kernel::cast(t, dtype)
+    }
+}
+
 /// Forward: `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` for `q [B, H, Sq, D]`,
 /// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype).
 pub fn forward<R: CubeRuntime>(
@@ -151,11 +161,7 @@ pub fn backward<R: CubeRuntime>(
     let sk = k.meta.shape()[2];
     let dv = v.meta.shape()[3];
     let dtype = q.dtype;
-    let d_out = if d_out.dtype == dtype {
-        d_out
-    } else {
-        burn_cubecl::kernel::cast(d_out, dtype)
-    };
+    let d_out = as_dtype(d_out, dtype);
     let dq = empty_like_rows(&q, d, dtype);
     let dk = empty_like_rows(&k, d, dtype);
     let dvt = empty_like_rows(&v, dv, dtype);

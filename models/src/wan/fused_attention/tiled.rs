@@ -249,11 +249,7 @@ pub fn backward<R: CubeRuntime>(
     let (rows_q, cols_k) = shape_for(Kernel::BackwardQ, &q, d, dv)?;
     let (rows_k, cols_q) = shape_for(Kernel::BackwardKv, &q, d, dv)?;
     let dtype = q.dtype;
-    let d_out = if d_out.dtype == dtype {
-        d_out
-    } else {
-        burn_cubecl::kernel::cast(d_out, dtype)
-    };
+    let d_out = super::as_dtype(d_out, dtype);
     let dq = empty(&q, &[b, h, sq, d], dtype);
     let dk = empty(&q, &[b, h, sk, d], dtype);
     let dvt = empty(&q, &[b, h, sk, dv], dtype);

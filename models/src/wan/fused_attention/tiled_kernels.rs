@@ -20,6 +20,8 @@
 
 use cubecl::prelude::*;
 
+use super::kernels::{offset, stat_offset, NEG_BIG, POS_BIG};
+
 /// Side of a tile product (the cmma shape is 16×16×16).
 pub const TILE: usize = 16;
 /// Byte alignment of every shared-memory array: tensor-core loads and stores need 32-byte
@@ -31,22 +33,6 @@ const ALIGN: usize = 32;
 pub const PAD_OPERAND: usize = 8;
 /// Padding of a float32 row in shared memory, in elements (16 bytes).
 pub const PAD_FLOAT: usize = 4;
-/// Initial running maximum (WGSL has no `-inf` literal).
-const NEG_BIG: f32 = -1.0e30;
-/// Log-sum-exp of rows past the end of the query sequence: their probabilities are 0.
-const POS_BIG: f32 = 1.0e30;
-
-/// Offset of element `(bh, row, col)` of a `[B, H, S, C]` tensor with `heads` heads.
-#[cube]
-fn offset<F: Numeric>(t: &Tensor<F>, bh: usize, heads: usize, row: usize, col: usize) -> usize {
-    (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2) + col * t.stride(3)
-}
-
-/// Offset of the statistic of row `row` in a `[B, H, S]` tensor with `heads` heads.
-#[cube]
-fn stat_offset(t: &Tensor<f32>, bh: usize, heads: usize, row: usize) -> usize {
-    (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1) + row * t.stride(2)
-}
 
 /// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
 /// rows), zero past the sequence's end and in the padding columns `C .. cp`.
@@ -72,6 +58,33 @@ fn stage<F: Float>(
             val = t[offset(t, bh, heads, row, col)];
         }
         dst[(idx / cp) * (cp + PAD_OPERAND) + col] = val;
+        idx += units;
+    }
+}
+
+/// Store rows `0 .. rows` of the float32 matrix `src` (padded rows of `ld` elements) times
+/// `factor` as rows `row0 ..` of `dst` (`[B, H, S, C]`), up to the sequence's end.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_rows<F: Float>(
+    dst: &mut Tensor<F>,
+    src: &SharedMemory<f32>,
+    bh: usize,
+    row0: usize,
+    factor: f32,
+    #[comptime] rows: usize,
+    #[comptime] ld: usize,
+    #[comptime] units: usize,
+) {
+    let heads = dst.shape(1);
+    let len = dst.shape(2);
+    let cols = dst.shape(3);
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * cols {
+        let (r, c) = (idx / cols, idx % cols);
+        if row0 + r < len {
+            dst[offset(dst, bh, heads, row0 + r, c)] = F::cast_from(src[r * ld + c] * factor);
+        }
         idx += units;
     }
 }
@@ -351,7 +364,6 @@ pub fn tiled_backward_q<F: Float>(
     let heads = q.shape(1);
     let seq_q = q.shape(2);
     let seq_k = k.shape(2);
-    let d = q.shape(3);
     let dv = v.shape(3);
     let row0 = CUBE_POS_X as usize * rows;
 
@@ -411,15 +423,7 @@ pub fn tiled_backward_q<F: Float>(
         sync_cube();
     }
 
-    let mut idx = UNIT_POS as usize;
-    while idx < rows * d {
-        let r = idx / d;
-        let c = idx % d;
-        if row0 + r < seq_q {
-            dq[offset(dq, bh, heads, row0 + r, c)] = F::cast_from(dqs[r * lq + c] * scale);
-        }
-        idx += units;
-    }
+    store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
 }
 
 /// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles:
@@ -449,9 +453,6 @@ pub fn tiled_backward_kv<F: Float>(
     let bh = CUBE_POS_Y as usize;
     let heads = q.shape(1);
     let seq_q = q.shape(2);
-    let seq_k = k.shape(2);
-    let d = q.shape(3);
-    let dv = v.shape(3);
     let row0 = CUBE_POS_X as usize * rows;
 
     let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
@@ -506,22 +507,6 @@ pub fn tiled_backward_kv<F: Float>(
         sync_cube();
     }
 
-    let mut idx = UNIT_POS as usize;
-    while idx < rows * d {
-        let r = idx / d;
-        if row0 + r < seq_k {
-            dk[offset(dk, bh, heads, row0 + r, idx % d)] =
-                F::cast_from(dks[r * lk + idx % d] * scale);
-        }
-        idx += units;
-    }
-    let mut idx = UNIT_POS as usize;
-    while idx < rows * dv {
-        let r = idx / dv;
-        if row0 + r < seq_k {
-            dv_out[offset(dv_out, bh, heads, row0 + r, idx % dv)] =
-                F::cast_from(dvs[r * lv + idx % dv]);
-        }
-        idx += units;
-    }
+    store_rows(dk, &dks, bh, row0, scale, rows, lk, units);
+    store_rows(dv_out, &dvs, bh, row0, 1.0f32, rows, lv, units);
 }
