@@ -1,11 +1,15 @@
 //! bf16 compute with float32 master weights, and the attention implementations, on the
-//! whole model (Flex: Burn's CPU backend with bfloat16 kernels).
+//! whole model (Flex: Burn's CPU backend with bfloat16 kernels; the same checks on CUDA
+//! under `--features cuda`).
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, ElementConversion, Tensor, TensorData};
 use common::*;
 use reel_core::config::Precision;
 use reel_core::params::named_tensor_data;
@@ -15,28 +19,38 @@ use reel_models::{AttentionMode, WanConfig, WanModel};
 type Ad = Autodiff<Flex>;
 
 fn model(precision: Precision, mode: AttentionMode) -> WanModel<Ad> {
+    model_on(&Default::default(), precision, mode)
+}
+
+fn model_on<B: AutodiffBackend>(
+    dev: &B::Device,
+    precision: Precision,
+    mode: AttentionMode,
+) -> WanModel<B> {
     WanConfig::preset("wan-quickstart")
         .unwrap()
-        .init_seeded::<Ad>(&Default::default(), 3)
+        .init_seeded::<B>(dev, 3)
         .with_precision(precision)
         .with_attention(mode)
 }
 
-/// Output and every parameter gradient of a flow-matching-style loss.
-fn run(
-    m: &WanModel<Ad>,
-) -> (
-    Vec<f32>,
-    std::collections::BTreeMap<String, burn::tensor::TensorData>,
-) {
+/// Fixed inputs and target of a flow-matching-style loss: `(x, t, context, target)`.
+fn batch<B: AutodiffBackend>(
+    dev: &B::Device,
+) -> (Tensor<B, 5>, Tensor<B, 1>, Tensor<B, 3>, Tensor<B, 5>) {
     // Inputs from a private seeded stream (the backend's global RNG is shared between the
     // test threads).
-    let dev = Default::default();
     let mut rng = StreamRng::from_seed(7);
-    let x: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 4, 8, 16], &dev);
-    let target: Tensor<Ad, 5> = rng.normal_tensor([2, 4, 4, 8, 16], &dev);
-    let t = Tensor::<Ad, 1>::from_floats([900.0, 250.0], &dev);
-    let ctx: Tensor<Ad, 3> = rng.normal_tensor([2, 6, 32], &dev);
+    let x: Tensor<B, 5> = rng.normal_tensor([2, 4, 4, 8, 16], dev);
+    let target: Tensor<B, 5> = rng.normal_tensor([2, 4, 4, 8, 16], dev);
+    let t = Tensor::<B, 1>::from_floats([900.0, 250.0], dev);
+    let ctx: Tensor<B, 3> = rng.normal_tensor([2, 6, 32], dev);
+    (x, t, ctx, target)
+}
+
+/// Output and every parameter gradient of the loss.
+fn run<B: AutodiffBackend>(m: &WanModel<B>) -> (Vec<f32>, BTreeMap<String, TensorData>) {
+    let (x, t, ctx, target) = batch::<B>(&m.proj_out.weight.device());
     let out = m.forward(x, t, ctx);
     assert_eq!(out.dtype(), DType::F32, "the model's output is float32");
     let loss = (out.clone() - target).square().mean();
@@ -50,15 +64,15 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-#[test]
-fn bf16_compute_tracks_f32_and_trains_float32_master_weights() {
-    let f32_model = model(Precision::F32, AttentionMode::Naive);
-    let bf16_model = model(Precision::Bf16, AttentionMode::Naive);
+/// bf16 output and gradients against float32's, both with `mode`, on `B`.
+fn bf16_tracks_f32<B: AutodiffBackend>(dev: &B::Device, mode: AttentionMode) {
+    let f32_model = model_on::<B>(dev, Precision::F32, mode);
+    let bf16_model = model_on::<B>(dev, Precision::Bf16, mode);
     assert_eq!(bf16_model.precision(), Precision::Bf16);
     let (out32, g32) = run(&f32_model);
     let (out16, g16) = run(&bf16_model);
     let e = rel_err(&out16, &out32);
-    eprintln!("output relative L2 error bf16 vs f32: {e:.2e}");
+    eprintln!("{mode:?}: output relative L2 error bf16 vs f32: {e:.2e}");
     // bfloat16 has an 8-bit mantissa (relative rounding 2^-9 ≈ 2e-3 per product input).
     assert!(e > 1e-5, "bf16 products were not used (error {e:.2e})");
     assert!(e < 3e-2, "bf16 output too far from f32: {e:.2e}");
@@ -67,11 +81,93 @@ fn bf16_compute_tracks_f32_and_trains_float32_master_weights() {
         assert_eq!(p.dtype, DType::F32, "{name}");
     }
     assert_eq!(g16.len(), g32.len());
+    let mut worst = (0f64, String::new());
     for (name, g) in &g16 {
         assert_eq!(g.dtype, DType::F32, "gradient of {name}");
         let e = rel_err(&values(g), &values(&g32[name]));
         assert!(e < 5e-2, "gradient of {name}: relative error {e:.2e}");
+        if e > worst.0 {
+            worst = (e, name.clone());
+        }
     }
+    eprintln!(
+        "{mode:?}: largest gradient relative L2 error: {:.2e} ({})",
+        worst.0, worst.1
+    );
+}
+
+#[test]
+fn bf16_compute_tracks_f32_and_trains_float32_master_weights() {
+    bf16_tracks_f32::<Ad>(&Default::default(), AttentionMode::Naive);
+}
+
+#[test]
+fn bf16_hidden_states_are_bfloat16_between_blocks() {
+    let dev = Default::default();
+    let mut rng = StreamRng::from_seed(5);
+    let x: Tensor<Ad, 5> = rng.normal_tensor([1, 4, 4, 8, 8], &dev);
+    let t = Tensor::<Ad, 1>::from_floats([300.0], &dev);
+    let ctx: Tensor<Ad, 3> = rng.normal_tensor([1, 5, 32], &dev);
+    for (precision, want) in [(Precision::Bf16, DType::BF16), (Precision::F32, DType::F32)] {
+        let m = model(precision, AttentionMode::Naive);
+        let (out, map) = m.forward_with_intermediates(x.clone(), t.clone(), ctx.clone());
+        assert_eq!(
+            out.dtype(),
+            DType::F32,
+            "{precision:?}: the output is float32"
+        );
+        let stream: Vec<&String> = map
+            .keys()
+            .filter(|k| {
+                k.starts_with("block_out.") || k.starts_with("block0.") || *k == "patch_tokens"
+            })
+            .collect();
+        assert!(stream.len() >= 5, "{stream:?}");
+        for k in stream {
+            assert_eq!(map[k].flat.dtype(), want, "{precision:?}: {k}");
+        }
+        // The conditioning stays float32 (diffusers' `temb.float()`).
+        for k in ["temb", "timestep_proj"] {
+            assert_eq!(map[k].flat.dtype(), DType::F32, "{precision:?}: {k}");
+        }
+        // Hidden states handed to callers (discriminator heads) are float32.
+        let (_, hidden) = m.forward_hidden_states(x.clone(), t.clone(), ctx.clone(), &[0]);
+        assert_eq!(hidden[0].dtype(), DType::F32);
+    }
+}
+
+#[test]
+fn bf16_checkpointed_gradients_match_the_plain_bf16_backward() {
+    bf16_checkpointed_matches_plain::<Ad>(&Default::default(), AttentionMode::MemoryEfficient);
+}
+
+/// Checkpointed and plain backward of the bf16 model with `mode`, on `B`.
+fn bf16_checkpointed_matches_plain<B: AutodiffBackend>(dev: &B::Device, mode: AttentionMode) {
+    let m = model_on::<B>(dev, Precision::Bf16, mode);
+    let (x, t, ctx, target) = batch::<B>(dev);
+    let loss_fn = |p: Tensor<B, 5>| (p - target.clone()).square().mean();
+
+    let plain = loss_fn(m.forward(x.clone(), t.clone(), ctx.clone()));
+    let plain_grads = named_grads(&m, &plain.clone().backward());
+    let mut staged = BTreeMap::new();
+    let ck = m.backward_checkpointed(x, t, ctx, loss_fn, |g| {
+        for (name, data) in present_grads(&m, g) {
+            assert!(staged.insert(name.clone(), data).is_none(), "{name} twice");
+        }
+    });
+    let (a, b): (f32, f32) = (plain.into_scalar().elem(), ck.into_scalar().elem());
+    assert!((a - b).abs() <= 1e-6 * a.abs(), "loss {a} vs {b}");
+    assert_eq!(staged.len(), plain_grads.len());
+    let mut worst = 0f64;
+    for (name, want) in &plain_grads {
+        let got = &staged[name];
+        assert_eq!(got.dtype, DType::F32, "{name}");
+        // The same bf16 operations on the same inputs: equal up to float32 summation order.
+        let e = rel_err(&values(got), &values(want));
+        assert!(e < 1e-3, "gradient of {name}: relative error {e:.2e}");
+        worst = worst.max(e);
+    }
+    eprintln!("{mode:?}: checkpointed vs plain bf16 gradients: largest relative error {worst:.2e}");
 }
 
 #[test]
@@ -136,4 +232,30 @@ fn a_frozen_bf16_model_stores_bf16_weight_matrices_and_computes_the_same_bits() 
     assert!((b16 as f64) < 0.6 * b32 as f64, "{b16} vs {b32}");
     // Rounding the weights once or on every forward gives the same products.
     assert_eq!(forward_only(&stored), forward_only(&master));
+}
+
+/// The bf16 checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda --test
+/// precision`), with the fused kernels and with the tensor-core attention of `"flash"`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    type CudaAd = Autodiff<burn::backend::Cuda>;
+
+    fn dev() -> burn::backend::cuda::CudaDevice {
+        burn::backend::cuda::CudaDevice::new(0)
+    }
+
+    #[test]
+    fn cuda_bf16_tracks_f32() {
+        for mode in [AttentionMode::Fused, AttentionMode::Flash] {
+            bf16_tracks_f32::<CudaAd>(&dev(), mode);
+        }
+    }
+
+    #[test]
+    fn cuda_bf16_checkpointed_matches_plain() {
+        for mode in [AttentionMode::Fused, AttentionMode::Flash] {
+            bf16_checkpointed_matches_plain::<CudaAd>(&dev(), mode);
+        }
+    }
 }

@@ -6,10 +6,10 @@ use burn::tensor::{activation, backend::Backend, Tensor};
 
 use super::init::{join, ParamInit};
 use super::linear::Linear;
-use super::mem_attention::{self, AttentionMode};
+use super::mem_attention::{self, to_dtype, to_f32, AttentionMode};
 use super::norm::RmsNorm;
 use super::rope::RopeTables;
-use burn::tensor::FloatDType;
+use burn::tensor::DType;
 use reel_core::config::Precision;
 
 /// Scaled dot-product attention `softmax(Q K^T / sqrt(D)) V`, no mask, no dropout.
@@ -75,7 +75,9 @@ impl<B: Backend> WanAttention<B> {
     /// Self-attention when `context` is `None`, cross-attention otherwise.
     ///
     /// `x [B, S, dim]`, `context [B, L, dim]`, `rope` tables for the `S` tokens (applied to q
-    /// and k) -> `[B, S, dim]`.
+    /// and k) -> `[B, S, dim]` in the dtype of `x`. The q/k RMSNorms and RoPE compute in
+    /// float32 (as PyTorch's `RMSNorm` and diffusers' rotary embedding do for bf16 inputs);
+    /// with `Bf16` the attention itself runs on bfloat16 q, k, v.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
@@ -87,8 +89,9 @@ impl<B: Backend> WanAttention<B> {
         let hd = dim / h;
         let kv = context.unwrap_or_else(|| x.clone());
         let l = kv.dims()[1];
-        let q = self.norm_q.forward(self.to_q.forward(x));
-        let k = self.norm_k.forward(self.to_k.forward(kv.clone()));
+        let dtype = x.dtype();
+        let q = self.norm_q.forward(to_f32(self.to_q.forward(x)));
+        let k = self.norm_k.forward(to_f32(self.to_k.forward(kv.clone())));
         let v = self.to_v.forward(kv);
         let mut q = q.reshape([b, s, h, hd]);
         let mut k = k.reshape([b, l, h, hd]);
@@ -97,14 +100,13 @@ impl<B: Backend> WanAttention<B> {
             q = rope.apply(q);
             k = rope.apply(k);
         }
-        let dtype = q.dtype();
         let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let o = if self.precision == Precision::Bf16 {
-            let c = |t: Tensor<B, 4>| t.cast(FloatDType::BF16);
-            mem_attention::to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype)
-        } else {
-            mem_attention::attention(q, k, v, self.mode)
+        let compute = match self.precision {
+            Precision::Bf16 => DType::BF16,
+            Precision::F32 => DType::F32,
         };
+        let c = |t: Tensor<B, 4>| to_dtype(t, compute);
+        let o = to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype);
         let o = o.swap_dims(1, 2).reshape([b, s, dim]);
         self.to_out[0].forward(o)
     }

@@ -7,6 +7,7 @@ use super::attention::WanAttention;
 use super::embeddings::gelu_tanh;
 use super::init::{join, ParamInit};
 use super::linear::Linear;
+use super::mem_attention::{to_dtype, to_f32};
 use super::norm::{layer_norm, LayerNorm};
 use super::rope::RopeTables;
 
@@ -135,8 +136,9 @@ impl<B: Backend> WanBlock<B> {
 
     /// The block with its sub-module outputs.
     ///
-    /// `x [B, N, dim]`; `modulation [B, 6, dim]` (`timestep_proj` unflattened); `context [B,
-    /// L, dim]` (projected text); `rope` tables for the `N` tokens.
+    /// `x [B, N, dim]` (float32, or bfloat16 in a bf16 run: the outputs have its dtype);
+    /// `modulation [B, 6, dim]` (`timestep_proj` unflattened, float32); `context [B, L, dim]`
+    /// (projected text); `rope` tables for the `N` tokens.
     pub fn forward_detailed(
         &self,
         x: Tensor<B, 3>,
@@ -149,23 +151,33 @@ impl<B: Backend> WanBlock<B> {
         let [shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate]: [Tensor<B, 3>; 6] =
             m.try_into().expect("six modulation chunks");
 
+        // The hidden states keep their dtype (bfloat16 activations in a bf16 run); norms and
+        // modulation compute in float32, as diffusers' `FP32LayerNorm` and `.float()` do.
+        let dtype = x.dtype();
+        let modulate = |x: Tensor<B, 3>, scale: Tensor<B, 3>, shift: Tensor<B, 3>| {
+            to_dtype(
+                layer_norm(to_f32(x), self.eps) * (scale + 1.0) + shift,
+                dtype,
+            )
+        };
+
         // 1. self-attention: LN(x) * (1 + scale) + shift, residual gated.
-        let h = layer_norm(x.clone(), self.eps) * (scale_msa + 1.0) + shift_msa;
+        let h = modulate(x.clone(), scale_msa, shift_msa);
         let attn1_out = self.attn1.forward(h, None, Some(rope));
-        let x = x + attn1_out.clone() * gate_msa;
+        let x = x + attn1_out.clone() * to_dtype(gate_msa, dtype);
 
         // 2. cross-attention: affine LN (or identity), no modulation, no gate.
         let h = match &self.norm2 {
-            Some(norm) => norm.forward(x.clone()),
+            Some(norm) => to_dtype(norm.forward(to_f32(x.clone())), dtype),
             None => x.clone(),
         };
         let attn2_out = self.attn2.forward(h, Some(context), None);
         let x = x + attn2_out.clone();
 
         // 3. feed-forward: LN(x) * (1 + c_scale) + c_shift, residual gated.
-        let h = layer_norm(x.clone(), self.eps) * (c_scale + 1.0) + c_shift;
+        let h = modulate(x.clone(), c_scale, c_shift);
         let ffn_out = self.ffn.forward(h);
-        let x = x + ffn_out.clone() * c_gate;
+        let x = x + ffn_out.clone() * to_dtype(c_gate, dtype);
 
         BlockOutput {
             hidden_states: x,

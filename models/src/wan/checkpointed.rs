@@ -19,6 +19,7 @@
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 
+use super::mem_attention::to_f32;
 use super::model::{Recorder, WanModel};
 use super::rope::RopeTables;
 
@@ -33,12 +34,13 @@ fn add<B: AutodiffBackend, const D: usize>(
     }
 }
 
-/// `Σ t ∘ g` as a scalar on the autodiff backend (zero contribution when `g` is `None`).
+/// `Σ t ∘ g` as a float32 scalar on the autodiff backend (zero contribution when `g` is
+/// `None`); `t` and `g` share a dtype (bfloat16 for the hidden states of a bf16 run).
 fn dot<B: AutodiffBackend, const D: usize>(
     t: Tensor<B, D>,
     g: Option<Tensor<B::InnerBackend, D>>,
 ) -> Option<Tensor<B, 1>> {
-    g.map(|g| (t * Tensor::from_inner(g)).sum())
+    g.map(|g| to_f32((t * Tensor::from_inner(g)).sum()))
 }
 
 impl<B: AutodiffBackend> WanModel<B> {
@@ -64,7 +66,7 @@ impl<B: AutodiffBackend> WanModel<B> {
         let device = hidden_states.device();
 
         // 1. Embeddings, tracked.
-        let x0 = self.patch_embedding.forward(hidden_states);
+        let x0 = self.embed_tokens(hidden_states);
         let cond = self
             .condition_embedder
             .forward(timestep, encoder_hidden_states);

@@ -5,10 +5,11 @@
 #![allow(non_snake_case)]
 
 use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, FloatDType, Tensor};
+use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
 
 use super::init::{join, ParamInit};
+use super::mem_attention::to_dtype;
 
 /// One LoRA factor: a bare weight matrix, so its key is `<module>.lora_A.weight` (or
 /// `lora_B`), as in PEFT where the factors are bias-free `nn.Linear` layers.
@@ -44,8 +45,9 @@ pub struct Linear<B: Backend> {
     /// pass then skips the adapter branch.
     pub lora_merged: bool,
     /// Compute precision of the products: with `Bf16` the input and the (float32 master)
-    /// weights are cast to bfloat16 for the matrix product, which is cast back to the input's
-    /// dtype; the bias is added in float32. Not a parameter.
+    /// weights are cast to bfloat16 for the matrix product. The output has the input's dtype
+    /// either way (bfloat16 activations stay bfloat16, float32 inputs get float32 outputs),
+    /// and the bias is added in that dtype. Not a parameter.
     pub precision: Precision,
 }
 
@@ -184,19 +186,17 @@ impl<B: Backend> Linear<B> {
         // Flatten to 2-D so every backend runs one plain GEMM.
         let x = x.reshape([rows, d_in]);
         let dtype = x.dtype();
-        let low_precision = self.precision == Precision::Bf16;
-        let compute = |t: Tensor<B, 2>| {
-            if low_precision {
-                t.cast(FloatDType::BF16)
-            } else {
-                t
-            }
+        // Products in bf16 for `Bf16`, else in the input's dtype (the weights follow it).
+        let compute_dtype = match self.precision {
+            Precision::Bf16 => DType::BF16,
+            Precision::F32 => dtype,
         };
-        let restore = |t: Tensor<B, 2>| super::mem_attention::to_dtype(t, dtype);
+        let compute = |t: Tensor<B, 2>| to_dtype(t, compute_dtype);
+        let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
         let x = compute(x);
         let mut y = restore(x.clone().matmul(compute(w).transpose()));
         if let Some(b) = &self.bias {
-            y = y + b.val().unsqueeze_dim::<2>(0);
+            y = y + to_dtype(b.val(), dtype).unsqueeze_dim::<2>(0);
         }
         if let (Some(a), Some(b), false) = (&self.lora_A, &self.lora_B, self.lora_merged) {
             let s = self.lora_factor();

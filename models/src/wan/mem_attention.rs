@@ -65,7 +65,7 @@ pub fn naive_attention<B: Backend>(
 }
 
 /// `t` in float32 (a no-op for float32 tensors).
-fn to_f32<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 4> {
+pub fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
     to_dtype(t, DType::F32)
 }
 

@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 
 use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
+use burn::tensor::{backend::Backend, DType, FloatDType, Tensor, TensorData};
 
 use super::block::WanBlock;
 use super::config::{WanConfig, WanConfigError};
 use super::embeddings::{tokens_to_grid, unpatchify, ConditionEmbedder, PatchEmbedding};
 use super::init::{InitKind, ParamInit};
 use super::linear::Linear;
-use super::mem_attention::AttentionMode;
+use super::mem_attention::{to_dtype, to_f32, AttentionMode};
 use super::norm::layer_norm;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
@@ -165,10 +165,13 @@ impl<B: Backend> WanModel<B> {
         self
     }
 
-    /// The same model computing its matrix products in `precision` (`Bf16`: bfloat16
-    /// products of float32 master weights; norms, modulation, softmax statistics and the
-    /// output stay float32). Parameters, gradients, optimizer state and checkpoints stay
-    /// float32 either way.
+    /// The same model computing in `precision`. `Bf16`, as a bf16 model under PyTorch
+    /// mixed precision computes: bfloat16 products of the float32 master weights, and
+    /// bfloat16 hidden states from the patch embedding to the output projection (so the
+    /// activations kept for the backward pass take half the memory); norms, modulation, the
+    /// residual-stream gates' inputs, RoPE, softmax statistics, the timestep and text
+    /// embeddings and the output stay float32. Parameters, gradients, optimizer state and
+    /// checkpoints stay float32 either way.
     pub fn with_precision(mut self, precision: Precision) -> Self {
         for block in &mut self.blocks {
             block.attn1.precision = precision;
@@ -223,6 +226,23 @@ impl<B: Backend> WanModel<B> {
     /// The compute precision (see [`Self::with_precision`]).
     pub fn precision(&self) -> Precision {
         self.proj_out.precision
+    }
+
+    /// The dtype of the hidden states between blocks: bfloat16 for `Bf16`, else float32.
+    pub fn activation_dtype(&self) -> DType {
+        match self.precision() {
+            Precision::Bf16 => DType::BF16,
+            Precision::F32 => DType::F32,
+        }
+    }
+
+    /// Patch embedding `[B, C, F, H, W] -> [B, N, dim]` (computed in float32), in the
+    /// activation dtype.
+    pub(crate) fn embed_tokens(&self, hidden_states: Tensor<B, 5>) -> Tensor<B, 3> {
+        to_dtype(
+            self.patch_embedding.forward(hidden_states),
+            self.activation_dtype(),
+        )
     }
 
     /// The attention implementation of the first block (all blocks share it).
@@ -280,7 +300,7 @@ impl<B: Backend> WanModel<B> {
         (out, map)
     }
 
-    /// [`Self::forward`] plus the hidden states `[B, N, dim]` after each block listed in
+    /// [`Self::forward`] plus the hidden states `[B, N, dim]` (float32) after each block listed in
     /// `blocks` (in the order given; indices may repeat), e.g. for discriminator heads.
     /// Panics if an index is not below `num_layers`.
     pub fn forward_hidden_states(
@@ -305,8 +325,9 @@ impl<B: Backend> WanModel<B> {
         )
     }
 
-    /// Output head: `(table + temb).chunk(2)` -> shift, scale; `LN(x) * (1 + scale) + shift`,
-    /// projection and unpatchify. `x [B, N, dim]`, `temb [B, dim]` -> `[B, C_out, F, H, W]`.
+    /// Output head: `(table + temb).chunk(2)` -> shift, scale; `LN(x) * (1 + scale) + shift`
+    /// (float32), projection (in the dtype of `x`) and unpatchify. `x [B, N, dim]`, `temb [B,
+    /// dim]` -> `[B, C_out, F, H, W]` float32.
     pub(crate) fn head(
         &self,
         x: Tensor<B, 3>,
@@ -318,9 +339,13 @@ impl<B: Backend> WanModel<B> {
         let head = self.scale_shift_table.val() + temb.unsqueeze_dim::<3>(1);
         let shift = head.clone().narrow(1, 0, 1);
         let scale = head.narrow(1, 1, 1);
-        let x = layer_norm(x, cfg.eps) * (scale + 1.0) + shift;
+        let dtype = x.dtype();
+        let x = to_dtype(
+            layer_norm(to_f32(x), cfg.eps) * (scale + 1.0) + shift,
+            dtype,
+        );
         rec.put("proj_out_in", &x);
-        let y = self.proj_out.forward(x);
+        let y = to_f32(self.proj_out.forward(x));
         rec.put("proj_out", &y);
         unpatchify(y, grid, cfg.patch_size, cfg.out_channels)
     }
@@ -354,7 +379,7 @@ impl<B: Backend> WanModel<B> {
         let device = hidden_states.device();
 
         // Patch embedding: [B, C, F, H, W] -> [B, N, dim].
-        let mut x = self.patch_embedding.forward(hidden_states);
+        let mut x = self.embed_tokens(hidden_states);
         if rec.0.is_some() {
             rec.put("patch_embed_conv", &tokens_to_grid(x.clone(), grid));
             rec.put("patch_tokens", &x);
@@ -385,7 +410,7 @@ impl<B: Backend> WanModel<B> {
             x = out.hidden_states;
             rec.put(&format!("block_out.{i}"), &x);
             if keep.contains(&i) {
-                kept[i] = Some(x.clone());
+                kept[i] = Some(to_f32(x.clone()));
             }
         }
 

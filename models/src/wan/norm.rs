@@ -8,9 +8,14 @@ use super::init::{join, ParamInit};
 
 /// `(x - mean) / sqrt(var + eps)` over the last dimension (biased variance), without an
 /// affine transform: diffusers' `FP32LayerNorm(dim, eps, elementwise_affine=False)`.
+///
+/// `x - mean` is computed once and serves both the variance and the output, so the backward
+/// pass keeps one full-size tensor of this function (Burn's `var_mean_bias` followed by a
+/// division would keep two).
 pub fn layer_norm<B: Backend, const D: usize>(x: Tensor<B, D>, eps: f64) -> Tensor<B, D> {
-    let (var, mean) = x.clone().var_mean_bias(D - 1);
-    (x - mean) / (var + eps).sqrt()
+    let centered = x.clone() - x.mean_dim(D - 1);
+    let var = centered.clone().square().mean_dim(D - 1);
+    centered * (var + eps).sqrt().recip()
 }
 
 /// Affine LayerNorm over the last dimension: `layer_norm(x) * weight + bias`.

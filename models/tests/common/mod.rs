@@ -73,14 +73,32 @@ pub fn max_err(name: &str, got: &TensorData, want: &TensorData) -> (f64, f64) {
     (err, scale)
 }
 
-/// The gradient of every float parameter, keyed by dotted path.
+/// The gradient of every float parameter, keyed by dotted path (panics when one has none).
 pub fn named_grads<B: AutodiffBackend, M: Module<B>>(
     module: &M,
     grads: &B::Gradients,
 ) -> BTreeMap<String, TensorData> {
+    collect_grads(module, grads, true)
+}
+
+/// The gradients `grads` holds for parameters of `module` (one stage of a checkpointed
+/// backward holds only its own), keyed by dotted path.
+pub fn present_grads<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &B::Gradients,
+) -> BTreeMap<String, TensorData> {
+    collect_grads(module, grads, false)
+}
+
+fn collect_grads<B: AutodiffBackend, M: Module<B>>(
+    module: &M,
+    grads: &B::Gradients,
+    all: bool,
+) -> BTreeMap<String, TensorData> {
     struct V<'a, B: AutodiffBackend> {
         path: PathStack,
         grads: &'a B::Gradients,
+        all: bool,
         out: BTreeMap<String, TensorData>,
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_, B> {
@@ -92,16 +110,19 @@ pub fn named_grads<B: AutodiffBackend, M: Module<B>>(
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let path = self.path.joined();
-            let g = param
-                .val()
-                .grad(self.grads)
-                .unwrap_or_else(|| panic!("no gradient for `{path}`"));
-            self.out.insert(path, g.into_data());
+            match param.val().grad(self.grads) {
+                Some(g) => {
+                    self.out.insert(path, g.into_data());
+                }
+                None if self.all => panic!("no gradient for `{path}`"),
+                None => {}
+            }
         }
     }
     let mut v = V::<B> {
         path: PathStack::default(),
         grads,
+        all,
         out: BTreeMap::new(),
     };
     module.visit(&mut v);

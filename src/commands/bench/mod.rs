@@ -80,8 +80,8 @@ pub struct BenchArgs {
     /// with the tensor-core flash kernel for forwards without gradients).
     #[arg(long, default_value = "auto", value_parser = parse_attention)]
     pub attention: AttentionMode,
-    /// Compute precision: `f32`, or `bf16` (bfloat16 matrix products with float32 master
-    /// weights, as `runtime.dtype = "bf16"`; needs `--backend cuda` or `flex`).
+    /// Compute precision: `f32`, or `bf16` (bfloat16 matrix products and activations with
+    /// float32 master weights, as `runtime.dtype = "bf16"`; needs `--backend cuda` or `flex`).
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: Precision,
     /// Train with block-level activation checkpointing (each block recomputed in the
