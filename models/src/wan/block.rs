@@ -4,7 +4,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::attention::WanAttention;
-use super::embeddings::gelu_tanh;
+use super::gelu::gelu_tanh;
 use super::init::{join, ParamInit};
 use super::linear::Linear;
 use super::mem_attention::{to_dtype, to_f32};

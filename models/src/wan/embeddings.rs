@@ -137,14 +137,6 @@ pub fn timestep_sinusoid<B: Backend>(t: Tensor<B, 1>, dim: usize) -> Tensor<B, 2
     Tensor::cat(parts, 1)
 }
 
-/// `GELU(x)` with the tanh approximation (PyTorch `approximate="tanh"`).
-pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-    let cube = x.clone() * x.clone() * x.clone();
-    let inner = (x.clone() + cube * 0.044715) * SQRT_2_OVER_PI;
-    x * (inner.tanh() + 1.0) * 0.5
-}
-
 /// diffusers `TimestepEmbedding`: `linear_1 -> SiLU -> linear_2`.
 #[derive(Module, Debug)]
 pub struct TimestepEmbedding<B: Backend> {
@@ -175,7 +167,8 @@ pub struct TextProjection<B: Backend> {
 impl<B: Backend> TextProjection<B> {
     /// `[B, L, text_dim] -> [B, L, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.linear_2.forward(gelu_tanh(self.linear_1.forward(x)))
+        self.linear_2
+            .forward(super::gelu::gelu_tanh(self.linear_1.forward(x)))
     }
 }
 

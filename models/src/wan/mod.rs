@@ -1,7 +1,8 @@
 //! The Wan video diffusion transformer (diffusers `WanTransformer3DModel`, text-to-video).
 //!
 //! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded
-//! lazy initialization), [`linear`], [`norm`], [`embeddings`] (patch / timestep / text),
+//! lazy initialization), [`linear`], [`norm`], [`gelu`] (GELU with a lean backward),
+//! [`embeddings`] (patch / timestep / text),
 //! [`rope`], [`attention`] (with the memory-efficient kernel in [`mem_attention`] and the
 //! mode in [`attention_mode`]),
 //! [`block`], [`model`], [`checkpointed`] (block-level activation checkpointing) and
@@ -17,6 +18,7 @@ pub mod config;
 pub mod embeddings;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod fused_attention;
+pub mod gelu;
 pub mod init;
 pub mod linear;
 pub mod mem_attention;

@@ -165,13 +165,14 @@ impl<B: Backend> WanModel<B> {
         self
     }
 
-    /// The same model computing in `precision`. `Bf16`, as a bf16 model under PyTorch
-    /// mixed precision computes: bfloat16 products of the float32 master weights, and
+    /// The same model computing in `precision`. `Bf16` computes as a bf16 model under
+    /// PyTorch mixed precision does: bfloat16 products of the float32 master weights, and
     /// bfloat16 hidden states from the patch embedding to the output projection (so the
-    /// activations kept for the backward pass take half the memory); norms, modulation, the
-    /// residual-stream gates' inputs, RoPE, softmax statistics, the timestep and text
-    /// embeddings and the output stay float32. Parameters, gradients, optimizer state and
-    /// checkpoints stay float32 either way.
+    /// activations kept for the backward pass take half the memory). The LayerNorms with
+    /// their modulation, the q/k RMSNorms and RoPE compute in float32 and round their results
+    /// to bfloat16; softmax statistics, the timestep and text embeddings and the output stay
+    /// float32. Parameters, gradients, optimizer state and checkpoints stay float32 either
+    /// way.
     pub fn with_precision(mut self, precision: Precision) -> Self {
         for block in &mut self.blocks {
             block.attn1.precision = precision;
@@ -300,8 +301,9 @@ impl<B: Backend> WanModel<B> {
         (out, map)
     }
 
-    /// [`Self::forward`] plus the hidden states `[B, N, dim]` (float32) after each block listed in
-    /// `blocks` (in the order given; indices may repeat), e.g. for discriminator heads.
+    /// [`Self::forward`] plus the hidden states `[B, N, dim]` (float32) after each block
+    /// listed in `blocks` (in the order given; indices may repeat), e.g. for discriminator
+    /// heads.
     /// Panics if an index is not below `num_layers`.
     pub fn forward_hidden_states(
         &self,

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The CUDA test suite on the GPU machine, from test binaries built here: the GPU machine
+# reaches no network, so cargo cannot fetch crates or build there.
+#
+#   BUILD_ONLY=1 bench/gpu-tests.sh   # here: builds the `--features cuda` test binaries of
+#                                     # reel-core and reel-models, strips them and packs
+#                                     # bench/bin/reel-cuda-tests.tar.xz (carry it)
+#   bench/gpu-tests.sh                # there: unpacks them and runs every CUDA test
+#
+# The CUDA tests are the ones whose name contains `cuda` (the `cuda` modules and the
+# `cuda_*` functions): the fused attention and tiled tensor-core kernels, cubek's flash
+# forward, the fused AdamW/EMA kernels, the diffusers parity tests at the TF32 bar and the
+# bf16 model checks. FILTER replaces that filter; OUT_LOG (default $OUT/gpu-tests.log when
+# $OUT is set) receives the whole log. Exits non-zero when a test binary fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN_DIR=${BIN_DIR:-bench/bin}
+TEST_DIR=$BIN_DIR/cuda-tests
+FILTER=${FILTER:-cuda}
+
+if [[ -n ${BUILD_ONLY:-} ]]; then
+  set -e
+  rm -rf "$TEST_DIR" && mkdir -p "$TEST_DIR"
+  # One line per test executable: "<package>-<target> <path>".
+  cargo test --release --features cuda -p reel-core -p reel-models --no-run \
+    --message-format=json-render-diagnostics |
+    python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and exe:
+        crate = os.path.basename(os.path.dirname(m["manifest_path"]))
+        print(crate + "-" + m["target"]["name"], exe)
+' >"$TEST_DIR/list"
+  while read -r name path; do
+    # Only binaries that hold a CUDA test.
+    if "$path" --list 2>/dev/null | grep -q "$FILTER"; then
+      strip -o "$TEST_DIR/$name" "$path"
+    fi
+  done <"$TEST_DIR/list"
+  rm "$TEST_DIR/list"
+  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
+  ls -l "$TEST_DIR" "$BIN_DIR/reel-cuda-tests.tar.xz"
+  exit 0
+fi
+
+if [[ ! -d $TEST_DIR && -f $BIN_DIR/reel-cuda-tests.tar.xz ]]; then
+  tar -C "$BIN_DIR" -xJf "$BIN_DIR/reel-cuda-tests.tar.xz"
+fi
+[[ -d $TEST_DIR ]] || { echo "missing $TEST_DIR: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
+# The fixtures travel with the working tree; the binaries' built-in paths point at the
+# machine that built them.
+export REEL_WAN_FIXTURES=${REEL_WAN_FIXTURES:-$PWD/tests/fixtures/wan_tiny}
+export REEL_VAE_FIXTURES=${REEL_VAE_FIXTURES:-$PWD/tests/fixtures/wan_vae_tiny}
+export REEL_T5_FIXTURES=${REEL_T5_FIXTURES:-$PWD/tests/fixtures/umt5_tiny}
+log=${OUT_LOG:-${OUT:+$OUT/gpu-tests.log}}
+log=${log:-/dev/null}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$log"
+failed=()
+for t in "$TEST_DIR"/*; do
+  echo "=== $(basename "$t") ($FILTER)" | tee -a "$log"
+  # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
+  "$t" "$FILTER" --test-threads 1 --nocapture 2>&1 | tee -a "$log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("$(basename "$t")")
+done
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}" | tee -a "$log"
+  exit 1
+fi
+echo "all CUDA tests passed" | tee -a "$log"
