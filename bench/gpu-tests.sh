@@ -34,13 +34,16 @@ for line in sys.stdin:
         print(crate + "-" + m["target"]["name"], exe)
 ' >"$TEST_DIR/list"
   while read -r name path; do
-    # Only binaries that hold a CUDA test.
-    if "$path" --list 2>/dev/null | grep -q "$FILTER"; then
+    # Only binaries that hold a CUDA test (the listing is read whole: `grep -q` would stop
+    # the binary with SIGPIPE, a failed pipeline under pipefail).
+    tests=$("$path" --list 2>/dev/null)
+    if grep -q "$FILTER" <<<"$tests"; then
       strip -o "$TEST_DIR/$name" "$path"
     fi
   done <"$TEST_DIR/list"
   rm "$TEST_DIR/list"
-  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
+  # The binaries share most of their code: xz -9's 64 MiB window packs them together.
+  XZ_OPT=-9 tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
   ls -l "$TEST_DIR" "$BIN_DIR/reel-cuda-tests.tar.xz"
   exit 0
 fi
