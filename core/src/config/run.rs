@@ -20,10 +20,21 @@ pub enum Precision {
     /// float32 everywhere.
     #[default]
     F32,
-    /// bfloat16 matrix products (linear layers, attention) with float32 master weights,
-    /// gradients, optimizer state and checkpoints; norms, modulation, softmax statistics and
-    /// losses stay float32. Needs a backend with bfloat16 kernels (`cuda`, or `flex` on CPU).
+    /// bfloat16 matrix products (linear layers, attention) and bfloat16 activations between
+    /// them, with float32 master weights, gradients, optimizer state and checkpoints; norms,
+    /// modulation, softmax statistics and losses compute in float32. Needs a backend with
+    /// bfloat16 kernels (`cuda`, or `flex` on CPU).
     Bf16,
+}
+
+impl Precision {
+    /// The dtype of the products and activations: `BF16` for `Bf16`, else `F32`.
+    pub fn dtype(self) -> burn::tensor::DType {
+        match self {
+            Precision::F32 => burn::tensor::DType::F32,
+            Precision::Bf16 => burn::tensor::DType::BF16,
+        }
+    }
 }
 
 /// `[runtime] launcher`: how the processes of a multi-process run were started.

@@ -9,7 +9,6 @@ use super::linear::Linear;
 use super::mem_attention::{self, to_dtype, to_f32, AttentionMode};
 use super::norm::RmsNorm;
 use super::rope::RopeTables;
-use burn::tensor::DType;
 use reel_core::config::Precision;
 
 /// Scaled dot-product attention `softmax(Q K^T / sqrt(D)) V`, no mask, no dropout.
@@ -101,11 +100,7 @@ impl<B: Backend> WanAttention<B> {
             k = rope.apply(k);
         }
         let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let compute = match self.precision {
-            Precision::Bf16 => DType::BF16,
-            Precision::F32 => DType::F32,
-        };
-        let c = |t: Tensor<B, 4>| to_dtype(t, compute);
+        let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype());
         let o = to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype);
         let o = o.swap_dims(1, 2).reshape([b, s, dim]);
         self.to_out[0].forward(o)

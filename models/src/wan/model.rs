@@ -231,10 +231,7 @@ impl<B: Backend> WanModel<B> {
 
     /// The dtype of the hidden states between blocks: bfloat16 for `Bf16`, else float32.
     pub fn activation_dtype(&self) -> DType {
-        match self.precision() {
-            Precision::Bf16 => DType::BF16,
-            Precision::F32 => DType::F32,
-        }
+        self.precision().dtype()
     }
 
     /// Patch embedding `[B, C, F, H, W] -> [B, N, dim]` (computed in float32), in the
