@@ -6,7 +6,7 @@ use burn::tensor::{activation, backend::Backend, Tensor};
 
 use super::init::{join, ParamInit};
 use super::linear::Linear;
-use super::mem_attention::{self, to_dtype, to_f32, AttentionMode};
+use super::mem_attention::{self, to_dtype, AttentionMode};
 use super::norm::RmsNorm;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
@@ -89,8 +89,8 @@ impl<B: Backend> WanAttention<B> {
         let kv = context.unwrap_or_else(|| x.clone());
         let l = kv.dims()[1];
         let dtype = x.dtype();
-        let q = self.norm_q.forward(to_f32(self.to_q.forward(x)));
-        let k = self.norm_k.forward(to_f32(self.to_k.forward(kv.clone())));
+        let q = self.norm_q.forward(self.to_q.forward(x));
+        let k = self.norm_k.forward(self.to_k.forward(kv.clone()));
         let v = self.to_v.forward(kv);
         let mut q = q.reshape([b, s, h, hd]);
         let mut k = k.reshape([b, l, h, hd]);

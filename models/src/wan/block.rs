@@ -7,8 +7,8 @@ use super::attention::WanAttention;
 use super::gelu::gelu_tanh;
 use super::init::{join, ParamInit};
 use super::linear::Linear;
-use super::mem_attention::{to_dtype, to_f32};
-use super::norm::{layer_norm, LayerNorm};
+use super::mem_attention::to_dtype;
+use super::norm::{layer_norm_affine, LayerNorm};
 use super::rope::RopeTables;
 
 /// The tanh-approximate GELU as a parameter-free module (slot `net.1` of the FFN).
@@ -155,10 +155,7 @@ impl<B: Backend> WanBlock<B> {
         // modulation compute in float32, as diffusers' `FP32LayerNorm` and `.float()` do.
         let dtype = x.dtype();
         let modulate = |x: Tensor<B, 3>, scale: Tensor<B, 3>, shift: Tensor<B, 3>| {
-            to_dtype(
-                layer_norm(to_f32(x), self.eps) * (scale + 1.0) + shift,
-                dtype,
-            )
+            layer_norm_affine(x, scale + 1.0, shift, self.eps)
         };
 
         // 1. self-attention: LN(x) * (1 + scale) + shift, residual gated.
@@ -168,7 +165,7 @@ impl<B: Backend> WanBlock<B> {
 
         // 2. cross-attention: affine LN (or identity), no modulation, no gate.
         let h = match &self.norm2 {
-            Some(norm) => to_dtype(norm.forward(to_f32(x.clone())), dtype),
+            Some(norm) => norm.forward(x.clone()),
             None => x.clone(),
         };
         let attn2_out = self.attn2.forward(h, Some(context), None);

@@ -8,11 +8,12 @@
 //! autodiff operation ([`GeluBackward`]) it keeps `x` alone and recomputes the rest in the
 //! backward pass, a quarter of the memory.
 //!
-//! The operation is registered for Reel's autodiff backends (`Autodiff<NdArray>`,
-//! `Autodiff<Flex>`, and `Autodiff<Cuda>` / `Autodiff<Wgpu>` with those features); anywhere
-//! else, and without autodiff, the plain formulation runs. Both compute in float32 and
+//! The operation runs on Reel's autodiff backends ([`super::custom_op`]); anywhere else, and
+//! without autodiff, the plain formulation runs. Both compute in float32 and
 //! return the input's dtype, as PyTorch's GELU does for bfloat16 inputs.
 
+use super::custom_op::{dispatch, first_input, output, CustomBackward};
+use super::mem_attention::{to_dtype, to_f32};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -21,9 +22,6 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
-use reel_core::backend::downcast_tensor;
-
-use super::mem_attention::{to_dtype, to_f32};
 
 /// `√(2/π)`.
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -32,25 +30,23 @@ const CUBIC: f64 = 0.044715;
 
 /// `GELU_tanh(x)`, element-wise, any shape; the result has the dtype of `x`.
 pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    let x = match try_autodiff::<B, burn::backend::NdArray, D>(x) {
-        Ok(y) => return y,
-        Err(x) => x,
-    };
-    let x = match try_autodiff::<B, burn::backend::Flex, D>(x) {
-        Ok(y) => return y,
-        Err(x) => x,
-    };
-    #[cfg(feature = "cuda")]
-    let x = match try_autodiff::<B, burn::backend::Cuda, D>(x) {
-        Ok(y) => return y,
-        Err(x) => x,
-    };
-    #[cfg(feature = "wgpu")]
-    let x = match try_autodiff::<B, burn::backend::Wgpu, D>(x) {
-        Ok(y) => return y,
-        Err(x) => x,
-    };
-    gelu_tanh_plain(x)
+    dispatch(Gelu(x))
+}
+
+/// [`gelu_tanh`]'s input, for [`dispatch`].
+struct Gelu<B: Backend, const D: usize>(Tensor<B, D>);
+
+impl<B: Backend, const D: usize> CustomBackward<B> for Gelu<B, D> {
+    type Output = Tensor<B, D>;
+
+    fn on_autodiff<I: Backend>(self) -> Result<Tensor<B, D>, Self> {
+        let x = first_input::<B, I, D>(self.0).map_err(Gelu)?;
+        Ok(output(autodiff_gelu_tanh(x)))
+    }
+
+    fn otherwise(self) -> Tensor<B, D> {
+        gelu_tanh_plain(self.0)
+    }
 }
 
 /// `GELU_tanh(x)` written with Burn tensor operations (differentiable on any backend, with
@@ -116,18 +112,6 @@ pub fn autodiff_gelu_tanh<B: Backend, C: CheckpointStrategy, const D: usize>(
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
-}
-
-/// [`autodiff_gelu_tanh`] when `B` is `Autodiff<I>`; otherwise `x` back.
-fn try_autodiff<B: Backend, I: Backend, const D: usize>(
-    x: Tensor<B, D>,
-) -> Result<Tensor<B, D>, Tensor<B, D>> {
-    let x = downcast_tensor::<B, Autodiff<I>, D>(x)?;
-    let y = autodiff_gelu_tanh(x);
-    Ok(
-        downcast_tensor::<Autodiff<I>, B, D>(y)
-            .unwrap_or_else(|_| unreachable!("B is Autodiff<I>")),
-    )
 }
 
 #[cfg(test)]

@@ -7,12 +7,12 @@
 //! state is `q, k, v, o` and `lse [B, H, Sq, 1]`; the transient score block is at most
 //! [`BLOCK_BUDGET`] elements. Peak memory therefore grows linearly with the sequence length.
 //!
-//! The custom backward is registered for Reel's autodiff backends (`Autodiff<NdArray>`,
-//! `Autodiff<Flex>`, and `Autodiff<Cuda>` with the `cuda` feature). On any other autodiff
-//! backend [`attention`] falls back to the plain formulation (correct, quadratic memory); on
-//! a backend without autodiff the blocked forward is used directly.
+//! The custom backward runs on Reel's autodiff backends ([`super::custom_op`]). On any other
+//! autodiff backend [`attention`] falls back to the plain formulation (correct, quadratic
+//! memory); on a backend without autodiff the blocked forward is used directly.
 
 pub use super::attention_mode::{AttentionMode, AUTO_MIN_TOKENS};
+use super::custom_op::{dispatch, first_input, next_input, output, CustomBackward};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -22,7 +22,6 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{activation, DType, Tensor, TensorPrimitive};
-use reel_core::backend::downcast_tensor;
 
 /// Largest transient score block, in elements (`B·H·block_q·block_k`): 16 Mi floats = 64 MiB.
 pub const BLOCK_BUDGET: usize = 1 << 24;
@@ -306,26 +305,35 @@ pub fn autodiff_attention_with<B: Backend, C: CheckpointStrategy>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-/// Run the custom-backward attention when `B` is the autodiff backend `A`.
-#[allow(clippy::type_complexity)]
-fn try_autodiff<B: Backend, I: Backend>(
+/// [`memory_efficient_attention`]'s inputs, for [`dispatch`].
+struct MemoryEfficient<B: Backend> {
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
-) -> Result<Tensor<B, 4>, (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
-    let q = match downcast_tensor::<B, Autodiff<I>, 4>(q) {
-        Ok(q) => q,
-        Err(q) => return Err((q, k, v)),
-    };
-    let k = downcast_tensor::<B, Autodiff<I>, 4>(k)
-        .unwrap_or_else(|_| unreachable!("k has the type of q"));
-    let v = downcast_tensor::<B, Autodiff<I>, 4>(v)
-        .unwrap_or_else(|_| unreachable!("v has the type of q"));
-    let o = autodiff_attention(q, k, v);
-    Ok(
-        downcast_tensor::<Autodiff<I>, B, 4>(o)
-            .unwrap_or_else(|_| unreachable!("B is Autodiff<I>")),
-    )
+}
+
+impl<B: Backend> CustomBackward<B> for MemoryEfficient<B> {
+    type Output = Tensor<B, 4>;
+
+    fn on_autodiff<I: Backend>(self) -> Result<Tensor<B, 4>, Self> {
+        let Self { q, k, v } = self;
+        let q = match first_input::<B, I, 4>(q) {
+            Ok(q) => q,
+            Err(q) => return Err(Self { q, k, v }),
+        };
+        let o = autodiff_attention(q, next_input::<B, I, 4>(k), next_input::<B, I, 4>(v));
+        Ok(output(o))
+    }
+
+    fn otherwise(self) -> Tensor<B, 4> {
+        let Self { q, k, v } = self;
+        if B::ad_enabled(&q.device()) {
+            return naive_attention(q, k, v);
+        }
+        let [b, h, sq, _] = q.dims();
+        let blocks = BlockSizes::for_shape(b * h, sq, k.dims()[2]);
+        blocked_forward(q, k, v, blocks).0
+    }
 }
 
 /// Memory-efficient attention on any backend: the custom backward on Reel's autodiff
@@ -336,25 +344,7 @@ pub fn memory_efficient_attention<B: Backend>(
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
-    let (q, k, v) = match try_autodiff::<B, burn::backend::NdArray>(q, k, v) {
-        Ok(o) => return o,
-        Err(qkv) => qkv,
-    };
-    let (q, k, v) = match try_autodiff::<B, burn::backend::Flex>(q, k, v) {
-        Ok(o) => return o,
-        Err(qkv) => qkv,
-    };
-    #[cfg(feature = "cuda")]
-    let (q, k, v) = match try_autodiff::<B, burn::backend::Cuda>(q, k, v) {
-        Ok(o) => return o,
-        Err(qkv) => qkv,
-    };
-    if B::ad_enabled(&q.device()) {
-        return naive_attention(q, k, v);
-    }
-    let [b, h, sq, _] = q.dims();
-    let blocks = BlockSizes::for_shape(b * h, sq, k.dims()[2]);
-    blocked_forward(q, k, v, blocks).0
+    dispatch(MemoryEfficient { q, k, v })
 }
 
 /// Whether `attention = "fused"` (or `"flash"`) runs the fused CubeCL kernels on the backend

@@ -15,6 +15,7 @@ pub mod attention_mode;
 pub mod block;
 pub mod checkpointed;
 pub mod config;
+mod custom_op;
 pub mod embeddings;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod fused_attention;
@@ -24,6 +25,7 @@ pub mod linear;
 pub mod mem_attention;
 pub mod model;
 pub mod norm;
+pub mod norm_ops;
 pub mod presets;
 pub mod rope;
 pub mod weights;

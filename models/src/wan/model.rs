@@ -11,7 +11,7 @@ use super::embeddings::{tokens_to_grid, unpatchify, ConditionEmbedder, PatchEmbe
 use super::init::{InitKind, ParamInit};
 use super::linear::Linear;
 use super::mem_attention::{to_dtype, to_f32, AttentionMode};
-use super::norm::layer_norm;
+use super::norm::layer_norm_affine;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
 
@@ -338,11 +338,7 @@ impl<B: Backend> WanModel<B> {
         let head = self.scale_shift_table.val() + temb.unsqueeze_dim::<3>(1);
         let shift = head.clone().narrow(1, 0, 1);
         let scale = head.narrow(1, 1, 1);
-        let dtype = x.dtype();
-        let x = to_dtype(
-            layer_norm(to_f32(x), cfg.eps) * (scale + 1.0) + shift,
-            dtype,
-        );
+        let x = layer_norm_affine(x, scale + 1.0, shift, cfg.eps);
         rec.put("proj_out_in", &x);
         let y = to_f32(self.proj_out.forward(x));
         rec.put("proj_out", &y);

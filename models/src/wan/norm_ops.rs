@@ -1,0 +1,369 @@
+//! The block's norms as single autodiff operations whose backward keeps only the input.
+//!
+//! Written with Burn tensor operations, the modulated LayerNorm `LN(x) · scale + shift` makes
+//! Burn's autodiff keep two float32 copies of the activations for the backward pass (the
+//! centred input and the normalized output), and the q/k RMSNorm `x · rstd · w` keeps two
+//! more (the float32 input and `x · rstd`): in a bf16 run, 16 bytes per element where the
+//! input itself takes 2. Here each norm is one operation ([`LayerNormBackward`],
+//! [`RmsNormBackward`]) that keeps its input in its own dtype plus one or two float32 values
+//! per row, and recomputes the normalized input in the backward pass.
+//!
+//! The forward computes exactly what the plain formulations in [`super::norm`] compute (same
+//! operations, same order); the backward is the closed form. They run on Reel's autodiff
+//! backends ([`super::custom_op`]); anywhere else the plain formulations run.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::NodeId;
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+
+use super::mem_attention::{to_dtype, to_f32};
+use super::norm::{normalized, rms_normalized};
+
+/// A float primitive of the inner backend as a tensor of rank `D`.
+fn tensor<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// `t` summed over the axes where `shape` is 1 (the gradient of a broadcast operand).
+fn reduce_to<B: Backend, const D: usize>(mut t: Tensor<B, D>, shape: [usize; D]) -> Tensor<B, D> {
+    for (axis, &n) in shape.iter().enumerate() {
+        if n == 1 && t.dims()[axis] != 1 {
+            t = t.sum_dim(axis);
+        }
+    }
+    t
+}
+
+/// Registers `grad()` for `parent` when the parent needs a gradient (computed only then).
+fn register<B: Backend>(
+    grads: &mut Gradients,
+    parent: Option<NodeId>,
+    grad: impl FnOnce() -> FloatTensor<B>,
+) {
+    if let Some(id) = parent {
+        grads.register::<B>(id, grad());
+    }
+}
+
+/// The backward of the affine LayerNorm `y = LN(x) · scale + shift` of rank `D`.
+#[derive(Debug)]
+struct LayerNormBackward<const D: usize>;
+
+/// What the LayerNorm keeps for its backward pass.
+#[derive(Debug, Clone)]
+struct LayerNormState<B: Backend, const D: usize> {
+    /// The input, in its own dtype.
+    x: FloatTensor<B>,
+    /// Row means `[.., 1]`, float32.
+    mean: FloatTensor<B>,
+    /// Row `1 / sqrt(var + eps)` `[.., 1]`, float32.
+    rstd: FloatTensor<B>,
+    /// The scale operand (float32).
+    scale: FloatTensor<B>,
+    /// The shift operand's shape.
+    shift_shape: [usize; D],
+    /// The dtypes of `scale` and `shift` as given (their gradients take them).
+    dtypes: (DType, DType),
+}
+
+impl<B: Backend, const D: usize> Backward<B, 3> for LayerNormBackward<D> {
+    type State = LayerNormState<B, D>;
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let s = ops.state;
+        let [px, pscale, pshift] = ops.parents.map(|n| n.map(|n| n.id));
+        let g = to_f32(tensor::<B, D>(grads.consume::<B>(&ops.node)));
+        let x: Tensor<B, D> = tensor(s.x);
+        let x_dtype = x.dtype();
+        let (mean, rstd) = (tensor::<B, D>(s.mean), tensor::<B, D>(s.rstd));
+        let scale = tensor::<B, D>(s.scale);
+        let xhat = (to_f32(x) - mean) * rstd.clone();
+        register::<B>(grads, pshift, || {
+            let d = reduce_to(g.clone(), s.shift_shape);
+            to_dtype(d, s.dtypes.1).into_primitive().tensor()
+        });
+        register::<B>(grads, pscale, || {
+            let d = reduce_to(g.clone() * xhat.clone(), scale.dims());
+            to_dtype(d, s.dtypes.0).into_primitive().tensor()
+        });
+        register::<B>(grads, px, || {
+            let gx = g * scale;
+            let mean_gx = gx.clone().mean_dim(D - 1);
+            let mean_gxx = (gx.clone() * xhat.clone()).mean_dim(D - 1);
+            let dx = (gx - mean_gx - xhat * mean_gxx) * rstd;
+            to_dtype(dx, x_dtype).into_primitive().tensor()
+        });
+    }
+}
+
+/// [`super::norm::layer_norm_affine`] as one autodiff operation on `Autodiff<B, C>`.
+pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: usize>(
+    x: Tensor<Autodiff<B, C>, D>,
+    scale: Tensor<Autodiff<B, C>, D>,
+    shift: Tensor<Autodiff<B, C>, D>,
+    eps: f64,
+) -> Tensor<Autodiff<B, C>, D> {
+    let dtypes = (scale.dtype(), shift.dtype());
+    let shift_shape = shift.dims();
+    let (x, scale, shift) = (
+        x.into_primitive().tensor(),
+        scale.into_primitive().tensor(),
+        shift.into_primitive().tensor(),
+    );
+    let x_inner = tensor::<B, D>(x.primitive.clone());
+    let dtype = x_inner.dtype();
+    let scale32 = to_f32(tensor::<B, D>(scale.primitive));
+    let shift32 = to_f32(tensor::<B, D>(shift.primitive));
+    let (xhat, mean, rstd) = normalized(to_f32(x_inner), eps);
+    let y = to_dtype(xhat * scale32.clone() + shift32, dtype)
+        .into_primitive()
+        .tensor();
+    let out = match LayerNormBackward::<D>
+        .prepare::<C>([x.node, scale.node, shift.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let state = LayerNormState {
+                x: x.primitive,
+                mean: mean.into_primitive().tensor(),
+                rstd: rstd.into_primitive().tensor(),
+                scale: scale32.into_primitive().tensor(),
+                shift_shape,
+                dtypes,
+            };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The backward of the RMSNorm `y = x · rstd · w` of rank `D`.
+#[derive(Debug)]
+struct RmsNormBackward<const D: usize>;
+
+impl<B: Backend, const D: usize> Backward<B, 2> for RmsNormBackward<D> {
+    /// The input (its own dtype), row `1 / sqrt(mean(x²) + eps)` `[.., 1]` and the weight
+    /// `[dim]` (float32), and the weight's dtype.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, DType);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (x, rstd, w, w_dtype) = ops.state;
+        let [px, pw] = ops.parents.map(|n| n.map(|n| n.id));
+        let g = to_f32(tensor::<B, D>(grads.consume::<B>(&ops.node)));
+        let x: Tensor<B, D> = tensor(x);
+        let x_dtype = x.dtype();
+        let rstd = tensor::<B, D>(rstd);
+        let w = tensor::<B, 1>(w);
+        let dim = w.dims()[0];
+        let xhat = to_f32(x) * rstd.clone();
+        register::<B>(grads, pw, || {
+            let d = (g.clone() * xhat.clone())
+                .reshape([-1, dim as i32])
+                .sum_dim(0);
+            to_dtype(d.reshape([dim]), w_dtype)
+                .into_primitive()
+                .tensor()
+        });
+        register::<B>(grads, px, || {
+            let gw = g * w.unsqueeze::<D>();
+            let mean_gwx = (gw.clone() * xhat.clone()).mean_dim(D - 1);
+            let dx = (gw - xhat * mean_gwx) * rstd;
+            to_dtype(dx, x_dtype).into_primitive().tensor()
+        });
+    }
+}
+
+/// [`super::norm::rms_norm`] as one autodiff operation on `Autodiff<B, C>`.
+pub fn autodiff_rms_norm<B: Backend, C: CheckpointStrategy, const D: usize>(
+    x: Tensor<Autodiff<B, C>, D>,
+    weight: Tensor<Autodiff<B, C>, 1>,
+    eps: f64,
+) -> Tensor<Autodiff<B, C>, D> {
+    let w_dtype = weight.dtype();
+    let (x, weight) = (
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+    );
+    let w32 = to_f32(tensor::<B, 1>(weight.primitive));
+    let (xhat, rstd) = rms_normalized(to_f32(tensor::<B, D>(x.primitive.clone())), eps);
+    let y = (xhat * w32.clone().unsqueeze::<D>())
+        .into_primitive()
+        .tensor();
+    let out = match RmsNormBackward::<D>
+        .prepare::<C>([x.node, weight.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let rstd = rstd.into_primitive().tensor();
+            let state = (x.primitive, rstd, w32.into_primitive().tensor(), w_dtype);
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::norm::{
+        layer_norm_affine, layer_norm_affine_plain, rms_norm, rms_norm_plain,
+    };
+    use super::*;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::{FloatDType, TensorData};
+
+    type NdAd = Autodiff<burn::backend::NdArray>;
+    type FlexAd = Autodiff<burn::backend::Flex>;
+
+    /// A deterministic, irregular tensor of `shape` (values within about ±2 around `offset`).
+    fn det<B: Backend, const D: usize>(shape: [usize; D], phase: f32, offset: f32) -> Tensor<B, D> {
+        let n = shape.iter().product::<usize>();
+        let v: Vec<f32> = (0..n)
+            .map(|i| offset + 2.0 * (i as f32 * 0.731 + phase).sin() * (i as f32 * 0.177).cos())
+            .collect();
+        Tensor::from_data(TensorData::new(v, shape), &Default::default())
+    }
+
+    fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+        to_f32(t).into_data().to_vec::<f32>().unwrap()
+    }
+
+    fn assert_close(a: &[f32], b: &[f32], rel: f32, what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= rel * scale, "{what}[{i}]: {x} vs {y}");
+        }
+    }
+
+    /// Output and gradients (x, scale, shift; `None` where not tracked) of
+    /// `sum(w ∘ LN(x) · scale + shift)`.
+    #[allow(clippy::type_complexity)]
+    fn layer_norm_case<B: AutodiffBackend>(
+        f: fn(Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>, f64) -> Tensor<B, 3>,
+        scale_shape: [usize; 3],
+        dtype: FloatDType,
+        track_x: bool,
+    ) -> (Vec<f32>, [Option<Vec<f32>>; 3]) {
+        let shape = [2, 5, 8];
+        let mut x = det::<B, 3>(shape, 0.3, 0.5).cast(dtype);
+        if track_x {
+            x = x.require_grad();
+        }
+        let scale = det::<B, 3>(scale_shape, 1.1, 1.0).require_grad();
+        let shift = det::<B, 3>(scale_shape, 2.7, 0.0).require_grad();
+        let y = f(x.clone(), scale.clone(), shift.clone(), 1e-6);
+        assert_eq!(y.dtype(), x.dtype(), "the output keeps the input's dtype");
+        let w = det::<B, 3>(shape, 4.2, 0.2);
+        let grads = (to_f32(y.clone()) * w).sum().backward();
+        let g = |t: &Tensor<B, 3>| t.grad(&grads).map(values);
+        if let Some(gx) = x.grad(&grads) {
+            assert_eq!(gx.dtype(), x.dtype(), "x's gradient has its dtype");
+        }
+        (values(y), [g(&x), g(&scale), g(&shift)])
+    }
+
+    #[test]
+    fn layer_norm_matches_the_plain_formulation_and_its_gradients() {
+        // Modulation ([B, 1, dim]) and an affine weight ([1, 1, dim]).
+        for scale_shape in [[2, 1, 8], [1, 1, 8]] {
+            for track_x in [true, false] {
+                let case = |f| layer_norm_case::<NdAd>(f, scale_shape, FloatDType::F32, track_x);
+                let (y, grads) = case(layer_norm_affine);
+                let (y_ref, grads_ref) = case(layer_norm_affine_plain);
+                assert_eq!(y, y_ref, "the forward is the same computation");
+                for (i, (g, r)) in grads.iter().zip(&grads_ref).enumerate() {
+                    assert_eq!(g.is_some(), r.is_some(), "gradient {i} presence");
+                    if let (Some(g), Some(r)) = (g, r) {
+                        assert_close(g, r, 2e-6, &format!("gradient {i} of {scale_shape:?}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Output and gradients (x, weight) of `sum(w ∘ rms_norm(x, weight))`.
+    fn rms_case<B: AutodiffBackend>(
+        f: fn(Tensor<B, 4>, Tensor<B, 1>, f64) -> Tensor<B, 4>,
+        dtype: FloatDType,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let shape = [2, 3, 2, 6];
+        let x = det::<B, 4>(shape, 0.9, 0.3).cast(dtype).require_grad();
+        let weight = det::<B, 1>([6], 1.7, 1.0).require_grad();
+        let y = f(x.clone(), weight.clone(), 1e-6);
+        assert_eq!(y.dtype(), DType::F32, "the RMSNorm's result is float32");
+        let grads = (y.clone() * det::<B, 4>(shape, 3.3, 0.1)).sum().backward();
+        let gx = x.grad(&grads).expect("x has a gradient");
+        assert_eq!(gx.dtype(), x.dtype(), "x's gradient has its dtype");
+        let gw = weight.grad(&grads).expect("the weight has a gradient");
+        (values(y), values(gx), values(gw))
+    }
+
+    #[test]
+    fn rms_norm_matches_the_plain_formulation_and_its_gradients() {
+        let (y, gx, gw) = rms_case::<NdAd>(rms_norm, FloatDType::F32);
+        let (y_ref, gx_ref, gw_ref) = rms_case::<NdAd>(rms_norm_plain, FloatDType::F32);
+        assert_eq!(y, y_ref, "the forward is the same computation");
+        assert_close(&gx, &gx_ref, 2e-6, "x gradient");
+        assert_close(&gw, &gw_ref, 2e-6, "weight gradient");
+    }
+
+    #[test]
+    fn bf16_inputs_compute_in_float32() {
+        // Only the input (and the LayerNorm's output) are rounded to bf16.
+        let ln = |dtype| layer_norm_case::<FlexAd>(layer_norm_affine, [2, 1, 8], dtype, true);
+        let ((y16, g16), (y32, g32)) = (ln(FloatDType::BF16), ln(FloatDType::F32));
+        assert_close(&y16, &y32, 2e-2, "LayerNorm output");
+        for (i, (a, b)) in g16.iter().zip(&g32).enumerate() {
+            assert_close(
+                a.as_ref().unwrap(),
+                b.as_ref().unwrap(),
+                3e-2,
+                &format!("grad {i}"),
+            );
+        }
+        let (y16, gx16, gw16) = rms_case::<FlexAd>(rms_norm, FloatDType::BF16);
+        let (y32, gx32, gw32) = rms_case::<FlexAd>(rms_norm, FloatDType::F32);
+        assert_close(&y16, &y32, 2e-2, "RMSNorm output");
+        assert_close(&gx16, &gx32, 3e-2, "RMSNorm x gradient");
+        assert_close(&gw16, &gw32, 3e-2, "RMSNorm weight gradient");
+    }
+
+    #[test]
+    fn without_autodiff_the_plain_formulations_run() {
+        type B = burn::backend::NdArray;
+        let x = det::<B, 3>([2, 3, 4], 0.1, 0.0);
+        let (s, b) = (
+            det::<B, 3>([1, 1, 4], 0.5, 1.0),
+            det::<B, 3>([1, 1, 4], 0.9, 0.0),
+        );
+        assert_eq!(
+            values(layer_norm_affine(x.clone(), s.clone(), b.clone(), 1e-6)),
+            values(layer_norm_affine_plain(x.clone(), s, b, 1e-6))
+        );
+        let w = det::<B, 1>([4], 0.2, 1.0);
+        assert_eq!(
+            values(rms_norm(x.clone(), w.clone(), 1e-6)),
+            values(rms_norm_plain(x, w, 1e-6))
+        );
+    }
+}
