@@ -11,7 +11,8 @@ use super::mem_attention::to_dtype;
 use super::norm::{layer_norm_affine, LayerNorm};
 use super::rope::RopeTables;
 
-/// The tanh-approximate GELU as a parameter-free module (slot `net.1` of the FFN).
+/// The tanh-approximate GELU as a parameter-free module (slot `net.1` of the FFN, which
+/// applies it together with `net.2`: [`Linear::forward_gelu`]).
 #[derive(Module, Clone, Debug, Default)]
 pub struct GeluTanh;
 
@@ -57,8 +58,8 @@ impl<B: Backend> FeedForward<B> {
 
     /// `[B, S, dim] -> [B, S, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let h = self.net.1.forward(self.net.0.proj.forward(x));
-        self.net.2.forward(h)
+        // `net.2(net.1(h))`, as one operation that keeps only `h` for the backward pass.
+        self.net.2.forward_gelu(self.net.0.proj.forward(x))
     }
 }
 

@@ -167,8 +167,7 @@ pub struct TextProjection<B: Backend> {
 impl<B: Backend> TextProjection<B> {
     /// `[B, L, text_dim] -> [B, L, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.linear_2
-            .forward(super::gelu::gelu_tanh(self.linear_1.forward(x)))
+        self.linear_2.forward_gelu(self.linear_1.forward(x))
     }
 }
 

@@ -61,7 +61,7 @@ pub fn gelu_tanh_plain<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B,
 
 /// `grad · dGELU_tanh/dx (x)`, in the dtype of `x`:
 /// `(1 + t) / 2 + x (1 − t²) √(2/π) (1 + 3 · 0.044715 x²) / 2` with `t = tanh(u)`.
-fn gelu_tanh_backward<B: Backend, const D: usize>(
+pub(crate) fn gelu_tanh_backward<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     grad: Tensor<B, D>,
 ) -> Tensor<B, D> {

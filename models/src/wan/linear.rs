@@ -8,6 +8,8 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
 
+use super::gelu::gelu_tanh;
+use super::gelu_linear::gelu_matmul;
 use super::init::{join, ParamInit};
 use super::mem_attention::to_dtype;
 
@@ -178,6 +180,29 @@ impl<B: Backend> Linear<B> {
 
     /// Apply the layer to the last dimension: `[..., in] -> [..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.apply(x, false)
+    }
+
+    /// `self.forward(gelu_tanh(u))` (the FFN's output projection), with the GELU and the
+    /// product as one autodiff operation that keeps only `u` for the backward pass
+    /// ([`super::gelu_linear`]); with an unmerged LoRA adapter the GELU's output is kept, as
+    /// the adapter's product needs it. `[..., in] -> [..., out]`.
+    pub fn forward_gelu<const D: usize>(&self, u: Tensor<B, D>) -> Tensor<B, D> {
+        self.apply(u, true)
+    }
+
+    /// The adapter's factors and factor when it is attached, unmerged and non-zero.
+    fn active_lora(&self) -> Option<(&LoraWeight<B>, &LoraWeight<B>, f64)> {
+        match (&self.lora_A, &self.lora_B, self.lora_merged) {
+            (Some(a), Some(b), false) if self.lora_factor() != 0.0 => {
+                Some((a, b, self.lora_factor()))
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Self::forward`] of `x`, or of `gelu_tanh(x)` when `gelu_input`.
+    fn apply<const D: usize>(&self, x: Tensor<B, D>, gelu_input: bool) -> Tensor<B, D> {
         let dims = x.dims();
         let d_in = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
@@ -193,17 +218,20 @@ impl<B: Backend> Linear<B> {
         };
         let compute = |t: Tensor<B, 2>| to_dtype(t, compute_dtype);
         let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
-        let x = compute(x);
-        let mut y = restore(x.clone().matmul(compute(w).transpose()));
+        let lora = self.active_lora();
+        let (x, mut y) = if gelu_input && lora.is_none() {
+            (None, gelu_matmul(x, compute(w)))
+        } else {
+            let x = compute(if gelu_input { gelu_tanh(x) } else { x });
+            let y = restore(x.clone().matmul(compute(w).transpose()));
+            (Some(x), y)
+        };
         if let Some(b) = &self.bias {
             y = y + to_dtype(b.val(), dtype).unsqueeze_dim::<2>(0);
         }
-        if let (Some(a), Some(b), false) = (&self.lora_A, &self.lora_B, self.lora_merged) {
-            let s = self.lora_factor();
-            if s != 0.0 {
-                let low = x.matmul(compute(a.weight.val()).transpose());
-                y = y + restore(low.matmul(compute(b.weight.val()).transpose())).mul_scalar(s);
-            }
+        if let (Some((a, b, s)), Some(x)) = (lora, x) {
+            let low = x.matmul(compute(a.weight.val()).transpose());
+            y = y + restore(low.matmul(compute(b.weight.val()).transpose())).mul_scalar(s);
         }
         let mut out = dims;
         out[D - 1] = d_out;

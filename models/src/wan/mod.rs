@@ -20,6 +20,7 @@ pub mod embeddings;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod fused_attention;
 pub mod gelu;
+pub mod gelu_linear;
 pub mod init;
 pub mod linear;
 pub mod mem_attention;
