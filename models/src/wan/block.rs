@@ -58,7 +58,8 @@ impl<B: Backend> FeedForward<B> {
 
     /// `[B, S, dim] -> [B, S, dim]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        // `net.2(net.1(h))`, as one operation that keeps only `h` for the backward pass.
+        // `net.2(net.1(..))` of the `net.0` output, as one operation that keeps only that
+        // output (and the weight) for the backward pass.
         self.net.2.forward_gelu(self.net.0.proj.forward(x))
     }
 }

@@ -1,5 +1,6 @@
 //! Operations with their own backward pass, and the one place that decides on which backends
-//! they run as such.
+//! they run as such (the fused CubeCL attention kernels have their own dispatch, as they run
+//! on the CubeCL backends only).
 //!
 //! Burn's autodiff differentiates a function written with tensor operations by keeping the
 //! inputs of every operation it records. For the memory-heavy parts of a block (attention,

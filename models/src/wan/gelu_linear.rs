@@ -1,5 +1,5 @@
 //! `GELU_tanh(u) · Wᵀ` as one autodiff operation: the FFN's output projection applied to the
-//! GELU of the hidden projection, keeping only `u` for the backward pass.
+//! GELU of the hidden projection, keeping only `u` (and the weight) for the backward pass.
 //!
 //! Applied one after the other, the GELU keeps its input `u` and the product keeps its input
 //! `GELU(u)`: two tensors of the FFN's width (`ffn_dim`, 5.8 × the model width at 1.3B), the
@@ -204,7 +204,8 @@ mod tests {
         assert_close(&gw.unwrap(), &gw_ref.unwrap(), 1e-2, "w gradient");
     }
 
-    /// `Linear::forward_gelu` against `forward(gelu_tanh(..))`, without and with LoRA.
+    /// `Linear::forward_gelu` against `forward(gelu_tanh(..))`, without and with LoRA: the same
+    /// outputs, and the gradients of the input, the weight and the adapter's factors.
     #[test]
     fn linear_forward_gelu_equals_forward_of_the_gelu() {
         type B = NdAd;
@@ -218,20 +219,28 @@ mod tests {
                 let (a, b) = (det::<B>(2, 6, 2.5), det::<B>(4, 2, 3.1));
                 lin.attach_lora(Param::from_tensor(a), Param::from_tensor(b), 0.5);
             }
-            let u =
-                Tensor::<B, 3>::from_data(det::<B>(6, 6, 0.1).reshape([2, 3, 6]).into_data(), &dev)
-                    .require_grad();
+            let u = det::<B>(6, 6, 0.1).reshape([2, 3, 6]);
+            let u = Tensor::<B, 3>::from_data(u.into_data(), &dev).require_grad();
             let run = |y: Tensor<B, 3>| {
                 let grads = (y.clone() * y.clone()).sum().backward();
-                let gw = lin.weight.val().grad(&grads).map(values);
-                (values(y), values(u.grad(&grads).unwrap()), gw)
+                let mut params = vec![lin.weight.val()];
+                params.extend(lin.lora_A.iter().map(|a| a.weight.val()));
+                params.extend(lin.lora_B.iter().map(|b| b.weight.val()));
+                let mut g = vec![values(u.grad(&grads).expect("u has a gradient"))];
+                g.extend(
+                    params
+                        .iter()
+                        .map(|p| values(p.grad(&grads).expect("a gradient"))),
+                );
+                (values(y), g)
             };
-            let (y, gu, gw) = run(lin.forward_gelu(u.clone()));
-            let (y_ref, gu_ref, gw_ref) =
-                run(lin.forward(super::super::gelu::gelu_tanh(u.clone())));
+            let (y, g) = run(lin.forward_gelu(u.clone()));
+            let (y_ref, g_ref) = run(lin.forward(super::super::gelu::gelu_tanh(u.clone())));
             assert_eq!(y, y_ref, "lora = {lora}: outputs");
-            assert_close(&gu, &gu_ref, 1e-6, "u gradient");
-            assert_close(&gw.unwrap(), &gw_ref.unwrap(), 1e-6, "weight gradient");
+            assert_eq!(g.len(), if lora { 4 } else { 2 });
+            for (i, (g, r)) in g.iter().zip(&g_ref).enumerate() {
+                assert_close(g, r, 1e-6, &format!("lora = {lora}: gradient {i}"));
+            }
         }
     }
 }

@@ -8,7 +8,6 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
 
-use super::gelu::gelu_tanh;
 use super::gelu_linear::gelu_matmul;
 use super::init::{join, ParamInit};
 use super::mem_attention::to_dtype;
@@ -184,9 +183,10 @@ impl<B: Backend> Linear<B> {
     }
 
     /// `self.forward(gelu_tanh(u))` (the FFN's output projection), with the GELU and the
-    /// product as one autodiff operation that keeps only `u` for the backward pass
-    /// ([`super::gelu_linear`]); with an unmerged LoRA adapter the GELU's output is kept, as
-    /// the adapter's product needs it. `[..., in] -> [..., out]`.
+    /// product as one autodiff operation that keeps only `u` and the weight for the backward
+    /// pass ([`super::gelu_linear`]). An unmerged LoRA adapter's down projection is a second
+    /// such operation on the same `u` (the GELU is computed twice; its output is never
+    /// kept). `[..., in] -> [..., out]`, the same values as `forward(gelu_tanh(u))`.
     pub fn forward_gelu<const D: usize>(&self, u: Tensor<B, D>) -> Tensor<B, D> {
         self.apply(u, true)
     }
@@ -218,19 +218,20 @@ impl<B: Backend> Linear<B> {
         };
         let compute = |t: Tensor<B, 2>| to_dtype(t, compute_dtype);
         let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
-        let lora = self.active_lora();
-        let (x, mut y) = if gelu_input && lora.is_none() {
-            (None, gelu_matmul(x, compute(w)))
-        } else {
-            let x = compute(if gelu_input { gelu_tanh(x) } else { x });
-            let y = restore(x.clone().matmul(compute(w).transpose()));
-            (Some(x), y)
+        // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`.
+        let times = |m: Tensor<B, 2>| {
+            if gelu_input {
+                compute(gelu_matmul(x.clone(), compute(m)))
+            } else {
+                compute(x.clone()).matmul(compute(m).transpose())
+            }
         };
+        let mut y = restore(times(w));
         if let Some(b) = &self.bias {
             y = y + to_dtype(b.val(), dtype).unsqueeze_dim::<2>(0);
         }
-        if let (Some((a, b, s)), Some(x)) = (lora, x) {
-            let low = x.matmul(compute(a.weight.val()).transpose());
+        if let Some((a, b, s)) = self.active_lora() {
+            let low = times(a.weight.val());
             y = y + restore(low.matmul(compute(b.weight.val()).transpose())).mul_scalar(s);
         }
         let mut out = dims;

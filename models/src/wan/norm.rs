@@ -1,6 +1,7 @@
 //! Normalization layers: LayerNorm (optionally affine) and RMSNorm, both over the last
-//! dimension and computed in float32 whatever the input's dtype (diffusers'
-//! `FP32LayerNorm`; PyTorch's `RMSNorm` on the float32 `q`/`k` of Wan's attention).
+//! dimension. [`layer_norm_affine`], [`rms_norm`] and the modules compute in float32 whatever
+//! the input's dtype (diffusers' `FP32LayerNorm`; PyTorch's `RMSNorm` on the float32 `q`/`k`
+//! of Wan's attention); the bare [`layer_norm`] computes in the input's dtype.
 //!
 //! In training the affine LayerNorm and the RMSNorm run as single autodiff operations that
 //! keep only their input for the backward pass ([`super::norm_ops`]).

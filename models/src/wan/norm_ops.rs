@@ -5,8 +5,9 @@
 //! centred input and the normalized output), and the q/k RMSNorm `x · rstd · w` keeps two
 //! more (the float32 input and `x · rstd`): in a bf16 run, 16 bytes per element where the
 //! input itself takes 2. Here each norm is one operation ([`LayerNormBackward`],
-//! [`RmsNormBackward`]) that keeps its input in its own dtype plus one or two float32 values
-//! per row, and recomputes the normalized input in the backward pass.
+//! [`RmsNormBackward`]) that keeps its input in its own dtype, one or two float32 values per
+//! row and its (small) float32 scale or weight, and recomputes the normalized input in the
+//! backward pass.
 //!
 //! The forward computes exactly what the plain formulations in [`super::norm`] compute (same
 //! operations, same order); the backward is the closed form. They run on Reel's autodiff
@@ -114,6 +115,13 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
     shift: Tensor<Autodiff<B, C>, D>,
     eps: f64,
 ) -> Tensor<Autodiff<B, C>, D> {
+    let (dx, dscale, dshift) = (x.dims(), scale.dims(), shift.dims());
+    let fits = |d: [usize; D]| d.iter().zip(&dx).all(|(&n, &m)| n == 1 || n == m);
+    assert!(
+        fits(dscale) && fits(dshift),
+        "LayerNorm scale {dscale:?} / shift {dshift:?} must broadcast into x {dx:?} (each \
+         axis 1 or that of x)"
+    );
     let dtypes = (scale.dtype(), shift.dtype());
     let shift_shape = shift.dims();
     let (x, scale, shift) = (
@@ -256,49 +264,69 @@ mod tests {
     }
 
     /// Output and gradients (x, scale, shift; `None` where not tracked) of
-    /// `sum(w ∘ LN(x) · scale + shift)`.
+    /// `sum(w ∘ LN(x) · scale + shift)`, the inputs tracked as `track` says.
     #[allow(clippy::type_complexity)]
     fn layer_norm_case<B: AutodiffBackend>(
         f: fn(Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>, f64) -> Tensor<B, 3>,
-        scale_shape: [usize; 3],
+        [scale_shape, shift_shape]: [[usize; 3]; 2],
         dtype: FloatDType,
-        track_x: bool,
+        track: [bool; 3],
     ) -> (Vec<f32>, [Option<Vec<f32>>; 3]) {
         let shape = [2, 5, 8];
-        let mut x = det::<B, 3>(shape, 0.3, 0.5).cast(dtype);
-        if track_x {
-            x = x.require_grad();
-        }
-        let scale = det::<B, 3>(scale_shape, 1.1, 1.0).require_grad();
-        let shift = det::<B, 3>(scale_shape, 2.7, 0.0).require_grad();
+        let tracked = |t: Tensor<B, 3>, on: bool| if on { t.require_grad() } else { t };
+        let x = tracked(det::<B, 3>(shape, 0.3, 0.5).cast(dtype), track[0]);
+        let scale = tracked(det::<B, 3>(scale_shape, 1.1, 1.0), track[1]);
+        let shift = tracked(det::<B, 3>(shift_shape, 2.7, 0.0), track[2]);
         let y = f(x.clone(), scale.clone(), shift.clone(), 1e-6);
         assert_eq!(y.dtype(), x.dtype(), "the output keeps the input's dtype");
         let w = det::<B, 3>(shape, 4.2, 0.2);
         let grads = (to_f32(y.clone()) * w).sum().backward();
-        let g = |t: &Tensor<B, 3>| t.grad(&grads).map(values);
-        if let Some(gx) = x.grad(&grads) {
-            assert_eq!(gx.dtype(), x.dtype(), "x's gradient has its dtype");
-        }
+        let g = |t: &Tensor<B, 3>| {
+            t.grad(&grads).map(|g| {
+                assert_eq!(
+                    (g.dims(), g.dtype()),
+                    (t.dims(), t.dtype()),
+                    "gradient shape"
+                );
+                values(g)
+            })
+        };
         (values(y), [g(&x), g(&scale), g(&shift)])
     }
 
     #[test]
     fn layer_norm_matches_the_plain_formulation_and_its_gradients() {
-        // Modulation ([B, 1, dim]) and an affine weight ([1, 1, dim]).
-        for scale_shape in [[2, 1, 8], [1, 1, 8]] {
-            for track_x in [true, false] {
-                let case = |f| layer_norm_case::<NdAd>(f, scale_shape, FloatDType::F32, track_x);
+        // Modulation ([B, 1, dim]), an affine weight ([1, 1, dim]) and a mix of the two.
+        let shapes = [[[2, 1, 8]; 2], [[1, 1, 8]; 2], [[2, 1, 8], [1, 1, 8]]];
+        let tracks = [
+            [true; 3],
+            [false, true, true],
+            [false, false, true],
+            [true, false, false],
+        ];
+        for shapes in shapes {
+            for track in tracks {
+                let case = |f| layer_norm_case::<NdAd>(f, shapes, FloatDType::F32, track);
                 let (y, grads) = case(layer_norm_affine);
                 let (y_ref, grads_ref) = case(layer_norm_affine_plain);
                 assert_eq!(y, y_ref, "the forward is the same computation");
                 for (i, (g, r)) in grads.iter().zip(&grads_ref).enumerate() {
+                    assert_eq!(g.is_some(), track[i], "gradient {i} exactly when tracked");
                     assert_eq!(g.is_some(), r.is_some(), "gradient {i} presence");
                     if let (Some(g), Some(r)) = (g, r) {
-                        assert_close(g, r, 2e-6, &format!("gradient {i} of {scale_shape:?}"));
+                        assert_close(g, r, 2e-6, &format!("gradient {i} of {shapes:?}"));
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "must broadcast into x")]
+    fn a_scale_wider_than_x_is_refused() {
+        let x = det::<NdAd, 3>([2, 1, 8], 0.3, 0.5).require_grad();
+        let scale = det::<NdAd, 3>([2, 5, 8], 1.1, 1.0);
+        let _ = layer_norm_affine(x, scale, det::<NdAd, 3>([1, 1, 8], 2.7, 0.0), 1e-6);
     }
 
     /// Output and gradients (x, weight) of `sum(w ∘ rms_norm(x, weight))`.
@@ -330,7 +358,8 @@ mod tests {
     #[test]
     fn bf16_inputs_compute_in_float32() {
         // Only the input (and the LayerNorm's output) are rounded to bf16.
-        let ln = |dtype| layer_norm_case::<FlexAd>(layer_norm_affine, [2, 1, 8], dtype, true);
+        let ln =
+            |dtype| layer_norm_case::<FlexAd>(layer_norm_affine, [[2, 1, 8]; 2], dtype, [true; 3]);
         let ((y16, g16), (y32, g32)) = (ln(FloatDType::BF16), ln(FloatDType::F32));
         assert_close(&y16, &y32, 2e-2, "LayerNorm output");
         for (i, (a, b)) in g16.iter().zip(&g32).enumerate() {
