@@ -11,9 +11,12 @@
 //! `Autodiff<Cuda>` / `Autodiff<Wgpu>` with those features) and runs the operation's plain
 //! formulation anywhere else (backends without autodiff, other autodiff stacks).
 
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::NodeId;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 use reel_core::backend::downcast_tensor;
 
 /// An operation with its own backward pass on `Autodiff<I>`, run by [`dispatch`].
@@ -75,4 +78,21 @@ pub(crate) fn output<B: Backend, I: Backend, const D: usize>(
     t: Tensor<Autodiff<I>, D>,
 ) -> Tensor<B, D> {
     downcast_tensor::<Autodiff<I>, B, D>(t).unwrap_or_else(|_| unreachable!("B is Autodiff<I>"))
+}
+
+/// A float primitive (an operation's saved state, gradient or output) as a tensor of rank `D`.
+pub(crate) fn tensor<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// In a backward pass: registers `grad()` for `parent` when the parent needs a gradient
+/// (`grad` runs only then).
+pub(crate) fn register<B: Backend>(
+    grads: &mut Gradients,
+    parent: Option<NodeId>,
+    grad: impl FnOnce() -> FloatTensor<B>,
+) {
+    if let Some(id) = parent {
+        grads.register::<B>(id, grad());
+    }
 }

@@ -12,7 +12,7 @@
 //! without autodiff, the plain formulation runs. Both compute in float32 and
 //! return the input's dtype, as PyTorch's GELU does for bfloat16 inputs.
 
-use super::custom_op::{dispatch, first_input, output, CustomBackward};
+use super::custom_op::{dispatch, first_input, output, tensor, CustomBackward};
 use super::mem_attention::{to_dtype, to_f32};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -21,7 +21,7 @@ use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::Tensor;
 
 /// `√(2/π)`.
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -88,10 +88,11 @@ impl<B: Backend, const D: usize> Backward<B, 1> for GeluBackward<D> {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let t = |p: FloatTensor<B>| Tensor::<B, D>::from_primitive(TensorPrimitive::Float(p));
-        let x = t(ops.state);
+        let x = tensor::<B, D>(ops.state);
         unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-            gelu_tanh_backward(x, t(grad)).into_primitive().tensor()
+            gelu_tanh_backward(x, tensor(grad))
+                .into_primitive()
+                .tensor()
         });
     }
 }
@@ -101,8 +102,9 @@ pub fn autodiff_gelu_tanh<B: Backend, C: CheckpointStrategy, const D: usize>(
     x: Tensor<Autodiff<B, C>, D>,
 ) -> Tensor<Autodiff<B, C>, D> {
     let x = x.into_primitive().tensor();
-    let inner = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
-    let y = gelu_tanh_plain(inner).into_primitive().tensor();
+    let y = gelu_tanh_plain(tensor::<B, D>(x.primitive.clone()))
+        .into_primitive()
+        .tensor();
     let out = match GeluBackward::<D>
         .prepare::<C>([x.node.clone()])
         .compute_bound()
@@ -111,7 +113,7 @@ pub fn autodiff_gelu_tanh<B: Backend, C: CheckpointStrategy, const D: usize>(
         OpsKind::Tracked(prep) => prep.finish(x.primitive, y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    tensor(out)
 }
 
 #[cfg(test)]

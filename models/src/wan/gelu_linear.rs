@@ -7,9 +7,10 @@
 //! kept, and the backward pass recomputes `GELU(u)` for the weight's gradient, one
 //! element-wise pass next to two matrix products.
 //!
-//! The product runs in the weight's dtype (bfloat16 in a bf16 run) and the result takes the
-//! dtype of `u`, exactly as [`super::linear::Linear::forward`] computes it; the bias and any
-//! LoRA branch stay with the caller. It runs on Reel's autodiff backends
+//! The GELU computes in float32 and is rounded to the weight's dtype, the product runs in
+//! that dtype (bfloat16 in a bf16 run) and the result keeps it, as the product inside
+//! [`super::linear::Linear::forward`] does; the cast back to the input's dtype, the bias and
+//! any LoRA branch stay with the caller. It runs on Reel's autodiff backends
 //! ([`super::custom_op`]); anywhere else the two steps run one after the other.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -19,22 +20,24 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::Tensor;
 
-use super::custom_op::{dispatch, first_input, next_input, output, CustomBackward};
+use super::custom_op::{
+    dispatch, first_input, next_input, output, register, tensor, CustomBackward,
+};
 use super::gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_plain};
 use super::mem_attention::to_dtype;
 
-/// `GELU_tanh(u) · wᵀ`: `u [rows, in]` (any float dtype), `w [out, in]` -> `[rows, out]` in the
-/// dtype of `u`; the product runs in the dtype of `w`.
+/// `GELU_tanh(u) · wᵀ`: `u [rows, in]` (any float dtype), `w [out, in]` -> `[rows, out]`; the
+/// product runs in, and the result has, the dtype of `w`.
 pub fn gelu_matmul<B: Backend>(u: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
     dispatch(GeluMatmul { u, w })
 }
 
 /// [`gelu_matmul`] as two steps (the GELU, then the product), differentiable anywhere.
 pub fn gelu_matmul_plain<B: Backend>(u: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    let (dtype, compute) = (u.dtype(), w.dtype());
-    to_dtype(to_dtype(gelu_tanh(u), compute).matmul(w.transpose()), dtype)
+    let compute = w.dtype();
+    to_dtype(gelu_tanh(u), compute).matmul(w.transpose())
 }
 
 /// [`gelu_matmul`]'s inputs, for [`dispatch`].
@@ -60,11 +63,9 @@ impl<B: Backend> CustomBackward<B> for GeluMatmul<B> {
     }
 }
 
-/// `GELU(u)` in the dtype of `w`, and its product with `wᵀ` in the dtype of `u` (the forward
-/// on the inner backend).
-fn forward_inner<B: Backend>(u: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    let a = to_dtype(gelu_tanh_plain(u.clone()), w.dtype());
-    to_dtype(a.matmul(w.transpose()), u.dtype())
+/// `GELU(u)`, computed in float32 and rounded to the dtype of `w`.
+fn activation<B: Backend>(u: Tensor<B, 2>, w: &Tensor<B, 2>) -> Tensor<B, 2> {
+    to_dtype(gelu_tanh_plain(u), w.dtype())
 }
 
 /// The backward of [`gelu_matmul`]; its state is `u` and `w`.
@@ -80,20 +81,17 @@ impl<B: Backend> Backward<B, 2> for GeluMatmulBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let t = |p: FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p));
-        let (u, w) = (t(ops.state.0), t(ops.state.1));
+        let (u, w) = (tensor::<B, 2>(ops.state.0), tensor::<B, 2>(ops.state.1));
         let [pu, pw] = ops.parents.map(|n| n.map(|n| n.id));
-        let g = to_dtype(t(grads.consume::<B>(&ops.node)), w.dtype());
-        if let Some(id) = pw {
-            let a = to_dtype(gelu_tanh_plain(u.clone()), w.dtype());
-            let dw = g.clone().transpose().matmul(a);
-            grads.register::<B>(id, dw.into_primitive().tensor());
-        }
-        if let Some(id) = pu {
+        let g = to_dtype(tensor::<B, 2>(grads.consume::<B>(&ops.node)), w.dtype());
+        register::<B>(grads, pw, || {
+            let dw = g.clone().transpose().matmul(activation(u.clone(), &w));
+            dw.into_primitive().tensor()
+        });
+        register::<B>(grads, pu, || {
             let da = to_dtype(g.matmul(w), u.dtype());
-            let du = gelu_tanh_backward(u, da);
-            grads.register::<B>(id, du.into_primitive().tensor());
-        }
+            gelu_tanh_backward(u, da).into_primitive().tensor()
+        });
     }
 }
 
@@ -103,11 +101,9 @@ pub fn autodiff_gelu_matmul<B: Backend, C: CheckpointStrategy>(
     w: Tensor<Autodiff<B, C>, 2>,
 ) -> Tensor<Autodiff<B, C>, 2> {
     let (u, w) = (u.into_primitive().tensor(), w.into_primitive().tensor());
-    let inner =
-        |p: &FloatTensor<B>| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p.clone()));
-    let y = forward_inner(inner(&u.primitive), inner(&w.primitive))
-        .into_primitive()
-        .tensor();
+    let w_inner = tensor::<B, 2>(w.primitive.clone());
+    let a = activation(tensor(u.primitive.clone()), &w_inner);
+    let y = a.matmul(w_inner.transpose()).into_primitive().tensor();
     let out = match GeluMatmulBackward
         .prepare::<C>([u.node, w.node])
         .compute_bound()
@@ -116,7 +112,7 @@ pub fn autodiff_gelu_matmul<B: Backend, C: CheckpointStrategy>(
         OpsKind::Tracked(prep) => prep.finish((u.primitive, w.primitive), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    tensor(out)
 }
 
 #[cfg(test)]
@@ -164,7 +160,7 @@ mod tests {
         }
         let y = f(u.clone(), w.clone());
         assert_eq!(y.dims(), [rows, d_out]);
-        assert_eq!(y.dtype(), u.dtype(), "the result takes u's dtype");
+        assert_eq!(y.dtype(), w.dtype(), "the result takes w's dtype");
         let m = det::<B>(rows, d_out, 2.2);
         let grads = (to_dtype(y.clone(), DType::F32) * m).sum().backward();
         let gu = u.grad(&grads).expect("u has a gradient");

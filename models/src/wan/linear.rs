@@ -218,12 +218,14 @@ impl<B: Backend> Linear<B> {
         };
         let compute = |t: Tensor<B, 2>| to_dtype(t, compute_dtype);
         let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
-        // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`.
+        // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`;
+        // `x` is cast once (the GELU casts its own output).
+        let x = if gelu_input { x } else { compute(x) };
         let times = |m: Tensor<B, 2>| {
             if gelu_input {
-                compute(gelu_matmul(x.clone(), compute(m)))
+                gelu_matmul(x.clone(), compute(m))
             } else {
-                compute(x.clone()).matmul(compute(m).transpose())
+                x.clone().matmul(compute(m).transpose())
             }
         };
         let mut y = restore(times(w));

@@ -12,7 +12,7 @@
 //! memory); on a backend without autodiff the blocked forward is used directly.
 
 pub use super::attention_mode::{AttentionMode, AUTO_MIN_TOKENS};
-use super::custom_op::{dispatch, first_input, next_input, output, CustomBackward};
+use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -21,7 +21,7 @@ use burn::backend::autodiff::NodeId;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{activation, DType, Tensor, TensorPrimitive};
+use burn::tensor::{activation, DType, Tensor};
 
 /// Largest transient score block, in elements (`B·H·block_q·block_k`): 16 Mi floats = 64 MiB.
 pub const BLOCK_BUDGET: usize = 1 << 24;
@@ -216,7 +216,7 @@ impl<B: Backend> Backward<B, 3> for MemoryEfficientBackward {
     ) {
         let d_o = grads.consume::<B>(&ops.node);
         let (q, k, v, o, lse, (bq, bk)) = ops.state;
-        let t = |p: FloatTensor<B>| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(p));
+        let t = tensor::<B, 4>;
         let (dq, dk, dv) = blocked_backward(
             t(q),
             t(k),
@@ -267,8 +267,7 @@ pub fn autodiff_attention_with<B: Backend, C: CheckpointStrategy>(
     let q = q.into_primitive().tensor();
     let k = k.into_primitive().tensor();
     let v = v.into_primitive().tensor();
-    let inner =
-        |p: &FloatTensor<B>| Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(p.clone()));
+    let inner = |p: &FloatTensor<B>| tensor::<B, 4>(p.clone());
     let out = match MemoryEfficientBackward
         .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
         .compute_bound()
@@ -302,7 +301,7 @@ pub fn autodiff_attention_with<B: Backend, C: CheckpointStrategy>(
             prep.finish(o.into_primitive().tensor())
         }
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    tensor(out)
 }
 
 /// [`memory_efficient_attention`]'s inputs, for [`dispatch`].

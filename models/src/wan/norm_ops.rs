@@ -17,19 +17,14 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::autodiff::NodeId;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor};
 
+use super::custom_op::{register, tensor};
 use super::mem_attention::{to_dtype, to_f32};
 use super::norm::{normalized, rms_normalized};
-
-/// A float primitive of the inner backend as a tensor of rank `D`.
-fn tensor<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(p))
-}
 
 /// `t` summed over the axes where `shape` is 1 (the gradient of a broadcast operand).
 fn reduce_to<B: Backend, const D: usize>(mut t: Tensor<B, D>, shape: [usize; D]) -> Tensor<B, D> {
@@ -39,17 +34,6 @@ fn reduce_to<B: Backend, const D: usize>(mut t: Tensor<B, D>, shape: [usize; D])
         }
     }
     t
-}
-
-/// Registers `grad()` for `parent` when the parent needs a gradient (computed only then).
-fn register<B: Backend>(
-    grads: &mut Gradients,
-    parent: Option<NodeId>,
-    grad: impl FnOnce() -> FloatTensor<B>,
-) {
-    if let Some(id) = parent {
-        grads.register::<B>(id, grad());
-    }
 }
 
 /// The backward of the affine LayerNorm `y = LN(x) · scale + shift` of rank `D`.
@@ -155,7 +139,7 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
         }
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    tensor(out)
 }
 
 /// The backward of the RMSNorm `y = x · rstd · w` of rank `D`.
@@ -227,7 +211,7 @@ pub fn autodiff_rms_norm<B: Backend, C: CheckpointStrategy, const D: usize>(
         }
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(out))
+    tensor(out)
 }
 
 #[cfg(test)]
