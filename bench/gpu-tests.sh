@@ -11,7 +11,9 @@
 # `cuda_*` functions): the fused attention and tiled tensor-core kernels, cubek's flash
 # forward, the fused AdamW/EMA kernels, the diffusers parity tests at the TF32 bar and the
 # bf16 model checks. FILTER replaces that filter; OUT_LOG (default $OUT/gpu-tests.log when
-# $OUT is set) receives the whole log. Exits non-zero when a test binary fails.
+# $OUT is set) receives the whole log. Each binary gets at most TEST_TIMEOUT_S seconds
+# (default 240), so that a hung kernel cannot take the whole device session. Exits non-zero
+# when a test binary fails or times out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-bench/bin}
@@ -64,8 +66,12 @@ failed=()
 for t in "$TEST_DIR"/*; do
   echo "=== $(basename "$t") ($FILTER)" | tee -a "$log"
   # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
-  "$t" "$FILTER" --test-threads 1 --nocapture 2>&1 | tee -a "$log"
-  [[ ${PIPESTATUS[0]} == 0 ]] || failed+=("$(basename "$t")")
+  timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" "$FILTER" --test-threads 1 --nocapture 2>&1 | tee -a "$log"
+  case ${PIPESTATUS[0]} in
+    0) ;;
+    124 | 137) failed+=("$(basename "$t") (timed out)") ;;
+    *) failed+=("$(basename "$t")") ;;
+  esac
 done
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" | tee -a "$log"

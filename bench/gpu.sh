@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The GPU measurement matrix in one command: Reel's CUDA build variants x attention x dtype x
+# The GPU measurements in one command: Reel's CUDA build variants x attention x dtype x
 # gradient checkpointing, with PyTorch + diffusers beside each (shape, dtype, checkpointing)
-# in the same run, then the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens,
-# then the Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens); ENCODERS=0 skips them.
-# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md}: one row per Reel run, with the device,
-# the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON of every GPU run.
+# in the same run, the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens, and the
+# Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens).
+# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (and a copy under $OUT when it is set)
+# after every run, so a run cut short still leaves what it measured: one row per Reel run
+# with the device, the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON
+# of every GPU run.
 #
 # GPU minutes are scarce, so build here and only measure there:
 #   BUILD_ONLY=1 bench/gpu.sh      # here: bench/bin/reel-cuda-<variant>, stripped, and
-#                                  # bench/bin/reel-cuda.tar.xz (about 30 MB) to carry
-#   bench/gpu.sh                   # there (unpacks the tarball when the binaries are absent)
+#                                  # bench/bin/reel-cuda.tar.xz (about 10 MB a variant) to carry
+#   PLAN=session bench/gpu.sh      # there: the prioritized runs below, within BUDGET_S
+#   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
-# Every axis is an environment variable (space-separated values), so one session can run the
-# matrix in slices that each fit a 10-minute command:
+# PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
+# 10-minute command holds it): bf16 with the tensor-core attention, in this order, each
+# Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant; then, with the
+# variant that was fastest there, 29120 tokens with checkpointing, the breakdown of
+# configs/dmd2_wan.toml at its shipped 29120 tokens (random weights and data), 2048 tokens
+# without checkpointing, the VAE decode/encode in 256-px tiles, UMT5 on 512 tokens and the
+# breakdown of configs/finetune_wan.toml. What the budget leaves out is listed as skipped.
+#
+# PLAN=matrix (the default) runs every combination of these axes (space-separated values),
+# so one session can run it in slices:
 #   SHAPES="8,32,32 21,30,52 20,56,104"   latent F,H,W: 2048, 8190 and 29120 tokens (patch 1x2x2)
 #   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused flash"
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
@@ -21,30 +32,47 @@
 #   optimizer.fused = false; -flash: attention = "flash", tensor-core attention in bf16)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
+# BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
+# left, and runs that no longer fit are recorded as skipped.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
-# (out of memory) is recorded with `error` and the matrix goes on.
+# (out of memory) is recorded with `error` and the list goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SHAPES=${SHAPES:-"8,32,32 21,30,52 20,56,104"}
-VARIANTS=${VARIANTS:-"plain fusion fusion+autotune"}
-ATTENTION=${ATTENTION:-"memory_efficient fused flash"}
-DTYPES=${DTYPES:-"f32 bf16"}
-CKPTS=${CKPTS:-"0 1"}
+PLAN=${PLAN:-matrix}
 PRESET=${PRESET:-wan2.1-t2v-1.3b}
 BATCH=${BATCH:-1}
-STEPS=${STEPS:-3}
-WARMUP=${WARMUP:-1}
-BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
-BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
-BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-flash finetune-unfused dmd2 dmd2-flash"}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
+ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
+case $PLAN in
+  session)
+    VARIANTS=${VARIANTS:-"plain fusion"}
+    STEPS=${STEPS:-2}
+    WARMUP=${WARMUP:-1}
+    BUDGET_S=${BUDGET_S-500}
+    ;;
+  matrix)
+    SHAPES=${SHAPES:-"8,32,32 21,30,52 20,56,104"}
+    VARIANTS=${VARIANTS:-"plain fusion fusion+autotune"}
+    ATTENTION=${ATTENTION:-"memory_efficient fused flash"}
+    DTYPES=${DTYPES:-"f32 bf16"}
+    CKPTS=${CKPTS:-"0 1"}
+    STEPS=${STEPS:-3}
+    WARMUP=${WARMUP:-1}
+    BUDGET_S=${BUDGET_S-}
+    BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
+    BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
+    BREAKDOWN_RUNS=${BREAKDOWN_RUNS:-"finetune finetune-flash finetune-unfused dmd2 dmd2-flash"}
+    ;;
+  *) echo "PLAN must be session or matrix, not '$PLAN'" >&2; exit 2 ;;
+esac
 
 if [[ -n ${BUILD_ONLY:-} ]]; then
   set -e
   BACKEND=cuda VARIANTS="$VARIANTS" BIN_DIR="$BIN_DIR" BUILD_ONLY=1 bench/variants.sh
-  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" $(cd "$BIN_DIR" && ls reel-cuda-*[^z])
+  # shellcheck disable=SC2046 # one word per binary
+  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" $(for v in $VARIANTS; do echo "reel-cuda-$v"; done)
   ls -l "$BIN_DIR"
   exit 0
 fi
@@ -65,190 +93,151 @@ date=$(date -u +%Y-%m-%d)
 out=bench/results/$date-$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')${TAG:+-$TAG}
 mkdir -p bench/results
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-rows=$tmp/rows.jsonl
-: >"$rows"
+manifest=$tmp/manifest.jsonl
+: >"$manifest"
+start=$SECONDS
+n=0
 
-# Run "$@" (stdout to $1's file) while sampling GPU memory; prints the peak MiB.
+# Seconds this run may still take (a large number without a budget).
+left() { if [[ -n $BUDGET_S ]]; then echo $((BUDGET_S - (SECONDS - start))); else echo 999999; fi; }
+
+# Run "$@" with stdout to $1 (stderr to $1.err) while sampling GPU memory, within the time
+# left; prints "<rc> <peak MiB>".
 peak_run() {
   local file=$1; shift
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 >"$tmp/mem" 2>/dev/null &
   local smi=$!
-  "$@" >"$file" 2>"$file.err"
+  timeout -k 5 "$(left)" "$@" >"$file" 2>"$file.err"
   local rc=$?
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
-  sort -n "$tmp/mem" | tail -1 | tr -d ' '
-  return $rc
+  echo "$rc $(sort -n "$tmp/mem" | tail -1 | tr -d ' ')"
 }
 
-# One JSON row from a Reel JSON file, the PyTorch JSON file (or none) and the settings.
-row() {
-  "$PYTHON" - "$@" <<'PY'
+# One job: `job KIND KEY=VALUE... -- COMMAND...`; records it in the manifest (skipped when
+# under 30 seconds of the budget are left) and rewrites the results.
+job() {
+  local kind=$1; shift
+  local fields=()
+  while [[ $1 != -- ]]; do fields+=("$1"); shift; done
+  shift
+  n=$((n + 1))
+  local file=$tmp/run.$n.json rc=skipped mem=""
+  if (($(left) >= 30)); then
+    echo "[$((SECONDS - start)) s] $kind ${fields[*]}" >&2
+    read -r rc mem < <(peak_run "$file" "$@")
+  fi
+  "$PYTHON" -c 'import json, sys; k, f, rc, mem, *kv = sys.argv[1:]
+print(json.dumps(dict(kind=k, file=f, rc=rc, mem=mem, **dict(x.split("=", 1) for x in kv))))' \
+    "$kind" "$file" "$rc" "$mem" "${fields[@]}" >>"$manifest"
+  summarize >/dev/null
+}
+
+torch_job() { # SHAPE DTYPE CKPT
+  [[ $TORCH == 1 ]] || return 0
+  local f h w extra=(--dtype "$2"); read -r f h w <<<"${1//,/ }"
+  [[ $3 == 1 ]] && extra+=(--gradient-checkpointing)
+  job torch shape="$1" dtype="$2" ckpt="$3" -- "$PYTHON" bench/pytorch/bench_wan.py --device cuda \
+    --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" \
+    "${extra[@]}" --json
+}
+
+reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
+  local f h w extra=(--dtype "$4"); read -r f h w <<<"${3//,/ }"
+  [[ $5 == 1 ]] && extra+=(--gradient-checkpointing)
+  job reel variant="$1" attention="$2" shape="$3" dtype="$4" ckpt="$5" -- \
+    "$BIN_DIR/reel-cuda-$1" bench --backend cuda --preset "$PRESET" --shape "$f" "$h" "$w" \
+    --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --attention "$2" "${extra[@]}" --json
+}
+
+# `finetune-unfused`: AdamW and EMA as Burn tensor operations (optimizer.fused = false), for
+# the `clip + optimizer` and `callbacks` phases side by side; `-flash`: attention = "flash"
+# (cubek's flash forward where no gradient flows, Reel's tiled kernels for training in bf16).
+breakdown_job() { # RUN VARIANT SHAPE
+  local method=${1%%-*} attention=fused extra=() f h w; read -r f h w <<<"${3//,/ }"
+  [[ $1 == *-unfused ]] && extra=(--set optimizer.fused=false)
+  [[ $1 == *-flash ]] && attention=flash
+  job breakdown method="$1" variant="$2" -- "$BIN_DIR/reel-cuda-$2" bench --breakdown \
+    --backend cuda --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
+    --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing \
+    --attention "$attention" "${extra[@]}" --json
+}
+
+# A shipped run config at FastVideo's 77x448x832 clips (20x56x104 latents, 29120 tokens):
+# random weights of its shapes, random data of that shape, the tensor-core attention on every
+# DiT role; real trainer steps with their phases and the GPU memory peak.
+config_job() { # CONFIG VARIANT STEPS
+  local sets=(--set 'data={kind="random",channels=16,frames=20,height=56,width=104,text_len=512,text_dim=4096}')
+  local role
+  for role in student teacher critic; do
+    grep -q "^\[models.$role\]" "$1" && sets+=(--set "models.$role.attention=\"flash\"")
+  done
+  job breakdown method="$1" variant="$2" -- "$BIN_DIR/reel-cuda-$2" bench --breakdown \
+    --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
+}
+
+encoder_job() { # VARIANT "<reel bench args>"
+  # shellcheck disable=SC2086 # $2 is a list of arguments
+  job encoder args="$2" -- "$BIN_DIR/reel-cuda-$1" bench --backend cuda $2 --steps "$STEPS" \
+    --warmup "$WARMUP" --json
+}
+
+# The variant whose Reel row at SHAPE (bf16, checkpointing, flash) has the shortest step.
+fastest_variant() {
+  "$PYTHON" - "$manifest" "$1" "${VARIANTS%% *}" <<'PY'
 import json, sys
-reel, torch, variant, attention, dtype, ckpt, reel_mem, torch_mem, gpu, date, shape = sys.argv[1:12]
-def load(p):
-    try:
-        return json.load(open(p))[0]
-    except Exception:
-        return None
-r, t = load(reel), load(torch)
-def err(p):
-    try:
-        lines = [l for l in open(p + ".err").read().splitlines() if l.strip()]
-        return lines[-1][:300] if lines else "failed"
-    except Exception:
-        return "failed"
-row = dict(device=gpu, date=date, variant=variant, attention=attention, dtype=dtype,
-           gradient_checkpointing=ckpt == "1", shape=[int(x) for x in shape.split(",")],
-           tokens=r["tokens"] if r else None,
-           reel_step_ms=r["train_step_ms"]["median"] if r else None,
-           reel_forward_ms=r["forward_ms"]["median"] if r else None,
-           reel_gpu_mib=float(reel_mem) if reel_mem else None,
-           torch_step_ms=t["train_step_ms"]["median"] if t else None,
-           torch_forward_ms=t["forward_ms"]["median"] if t else None,
-           torch_gpu_mib=float(torch_mem) if torch_mem else None)
-row["ratio"] = (row["reel_step_ms"] / row["torch_step_ms"]
-                if row["reel_step_ms"] and row["torch_step_ms"] else None)
-if r is None:
-    row["error"] = err(reel)
-print(json.dumps(row))
+manifest, shape, default = sys.argv[1:]
+best = (float("inf"), default)
+for line in open(manifest):
+    j = json.loads(line)
+    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0":
+        try:
+            best = min(best, (json.load(open(j["file"]))[0]["train_step_ms"]["median"], j["variant"]))
+        except Exception:
+            pass
+print(best[1])
 PY
 }
 
-i=0
-for shape in $SHAPES; do
-  read -r f h w <<<"${shape//,/ }"
-  for dtype in $DTYPES; do
-    for ckpt in $CKPTS; do
-      extra=(--dtype "$dtype"); [[ $ckpt == 1 ]] && extra+=(--gradient-checkpointing)
-      common=(--preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP")
-      tfile=$tmp/torch.$i.json tmem=""
-      if [[ $TORCH == 1 ]]; then
-        echo "pytorch: $shape $dtype ckpt=$ckpt" >&2
-        tmem=$(peak_run "$tfile" "$PYTHON" bench/pytorch/bench_wan.py --device cuda "${common[@]}" "${extra[@]}" --json)
-      fi
-      for variant in $VARIANTS; do
-        for attention in $ATTENTION; do
-          i=$((i + 1))
-          echo "reel $variant: $shape $dtype ckpt=$ckpt $attention" >&2
-          rfile=$tmp/reel.$i.json
-          rmem=$(peak_run "$rfile" "$BIN_DIR/reel-cuda-$variant" bench --backend cuda "${common[@]}" \
-            --attention "$attention" "${extra[@]}" --json)
-          row "$rfile" "$tfile" "$variant" "$attention" "$dtype" "$ckpt" "$rmem" "$tmem" "$gpu" "$date" "$shape" >>"$rows"
+# Rewrite $out.json and $out.md from the manifest (and copy them under $OUT).
+summarize() {
+  "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" &&
+    if [[ -n ${OUT:-} ]]; then cp "$out.json" "$out.md" "$OUT/"; fi
+}
+
+if [[ $PLAN == session ]]; then
+  torch_job 21,30,52 bf16 1
+  for v in $VARIANTS; do reel_job "$v" flash 21,30,52 bf16 1; done
+  best=$(fastest_variant 21,30,52)
+  echo "fastest variant at 8190 tokens: $best" >&2
+  torch_job 20,56,104 bf16 1
+  reel_job "$best" flash 20,56,104 bf16 1
+  # Five steps: the config updates the generator every fifth step.
+  config_job configs/dmd2_wan.toml "$best" 5
+  torch_job 8,32,32 bf16 0
+  reel_job "$best" flash 8,32,32 bf16 0
+  if [[ ${ENCODERS:-1} == 1 ]]; then
+    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
+    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
+  fi
+  config_job configs/finetune_wan.toml "$best" "$STEPS"
+else
+  for shape in $SHAPES; do
+    for dtype in $DTYPES; do
+      for ckpt in $CKPTS; do
+        torch_job "$shape" "$dtype" "$ckpt"
+        for variant in $VARIANTS; do
+          for attention in $ATTENTION; do reel_job "$variant" "$attention" "$shape" "$dtype" "$ckpt"; done
         done
       done
     done
   done
-done
-
-# Where the time goes at real shapes: fine-tuning and the DMD2 step (student, critic and
-# teacher), bf16 with checkpointing, the fused attention.
-breakdowns=$tmp/breakdowns.json
-echo "[]" >"$breakdowns"
-if [[ -n $BREAKDOWN_SHAPE ]]; then
-  read -r f h w <<<"${BREAKDOWN_SHAPE//,/ }"
-  # `finetune-unfused`: the fine-tuning step with AdamW and EMA as Burn tensor operations
-  # (optimizer.fused = false), for the `clip + optimizer` and `callbacks` phases side by side.
-  # `-flash`: attention = "flash": tensor-core attention (cubek's flash forward where no
-  # gradient flows, Reel's tiled kernels for the training forward and backward in bf16).
-  for run in $BREAKDOWN_RUNS; do
-    method=${run%%-*}
-    attention=fused
-    extra=()
-    [[ $run == *-unfused ]] && extra=(--set optimizer.fused=false)
-    [[ $run == *-flash ]] && attention=flash
-    echo "breakdown: $run $BREAKDOWN_SHAPE ($BREAKDOWN_VARIANT)" >&2
-    bfile=$tmp/breakdown.$run.json
-    bmem=$(peak_run "$bfile" "$BIN_DIR/reel-cuda-$BREAKDOWN_VARIANT" bench --breakdown --backend cuda \
-      --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
-      --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing --attention "$attention" \
-      "${extra[@]}" --json)
-    "$PYTHON" - "$breakdowns" "$bfile" "$run" "$BREAKDOWN_VARIANT" "$bmem" <<'PY'
-import json, sys
-path, bfile, method, variant, mem = sys.argv[1:6]
-all_ = json.load(open(path))
-try:
-    b = json.load(open(bfile))[0]
-except Exception:
-    err = [l for l in open(bfile + ".err").read().splitlines() if l.strip()]
-    b = dict(error=err[-1][:300] if err else "failed")
-b.update(method=method, variant=variant, gpu_mib=float(mem) if mem else None)
-all_.append(b)
-json.dump(all_, open(path, "w"))
-PY
-  done
+  if [[ -n $BREAKDOWN_SHAPE ]]; then
+    for run in $BREAKDOWN_RUNS; do breakdown_job "$run" "$BREAKDOWN_VARIANT" "$BREAKDOWN_SHAPE"; done
+  fi
+  if [[ ${ENCODERS:-1} == 1 ]]; then
+    IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
+    for spec in "${encoder_runs[@]}"; do encoder_job "$BREAKDOWN_VARIANT" "$spec"; done
+  fi
 fi
-
-# The VAE and the text encoder at Wan's sizes: decode/encode of 81x480x832 (whole and in
-# 256-px tiles) and UMT5-XXL on 512 tokens, random weights of the real shapes.
-encoders=$tmp/encoders.json
-echo "[]" >"$encoders"
-ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
-if [[ ${ENCODERS:-1} == 1 ]]; then
-  n=0
-  IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
-  for spec in "${encoder_runs[@]}"; do
-    n=$((n + 1))
-    echo "encoders: $spec" >&2
-    efile=$tmp/enc.$n.json
-    # shellcheck disable=SC2086 # $spec is a list of arguments
-    emem=$(peak_run "$efile" "$BIN_DIR/reel-cuda-$BREAKDOWN_VARIANT" bench --backend cuda $spec \
-      --steps "$STEPS" --warmup "$WARMUP" --json)
-    "$PYTHON" - "$encoders" "$efile" "$spec" "$emem" <<'PY'
-import json, sys
-path, efile, spec, mem = sys.argv[1:5]
-all_ = json.load(open(path))
-try:
-    rows = json.load(open(efile))
-except Exception:
-    err = [l for l in open(efile + ".err").read().splitlines() if l.strip()]
-    rows = [dict(op=spec, error=err[-1][:300] if err else "failed")]
-for r in rows:
-    r.update(args=spec, gpu_mib=float(mem) if mem else None)
-all_ += rows
-json.dump(all_, open(path, "w"))
-PY
-  done
-fi
-
-"$PYTHON" - "$rows" "$breakdowns" "$out" "$gpu" "$date" "$encoders" <<'PY'
-import json, sys
-rows_path, bd_path, out, gpu, date, enc_path = sys.argv[1:7]
-rows = [json.loads(l) for l in open(rows_path) if l.strip()]
-breakdowns = json.load(open(bd_path))
-encoders = json.load(open(enc_path))
-json.dump(dict(device=gpu, date=date, rows=rows, breakdowns=breakdowns, encoders=encoders),
-          open(out + ".json", "w"), indent=1)
-f = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"
-lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
-         "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    tokens = r["tokens"] or "x".join(map(str, r["shape"]))
-    lines.append(f"| {tokens} | {r['variant']} | {r['attention']} | {r['dtype']} | "
-                 f"{'yes' if r['gradient_checkpointing'] else 'no'} | "
-                 f"{f(r['reel_step_ms']) if not r.get('error') else 'failed: ' + r['error'][:60]} | "
-                 f"{f(r['torch_step_ms'])} | {f(r['ratio'], 2)} | {f(r['reel_forward_ms'])} | "
-                 f"{f(r['torch_forward_ms'])} | {f(r['reel_gpu_mib'], 0)} | {f(r['torch_gpu_mib'], 0)} |")
-for b in breakdowns:
-    lines += ["", f"Breakdown, {b['method']} ({b['variant']}, bf16, checkpointing), "
-              f"GPU peak {f(b.get('gpu_mib'), 0)} MiB:"]
-    if "error" in b:
-        lines.append(f"failed: {b['error']}")
-        continue
-    lines += ["", "| phase | median ms | share |", "|---|---|---|"]
-    lines += [f"| {p['phase']} | {p['ms']['median']:.1f} | {100 * p['share']:.1f} % |" for p in b["phases"]]
-    lines.append(f"| step, profiled | {b['profiled_step_ms']['median']:.1f} | |")
-    lines.append(f"| step, unprofiled | {b['step_ms']['median']:.1f} | |")
-if encoders:
-    lines += ["", "| encoder run | op | input | output | median ms | GPU MiB (process peak) |",
-              "|---|---|---|---|---|---|"]
-    for e in encoders:
-        if "error" in e:
-            lines.append(f"| `{e['args']}` | failed: {e['error'][:80]} | | | | |")
-        else:
-            lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
-                         f"{e['ms']['median']:.1f} | {f(e.get('gpu_mib'), 0)} |")
-open(out + ".md", "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-print(f"\nwrote {out}.json and {out}.md", file=sys.stderr)
-PY
+summarize
+echo "wrote $out.json and $out.md ($((SECONDS - start)) s)" >&2

@@ -69,6 +69,7 @@ enum Command {
 
 /// Parse the command line, run the subcommand, print any error as one line on stderr.
 pub fn run() -> ExitCode {
+    crate::panic_hint::install();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train {

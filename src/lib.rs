@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod panic_hint;
 
 // Plugin crates register themselves at link time; reference each so the linker keeps them.
 use reel_methods as _;

@@ -1,7 +1,8 @@
 //! Crash anywhere: the real `reel` binary is killed at deterministic points (during every
 //! checkpoint file write, before the manifest, before the rename, after a step) and at
 //! random moments with SIGKILL; each time `--resume latest` finishes with exactly the weights
-//! of an uninterrupted run. Ctrl-C writes a checkpoint and a resume continues from it.
+//! of an uninterrupted run. Ctrl-C writes a checkpoint and a resume continues from it. A
+//! device that runs out of memory ends the run with a hint on what to change.
 
 mod common;
 
@@ -306,4 +307,30 @@ fn a_second_ctrl_c_exits_at_once_without_damage() {
         "the second interrupt should exit at once in 3 of {} attempts",
         delays.len()
     );
+}
+
+#[test]
+fn running_out_of_device_memory_says_what_to_change_and_keeps_the_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let out = tmp.path().join("run");
+    // A failed device allocation (as CubeCL panics) at the end of step 3.
+    let o = reel(&config, &out, &[], Some("device-out-of-memory:3"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(reel::panic_hint::OUT_OF_MEMORY_HINT),
+        "the out-of-memory hint: {err}"
+    );
+    assert!(
+        err.contains("can't allocate buffer") && err.contains("at step 3"),
+        "the cause: {err}"
+    );
+    // Steps 1 and 2 were saved and resume to the uninterrupted result.
+    assert!(ckpt(&out, 2).join("manifest.json").is_file(), "{err}");
+    finish(&config, &out);
+    let clean = tmp.path().join("clean");
+    finish(&config, &clean);
+    assert_eq!(final_weights(&out), final_weights(&clean));
 }

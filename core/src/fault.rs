@@ -10,7 +10,8 @@
 //! makes that write fail as on a full disk, to test `training.on_save_error`;
 //! `worker-panic` (once per worker and step, at the step's end) panics the thread of the
 //! worker that reaches the `n`-th hit, to test that a failed data-parallel worker stops the
-//! others.
+//! others; `device-out-of-memory` (same place) panics as CubeCL does when a device allocation
+//! fails, to test the out-of-memory hint.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -271,6 +271,14 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 self.seat.rank, self.step
             );
         }
+        if fault::fires("device-out-of-memory") {
+            // The form of CubeCL's failed device allocation.
+            panic!(
+                "can't allocate buffer of size: 1 (REEL_FAULT: device-out-of-memory in worker \
+                 {} at step {})",
+                self.seat.rank, self.step
+            );
+        }
         let report = StepReport {
             step: self.step,
             max_steps: self.loaded.config.training.max_steps,

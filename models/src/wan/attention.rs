@@ -99,8 +99,10 @@ impl<B: Backend> WanAttention<B> {
             q = rope.apply(q);
             k = rope.apply(k);
         }
-        let (q, k, v) = (q.swap_dims(1, 2), k.swap_dims(1, 2), v.swap_dims(1, 2));
-        let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype());
+        // Cast, then see `[B, S, H, hd]` as `[B, H, S, hd]`: the fused kernels return the
+        // output (and the gradients) stored `[B, S, H, hd]` like their inputs, so merging the
+        // heads below is a view, not a copy.
+        let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype()).swap_dims(1, 2);
         let o = to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype);
         let o = o.swap_dims(1, 2).reshape([b, s, dim]);
         self.to_out[0].forward(o)

@@ -32,7 +32,7 @@ pub struct PhaseRow {
     pub phase: String,
     /// Milliseconds per step over the timed steps.
     pub ms: Stats,
-    /// Share of the profiled step's median.
+    /// Share of the profiled step's mean (the phases' means add up to it).
     pub share: f64,
 }
 
@@ -270,7 +270,7 @@ fn summarize(
                 .collect();
             let ms = stats(per_step);
             PhaseRow {
-                share: ms.median / profiled.median.max(1e-9),
+                share: ms.mean / profiled.mean.max(1e-9),
                 phase: name,
                 ms,
             }
@@ -293,26 +293,21 @@ fn print_table(b: &Breakdown) {
         b.label, b.backend, b.samples_per_step, b.tokens
     );
     println!(
-        "  {:<44} {:>10} {:>10} {:>10} {:>7}",
-        "phase", "median ms", "min ms", "max ms", "share"
+        "  {:<44} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "phase", "mean ms", "median ms", "min ms", "max ms", "share"
     );
+    let row = |name: &str, ms: &Stats| {
+        format!(
+            "  {:<44} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+            name, ms.mean, ms.median, ms.min, ms.max
+        )
+    };
     for p in &b.phases {
-        println!(
-            "  {:<44} {:>10.1} {:>10.1} {:>10.1} {:>6.1}%",
-            p.phase,
-            p.ms.median,
-            p.ms.min,
-            p.ms.max,
-            100.0 * p.share
-        );
+        println!("{} {:>6.1}%", row(&p.phase, &p.ms), 100.0 * p.share);
     }
-    let (pr, st) = (&b.profiled_step_ms, &b.step_ms);
     println!(
-        "  {:<44} {:>10.1} {:>10.1} {:>10.1}",
-        "step, profiled (sum of the phases)", pr.median, pr.min, pr.max
+        "{}",
+        row("step, profiled (sum of the phases)", &b.profiled_step_ms)
     );
-    println!(
-        "  {:<44} {:>10.1} {:>10.1} {:>10.1}",
-        "step, unprofiled", st.median, st.min, st.max
-    );
+    println!("{}", row("step, unprofiled", &b.step_ms));
 }

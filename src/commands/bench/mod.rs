@@ -169,9 +169,12 @@ pub struct BenchRow {
     peak_rss_mib: f64,
 }
 
-/// Median, min and max of timed repetitions.
+/// Mean, median, min and max of timed repetitions.
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
+    /// Mean: the figure for runs whose steps differ by design (a DMD2 run that updates the
+    /// generator every fifth step).
+    pub mean: f64,
     /// Median (the upper one of an even count).
     pub median: f64,
     /// Fastest.
@@ -183,6 +186,7 @@ pub struct Stats {
 fn stats(mut v: Vec<f64>) -> Stats {
     v.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
     Stats {
+        mean: v.iter().sum::<f64>() / v.len() as f64,
         median: v[v.len() / 2],
         min: v[0],
         max: v[v.len() - 1],

@@ -93,14 +93,40 @@ fn cube_count(rows: usize, batch_heads: usize) -> CubeCount {
     CubeCount::Static(rows.div_ceil(UNITS) as u32, batch_heads as u32, 1)
 }
 
-fn empty_like_rows<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize, dtype: DType) -> CubeTensor<R> {
+/// An uninitialized float32 `[B, H, S]` tensor (the log-sum-exp or `Δ`) for the rows of `t`.
+fn empty_rows<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
     let s = t.meta.shape();
-    let shape = if cols == 0 {
-        Shape::new([s[0], s[1], s[2]])
-    } else {
-        Shape::new([s[0], s[1], s[2], cols])
-    };
-    empty_device_dtype(t.client.clone(), t.device.clone(), shape, dtype)
+    let shape = Shape::new([s[0], s[1], s[2]]);
+    empty_device_dtype(t.client.clone(), t.device.clone(), shape, DType::F32)
+}
+
+/// An uninitialized tensor of `dims` and `dtype` whose dimensions lie in memory in the order
+/// of `like`'s (largest stride outermost; ties keep the dimension order).
+///
+/// The attention's output and gradients follow their inputs' layout: the Wan blocks pass
+/// `[B, S, H, D]` tensors seen as `[B, H, S, D]`, and get the output and the gradients back
+/// stored `[B, S, H, D]`, so that transposing them back and merging the heads
+/// (`[B, S, H·D]`) is a view, not a copy (as PyTorch's attention keeps the query's layout).
+pub(crate) fn empty_in_layout_of<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    dims: [usize; 4],
+    dtype: DType,
+) -> CubeTensor<R> {
+    let strides = like.meta.strides();
+    let mut order = [0, 1, 2, 3];
+    order.sort_by_key(|&i| std::cmp::Reverse(strides[i]));
+    let stored = Shape::new(order.map(|i| dims[i]));
+    let t = empty_device_dtype(like.client.clone(), like.device.clone(), stored, dtype);
+    let mut axes = [0; 4];
+    for (pos, &dim) in order.iter().enumerate() {
+        axes[dim] = pos;
+    }
+    burn_cubecl::ops::permute(t, &axes)
+}
+
+/// [`empty_in_layout_of`] with `t`'s dims and dtype.
+fn empty_like<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
+    empty_in_layout_of(t, t.meta.shape().dims(), t.dtype)
 }
 
 /// `t` in `dtype` (cast when it is not): the backward kernels read the output gradient in the
@@ -114,7 +140,8 @@ fn as_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
 }
 
 /// Forward: `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` for `q [B, H, Sq, D]`,
-/// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype).
+/// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype); `o` is laid out as
+/// `q` is ([`empty_in_layout_of`]).
 pub fn forward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -123,8 +150,8 @@ pub fn forward<R: CubeRuntime>(
     check_shapes(&q, &k, &v);
     let [b, h, sq, d] = q.meta.shape().dims();
     let dv = v.meta.shape()[3];
-    let out = empty_like_rows(&q, dv, q.dtype);
-    let lse = empty_like_rows(&q, 0, DType::F32);
+    let out = empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
+    let lse = empty_rows(&q);
     let scale = 1.0 / (d as f32).sqrt();
     let dtype = q.dtype;
     kernels::attention_forward::launch::<R>(
@@ -146,8 +173,8 @@ pub fn forward<R: CubeRuntime>(
     (out, lse)
 }
 
-/// Backward: `(dq, dk, dv)` shaped like `q, k, v` from the saved `o`, `lse` and the output
-/// gradient `d_out [B, H, Sq, Dv]`.
+/// Backward: `(dq, dk, dv)` shaped and laid out like `q, k, v` from the saved `o`, `lse` and
+/// the output gradient `d_out [B, H, Sq, Dv]` (any strides).
 pub fn backward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -162,10 +189,8 @@ pub fn backward<R: CubeRuntime>(
     let dv = v.meta.shape()[3];
     let dtype = q.dtype;
     let d_out = as_dtype(d_out, dtype);
-    let dq = empty_like_rows(&q, d, dtype);
-    let dk = empty_like_rows(&k, d, dtype);
-    let dvt = empty_like_rows(&v, dv, dtype);
-    let delta = empty_like_rows(&q, 0, DType::F32);
+    let (dq, dk, dvt) = (empty_like(&q), empty_like(&k), empty_like(&v));
+    let delta = empty_rows(&q);
     let scale = 1.0 / (d as f32).sqrt();
     let tile = device_tile(&dq, d, dv);
     let client = q.client.clone();

@@ -165,6 +165,57 @@ fn check_cubek_flash<R: CubeRuntime>(device: &R::Device, routine: flash::FlashRo
     }
 }
 
+/// The fused and the tiled (unit products) kernels on the CubeCL backend `R` give the output
+/// and the gradients laid out like their inputs: contiguous, and `[B, S, H, D]` seen as
+/// `[B, H, S, D]` (what the Wan blocks pass, and what makes merging the heads a view).
+fn check_layouts<R: CubeRuntime>(device: &R::Device) {
+    type K<R> = CubeBackend<R, f32, i32, u32>;
+    let (b, h, sq, sk, d, dv) = (2, 3, 37, 21, 8, 5);
+    for strided in [false, true] {
+        let t = |[b, h, s, c]: [usize; 4]| {
+            let t = if strided {
+                Tensor::<K<R>, 4>::ones([b, s, h, c], device).swap_dims(1, 2)
+            } else {
+                Tensor::<K<R>, 4>::ones([b, h, s, c], device)
+            };
+            t.into_primitive().tensor()
+        };
+        let strides = |[_, h, s, c]: [usize; 4]| {
+            if strided {
+                vec![s * h * c, c, h * c, 1]
+            } else {
+                vec![h * s * c, s * c, c, 1]
+            }
+        };
+        let dims = [[b, h, sq, dv], [b, h, sq, d], [b, h, sk, d], [b, h, sk, dv]];
+        let (q, k, v) = (t(dims[1]), t(dims[2]), t(dims[3]));
+        let d_out = t(dims[0]);
+        let (o, lse) = forward(q.clone(), k.clone(), v.clone());
+        let (dq, dk, dvt) = backward(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            o.clone(),
+            lse,
+            d_out.clone(),
+        );
+        let qkv = (q.clone(), k.clone(), v.clone());
+        let (to, tlse) = tiled::forward(q, k, v, Products::Units).expect("unit products run");
+        let (tq, tk, tv) = tiled::backward(qkv, to.clone(), tlse, d_out, Products::Units)
+            .expect("unit products run");
+        for (kernel, outs) in [("fused", [o, dq, dk, dvt]), ("tiled", [to, tq, tk, tv])] {
+            for ((name, out), dims) in ["out", "dq", "dk", "dv"].iter().zip(outs).zip(dims) {
+                assert_eq!(out.meta.shape().dims::<4>(), dims, "{kernel} {name} shape");
+                assert_eq!(
+                    out.meta.strides().to_vec(),
+                    strides(dims),
+                    "{kernel} {name} strides (inputs strided: {strided})"
+                );
+            }
+        }
+    }
+}
+
 /// Shapes of the tiled kernels' tests: uneven lengths (partial tiles and cubes), `Sq ≠ Sk`,
 /// head dims that are not multiples of 16, `D ≠ Dv`, and head dims up to 64; all fit 32 KiB
 /// of shared memory in float32 (the software Vulkan driver's limit).
@@ -318,6 +369,11 @@ macro_rules! backend_tests {
             #[test]
             fn cubek_unit_flash_forward_matches_naive() {
                 check_cubek_flash::<$runtime>(&Default::default(), flash::FlashRoutine::Unit);
+            }
+
+            #[test]
+            fn outputs_and_gradients_are_laid_out_like_the_inputs() {
+                check_layouts::<$runtime>(&Default::default());
             }
 
             #[test]

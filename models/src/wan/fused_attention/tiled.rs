@@ -10,8 +10,7 @@
 //! same kernels with unit loops in place of the tile instructions ([`Products::Units`]) run on
 //! any CubeCL device and are what the tests check on a software Vulkan driver.
 
-use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::features::MmaConfig;
@@ -178,15 +177,6 @@ fn shape_for<R: CubeRuntime>(
     tile_shape(kernel, d, dv, q.dtype.size(), have)
 }
 
-fn empty<R: CubeRuntime>(t: &CubeTensor<R>, dims: &[usize], dtype: DType) -> CubeTensor<R> {
-    empty_device_dtype(
-        t.client.clone(),
-        t.device.clone(),
-        Shape::from(dims.to_vec()),
-        dtype,
-    )
-}
-
 fn launch_dims(rows: usize, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(seq.div_ceil(rows) as u32, batch_heads as u32, 1),
@@ -196,7 +186,7 @@ fn launch_dims(rows: usize, seq: usize, batch_heads: usize) -> (CubeCount, CubeD
 
 /// Forward: `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` for `q [B, H, Sq, D]`,
 /// `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]` (any strides, one float dtype; shapes checked by
-/// the caller), or why `products` cannot run it here.
+/// the caller; `o` laid out as `q` is), or why `products` cannot run it here.
 pub fn forward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -207,8 +197,8 @@ pub fn forward<R: CubeRuntime>(
     let [b, h, sq, d] = q.meta.shape().dims();
     let dv = v.meta.shape()[3];
     let (rows, cols) = shape_for(Kernel::Forward, &q, d, dv)?;
-    let out = empty(&q, &[b, h, sq, dv], q.dtype);
-    let lse = empty(&q, &[b, h, sq], DType::F32);
+    let out = super::empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
+    let lse = super::empty_rows(&q);
     let (count, dim) = launch_dims(rows, sq, b * h);
     let dtype = q.dtype;
     kernels::tiled_forward::launch::<R>(
@@ -232,9 +222,9 @@ pub fn forward<R: CubeRuntime>(
     Ok((out, lse))
 }
 
-/// Backward: `(dq, dk, dv)` shaped like `q, k, v` from the saved `o`, `lse` and the output
-/// gradient `d_out [B, H, Sq, Dv]` (cast to the inputs' dtype), or why `products` cannot run
-/// it here.
+/// Backward: `(dq, dk, dv)` shaped and laid out like `q, k, v` from the saved `o`, `lse` and
+/// the output gradient `d_out [B, H, Sq, Dv]` (cast to the inputs' dtype), or why `products`
+/// cannot run it here.
 pub fn backward<R: CubeRuntime>(
     (q, k, v): Qkv<R>,
     o: CubeTensor<R>,
@@ -250,10 +240,10 @@ pub fn backward<R: CubeRuntime>(
     let (rows_k, cols_q) = shape_for(Kernel::BackwardKv, &q, d, dv)?;
     let dtype = q.dtype;
     let d_out = super::as_dtype(d_out, dtype);
-    let dq = empty(&q, &[b, h, sq, d], dtype);
-    let dk = empty(&q, &[b, h, sk, d], dtype);
-    let dvt = empty(&q, &[b, h, sk, dv], dtype);
-    let delta = empty(&q, &[b, h, sq], DType::F32);
+    let dq = super::empty_in_layout_of(&q, [b, h, sq, d], dtype);
+    let dk = super::empty_in_layout_of(&k, [b, h, sk, d], dtype);
+    let dvt = super::empty_in_layout_of(&v, [b, h, sk, dv], dtype);
+    let delta = super::empty_rows(&q);
     let scale = 1.0 / (d as f32).sqrt();
     let tc = products == Products::TensorCores;
     let client = q.client.clone();

@@ -1,0 +1,159 @@
+"""The results of `bench/gpu.sh` from its run manifest: `<out>.json` and a markdown `<out>.md`.
+
+    python3 bench/gpu_summary.py MANIFEST OUT GPU DATE PLAN BUDGET_S
+
+Each manifest line is one job (`kind` reel | torch | breakdown | encoder, its settings, the
+`file` holding its `--json` output, the exit status `rc` or "skipped", the GPU memory peak
+`mem`). Reel rows are joined with the PyTorch run of the same shape, dtype and checkpointing.
+"""
+
+import json
+import sys
+
+
+def load(path):
+    try:
+        return json.load(open(path))
+    except Exception:
+        return None
+
+
+def error(job):
+    if job["rc"] == "skipped":
+        return "skipped: time budget spent"
+    if job["rc"] == "124":
+        return "stopped: time budget spent"
+    try:
+        lines = [l for l in open(job["file"] + ".err").read().splitlines() if l.strip()]
+    except Exception:
+        lines = []
+    # A panic's message is the line after `thread '..' panicked at`; Reel's out-of-memory
+    # hint (src/panic_hint.rs) marks a failed device allocation.
+    panics = [i for i, l in enumerate(lines) if " panicked at " in l and i + 1 < len(lines)]
+    msg = ("panicked: " + lines[panics[-1] + 1] if panics
+           else lines[-1] if lines else f"failed (exit {job['rc']})")
+    if any(l.startswith("reel: the device ran out of memory") for l in lines):
+        msg = "out of device memory: " + msg
+    return msg[:300]
+
+
+def mib(job):
+    return float(job["mem"]) if job.get("mem") else None
+
+
+def first(job):
+    data = load(job["file"]) if job["rc"] == "0" else None
+    return data[0] if data else None
+
+
+def rows_of(jobs, gpu, date):
+    torch = {(j["shape"], j["dtype"], j["ckpt"]): j for j in jobs if j["kind"] == "torch"}
+    rows = []
+    for j in (j for j in jobs if j["kind"] == "reel"):
+        r = first(j)
+        tj = torch.get((j["shape"], j["dtype"], j["ckpt"]))
+        t = first(tj) if tj else None
+        row = dict(device=gpu, date=date, variant=j["variant"], attention=j["attention"],
+                   dtype=j["dtype"], gradient_checkpointing=j["ckpt"] == "1",
+                   shape=[int(x) for x in j["shape"].split(",")],
+                   tokens=r["tokens"] if r else None,
+                   reel_step_ms=r["train_step_ms"]["median"] if r else None,
+                   reel_forward_ms=r["forward_ms"]["median"] if r else None,
+                   reel_gpu_mib=mib(j),
+                   torch_step_ms=t["train_step_ms"]["median"] if t else None,
+                   torch_forward_ms=t["forward_ms"]["median"] if t else None,
+                   torch_gpu_mib=mib(tj) if tj else None)
+        row["ratio"] = (row["reel_step_ms"] / row["torch_step_ms"]
+                        if row["reel_step_ms"] and row["torch_step_ms"] else None)
+        if r is None:
+            row["error"] = error(j)
+        if tj and t is None:
+            row["torch_error"] = error(tj)
+        rows.append(row)
+    return rows
+
+
+def breakdowns_of(jobs):
+    out = []
+    for j in (j for j in jobs if j["kind"] == "breakdown"):
+        b = first(j) or dict(error=error(j))
+        b.update(method=j["method"], variant=j["variant"], gpu_mib=mib(j))
+        out.append(b)
+    return out
+
+
+def encoders_of(jobs):
+    out = []
+    for j in (j for j in jobs if j["kind"] == "encoder"):
+        data = load(j["file"]) if j["rc"] == "0" else None
+        for e in data or [dict(op=j["args"], error=error(j))]:
+            e.update(args=j["args"], gpu_mib=mib(j))
+            out.append(e)
+    return out
+
+
+def failed(err):
+    return err if err.startswith(("skipped", "stopped")) else "failed: " + err
+
+
+def fmt(v, p=1):
+    return "—" if v is None else f"{v:.{p}f}"
+
+
+def markdown(gpu, date, rows, breakdowns, encoders, skipped):
+    lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
+             "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | "
+             "Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tokens = r["tokens"] or "x".join(map(str, r["shape"]))
+        step = failed(r["error"][:60]) if r.get("error") else fmt(r["reel_step_ms"])
+        lines.append(f"| {tokens} | {r['variant']} | {r['attention']} | {r['dtype']} | "
+                     f"{'yes' if r['gradient_checkpointing'] else 'no'} | {step} | "
+                     f"{fmt(r['torch_step_ms'])} | {fmt(r['ratio'], 2)} | "
+                     f"{fmt(r['reel_forward_ms'])} | {fmt(r['torch_forward_ms'])} | "
+                     f"{fmt(r['reel_gpu_mib'], 0)} | {fmt(r['torch_gpu_mib'], 0)} |")
+    for b in breakdowns:
+        what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
+                f"shapes, attention flash)" if b["method"].endswith(".toml")
+                else f"{b['method']} ({b['variant']}, bf16, checkpointing)")
+        lines += ["", f"Breakdown, {what}, GPU peak {fmt(b.get('gpu_mib'), 0)} MiB:"]
+        if "error" in b:
+            lines.append(failed(b["error"]))
+            continue
+        ms = lambda s: f"{s.get('mean', s['median']):.1f} | {s['median']:.1f}"
+        lines += ["", "| phase | mean ms | median ms | share |", "|---|---|---|---|"]
+        lines += [f"| {p['phase']} | {ms(p['ms'])} | {100 * p['share']:.1f} % |"
+                  for p in b["phases"]]
+        lines.append(f"| step, profiled | {ms(b['profiled_step_ms'])} | |")
+        lines.append(f"| step, unprofiled | {ms(b['step_ms'])} | |")
+    if encoders:
+        lines += ["", "| encoder run | op | input | output | median ms | GPU MiB (process peak) |",
+                  "|---|---|---|---|---|---|"]
+        for e in encoders:
+            if "error" in e:
+                lines.append(f"| `{e['args']}` | {failed(e['error'][:80])} | | | | |")
+            else:
+                lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
+                             f"{e['ms']['median']:.1f} | {fmt(e.get('gpu_mib'), 0)} |")
+    if skipped:
+        lines += ["", "Skipped (time budget): " + "; ".join(skipped)]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    manifest, out, gpu, date, plan, budget = sys.argv[1:7]
+    jobs = [json.loads(l) for l in open(manifest) if l.strip()]
+    rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
+    skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
+               for j in jobs if j["rc"] == "skipped"]
+    json.dump(dict(device=gpu, date=date, plan=plan, budget_s=int(budget) if budget else None,
+                   rows=rows, breakdowns=breakdowns, encoders=encoders, skipped=skipped),
+              open(out + ".json", "w"), indent=1)
+    md = markdown(gpu, date, rows, breakdowns, encoders, skipped)
+    open(out + ".md", "w").write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
