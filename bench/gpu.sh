@@ -10,7 +10,8 @@
 #
 # GPU minutes are scarce, so build here and only measure there:
 #   BUILD_ONLY=1 bench/gpu.sh      # here: bench/bin/reel-cuda-<variant>, stripped, and
-#                                  # bench/bin/reel-cuda.tar.xz (about 10 MB a variant) to carry
+#                                  # bench/bin/reel-cuda.tar.xz (about 10 MB a variant, and
+#                                  # diffusers' wheel, 6 MB) to carry
 #   PLAN=session bench/gpu.sh      # there: the prioritized runs below, within BUDGET_S
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
@@ -71,8 +72,13 @@ esac
 if [[ -n ${BUILD_ONLY:-} ]]; then
   set -e
   BACKEND=cuda VARIANTS="$VARIANTS" BIN_DIR="$BIN_DIR" BUILD_ONLY=1 bench/variants.sh
+  # The GPU machine's image has PyTorch but not diffusers, and it reaches no network: the
+  # tarball carries diffusers' wheel (pure Python; what it requires is in the image).
+  rm -rf "$BIN_DIR/wheels"
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$BIN_DIR/wheels" \
+    "diffusers==${DIFFUSERS_VERSION:-0.42.1}"
   # shellcheck disable=SC2046 # one word per binary
-  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" $(for v in $VARIANTS; do echo "reel-cuda-$v"; done)
+  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" wheels $(for v in $VARIANTS; do echo "reel-cuda-$v"; done)
   ls -l "$BIN_DIR"
   exit 0
 fi
@@ -82,6 +88,13 @@ for v in $VARIANTS; do
   fi
   [[ -x $BIN_DIR/reel-cuda-$v ]] || { echo "missing $BIN_DIR/reel-cuda-$v: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
 done
+# diffusers from the carried wheel when the machine lacks it.
+if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import diffusers" 2>/dev/null && compgen -G "$BIN_DIR/wheels/*.whl" >/dev/null; then
+  site=$(cd "$BIN_DIR" && pwd)/site
+  "$PYTHON" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
+    --upgrade --target "$site" "$BIN_DIR"/wheels/*.whl &&
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import torch, diffusers" 2>/dev/null; then
   echo "no torch + diffusers for $PYTHON: PyTorch columns stay empty (TORCH=0)" >&2
   TORCH=0
