@@ -16,7 +16,8 @@
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
 # PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
-# 10-minute command holds it): bf16 with the tensor-core attention, in this order, each
+# 10-minute command holds it): bf16 with ATTENTION (default flash: the tensor-core kernels;
+# `fused` if their CUDA tests failed), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant; then, with the
 # variant that was fastest there, 29120 tokens with checkpointing, the breakdown of
 # configs/dmd2_wan.toml at its shipped 29120 tokens (random weights and data), 2048 tokens
@@ -49,6 +50,7 @@ ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --vid
 case $PLAN in
   session)
     VARIANTS=${VARIANTS:-"plain fusion"}
+    ATTENTION=${ATTENTION:-flash}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     BUDGET_S=${BUDGET_S-500}
@@ -182,10 +184,10 @@ config_job() { # CONFIG VARIANT STEPS
   local sets=(--set 'data={kind="random",channels=16,frames=20,height=56,width=104,text_len=512,text_dim=4096}')
   local role
   for role in student teacher critic; do
-    grep -q "^\[models.$role\]" "$1" && sets+=(--set "models.$role.attention=\"flash\"")
+    grep -q "^\[models.$role\]" "$1" && sets+=(--set "models.$role.attention=\"$ATTENTION\"")
   done
-  job breakdown method="$1" variant="$2" -- "$BIN_DIR/reel-cuda-$2" bench --breakdown \
-    --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
+  job breakdown method="$1" variant="$2" attention="$ATTENTION" -- "$BIN_DIR/reel-cuda-$2" \
+    bench --breakdown --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
 }
 
 encoder_job() { # VARIANT "<reel bench args>"
@@ -194,7 +196,7 @@ encoder_job() { # VARIANT "<reel bench args>"
     --warmup "$WARMUP" --json
 }
 
-# The variant whose Reel row at SHAPE (bf16, checkpointing, flash) has the shortest step.
+# The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step.
 fastest_variant() {
   "$PYTHON" - "$manifest" "$1" "${VARIANTS%% *}" <<'PY'
 import json, sys
@@ -219,15 +221,15 @@ summarize() {
 
 if [[ $PLAN == session ]]; then
   torch_job 21,30,52 bf16 1
-  for v in $VARIANTS; do reel_job "$v" flash 21,30,52 bf16 1; done
+  for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
   best=$(fastest_variant 21,30,52)
   echo "fastest variant at 8190 tokens: $best" >&2
   torch_job 20,56,104 bf16 1
-  reel_job "$best" flash 20,56,104 bf16 1
+  reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   # Five steps: the config updates the generator every fifth step.
   config_job configs/dmd2_wan.toml "$best" 5
   torch_job 8,32,32 bf16 0
-  reel_job "$best" flash 8,32,32 bf16 0
+  reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
   if [[ ${ENCODERS:-1} == 1 ]]; then
     encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
     encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"

@@ -78,6 +78,8 @@ def breakdowns_of(jobs):
     for j in (j for j in jobs if j["kind"] == "breakdown"):
         b = first(j) or dict(error=error(j))
         b.update(method=j["method"], variant=j["variant"], gpu_mib=mib(j))
+        if "attention" in j:
+            b["attention"] = j["attention"]
         out.append(b)
     return out
 
@@ -115,7 +117,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped):
                      f"{fmt(r['reel_gpu_mib'], 0)} | {fmt(r['torch_gpu_mib'], 0)} |")
     for b in breakdowns:
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
-                f"shapes, attention flash)" if b["method"].endswith(".toml")
+                f"shapes, attention {b.get('attention', 'flash')})" if b["method"].endswith(".toml")
                 else f"{b['method']} ({b['variant']}, bf16, checkpointing)")
         lines += ["", f"Breakdown, {what}, GPU peak {fmt(b.get('gpu_mib'), 0)} MiB:"]
         if "error" in b:
