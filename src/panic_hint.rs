@@ -4,7 +4,7 @@
 //! are unwrapped inside the backend), so what a user sees is an internal message and a
 //! backtrace. [`install`] keeps that report and adds what to change in the run.
 
-use std::any::Any;
+use reel_core::trainer::panic_message;
 
 /// What to change when a run does not fit the device's memory.
 pub const OUT_OF_MEMORY_HINT: &str = "reel: the device ran out of memory. To fit the run: \
@@ -34,22 +34,13 @@ pub fn hint(message: &str) -> Option<&'static str> {
         .then_some(OUT_OF_MEMORY_HINT)
 }
 
-/// A panic payload's message (`panic!` with a format string or a literal).
-fn message(payload: &(dyn Any + Send)) -> &str {
-    if let Some(s) = payload.downcast_ref::<String>() {
-        s
-    } else {
-        payload.downcast_ref::<&str>().copied().unwrap_or("")
-    }
-}
-
 /// Installs a panic hook that prints the default report, then [`hint`] when it applies (also
 /// for a training worker's panic, which the trainer catches and reports as an error).
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        if let Some(h) = hint(message(info.payload())) {
+        if let Some(h) = hint(panic_message(info.payload()).unwrap_or("")) {
             eprintln!("{h}");
         }
     }));
@@ -78,15 +69,5 @@ mod tests {
         ] {
             assert_eq!(hint(m), None, "{m}");
         }
-    }
-
-    #[test]
-    fn reads_both_kinds_of_panic_payload() {
-        let owned: Box<dyn Any + Send> = Box::new(String::from("out of memory"));
-        let literal: Box<dyn Any + Send> = Box::new("BufferTooBig");
-        let other: Box<dyn Any + Send> = Box::new(7u32);
-        assert_eq!(message(owned.as_ref()), "out of memory");
-        assert_eq!(message(literal.as_ref()), "BufferTooBig");
-        assert_eq!(message(other.as_ref()), "");
     }
 }

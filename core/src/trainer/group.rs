@@ -235,16 +235,21 @@ fn conclude(
 
 /// A worker's panic as an error naming it.
 fn panicked(rank: usize, device: usize, panic: Box<dyn std::any::Any + Send>) -> TrainError {
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".into());
+    let message = panic_message(panic.as_ref()).unwrap_or("unknown panic");
     TrainError::Worker {
         rank,
         device,
         cause: format!("panicked: {message}"),
     }
+}
+
+/// A panic payload's message: `panic!` with a format string (`String`) or a literal
+/// (`&str`); `None` for any other payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
 /// SHA-256 over every role's trainable weights, optimizer moments and EMA shadow (names,
@@ -265,4 +270,20 @@ pub(super) fn digest_roles<B: AutodiffBackend>(roles: Vec<&dyn RoleHandle<B>>) -
         }
     }
     format!("{:x}", h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+    use std::any::Any;
+
+    #[test]
+    fn reads_both_kinds_of_panic_payload() {
+        let owned: Box<dyn Any + Send> = Box::new(String::from("out of memory"));
+        let literal: Box<dyn Any + Send> = Box::new("BufferTooBig");
+        let other: Box<dyn Any + Send> = Box::new(7u32);
+        assert_eq!(panic_message(owned.as_ref()), Some("out of memory"));
+        assert_eq!(panic_message(literal.as_ref()), Some("BufferTooBig"));
+        assert_eq!(panic_message(other.as_ref()), None);
+    }
 }

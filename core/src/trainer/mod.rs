@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
 
+pub use group::panic_message;
 pub use run::Trainer;
 pub use state::{ema_file, optim_file, weights_file};
 

@@ -240,9 +240,11 @@ pub fn backward<R: CubeRuntime>(
     let (rows_k, cols_q) = shape_for(Kernel::BackwardKv, &q, d, dv)?;
     let dtype = q.dtype;
     let d_out = super::as_dtype(d_out, dtype);
-    let dq = super::empty_in_layout_of(&q, [b, h, sq, d], dtype);
-    let dk = super::empty_in_layout_of(&k, [b, h, sk, d], dtype);
-    let dvt = super::empty_in_layout_of(&v, [b, h, sk, dv], dtype);
+    let (dq, dk, dvt) = (
+        super::empty_like(&q),
+        super::empty_like(&k),
+        super::empty_like(&v),
+    );
     let delta = super::empty_rows(&q);
     let scale = 1.0 / (d as f32).sqrt();
     let tc = products == Products::TensorCores;
