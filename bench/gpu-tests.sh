@@ -4,7 +4,8 @@
 #
 #   BUILD_ONLY=1 bench/gpu-tests.sh   # here: builds the `--features cuda` test binaries of
 #                                     # reel-core and reel-models, strips them and packs
-#                                     # bench/bin/reel-cuda-tests.tar.xz (carry it)
+#                                     # bench/bin/reel-cuda-tests.tar.xz (carry it; the
+#                                     # commit it was built from is in cuda-tests/REV)
 #   bench/gpu-tests.sh                # there: unpacks them and runs every CUDA test
 #
 # The CUDA tests are the ones whose name contains `cuda` (the `cuda` modules and the
@@ -44,6 +45,10 @@ for line in sys.stdin:
     fi
   done <"$TEST_DIR/list"
   rm "$TEST_DIR/list"
+  # The commit the binaries come from, printed at the top of the log there.
+  rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+  git diff --quiet HEAD 2>/dev/null || rev+=-dirty
+  echo "$rev" >"$TEST_DIR/REV"
   # The binaries share most of their code: xz -9's 64 MiB window packs them together.
   XZ_OPT=-9 tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
   ls -l "$TEST_DIR" "$BIN_DIR/reel-cuda-tests.tar.xz"
@@ -62,8 +67,10 @@ export REEL_T5_FIXTURES=${REEL_T5_FIXTURES:-$PWD/tests/fixtures/umt5_tiny}
 log=${OUT_LOG:-${OUT:+$OUT/gpu-tests.log}}
 log=${log:-/dev/null}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$log"
+echo "test binaries built from commit $(cat "$TEST_DIR/REV" 2>/dev/null || echo unknown)" | tee -a "$log"
 failed=()
 for t in "$TEST_DIR"/*; do
+  [[ -x $t ]] || continue
   echo "=== $(basename "$t") ($FILTER)" | tee -a "$log"
   # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
   timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" "$FILTER" --test-threads 1 --nocapture 2>&1 | tee -a "$log"

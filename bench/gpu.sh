@@ -83,7 +83,7 @@ if [[ -n ${BUILD_ONLY:-} ]]; then
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$BIN_DIR/wheels" \
     "diffusers==${DIFFUSERS_VERSION:-0.42.1}"
   # shellcheck disable=SC2046 # one word per binary
-  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" wheels $(for v in $VARIANTS; do echo "reel-cuda-$v"; done)
+  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" wheels $(for v in $VARIANTS; do echo "reel-cuda-$v reel-cuda-$v.rev"; done)
   ls -l "$BIN_DIR"
   exit 0
 fi
@@ -93,6 +93,9 @@ for v in $VARIANTS; do
   fi
   [[ -x $BIN_DIR/reel-cuda-$v ]] || { echo "missing $BIN_DIR/reel-cuda-$v: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
 done
+# The commit the binaries were built from (bench/variants.sh writes it beside each).
+rev=$(cat "$BIN_DIR/reel-cuda-${VARIANTS%% *}.rev" 2>/dev/null || echo unknown)
+echo "binaries built from commit $rev" >&2
 # diffusers from the carried wheel when the machine lacks it.
 if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import diffusers" 2>/dev/null && compgen -G "$BIN_DIR/wheels/*.whl" >/dev/null; then
   site=$(cd "$BIN_DIR" && pwd)/site
@@ -219,7 +222,7 @@ PY
 
 # Rewrite $out.json and $out.md from the manifest (and copy them under $OUT).
 summarize() {
-  "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" &&
+  "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" "$rev" &&
     if [[ -n ${OUT:-} ]]; then cp "$out.json" "$out.md" "$OUT/"; fi
 }
 

@@ -145,14 +145,18 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped):
 
 def main():
     manifest, out, gpu, date, plan, budget = sys.argv[1:7]
+    commit = sys.argv[7] if len(sys.argv) > 7 else None
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
     skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
                for j in jobs if j["rc"] == "skipped"]
-    json.dump(dict(device=gpu, date=date, plan=plan, budget_s=int(budget) if budget else None,
+    json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
+                   budget_s=int(budget) if budget else None,
                    rows=rows, breakdowns=breakdowns, encoders=encoders, skipped=skipped),
               open(out + ".json", "w"), indent=1)
     md = markdown(gpu, date, rows, breakdowns, encoders, skipped)
+    if commit:
+        md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)
     print(md)
 

@@ -13,7 +13,9 @@
 # extra feature). A missing one is built with `cargo build --release --features
 # <backend>,<features>` into its own target dir ($CARGO_TARGET_DIR/variants/<variant>), so switching
 # variants never rebuilds Burn. Build on one machine and copy BIN_DIR to another to run there:
-# BUILD_ONLY=1 builds the missing binaries and stops. Binaries are stripped (wgpu about 45-65 MB,
+# BUILD_ONLY=1 builds the missing binaries and stops. Each binary has a `.rev` file beside it
+# (the commit it was built from, `-dirty` with uncommitted changes); one whose `.rev` is not
+# the clean HEAD is rebuilt, so a stale binary is never carried. Binaries are stripped (wgpu about 45-65 MB,
 # cuda 61-71 MB; `xz` takes them to 8-11 MB for carrying).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,14 +35,23 @@ extra=(--dtype "$DTYPE"); [[ -n ${CKPT:-} ]] && extra+=(--gradient-checkpointing
 case $BACKEND in cuda | wgpu) ;; *) echo "BACKEND must be cuda or wgpu, not '$BACKEND'" >&2; exit 2 ;; esac
 
 mkdir -p "$BIN_DIR"
+rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || rev+=-dirty
 for variant in $VARIANTS; do
   bin="$BIN_DIR/reel-$BACKEND-$variant"
-  [[ -x $bin ]] && continue
+  # Built binaries (on the GPU machine, unpacked ones) are kept unless this is a build
+  # machine with a newer commit.
+  if [[ -x $bin ]]; then
+    built=$(cat "$bin.rev" 2>/dev/null || echo unknown)
+    [[ -z ${BUILD_ONLY:-} || ($built == "$rev" && $rev != *-dirty) ]] && continue
+    echo "$bin was built from $built, HEAD is $rev: rebuilding" >&2
+  fi
   features=$BACKEND; [[ $variant != plain ]] && features+=",${variant//+/,}"
   echo "building $bin (--features $features)" >&2
   CARGO_TARGET_DIR="$TARGET/variants/$variant" cargo build --release --bin reel --features "$features" >&2
   cp "$TARGET/variants/$variant/release/reel" "$bin"
   strip "$bin" 2>/dev/null || true
+  echo "$rev" >"$bin.rev"
 done
 
 if [[ -n ${BUILD_ONLY:-} ]]; then
