@@ -81,7 +81,7 @@ impl AdamWScalars {
 ///  p ← p − (lr / (1−β1^k)) · m / (sqrt(v) / sqrt(1−β2^k) + ε)`
 ///
 /// With `fused` and a float32 parameter on a CubeCL backend (`cuda`, `wgpu`) the step is
-/// one kernel ([`fused`](crate::optim::fused), same operation order); otherwise Burn tensor
+/// one kernel (`optim::fused`, same operation order); otherwise Burn tensor
 /// operations.
 pub fn adamw_update<B: Backend>(
     s: &AdamWScalars,

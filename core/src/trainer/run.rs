@@ -1,48 +1,22 @@
 //! [`Trainer`]: one training run, its loop split into small steps.
 
+mod step;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
-use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
+use burn::tensor::backend::AutodiffBackend;
 
 use super::{build_method, io_err, publish_final, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
 use crate::callback::{Callback, CallbackContext, CallbackError, StepReport};
 use crate::checkpoint::CheckpointStore;
-use crate::config::{ConfigError, LoadedConfig, NonFinitePolicy, SaveErrorPolicy};
-use crate::data::{negative_or_zeros, to_device, DataSource, Loader, TextCondition};
-use crate::fault;
-use crate::method::{StepContext, TrainingMethod};
-use crate::parallel::{ParallelError, Seat};
-use crate::profile;
+use crate::config::{ConfigError, LoadedConfig, SaveErrorPolicy};
+use crate::data::{negative_or_zeros, DataSource, Loader, TextCondition};
+use crate::method::TrainingMethod;
+use crate::parallel::Seat;
 use crate::rng::RunRng;
-
-type Scalar<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
-
-/// Named losses of one step, each with its per-micro-batch values (device scalars).
-type LossParts<B> = Vec<(String, Vec<Scalar<B>>)>;
-
-/// What one host sync read: mean losses and each updating role's pre-clip gradient norm
-/// (averaged over the workers of a group), and whether any worker was interrupted.
-struct Reduced {
-    losses: Vec<(String, f64)>,
-    norms: Vec<(String, f64)>,
-    interrupted: bool,
-}
-
-impl Reduced {
-    /// `name=value` of every non-finite loss or norm.
-    fn non_finite(&self) -> Vec<String> {
-        self.losses
-            .iter()
-            .chain(&self.norms)
-            .filter(|(_, v)| !v.is_finite())
-            .map(|(n, v)| format!("{n}={v}"))
-            .collect()
-    }
-}
 
 /// One training run on backend `B`: the method, its data, callbacks and checkpoints.
 pub struct Trainer<'a, B: ReelBackend> {
@@ -237,220 +211,6 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         match self.seat.collective() {
             None => self.interrupted(),
             Some(_) => self.stop_agreed,
-        }
-    }
-
-    /// One optimizer step: micro-batches, one host sync, update (or the non-finite policy),
-    /// callbacks, checkpoint. Each piece is a [`profile`] phase; time outside them counts as
-    /// `other`.
-    pub fn train_step(&mut self) -> Result<(), TrainError> {
-        let device = self.device.clone();
-        let _step = profile::enter::<B>("other", &device);
-        let t0 = Instant::now();
-        let cursor_before = self.loader.cursor();
-        let turn = self.seat.autodiff_turn();
-        let parts = self.forward_backward()?;
-        drop(turn);
-        profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads())?;
-        let reduced =
-            profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts))?;
-        self.stop_agreed = reduced.interrupted;
-        let _turn = self.seat.autodiff_turn();
-        let bad = reduced.non_finite();
-        let lrs = if bad.is_empty() {
-            profile::phase::<B, _>("clip + optimizer", &device, || self.update(&reduced.norms))
-        } else {
-            self.on_non_finite(&bad, cursor_before)?;
-            vec![]
-        };
-        self.step += 1;
-        fault::point("step-end");
-        if fault::fires("worker-panic") {
-            panic!(
-                "REEL_FAULT: worker-panic in worker {} at step {}",
-                self.seat.rank, self.step
-            );
-        }
-        if fault::fires("device-out-of-memory") {
-            // The form of CubeCL's failed device allocation.
-            panic!(
-                "can't allocate buffer of size: 1 (REEL_FAULT: device-out-of-memory in worker \
-                 {} at step {})",
-                self.seat.rank, self.step
-            );
-        }
-        let report = StepReport {
-            step: self.step,
-            max_steps: self.loaded.config.training.max_steps,
-            losses: reduced.losses.clone(),
-            grad_norms: reduced.norms,
-            lrs,
-            step_seconds: t0.elapsed().as_secs_f64(),
-            samples_seen: self.loader.cursor(),
-            skipped: !bad.is_empty(),
-        };
-        self.last_losses = reduced.losses;
-        self.step_seconds.push(report.step_seconds);
-        profile::phase::<B, _>("callbacks", &device, || self.end_step(&report))?;
-        profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
-    }
-
-    /// Forward and backward of every micro-batch of the step; the losses stay on the device.
-    fn forward_backward(&mut self) -> Result<LossParts<B>, TrainError> {
-        let accum = self.loaded.config.training.grad_accumulation;
-        let spec = self.source.spec();
-        let mut parts: LossParts<B> = vec![];
-        for micro in 0..accum {
-            let data = profile::enter::<B>("data", &self.device);
-            let host = self.loader.next_batch()?;
-            let batch = to_device::<B>(&host, &spec, &self.negative, &self.device);
-            drop(data);
-            let ctx = StepContext {
-                step: self.step,
-                micro,
-                num_micro: accum,
-                max_steps: self.loaded.config.training.max_steps,
-                rng: self.rng,
-            };
-            // A method's own phases nest inside; the rest of its step counts here.
-            let out = profile::phase::<B, _>("method (other)", &self.device, || {
-                self.method.micro_step(&batch, &ctx)
-            })?;
-            for (name, value) in out.losses {
-                match parts.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, values)) => values.push(value),
-                    None => parts.push((name, vec![value])),
-                }
-            }
-        }
-        Ok(parts)
-    }
-
-    /// In a group: average every updating role's pending gradients over the workers (after
-    /// checking that all workers hold the same gradients to average).
-    fn all_reduce_grads(&mut self) -> Result<(), TrainError> {
-        let Some(collective) = self.seat.collective() else {
-            return Ok(());
-        };
-        let mut roles = self.method.roles_mut();
-        let counts: Vec<f32> = roles
-            .iter()
-            .flat_map(|r| {
-                let (tensors, values) = r.grad_counts();
-                [tensors as f32, (values % (1 << 20)) as f32]
-            })
-            .collect();
-        if !counts.is_empty() {
-            let local = Tensor::from_data(
-                TensorData::new(counts.clone(), [counts.len()]),
-                &self.device,
-            );
-            let agreed = collective
-                .mean(local)?
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap_or_default();
-            if agreed != counts {
-                return Err(ParallelError::Mismatch {
-                    rank: self.seat.rank,
-                    detail: format!(
-                        "(tensors, values mod 2^20) per role here {counts:?}, mean over the workers {agreed:?}"
-                    ),
-                }
-                .into());
-            }
-        }
-        for role in roles.iter_mut() {
-            role.map_grads(&mut |grads| collective.mean_all(grads))?;
-        }
-        Ok(())
-    }
-
-    /// One host sync: every loss (mean over micro-batches, then over the workers of a group)
-    /// and every updating role's gradient norm.
-    fn reduce(&self, parts: LossParts<B>) -> Result<Reduced, TrainError> {
-        let mut scalars: Vec<Scalar<B>> = parts
-            .iter()
-            .map(|(_, v)| Tensor::cat(v.clone(), 0).sum().div_scalar(v.len() as f64))
-            .collect();
-        if fault::fires("non-finite-loss") && !scalars.is_empty() {
-            scalars[0] = scalars[0].clone().add_scalar(f64::NAN);
-        }
-        // In a group, the workers average the losses and agree on an interrupt (one more
-        // value, read back with the rest).
-        let group = self.seat.collective();
-        if let Some(collective) = group {
-            let flag = Tensor::from_floats([self.interrupted() as u8 as f32], &self.device);
-            let local = Tensor::cat(scalars.into_iter().chain([flag]).collect(), 0);
-            scalars = vec![collective.mean(local)?];
-        }
-        let mut updating = vec![];
-        for role in self.method.roles() {
-            if let Some(n2) = role.grad_norm_sq() {
-                updating.push(role.name().to_string());
-                scalars.push(n2);
-            }
-        }
-        let mut values: Vec<f64> = if scalars.is_empty() {
-            vec![]
-        } else {
-            let data = Tensor::cat(scalars, 0).into_data().convert::<f64>();
-            data.to_vec::<f64>()
-                .unwrap_or_else(|e| panic!("f64 scalars do not read back: {e:?}"))
-        };
-        let mut norms = values.split_off(parts.len());
-        let interrupted = group.is_some() && norms.remove(0) > 0.0;
-        Ok(Reduced {
-            losses: parts.into_iter().map(|(n, _)| n).zip(values).collect(),
-            norms: updating
-                .into_iter()
-                .zip(norms.into_iter().map(f64::sqrt))
-                .collect(),
-            interrupted,
-        })
-    }
-
-    /// Clip each updating role by its global norm and step its optimizer; returns the
-    /// learning rates used.
-    fn update(&mut self, norms: &[(String, f64)]) -> Vec<(String, f64)> {
-        let mut lrs = vec![];
-        for role in self.method.roles_mut() {
-            let Some((_, norm)) = norms.iter().find(|(n, _)| n == role.name()) else {
-                continue;
-            };
-            let scale = match role.max_grad_norm() {
-                Some(max) if *norm > max => max / (norm + 1e-6),
-                _ => 1.0,
-            };
-            lrs.push((role.name().to_string(), role.lr_at(self.step)));
-            role.apply_update(self.step, scale);
-        }
-        lrs
-    }
-
-    /// NaN/inf: drop the gradients, then skip the step or save the last good state and stop.
-    fn on_non_finite(&mut self, bad: &[String], cursor_before: u64) -> Result<(), TrainError> {
-        for role in self.method.roles_mut() {
-            role.discard_grads();
-        }
-        match self.loaded.config.training.non_finite {
-            NonFinitePolicy::Skip => {
-                self.skipped_steps += 1;
-                eprintln!(
-                    "reel: step {}: non-finite {}: update skipped (non_finite = \"skip\")",
-                    self.step,
-                    bad.join(", ")
-                );
-                Ok(())
-            }
-            NonFinitePolicy::Stop => {
-                let dir = self.save(cursor_before)?;
-                Err(TrainError::NonFinite {
-                    step: self.step,
-                    what: bad.join(", "),
-                    checkpoint: dir.display().to_string(),
-                })
-            }
         }
     }
 

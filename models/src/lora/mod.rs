@@ -9,7 +9,7 @@
 //! - [`io`]: read and write adapter files in the diffusers / PEFT safetensors layout
 //!   (`transformer.<module>.lora_A.weight`, `__metadata__.lora_adapter_metadata`), and read
 //!   ComfyUI-style Wan files (`diffusion_model.blocks.0.self_attn.q.lora_down.weight`);
-//!   [`format`] holds the key mappings and the metadata JSON.
+//!   [`format`](mod@format) holds the key mappings and the metadata JSON.
 //!
 //! Each adapted [`Linear`](crate::wan::Linear) holds `lora_A.weight [r, in]` and
 //! `lora_B.weight [out, r]`, so a model's parameter paths equal the PEFT keys without the

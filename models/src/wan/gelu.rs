@@ -5,10 +5,10 @@
 //! makes Burn's autodiff keep four full-size tensors for the backward pass (`x`, `x²`, the
 //! tanh input and `1 + tanh`). In Wan's feed-forward network these are the largest
 //! activations of a block (`ffn_dim` = 8960 wide at 1.3B, 5.8 × the model width). As one
-//! autodiff operation ([`GeluBackward`]) it keeps `x` alone and recomputes the rest in the
+//! autodiff operation (`GeluBackward`) it keeps `x` alone and recomputes the rest in the
 //! backward pass, a quarter of the memory.
 //!
-//! The operation runs on Reel's autodiff backends ([`super::custom_op`]); anywhere else, and
+//! The operation runs on Reel's autodiff backends (`wan::custom_op`); anywhere else, and
 //! without autodiff, the plain formulation runs. Both compute in float32 and
 //! return the input's dtype, as PyTorch's GELU does for bfloat16 inputs.
 

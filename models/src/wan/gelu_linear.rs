@@ -3,7 +3,7 @@
 //!
 //! Applied one after the other, the GELU keeps its input `u` and the product keeps its input
 //! `GELU(u)`: two tensors of the FFN's width (`ffn_dim`, 5.8 × the model width at 1.3B), the
-//! largest activations of a block. As one operation ([`GeluMatmulBackward`]) only `u` is
+//! largest activations of a block. As one operation (`GeluMatmulBackward`) only `u` is
 //! kept, and the backward pass recomputes `GELU(u)` for the weight's gradient, one
 //! element-wise pass next to two matrix products.
 //!
@@ -11,7 +11,7 @@
 //! that dtype (bfloat16 in a bf16 run) and the result keeps it, as the product inside
 //! [`super::linear::Linear::forward`] does; the cast back to the input's dtype, the bias and
 //! any LoRA branch stay with the caller. It runs on Reel's autodiff backends
-//! ([`super::custom_op`]); anywhere else the two steps run one after the other.
+//! (`wan::custom_op`); anywhere else the two steps run one after the other.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

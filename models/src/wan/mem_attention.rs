@@ -7,7 +7,7 @@
 //! state is `q, k, v, o` and `lse [B, H, Sq, 1]`; the transient score block is at most
 //! [`BLOCK_BUDGET`] elements. Peak memory therefore grows linearly with the sequence length.
 //!
-//! The custom backward runs on Reel's autodiff backends ([`super::custom_op`]). On any other
+//! The custom backward runs on Reel's autodiff backends (`wan::custom_op`). On any other
 //! autodiff backend [`attention`] falls back to the plain formulation (correct, quadratic
 //! memory); on a backend without autodiff the blocked forward is used directly.
 

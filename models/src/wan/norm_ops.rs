@@ -4,14 +4,14 @@
 //! Burn's autodiff keep two float32 copies of the activations for the backward pass (the
 //! centred input and the normalized output), and the q/k RMSNorm `x · rstd · w` keeps two
 //! more (the float32 input and `x · rstd`): in a bf16 run, 16 bytes per element where the
-//! input itself takes 2. Here each norm is one operation ([`LayerNormBackward`],
-//! [`RmsNormBackward`]) that keeps its input in its own dtype, one or two float32 values per
+//! input itself takes 2. Here each norm is one operation (`LayerNormBackward`,
+//! `RmsNormBackward`) that keeps its input in its own dtype, one or two float32 values per
 //! row and its (small) float32 scale or weight, and recomputes the normalized input in the
 //! backward pass.
 //!
 //! The forward computes exactly what the plain formulations in [`super::norm`] compute (same
 //! operations, same order); the backward is the closed form. They run on Reel's autodiff
-//! backends ([`super::custom_op`]); anywhere else the plain formulations run.
+//! backends (`wan::custom_op`); anywhere else the plain formulations run.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

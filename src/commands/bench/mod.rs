@@ -6,13 +6,13 @@
 //! `B·n·[N·(12d² + 4df + 4Nd + 4Ld) + L·4d²]`; a training step counts 3× the forward.
 //!
 //! `--breakdown` runs real trainer steps instead and splits them into phases
-//! ([`breakdown`]); it benches `--method finetune` or `dmd2`, or any run config (`--config`).
+//! (`breakdown.rs`); it benches `--method finetune` or `dmd2`, or any run config (`--config`).
 //!
 //! `--devices N` trains the same run on 1 and on N data-parallel workers and reports the
-//! scaling efficiency ([`scaling`]).
+//! scaling efficiency (`scaling.rs`).
 //!
 //! `--vae` / `--text-encoder` time the Wan VAE's decode and encode and UMT5's encoding
-//! instead ([`encoders`]).
+//! instead (`encoders.rs`).
 //!
 //! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
 //! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS

@@ -8,8 +8,9 @@
 //! `attention = "flash"` the operations run the tiled tensor-core kernels ([`super::tiled`])
 //! where they can, the fused ones otherwise (the outputs are the same either way).
 
+use super::autodiff::try_kernels;
 use super::tiled::Products;
-use super::{try_kernels, FusedKernels, Qkv};
+use super::{FusedKernels, Qkv};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, Tensor};

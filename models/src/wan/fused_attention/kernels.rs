@@ -165,7 +165,7 @@ pub fn attention_forward<F: Float>(
 }
 
 /// Backward, query side: `dq = scale·Σⱼ p·(dp − Δ)·kⱼ` per query row, and `delta = Δ =
-/// Σ dO∘O` per row (float32 `[B, H, Sq]`, read by [`attention_backward_kv`]).
+/// Σ dO∘O` per row (float32 `[B, H, Sq]`, read by [`attention_backward_kv`](fn@attention_backward_kv)).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_q<F: Float>(
@@ -248,7 +248,7 @@ pub fn attention_backward_q<F: Float>(
 }
 
 /// Backward, key side: `dv = Σᵢ p·dOᵢ` and `dk = scale·Σᵢ p·(dp − Δᵢ)·qᵢ` per key row, with
-/// `Δ` from [`attention_backward_q`] (launched first on the same stream).
+/// `Δ` from [`attention_backward_q`](fn@attention_backward_q) (launched first on the same stream).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_kv<F: Float>(

@@ -6,8 +6,13 @@
 use super::*;
 use crate::wan::fused_attention::tiled::Products;
 use crate::wan::mem_attention::{fused_kernels_apply, naive_attention};
+use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, TensorData};
+use burn::tensor::{Tensor, TensorPrimitive};
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use burn_cubecl::CubeBackend;
 use reel_core::rng::StreamRng;
 
 type Cpu = burn::backend::NdArray;

@@ -6,7 +6,7 @@
 //!
 //! `attention = "flash"` runs it for the tracked forwards and the backward of bf16/f16
 //! attention on devices with 16×16×16 tensor-core products for that dtype and 32-unit planes
-//! (NVIDIA GPUs); elsewhere [`try_forward`] says why not and the SIMT fused kernels run. The
+//! (NVIDIA GPUs); elsewhere [`forward`] says why not and the SIMT fused kernels run. The
 //! same kernels with unit loops in place of the tile instructions ([`Products::Units`]) run on
 //! any CubeCL device and are what the tests check on a software Vulkan driver.
 
@@ -74,11 +74,11 @@ fn padded(d: usize) -> usize {
 /// Which kernel a shared-memory size is computed for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// [`kernels::tiled_forward`].
+    /// [`kernels::tiled_forward`](fn@kernels::tiled_forward).
     Forward,
-    /// [`kernels::tiled_backward_q`].
+    /// [`kernels::tiled_backward_q`](fn@kernels::tiled_backward_q).
     BackwardQ,
-    /// [`kernels::tiled_backward_kv`].
+    /// [`kernels::tiled_backward_kv`](fn@kernels::tiled_backward_kv).
     BackwardKv,
 }
 
@@ -114,7 +114,7 @@ pub fn shared_bytes(
     operands * elem + floats * 4
 }
 
-/// The largest tile shape of [`SHAPES`] whose shared memory fits `have` bytes.
+/// The largest tile shape of `SHAPES` whose shared memory fits `have` bytes.
 pub fn tile_shape(
     kernel: Kernel,
     d: usize,

@@ -10,7 +10,7 @@
 //! `w` keeps `w + PAD_OPERAND` (`F`) or `w + PAD_FLOAT` (float32) elements per row, so that
 //! consecutive rows start in different memory banks.
 //!
-//! A product `c (+)= a·b` or `c (+)= a·bᵀ` ([`product`]) runs either as cooperative-matrix
+//! A product `c (+)= a·b` or `c (+)= a·bᵀ` (`product`) runs either as cooperative-matrix
 //! (`cmma`, tensor-core) instructions, one plane (warp) per 16×16 output tile, or as plain
 //! unit loops over the same shared memory (`tc = false`): the second is the same kernel on
 //! devices without tensor cores, which the tests run on a software Vulkan driver.
@@ -338,7 +338,7 @@ pub fn tiled_forward<F: Float>(
 }
 
 /// Backward, query side: `delta = Δ = Σ dO∘O` per query row (float32 `[B, H, Sq]`, read by
-/// [`tiled_backward_kv`]) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
+/// [`tiled_backward_kv`](fn@tiled_backward_kv)) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
 /// from the saved log-sum-exp.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -427,7 +427,7 @@ pub fn tiled_backward_q<F: Float>(
 }
 
 /// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles:
-/// `dv = Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`] (launched first on
+/// `dv = Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`](fn@tiled_backward_q) (launched first on
 /// the same stream). Scores are computed transposed (`k·qᵀ`) so every product keeps its
 /// left operand row-major.
 #[cube(launch)]
