@@ -18,15 +18,25 @@ def load(path):
         return None
 
 
+def err_lines(job):
+    try:
+        return [l for l in open(job["file"] + ".err").read().splitlines() if l.strip()]
+    except Exception:
+        return []
+
+
+def last_step(lines):
+    """The last step the run finished, from `reel bench`'s progress lines on stderr."""
+    steps = [l[len("bench: "):] for l in lines if l.startswith("bench: ")]
+    return f" (last finished: {steps[-1]})" if steps else ""
+
+
 def error(job):
     if job["rc"] == "skipped":
         return "skipped: time budget spent"
+    lines = err_lines(job)
     if job["rc"] == "124":
-        return "stopped: time budget spent"
-    try:
-        lines = [l for l in open(job["file"] + ".err").read().splitlines() if l.strip()]
-    except Exception:
-        lines = []
+        return ("stopped: time budget spent" + last_step(lines))[:300]
     # A panic's message is the line after `thread '..' panicked at`; Reel's out-of-memory
     # hint (src/panic_hint.rs) marks a failed device allocation.
     panics = [i for i, l in enumerate(lines) if " panicked at " in l and i + 1 < len(lines)]
@@ -34,7 +44,7 @@ def error(job):
            else lines[-1] if lines else f"failed (exit {job['rc']})")
     if any(l.startswith("reel: the device ran out of memory") for l in lines):
         msg = "out of device memory: " + msg
-    return msg[:300]
+    return (msg + last_step(lines))[:300]
 
 
 def mib(job):

@@ -30,7 +30,25 @@ fn breakdown(args: &[&str]) -> Value {
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
     assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    check_progress(&String::from_utf8_lossy(&out.stderr));
     v[0].clone()
+}
+
+/// One progress line on stderr per trainer step: the warm-up, the profiled and the timed
+/// steps (1 + 1 + 1 here), in order.
+fn check_progress(stderr: &str) {
+    let kinds: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("bench: "))
+        .map(|l| {
+            let (_, rest) = l
+                .split_once(": step ")
+                .expect("`: step ` in a progress line");
+            rest.split_whitespace().nth(1).expect("the step's kind")
+        })
+        .collect();
+    assert_eq!(kinds, ["(warm-up)", "(profiled)", "(timed)"], "{stderr}");
+    assert!(stderr.contains("step 3/3 (timed)"), "{stderr}");
 }
 
 fn phases(b: &Value) -> Vec<(String, f64)> {
@@ -210,6 +228,13 @@ fn vae_and_text_encoder_timings_have_the_models_shapes() {
     );
     for r in rows.as_array().unwrap() {
         assert!(r["ms"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    for op in ops {
+        assert!(
+            err.contains(&format!("bench: {op}: step 1/1 (timed)")),
+            "{err}"
+        );
     }
     let out = Command::new(BIN)
         .args(["bench", "--vae", "no/such/vae"])

@@ -23,6 +23,7 @@ use reel_models::wan::WanArch;
 use reel_models::WanConfig;
 use serde::Serialize;
 
+use super::progress::Progress;
 use super::{stats, BenchArgs, Stats};
 
 /// One phase's time per step.
@@ -199,21 +200,28 @@ fn bench_run<B: ReelBackend>(
     };
     let mut trainer = Trainer::<B>::new(loaded, &opts)?;
     let device = B::device_for(loaded.config.runtime.main_device());
-    for _ in 0..args.warmup {
+    let mut progress = Progress::new(label, total_steps(args));
+    // One trainer step, synced, and its line on stderr; its time in ms.
+    let mut step = |trainer: &mut Trainer<B>, kind: &str| -> anyhow::Result<f64> {
+        let t0 = Instant::now();
         trainer.train_step()?;
+        let _ = B::sync(&device);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        progress.step(kind, ms);
+        Ok(ms)
+    };
+    for _ in 0..args.warmup {
+        step(&mut trainer, "warm-up")?;
     }
     profile::start();
     for _ in 0..args.steps {
-        trainer.train_step()?;
+        step(&mut trainer, "profiled")?;
         profile::end_step();
     }
     let steps = profile::finish();
     let mut plain = vec![];
     for _ in 0..args.steps {
-        let t0 = Instant::now();
-        trainer.train_step()?;
-        let _ = B::sync(&device);
-        plain.push(t0.elapsed().as_secs_f64() * 1e3);
+        plain.push(step(&mut trainer, "timed")?);
     }
     let spec = trainer_spec(loaded)?;
     Ok(summarize(label, loaded, spec, &steps, plain))

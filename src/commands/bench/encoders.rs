@@ -20,6 +20,7 @@ use reel_models::umt5::{Umt5Config, Umt5Encoder};
 use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 use serde::Serialize;
 
+use super::progress::Progress;
 use super::{peak_rss_mib, stats, BenchArgs, Stats};
 
 /// One timed operation.
@@ -79,20 +80,25 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<EncoderRow>> {
     Ok(rows)
 }
 
-/// Time `f` (`warmup` untimed, then `steps` timed runs), syncing the device after each.
+/// Time `f` (`warmup` untimed, then `steps` timed runs), syncing the device after each;
+/// `what` names the operation in the progress lines.
 fn time<B: Backend, T>(
     args: &BenchArgs,
+    what: &str,
     device: &B::Device,
     mut f: impl FnMut() -> anyhow::Result<T>,
 ) -> anyhow::Result<(Stats, T)> {
     let mut out = None;
     let mut ms = vec![];
+    let mut progress = Progress::new(what, args.warmup + args.steps);
     for i in 0..args.warmup + args.steps {
         let t0 = Instant::now();
         let r = f()?;
         let _ = B::sync(device);
+        let t = t0.elapsed().as_secs_f64() * 1e3;
+        progress.step(if i < args.warmup { "warm-up" } else { "timed" }, t);
         if i >= args.warmup {
-            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            ms.push(t);
         }
         out = Some(r);
     }
@@ -115,7 +121,7 @@ fn vae_rows<B: Backend>(
     let tiling = args.vae_tile.map(Tiling::overlapping);
     let mut rng = StreamRng::from_seed(0);
     let z: Tensor<B, 5> = rng.normal_tensor([1, c.z_dim, lf, h / s, w / s], device);
-    let (ms, video) = time::<B, _>(args, device, || {
+    let (ms, video) = time::<B, _>(args, "vae decode", device, || {
         Ok(match &tiling {
             Some(t) => vae.tiled_decode(z.clone(), t)?,
             None => vae.decode(z.clone())?,
@@ -128,7 +134,7 @@ fn vae_rows<B: Backend>(
         ms,
         peak_rss_mib: peak_rss_mib(),
     }];
-    let (ms, mean) = time::<B, _>(args, device, || {
+    let (ms, mean) = time::<B, _>(args, "vae encode", device, || {
         Ok(match &tiling {
             Some(t) => vae.tiled_encode(video.clone(), t)?.mean,
             None => vae.encode(video.clone())?.mean,
@@ -175,7 +181,7 @@ fn umt5_row<B: Backend>(
     let ids: Vec<i64> = (0..b * l).map(|_| rng.below(vocab) as i64).collect();
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, l]), device);
     let mask = Tensor::<B, 2>::ones([b, l], device);
-    let (ms, out) = time::<B, _>(args, device, || {
+    let (ms, out) = time::<B, _>(args, "umt5 encode", device, || {
         Ok(model.forward(ids.clone(), mask.clone())?)
     })?;
     Ok(EncoderRow {

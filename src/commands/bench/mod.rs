@@ -20,6 +20,7 @@
 
 mod breakdown;
 mod encoders;
+mod progress;
 mod scaling;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ use reel_methods::{flow_matching_loss, loss_of_prediction};
 use reel_models::lora::{apply_lora, LoraSpec};
 use reel_models::{AttentionMode, WanConfig};
 use serde::Serialize;
+
+use progress::Progress;
 
 /// What to benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -262,6 +265,9 @@ fn run_one<B: AutodiffBackend>(
         1000,
     );
 
+    let what = |phase: &str| format!("{preset} {tokens} tokens x{b}, {phase}");
+    let kind = |i: usize| if i < args.warmup { "warm-up" } else { "timed" };
+    let mut progress = Progress::new(what("forward"), args.warmup + args.steps);
     let mut fwd = vec![];
     for i in 0..args.warmup + args.steps {
         let m = role.model_valid();
@@ -272,10 +278,13 @@ fn run_one<B: AutodiffBackend>(
             text.clone().inner(),
         );
         let _ = out.sum().into_scalar();
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        progress.step(kind(i), ms);
         if i >= args.warmup {
-            fwd.push(t0.elapsed().as_secs_f64() * 1e3);
+            fwd.push(ms);
         }
     }
+    let mut progress = Progress::new(what("training"), args.warmup + args.steps);
     let mut train = vec![];
     for i in 0..args.warmup + args.steps {
         let t0 = Instant::now();
@@ -309,10 +318,12 @@ fn run_one<B: AutodiffBackend>(
         let n2 = role.grad_norm_sq().expect("gradients").into_scalar();
         let n: f64 = burn::tensor::ElementConversion::elem::<f64>(n2).sqrt();
         role.apply_update(i as u64, if n > 1.0 { 1.0 / n } else { 1.0 });
-        // Force the update to complete before stopping the clock.
-        let _ = role.trainable_tensors().len();
+        // The update runs asynchronously on GPUs: it completes before the clock stops.
+        let _ = B::sync(device);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        progress.step(kind(i), ms);
         if i >= args.warmup {
-            train.push(t0.elapsed().as_secs_f64() * 1e3);
+            train.push(ms);
         }
     }
     let trainable_params: usize = role
