@@ -54,7 +54,7 @@ impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
             None => B::fused_backward(q, k, v, o, lse, d_out),
         };
         let parents = ops.parents.map(|n| n.map(|n| n.id));
-        super::super::mem_attention::register_qkv_grads::<B>(grads, parents, [dq, dk, dv]);
+        crate::wan::mem_attention::register_qkv_grads::<B>(grads, parents, [dq, dk, dv]);
     }
 }
 
