@@ -46,9 +46,7 @@ for line in sys.stdin:
   done <"$TEST_DIR/list"
   rm "$TEST_DIR/list"
   # The commit the binaries come from, printed at the top of the log there.
-  rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-  git diff --quiet HEAD 2>/dev/null || rev+=-dirty
-  echo "$rev" >"$TEST_DIR/REV"
+  bench/source-rev.sh >"$TEST_DIR/REV"
   # The binaries share most of their code: xz -9's 64 MiB window packs them together.
   XZ_OPT=-9 tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
   ls -l "$TEST_DIR" "$BIN_DIR/reel-cuda-tests.tar.xz"

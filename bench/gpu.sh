@@ -10,7 +10,7 @@
 #
 # GPU minutes are scarce, so build here and only measure there:
 #   BUILD_ONLY=1 bench/gpu.sh      # here: bench/bin/reel-cuda-<variant>, stripped, and
-#                                  # bench/bin/reel-cuda.tar.xz (about 10 MB a variant, and
+#                                  # bench/bin/reel-cuda.tar.xz (about 19 MB a variant, and
 #                                  # diffusers' wheel, 6 MB) to carry
 #   PLAN=session bench/gpu.sh      # there: the prioritized runs below, within BUDGET_S
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)

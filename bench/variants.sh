@@ -14,9 +14,10 @@
 # <backend>,<features>` into its own target dir ($CARGO_TARGET_DIR/variants/<variant>), so switching
 # variants never rebuilds Burn. Build on one machine and copy BIN_DIR to another to run there:
 # BUILD_ONLY=1 builds the missing binaries and stops. Each binary has a `.rev` file beside it
-# (the commit it was built from, `-dirty` with uncommitted changes); one whose `.rev` is not
-# the clean HEAD is rebuilt, so a stale binary is never carried. Binaries are stripped (wgpu about 45-65 MB,
-# cuda 61-71 MB; `xz` takes them to 8-11 MB for carrying).
+# (bench/source-rev.sh: the last commit of the crates it was built from, `-dirty` with
+# uncommitted changes); one whose `.rev` is not the current clean one is rebuilt, so a stale
+# binary is never carried. Binaries are stripped (wgpu about 45-65 MB,
+# cuda 123-136 MB; `xz` takes them to about 19 MB each for carrying).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BACKEND=${BACKEND:-cuda}
@@ -35,16 +36,15 @@ extra=(--dtype "$DTYPE"); [[ -n ${CKPT:-} ]] && extra+=(--gradient-checkpointing
 case $BACKEND in cuda | wgpu) ;; *) echo "BACKEND must be cuda or wgpu, not '$BACKEND'" >&2; exit 2 ;; esac
 
 mkdir -p "$BIN_DIR"
-rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD 2>/dev/null || rev+=-dirty
+rev=$(bench/source-rev.sh)
 for variant in $VARIANTS; do
   bin="$BIN_DIR/reel-$BACKEND-$variant"
-  # Built binaries (on the GPU machine, unpacked ones) are kept unless this is a build
-  # machine with a newer commit.
+  # Built binaries (on the GPU machine, unpacked ones) are kept, except by BUILD_ONLY when
+  # the crates changed since.
   if [[ -x $bin ]]; then
     built=$(cat "$bin.rev" 2>/dev/null || echo unknown)
     [[ -z ${BUILD_ONLY:-} || ($built == "$rev" && $rev != *-dirty) ]] && continue
-    echo "$bin was built from $built, HEAD is $rev: rebuilding" >&2
+    echo "$bin was built from $built, the sources are at $rev: rebuilding" >&2
   fi
   features=$BACKEND; [[ $variant != plain ]] && features+=",${variant//+/,}"
   echo "building $bin (--features $features)" >&2
