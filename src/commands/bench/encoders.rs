@@ -8,7 +8,6 @@
 //! Peak memory is the process's high-water mark on the host; `bench/gpu.sh` samples GPU memory.
 
 use std::path::Path;
-use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::Backend;
@@ -20,8 +19,8 @@ use reel_models::umt5::{Umt5Config, Umt5Encoder};
 use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 use serde::Serialize;
 
-use super::progress::Progress;
-use super::{peak_rss_mib, stats, BenchArgs, Stats};
+use super::progress::time;
+use super::{peak_rss_mib, BenchArgs, Stats};
 
 /// One timed operation.
 #[derive(Debug, Clone, Serialize)]
@@ -78,31 +77,6 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<EncoderRow>> {
         rows.push(umt5_row::<B::InnerBackend>(args, spec, &device)?);
     }
     Ok(rows)
-}
-
-/// Time `f` (`warmup` untimed, then `steps` timed runs), syncing the device after each;
-/// `what` names the operation in the progress lines.
-fn time<B: Backend, T>(
-    args: &BenchArgs,
-    what: &str,
-    device: &B::Device,
-    mut f: impl FnMut() -> anyhow::Result<T>,
-) -> anyhow::Result<(Stats, T)> {
-    let mut out = None;
-    let mut ms = vec![];
-    let mut progress = Progress::new(what, args.warmup + args.steps);
-    for i in 0..args.warmup + args.steps {
-        let t0 = Instant::now();
-        let r = f()?;
-        let _ = B::sync(device);
-        let t = t0.elapsed().as_secs_f64() * 1e3;
-        progress.step(if i < args.warmup { "warm-up" } else { "timed" }, t);
-        if i >= args.warmup {
-            ms.push(t);
-        }
-        out = Some(r);
-    }
-    Ok((stats(ms), out.expect("at least one timed step")))
 }
 
 fn vae_rows<B: Backend>(

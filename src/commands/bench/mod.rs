@@ -24,7 +24,6 @@ mod progress;
 mod scaling;
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
@@ -40,7 +39,7 @@ use reel_models::lora::{apply_lora, LoraSpec};
 use reel_models::{AttentionMode, WanConfig};
 use serde::Serialize;
 
-use progress::Progress;
+use progress::time;
 
 /// What to benchmark.
 #[derive(Debug, Clone, clap::Args)]
@@ -266,28 +265,19 @@ fn run_one<B: AutodiffBackend>(
     );
 
     let what = |phase: &str| format!("{preset} {tokens} tokens x{b}, {phase}");
-    let kind = |i: usize| if i < args.warmup { "warm-up" } else { "timed" };
-    let mut progress = Progress::new(what("forward"), args.warmup + args.steps);
-    let mut fwd = vec![];
-    for i in 0..args.warmup + args.steps {
-        let m = role.model_valid();
-        let t0 = Instant::now();
+    let m = role.model_valid();
+    let (fwd, ()) = time::<B, _>(args, &what("forward"), device, || {
         let out = m.forward(
             x0.clone().inner(),
             sigma.clone().inner().mul_scalar(1000.0),
             text.clone().inner(),
         );
         let _ = out.sum().into_scalar();
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        progress.step(kind(i), ms);
-        if i >= args.warmup {
-            fwd.push(ms);
-        }
-    }
-    let mut progress = Progress::new(what("training"), args.warmup + args.steps);
-    let mut train = vec![];
-    for i in 0..args.warmup + args.steps {
-        let t0 = Instant::now();
+        Ok(())
+    })?;
+    drop(m);
+    let mut step = 0u64;
+    let (train, ()) = time::<B, _>(args, &what("training"), device, || {
         if args.gradient_checkpointing {
             let x_t = add_noise(x0.clone(), noise.clone(), sigma.clone());
             let mut stages = Vec::new();
@@ -317,23 +307,17 @@ fn run_one<B: AutodiffBackend>(
         }
         let n2 = role.grad_norm_sq().expect("gradients").into_scalar();
         let n: f64 = burn::tensor::ElementConversion::elem::<f64>(n2).sqrt();
-        role.apply_update(i as u64, if n > 1.0 { 1.0 / n } else { 1.0 });
-        // The update runs asynchronously on GPUs: it completes before the clock stops.
-        let _ = B::sync(device);
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        progress.step(kind(i), ms);
-        if i >= args.warmup {
-            train.push(ms);
-        }
-    }
+        // `time` syncs the device, so the (asynchronous) update is inside the step's time.
+        role.apply_update(step, if n > 1.0 { 1.0 / n } else { 1.0 });
+        step += 1;
+        Ok(())
+    })?;
     let trainable_params: usize = role
         .trainable_tensors()
         .iter()
         .map(|(_, t)| t.num_elements())
         .sum();
     let ffl = forward_flops(&cfg, b, tokens, args.text_len);
-    let fwd = stats(fwd);
-    let train = stats(train);
     Ok(BenchRow {
         preset: preset.to_string(),
         lora_rank,
