@@ -16,9 +16,11 @@
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
 # PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
-# 10-minute command holds it): bf16 with ATTENTION (default flash: the tensor-core kernels;
-# `fused` if their CUDA tests failed), in this order, each
-# Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant; then, with the
+# 10-minute command holds it): first the self-attention alone at 8190 tokens (every Reel
+# kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
+# `pick`: the mode fastest in that run; or name one), in this order, each
+# Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
+# VARIANTS=plain); then, with the
 # variant that was fastest there, 29120 tokens with checkpointing, the breakdown of
 # configs/dmd2_wan.toml at its shipped 29120 tokens (random weights and data), 2048 tokens
 # without checkpointing, the VAE decode/encode in 256-px tiles, UMT5 on 512 tokens and the
@@ -27,8 +29,8 @@
 # If no variant's 8190-token row ran with ATTENTION, the rest of the plan falls back to
 # attention=fused (after one fused row at 8190 tokens).
 #
-# PLAN=matrix (the default) runs every combination of these axes (space-separated values),
-# so one session can run it in slices:
+# PLAN=matrix (the default) runs the attention alone at each shape, then every combination of
+# these axes (space-separated values), so one session can run it in slices:
 #   SHAPES="8,32,32 21,30,52 20,56,104"   latent F,H,W: 2048, 8190 and 29120 tokens (patch 1x2x2)
 #   VARIANTS="plain fusion fusion+autotune"   ATTENTION="memory_efficient fused flash"
 #   DTYPES="f32 bf16"   CKPTS="0 1"   PRESET=wan2.1-t2v-1.3b   BATCH=1   STEPS=3   WARMUP=1
@@ -52,8 +54,11 @@ TORCH=${TORCH:-1}
 ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
 case $PLAN in
   session)
-    VARIANTS=${VARIANTS:-"plain fusion"}
-    ATTENTION=${ATTENTION:-flash}
+    # `fusion` trained 4x slower than `plain` on an H200 (2026-11-26, 8190 tokens); it stays in
+    # the matrix.
+    VARIANTS=${VARIANTS:-plain}
+    # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
+    ATTENTION=${ATTENTION:-pick}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     BUDGET_S=${BUDGET_S-500}
@@ -196,6 +201,20 @@ config_job() { # CONFIG VARIANT STEPS
     bench --breakdown --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
 }
 
+# The blocks' self-attention alone at SHAPE in bf16: every Reel kernel (`reel bench
+# --attention-only`) and PyTorch's scaled_dot_product_attention, forward and forward + backward.
+attention_job() { # VARIANT SHAPE
+  local f h w; read -r f h w <<<"${2//,/ }"
+  local dims=(--preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps "$STEPS"
+    --warmup "$WARMUP" --dtype bf16 --json)
+  if [[ $TORCH == 1 ]]; then
+    job torch-attention shape="$2" -- "$PYTHON" bench/pytorch/bench_wan.py --attention-only \
+      --device cuda "${dims[@]}"
+  fi
+  job attention variant="$1" shape="$2" -- "$BIN_DIR/reel-cuda-$1" bench --attention-only \
+    --backend cuda "${dims[@]}"
+}
+
 encoder_job() { # VARIANT "<reel bench args>"
   # shellcheck disable=SC2086 # $2 is a list of arguments
   job encoder args="$2" -- "$BIN_DIR/reel-cuda-$1" bench --backend cuda $2 --steps "$STEPS" \
@@ -220,6 +239,27 @@ print(best[1])
 PY
 }
 
+# The Reel attention mode (memory_efficient, fused or flash) whose attention-alone run at
+# SHAPE took the least time for what a checkpointed training step runs: the forward without
+# gradients plus the forward and backward. Empty when none ran there.
+fastest_attention() {
+  "$PYTHON" - "$manifest" "$1" <<'PY'
+import json, sys
+manifest, shape = sys.argv[1:]
+best = (float("inf"), "")
+for line in open(manifest):
+    j = json.loads(line)
+    if j["kind"] == "attention" and j["shape"] == shape and j["rc"] == "0":
+        try:
+            for r in json.load(open(j["file"])):
+                if r["kernel"] != "cubek" and r.get("forward_ms") and r.get("train_ms"):
+                    best = min(best, (r["forward_ms"]["median"] + r["train_ms"]["median"], r["kernel"]))
+        except Exception:
+            pass
+print(best[1])
+PY
+}
+
 # Rewrite $out.json and $out.md from the manifest (and copy them under $OUT).
 summarize() {
   "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" "$rev" &&
@@ -227,6 +267,12 @@ summarize() {
 }
 
 if [[ $PLAN == session ]]; then
+  attention_job "${VARIANTS%% *}" 21,30,52
+  if [[ $ATTENTION == pick ]]; then
+    ATTENTION=$(fastest_attention 21,30,52)
+    ATTENTION=${ATTENTION:-flash}
+    echo "fastest attention at 8190 tokens: $ATTENTION" >&2
+  fi
   torch_job 21,30,52 bf16 1
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
   best=$(fastest_variant 21,30,52)
@@ -252,6 +298,7 @@ if [[ $PLAN == session ]]; then
   fi
   config_job configs/finetune_wan.toml "$best" "$STEPS"
 else
+  for shape in $SHAPES; do attention_job "${VARIANTS%% *}" "$shape"; done
   for shape in $SHAPES; do
     for dtype in $DTYPES; do
       for ckpt in $CKPTS; do

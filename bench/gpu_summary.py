@@ -2,9 +2,11 @@
 
     python3 bench/gpu_summary.py MANIFEST OUT GPU DATE PLAN BUDGET_S
 
-Each manifest line is one job (`kind` reel | torch | breakdown | encoder, its settings, the
-`file` holding its `--json` output, the exit status `rc` or "skipped", the GPU memory peak
-`mem`). Reel rows are joined with the PyTorch run of the same shape, dtype and checkpointing.
+Each manifest line is one job (`kind` reel | torch | breakdown | encoder | attention |
+torch-attention, its settings, the `file` holding its `--json` output, the exit status `rc` or
+"skipped", the GPU memory peak `mem`). Reel rows are joined with the PyTorch run of the same
+shape, dtype and checkpointing. Reel's notes on stderr (`reel: ...`, e.g. a kernel that cannot
+run and what runs instead) are kept with each job's results and listed under the tables.
 """
 
 import json
@@ -47,6 +49,11 @@ def error(job):
     return (msg + last_step(lines))[:300]
 
 
+def notes(job):
+    """Reel's one-time notes on stderr (which kernels fell back, and why)."""
+    return sorted({l for l in err_lines(job) if l.startswith("reel: ")})
+
+
 def mib(job):
     return float(job["mem"]) if job.get("mem") else None
 
@@ -75,6 +82,7 @@ def rows_of(jobs, gpu, date):
                    torch_gpu_mib=mib(tj) if tj else None)
         row["ratio"] = (row["reel_step_ms"] / row["torch_step_ms"]
                         if row["reel_step_ms"] and row["torch_step_ms"] else None)
+        row["notes"] = notes(j)
         if r is None:
             row["error"] = error(j)
         if tj and t is None:
@@ -87,7 +95,7 @@ def breakdowns_of(jobs):
     out = []
     for j in (j for j in jobs if j["kind"] == "breakdown"):
         b = first(j) or dict(error=error(j))
-        b.update(method=j["method"], variant=j["variant"], gpu_mib=mib(j))
+        b.update(method=j["method"], variant=j["variant"], gpu_mib=mib(j), notes=notes(j))
         if "attention" in j:
             b["attention"] = j["attention"]
         out.append(b)
@@ -99,8 +107,20 @@ def encoders_of(jobs):
     for j in (j for j in jobs if j["kind"] == "encoder"):
         data = load(j["file"]) if j["rc"] == "0" else None
         for e in data or [dict(op=j["args"], error=error(j))]:
-            e.update(args=j["args"], gpu_mib=mib(j))
+            e.update(args=j["args"], gpu_mib=mib(j), notes=notes(j))
             out.append(e)
+    return out
+
+
+def attention_of(jobs):
+    """The attention-alone rows: PyTorch's and every Reel kernel's, per shape."""
+    out = []
+    for j in (j for j in jobs if j["kind"] in ("attention", "torch-attention")):
+        data = load(j["file"]) if j["rc"] == "0" else None
+        name = "torch sdpa" if j["kind"] == "torch-attention" else f"reel ({j['variant']})"
+        for a in data or [dict(kernel=name, error=error(j))]:
+            a.update(latent=j["shape"], gpu_mib=mib(j), notes=notes(j))
+            out.append(a)
     return out
 
 
@@ -112,7 +132,24 @@ def fmt(v, p=1):
     return "—" if v is None else f"{v:.{p}f}"
 
 
-def markdown(gpu, date, rows, breakdowns, encoders, skipped):
+def attention_lines(attention):
+    lines = ["", "Self-attention alone (q, k, v bf16; forward FLOPs 4·B·heads·N²·d, "
+             "forward + backward 3.5×):", "",
+             "| latent | kernel | [B, heads, N, d] | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |",
+             "|---|---|---|---|---|---|---|"]
+    med = lambda s: s["median"] if s else None
+    for a in attention:
+        if a.get("error") and not a.get("forward_ms"):
+            lines.append(f"| {a['latent']} | {a['kernel']} | {a.get('shape', '')} | "
+                         f"{failed(a['error'][:80])} | | | |")
+            continue
+        lines.append(f"| {a['latent']} | {a['kernel']} | {a['shape']} | "
+                     f"{fmt(med(a.get('forward_ms')), 2)} | {fmt(a.get('forward_tflops'))} | "
+                     f"{fmt(med(a.get('train_ms')), 2)} | {fmt(a.get('train_tflops'))} |")
+    return lines
+
+
+def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=()):
     lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
              "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | "
              "Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
@@ -125,6 +162,8 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped):
                      f"{fmt(r['torch_step_ms'])} | {fmt(r['ratio'], 2)} | "
                      f"{fmt(r['reel_forward_ms'])} | {fmt(r['torch_forward_ms'])} | "
                      f"{fmt(r['reel_gpu_mib'], 0)} | {fmt(r['torch_gpu_mib'], 0)} |")
+    if attention:
+        lines += attention_lines(attention)
     for b in breakdowns:
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
                 f"shapes, attention {b.get('attention', 'flash')})" if b["method"].endswith(".toml")
@@ -148,6 +187,10 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped):
             else:
                 lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
                              f"{e['ms']['median']:.1f} | {fmt(e.get('gpu_mib'), 0)} |")
+    all_notes = sorted({n for group in (rows, breakdowns, encoders, attention)
+                        for x in group for n in x.get("notes", [])})
+    if all_notes:
+        lines += ["", "Notes from Reel's runs:", ""] + [f"- `{n}`" for n in all_notes]
     if skipped:
         lines += ["", "Skipped (time budget): " + "; ".join(skipped)]
     return "\n".join(lines) + "\n"
@@ -158,13 +201,15 @@ def main():
     commit = sys.argv[7] if len(sys.argv) > 7 else None
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
+    attention = attention_of(jobs)
     skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
                for j in jobs if j["rc"] == "skipped"]
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
                    budget_s=int(budget) if budget else None,
-                   rows=rows, breakdowns=breakdowns, encoders=encoders, skipped=skipped),
+                   rows=rows, attention=attention, breakdowns=breakdowns, encoders=encoders,
+                   skipped=skipped),
               open(out + ".json", "w"), indent=1)
-    md = markdown(gpu, date, rows, breakdowns, encoders, skipped)
+    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention)
     if commit:
         md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)

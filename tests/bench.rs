@@ -1,5 +1,6 @@
 //! `reel bench --breakdown`: real trainer steps split into phases, for fine-tuning, DMD2 and
-//! a run config, on the CPU backend (the same code times CUDA with device syncs).
+//! a run config, on the CPU backend (the same code times CUDA with device syncs); the encoder
+//! and attention-alone timings.
 
 use std::process::Command;
 
@@ -292,4 +293,63 @@ fn devices_reports_one_and_n_workers_with_the_global_batch_and_efficiency() {
     assert_eq!(field(&rows[0], "efficiency"), 1.0);
     let expected = field(&rows[1], "samples_per_s") / (3.0 * field(&rows[0], "samples_per_s"));
     assert!((field(&rows[1], "efficiency") - expected).abs() < 1e-9);
+}
+
+#[test]
+fn attention_only_times_every_kernel_at_the_presets_shape() {
+    // Two, four and three patches along frames, height and width.
+    let cfg = reel_models::WanConfig::preset("wan-quickstart").expect("preset");
+    let [pt, ph, pw] = cfg.patch_size;
+    let shape = [2 * pt, 4 * ph, 3 * pw].map(|n| n.to_string());
+    let dims = [2, cfg.num_attention_heads, 24, cfg.attention_head_dim];
+    let run = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args([
+                "bench",
+                "--attention-only",
+                "--json",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+            ])
+            .args(["--preset", "wan-quickstart", "--batch", "2", "--shape"])
+            .args(&shape)
+            .args(extra)
+            .output()
+            .expect("reel runs");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        (rows.as_array().expect("rows").clone(), err)
+    };
+    let (rows, err) = run(&[]);
+    let kernels: Vec<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    assert_eq!(kernels, ["memory_efficient", "fused", "flash", "cubek"]);
+    for r in &rows[..3] {
+        assert_eq!(r["shape"], serde_json::json!(dims), "{r}");
+        for key in ["forward", "train"] {
+            assert!(
+                r[format!("{key}_ms")]["median"].as_f64().unwrap() > 0.0,
+                "{r}"
+            );
+            assert!(r[format!("{key}_tflops")].as_f64().unwrap() > 0.0, "{r}");
+        }
+        let line = format!(
+            "bench: {} attention {dims:?}, forward + backward: step 1/1 (timed)",
+            r["kernel"].as_str().unwrap()
+        );
+        assert!(err.contains(&line), "{line} in {err}");
+    }
+    // The CPU build has no cubek kernel: the row says why instead of timing.
+    assert!(rows[3]["forward_ms"].is_null(), "{}", rows[3]);
+    assert!(
+        rows[3]["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{}",
+        rows[3]
+    );
+    // One mode asked for: that row alone.
+    let (rows, _) = run(&["--attention", "fused"]);
+    let kernels: Vec<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    assert_eq!(kernels, ["fused"]);
 }

@@ -11,6 +11,11 @@ training step. Attention uses PyTorch's `scaled_dot_product_attention` (diffuser
 processor), i.e. fused / memory-efficient kernels where PyTorch has them.
 
 Usage: bench_wan.py --preset wan-bench-small --shape 8 16 16 --batch 8 --device cpu [--json]
+
+`--attention-only` times the blocks' self-attention alone instead, as `reel bench
+--attention-only` does: `scaled_dot_product_attention` on q, k, v of [B, heads, N, head_dim] in
+--dtype (stored [B, N, heads, head_dim]), the forward without gradients and the forward plus
+the backward of sum(o); forward FLOPs 4*B*heads*N^2*head_dim, x3.5 with the backward.
 """
 import argparse
 import json
@@ -140,6 +145,45 @@ def bench(args, preset):
                 peak_mib=peak, peak_kind="cuda max_memory_allocated" if dev.type == "cuda" else "process peak RSS")
 
 
+def timed(args, dev, f):
+    ms = []
+    for i in range(args.warmup + args.steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        f()
+        sync(dev)
+        if i >= args.warmup:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return dict(mean=statistics.mean(ms), median=statistics.median(ms), min=min(ms), max=max(ms))
+
+
+def bench_attention(args, preset):
+    c = PRESETS[preset]
+    dev = torch.device(args.device)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    f, h, w = args.shape
+    pt, ph, pw = c["patch_size"]
+    b, heads, n, d = (args.batch, c["num_attention_heads"], (f // pt) * (h // ph) * (w // pw),
+                      c["attention_head_dim"])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, n, heads, d, device=dev, dtype=dtype).transpose(1, 2) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def forward():
+        with torch.no_grad():
+            sdpa(q, k, v)
+
+    def train():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        sdpa(*leaves).sum().backward()
+
+    flops = 4.0 * b * heads * n * n * d
+    fwd, trn = timed(args, dev, forward), timed(args, dev, train)
+    return dict(kernel="torch sdpa", shape=[b, heads, n, d], dtype=args.dtype, forward_ms=fwd,
+                forward_tflops=flops / (fwd["median"] * 1e9), train_ms=trn,
+                train_tflops=3.5 * flops / (trn["median"] * 1e9), error=None)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", action="append", choices=sorted(PRESETS))
@@ -153,10 +197,23 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = PyTorch's default)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute each block in backward (diffusers enable_gradient_checkpointing)")
+    p.add_argument("--attention-only", action="store_true",
+                   help="time the blocks' self-attention alone (scaled_dot_product_attention)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention_only:
+        rows = [bench_attention(args, pr) for pr in (args.preset or ["wan-quickstart"])]
+        if args.json:
+            json.dump(rows, sys.stdout, indent=2)
+            print()
+            return
+        for r in rows:
+            print(f"{r['kernel']:<12} {str(r['shape']):<22} {r['dtype']:<5} | forward "
+                  f"{r['forward_ms']['median']:.2f} ms {r['forward_tflops']:.1f} TFLOP/s | "
+                  f"fwd+bwd {r['train_ms']['median']:.2f} ms {r['train_tflops']:.1f} TFLOP/s")
+        return
     rows = [bench(args, pr) for pr in (args.preset or ["wan-quickstart"])]
     if args.json:
         json.dump(rows, sys.stdout, indent=2)

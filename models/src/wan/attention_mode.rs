@@ -21,12 +21,12 @@ pub enum AttentionMode {
     /// backends, with or without Burn's fusion layer (cargo feature `fusion`); the
     /// memory-efficient blocked version on every other backend.
     Fused,
-    /// [`Self::Fused`] on tensor cores where the device has them: forwards no gradient flows
-    /// through (a frozen teacher, DMD2's rollouts and critic scoring, sampling) run Burn's
-    /// flash attention kernel (`cubek-attention`: float16 tiles, float32 accumulation; under
-    /// Burn's `fusion` feature Reel's tiled forward instead), and the training forward and
-    /// backward of bf16/f16 attention run Reel's tiled kernels (`fused_attention::tiled`);
-    /// everything else runs the fused kernels.
+    /// [`Self::Fused`] on tensor cores where the device has them: bf16/f16 attention runs
+    /// Reel's tiled tensor-core kernels (`fused_attention::tiled`) for the forward, with or
+    /// without gradients, and the backward; float32 forwards no gradient flows through (a
+    /// frozen teacher, DMD2's rollouts and critic scoring, sampling) run Burn's flash
+    /// attention kernel (`cubek-attention`: float16 tiles, float32 accumulation; not under
+    /// Burn's `fusion` feature); everything else runs the fused kernels.
     Flash,
 }
 

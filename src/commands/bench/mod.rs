@@ -12,12 +12,14 @@
 //! scaling efficiency (`scaling.rs`).
 //!
 //! `--vae` / `--text-encoder` time the Wan VAE's decode and encode and UMT5's encoding
-//! instead (`encoders.rs`).
+//! instead (`encoders.rs`); `--attention-only` the blocks' self-attention alone, every
+//! attention kernel side by side (`attention.rs`).
 //!
 //! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
 //! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS
 //! is the process's high-water mark, so compare it between separate runs.
 
+mod attention;
 mod breakdown;
 mod encoders;
 mod progress;
@@ -129,6 +131,11 @@ pub struct BenchArgs {
     /// of Wan's text encoder).
     #[arg(long, value_name = "DIR|config.json|umt5-xxl")]
     pub text_encoder: Option<String>,
+    /// Time the preset's self-attention alone at the tokens of `--shape` (q, k, v in
+    /// `--dtype`): forward and forward + backward of every attention mode, and cubek's
+    /// tensor-core flash forward, side by side.
+    #[arg(long, conflicts_with_all = ["breakdown", "devices", "vae", "text_encoder"])]
+    pub attention_only: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -395,6 +402,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         args.config.is_none(),
         "--config applies to --breakdown and --devices"
     );
+    if args.attention_only {
+        return attention::run(args);
+    }
     if args.vae.is_some() || args.text_encoder.is_some() {
         anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");
         return encoders::run(args);

@@ -34,7 +34,9 @@ pub trait FusedKernels: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The forward's output alone, for a forward that is not differentiated; with `flash`,
-    /// the tensor-core flash kernel where it runs ([`flash`]), else [`Self::fused_forward`].
+    /// the tiled tensor-core forward where it runs ([`tiled`], bf16/f16: the kernel the
+    /// training forward runs), else the tensor-core flash kernel where it runs ([`flash`]),
+    /// else [`Self::fused_forward`].
     fn fused_forward_output(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -113,8 +115,16 @@ where
         flash: bool,
     ) -> CubeTensor<R> {
         if flash {
-            if let Some(o) = flash::try_accelerated(&q, &k, &v) {
-                return o;
+            // The training kernels first, so that a forward without a graph (a checkpointed
+            // run's first pass) computes what their recomputation with a graph does.
+            check_shapes(&q, &k, &v);
+            match tiled::forward(q.clone(), k.clone(), v.clone(), Products::TensorCores) {
+                Ok((o, _lse)) => return o,
+                Err(tiled) => {
+                    if let Some(o) = flash::try_accelerated(&q, &k, &v, &tiled) {
+                        return o;
+                    }
+                }
             }
         }
         forward(q, k, v).0

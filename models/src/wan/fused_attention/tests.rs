@@ -141,9 +141,14 @@ fn check_inference<B: Backend>(device: &B::Device, flash: bool, tol: f32) {
     );
 }
 
-/// cubek's flash forward with `routine` on the CubeCL backend `R`, contiguous and on the
-/// `[B, S, H, D]`-as-`[B, H, S, D]` views the Wan blocks pass: float16 tiles, so within 1e-2.
-fn check_cubek_flash<R: CubeRuntime>(device: &R::Device, routine: flash::FlashRoutine) {
+/// cubek's flash forward with `routine` on the CubeCL backend `R`, its queries padded to a
+/// multiple of `rows`, contiguous and on the `[B, S, H, D]`-as-`[B, H, S, D]` views the Wan
+/// blocks pass: float16 tiles, so within 1e-2.
+fn check_cubek_flash<R: CubeRuntime>(
+    device: &R::Device,
+    routine: flash::FlashRoutine,
+    rows: usize,
+) {
     type K<R> = CubeBackend<R, f32, i32, u32>;
     let ([q, k, v], want) = forward_case();
     for strided in [false, true] {
@@ -158,21 +163,29 @@ fn check_cubek_flash<R: CubeRuntime>(device: &R::Device, routine: flash::FlashRo
             };
             t.into_primitive().tensor()
         };
-        let o = flash::flash_forward(t(&q), t(&k), t(&v), routine)
+        let o = flash::flash_forward_padded(t(&q), t(&k), t(&v), routine, rows)
             .unwrap_or_else(|e| panic!("{routine:?} flash forward cannot run: {e:?}"));
+        assert_eq!(
+            o.meta.shape().dims::<4>(),
+            [1, 2, 45, 16],
+            "{routine:?} rows {rows}"
+        );
         let got = Tensor::<K<R>, 4>::from_primitive(TensorPrimitive::Float(o)).into_data();
         let diff = max_abs_diff(want.clone(), got);
-        eprintln!("{routine:?} flash forward (strided {strided}): max abs diff {diff:.2e}");
+        eprintln!(
+            "{routine:?} flash forward (rows {rows}, strided {strided}): max abs diff {diff:.2e}"
+        );
         assert!(
             diff < 1e-2,
-            "{routine:?} (strided {strided}): differs by {diff}"
+            "{routine:?} (rows {rows}, strided {strided}): differs by {diff}"
         );
     }
 }
 
 /// The fused and the tiled (unit products) kernels on the CubeCL backend `R` give the output
-/// and the gradients laid out like their inputs: contiguous, and `[B, S, H, D]` seen as
-/// `[B, H, S, D]` (what the Wan blocks pass, and what makes merging the heads a view).
+/// and the gradients laid out like their inputs: `[B, H, S, D]`, and `[B, S, H, D]` seen as
+/// `[B, H, S, D]` (what the Wan blocks pass, and what makes merging the heads a view), with
+/// the strides the runtime gives a fresh tensor of that stored shape.
 fn check_layouts<R: CubeRuntime>(device: &R::Device) {
     type K<R> = CubeBackend<R, f32, i32, u32>;
     let (b, h, sq, sk, d, dv) = (2, 3, 37, 21, 8, 5);
@@ -185,11 +198,21 @@ fn check_layouts<R: CubeRuntime>(device: &R::Device) {
             };
             t.into_primitive().tensor()
         };
-        let strides = |[_, h, s, c]: [usize; 4]| {
+        // What a fresh tensor of the stored shape has on this runtime (contiguous, or with
+        // padded rows where the runtime pitches its allocations, as CUDA does).
+        let strides = |[b, h, s, c]: [usize; 4]| {
+            let stored = if strided { [b, s, h, c] } else { [b, h, s, c] };
+            let fresh = empty_device_dtype::<R>(
+                R::client(device),
+                device.clone(),
+                Shape::new(stored),
+                DType::F32,
+            );
+            let st = fresh.meta.strides();
             if strided {
-                vec![s * h * c, c, h * c, 1]
+                vec![st[0], st[2], st[1], st[3]]
             } else {
-                vec![h * s * c, s * c, c, 1]
+                st.to_vec()
             }
         };
         let dims = [[b, h, sq, dv], [b, h, sq, d], [b, h, sk, d], [b, h, sk, dv]];
@@ -373,7 +396,14 @@ macro_rules! backend_tests {
 
             #[test]
             fn cubek_unit_flash_forward_matches_naive() {
-                check_cubek_flash::<$runtime>(&Default::default(), flash::FlashRoutine::Unit);
+                // Unpadded, and padded as the tensor-core routine pads its queries (45 → 64).
+                for rows in [1, 64] {
+                    check_cubek_flash::<$runtime>(
+                        &Default::default(),
+                        flash::FlashRoutine::Unit,
+                        rows,
+                    );
+                }
             }
 
             #[test]
@@ -471,6 +501,7 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
     check_cubek_flash::<cubecl::cuda::CudaRuntime>(
         &Default::default(),
         flash::FlashRoutine::Accelerated,
+        flash::STAGE_ROWS,
     );
 }
 

@@ -1,0 +1,245 @@
+//! `reel bench --attention-only`: the self-attention operation of a preset's blocks alone, at
+//! the tokens of `--shape`: `q`, `k`, `v` of `[B, heads, N, head_dim]` in `--dtype`, laid out
+//! `[B, N, heads, head_dim]` as the Wan blocks pass them. One row per attention mode
+//! (`memory_efficient`, `fused`, `flash`; `--attention <mode>` times that one alone) with the
+//! forward without gradients and the forward plus backward, and with `flash` one row of
+//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only). A GPU session learns in seconds which kernel is slow, without the minutes
+//! of a full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
+//! `scaled_dot_product_attention` on the same shapes.
+//!
+//! FLOP count: the forward's two products, `4·B·heads·N²·head_dim`; the backward's five count
+//! 2.5× that (FlashAttention's convention), so forward plus backward counts 3.5×.
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+use reel_core::backend::ReelBackend;
+use reel_core::config::Precision;
+use reel_core::rng::StreamRng;
+use reel_core::with_backend;
+use reel_models::wan::mem_attention::{attention, to_dtype};
+use reel_models::{AttentionMode, WanConfig};
+use serde::Serialize;
+
+use super::progress::time;
+use super::{BenchArgs, Stats};
+
+/// The attention modes timed, in order.
+const MODES: [AttentionMode; 3] = [
+    AttentionMode::MemoryEfficient,
+    AttentionMode::Fused,
+    AttentionMode::Flash,
+];
+
+/// One attention implementation's times.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttentionRow {
+    /// `memory_efficient`, `fused`, `flash`, or `cubek` (its tensor-core flash forward alone).
+    pub kernel: String,
+    /// Batch, heads, tokens, head dim.
+    pub shape: [usize; 4],
+    /// Precision of q, k and v.
+    pub dtype: Precision,
+    /// Forward without gradients, milliseconds.
+    pub forward_ms: Option<Stats>,
+    /// Forward TFLOP/s (median).
+    pub forward_tflops: Option<f64>,
+    /// Forward with a graph plus backward, milliseconds (`None` for the `cubek` row).
+    pub train_ms: Option<Stats>,
+    /// Forward plus backward TFLOP/s (median).
+    pub train_tflops: Option<f64>,
+    /// Why a part did not run (the `cubek` row on a backend or shape it does not take).
+    pub error: Option<String>,
+}
+
+/// Forward FLOPs of the attention over `[b, h, n, d]`.
+pub fn forward_flops([b, h, n, d]: [usize; 4]) -> f64 {
+    4.0 * (b * h) as f64 * (n as f64) * (n as f64) * d as f64
+}
+
+/// Time the attention rows and print their table (or JSON).
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let rows = with_backend!(args.backend, |B| rows::<B>(args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<17} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}",
+        "kernel", "[B, heads, N, d]", "dtype", "forward ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s"
+    );
+    let opt = |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
+    for r in rows {
+        println!(
+            "{:<17} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}{}",
+            r.kernel,
+            format!("{:?}", r.shape),
+            if r.dtype == Precision::Bf16 {
+                "bf16"
+            } else {
+                "f32"
+            },
+            opt(r.forward_ms.as_ref().map(|s| s.median), 2),
+            opt(r.forward_tflops, 1),
+            opt(r.train_ms.as_ref().map(|s| s.median), 2),
+            opt(r.train_tflops, 1),
+            r.error.map(|e| format!("  ({e})")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `[B, heads, N, head_dim]` of the preset's self-attention at `--shape` and `--batch`.
+fn problem(args: &BenchArgs) -> anyhow::Result<[usize; 4]> {
+    let preset = args.presets.first().map(String::as_str).unwrap_or("");
+    let cfg = WanConfig::preset(preset).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown preset `{preset}`, expected one of {:?}",
+            WanConfig::preset_names()
+        )
+    })?;
+    let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
+    let [pt, ph, pw] = cfg.patch_size;
+    anyhow::ensure!(
+        f % pt == 0 && h % ph == 0 && w % pw == 0,
+        "shape {f}x{h}x{w} is not divisible by the patch {pt}x{ph}x{pw}"
+    );
+    let tokens = (f / pt) * (h / ph) * (w / pw);
+    Ok([
+        args.batch,
+        cfg.num_attention_heads,
+        tokens,
+        cfg.attention_head_dim,
+    ])
+}
+
+fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
+    let shape = problem(args)?;
+    let device = B::device_for(0);
+    let [b, h, n, d] = shape;
+    // Stored `[B, N, heads, d]`, seen as `[B, heads, N, d]`, in the bench's dtype.
+    let mut rng = StreamRng::from_seed(0);
+    let mut input = || {
+        let t: Tensor<B::InnerBackend, 4> = rng.normal_tensor([b, n, h, d], &device);
+        to_dtype(t, args.dtype.dtype()).swap_dims(1, 2)
+    };
+    let (q, k, v) = (input(), input(), input());
+    let flops = forward_flops(shape);
+    let tflops = |s: &Stats, times: f64| times * flops / (s.median * 1e9);
+    // `--attention auto` (the default): every mode; another: that one alone.
+    let modes = match args.attention {
+        AttentionMode::Auto => MODES.to_vec(),
+        mode => vec![mode],
+    };
+    let mut rows = vec![];
+    for &mode in &modes {
+        let what = format!("{} attention {shape:?}", label(mode));
+        let (fwd, _) =
+            time::<B::InnerBackend, _>(args, &format!("{what}, forward"), &device, || {
+                Ok(attention(q.clone(), k.clone(), v.clone(), mode))
+            })?;
+        let train = train_time::<B>(args, &what, mode, [&q, &k, &v])?;
+        rows.push(AttentionRow {
+            kernel: label(mode),
+            shape,
+            dtype: args.dtype,
+            forward_tflops: Some(tflops(&fwd, 1.0)),
+            forward_ms: Some(fwd),
+            train_tflops: Some(tflops(&train, 3.5)),
+            train_ms: Some(train),
+            error: None,
+        });
+    }
+    if modes.contains(&AttentionMode::Flash) {
+        rows.push(cubek_row::<B::InnerBackend>(
+            args,
+            [&q, &k, &v],
+            shape,
+            &device,
+        )?);
+    }
+    Ok(rows)
+}
+
+/// The config name of `mode`.
+fn label(mode: AttentionMode) -> String {
+    serde_json::to_value(mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{mode:?}"))
+}
+
+/// Forward with a graph and backward of `Σ o` on the autodiff backend `B`.
+fn train_time<B: AutodiffBackend>(
+    args: &BenchArgs,
+    what: &str,
+    mode: AttentionMode,
+    [q, k, v]: [&Tensor<B::InnerBackend, 4>; 3],
+) -> anyhow::Result<Stats> {
+    let device = q.device();
+    let (ms, _) = time::<B, _>(
+        args,
+        &format!("{what}, forward + backward"),
+        &device,
+        || {
+            let leaf = |t: &Tensor<B::InnerBackend, 4>| {
+                Tensor::<B, 4>::from_inner(t.clone()).require_grad()
+            };
+            let (q, k, v) = (leaf(q), leaf(k), leaf(v));
+            let o = attention(q.clone(), k, v, mode);
+            let grads = o.sum().backward();
+            Ok(q.grad(&grads).map(|g| g.dims()))
+        },
+    )?;
+    Ok(ms)
+}
+
+/// cubek's tensor-core flash forward alone, or why it does not run here.
+fn cubek_row<B: Backend>(
+    args: &BenchArgs,
+    [q, k, v]: [&Tensor<B, 4>; 3],
+    shape: [usize; 4],
+    device: &B::Device,
+) -> anyhow::Result<AttentionRow> {
+    let mut row = AttentionRow {
+        kernel: "cubek".into(),
+        shape,
+        dtype: args.dtype,
+        forward_ms: None,
+        forward_tflops: None,
+        train_ms: None,
+        train_tflops: None,
+        error: None,
+    };
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        use reel_models::wan::fused_attention::flash::cubek_forward;
+        // One try first: a shape or backend it does not take fails before any timing.
+        if let Err(e) = cubek_forward(q.clone(), k.clone(), v.clone()) {
+            row.error = Some(e);
+            return Ok(row);
+        }
+        let what = format!("cubek flash forward {shape:?}");
+        let (fwd, _) = time::<B, _>(args, &what, device, || {
+            cubek_forward(q.clone(), k.clone(), v.clone()).map_err(anyhow::Error::msg)
+        })?;
+        row.forward_tflops = Some(forward_flops(shape) / (fwd.median * 1e9));
+        row.forward_ms = Some(fwd);
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = (q, k, v, device);
+        row.error = Some("built without the cuda and wgpu features".into());
+    }
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_count_both_products_of_every_head() {
+        // 2 products of N·N·d multiply-adds, 2 FLOP each, per batch and head.
+        assert_eq!(forward_flops([2, 3, 10, 4]), 2.0 * 3.0 * 4.0 * 100.0 * 4.0);
+    }
+}
