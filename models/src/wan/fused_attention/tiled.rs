@@ -100,7 +100,7 @@ pub fn shared_bytes(
     let (operands, floats) = match kernel {
         Kernel::Forward => (
             staged + rows * op(cols),
-            rows * fl(cols) + rows * fl(dvp) + 3 * rows,
+            rows * fl(cols) + rows * fl(dvp) + 3 * rows + UNITS,
         ),
         Kernel::BackwardQ => (
             staged + rows * op(dvp) + rows * op(cols),

@@ -36,6 +36,11 @@ pub const PAD_FLOAT: usize = 4;
 
 /// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
 /// rows), zero past the sequence's end and in the padding columns `C .. cp`.
+///
+/// The loop over a unit's elements is unrolled (its trip count is known when the kernel is
+/// compiled), so that a unit issues all its global loads before it waits on the first: with
+/// four warps per cube and one or two cubes per multiprocessor (their shared memory), there
+/// are too few warps to hide a load's latency otherwise. The `(b, h)` offset is computed once.
 #[cube]
 fn stage<F: Float>(
     t: &Tensor<F>,
@@ -49,16 +54,21 @@ fn stage<F: Float>(
     let heads = t.shape(1);
     let len = t.shape(2);
     let cols = t.shape(3);
-    let mut idx = UNIT_POS as usize;
-    while idx < rows * cp {
-        let row = row0 + idx / cp;
-        let col = idx % cp;
-        let mut val = F::new(0.0);
-        if row < len && col < cols {
-            val = t[offset(t, bh, heads, row, col)];
+    let base = (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1);
+    let (row_step, col_step) = (t.stride(2), t.stride(3));
+    let unit = UNIT_POS as usize;
+    #[unroll]
+    for i in 0..comptime![(rows * cp).div_ceil(units)] {
+        let idx = unit + i * units;
+        let (r, col) = (idx / cp, idx % cp);
+        let row = row0 + r;
+        if idx < comptime![rows * cp] {
+            let mut val = F::new(0.0);
+            if row < len && col < cols {
+                val = t[base + row * row_step + col * col_step];
+            }
+            dst[r * comptime![cp + PAD_OPERAND] + col] = val;
         }
-        dst[(idx / cp) * (cp + PAD_OPERAND) + col] = val;
-        idx += units;
     }
 }
 
@@ -233,6 +243,70 @@ fn unit_product<F: Float>(
     }
 }
 
+/// One key tile of the forward's online softmax: from the scores `s` (`rows × cols`, padded
+/// rows `ls`) of the first `valid` keys, the probabilities `p` (in `F`) against the running row
+/// maxima `m`, the running sums `l` and the factors `corr` that rescale the output so far.
+/// `units / rows` units share a row (`units` a multiple of `rows`), each sweeping every
+/// `units / rows`-th column from a column that differs by row (so that the units of a plane
+/// read different memory banks), and combine their maxima and sums through `red` (`units`
+/// floats). Starts and ends with the cube in step (the caller syncs before and after).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn online_softmax<F: Float>(
+    s: &SharedMemory<f32>,
+    p: &mut SharedMemory<F>,
+    m: &mut SharedMemory<f32>,
+    l: &mut SharedMemory<f32>,
+    corr: &mut SharedMemory<f32>,
+    red: &mut SharedMemory<f32>,
+    scale: f32,
+    valid: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+) {
+    let share = comptime![units / rows];
+    let sweep = comptime![cols / share];
+    let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
+    let unit = UNIT_POS as usize;
+    let (r, part) = (unit / share, unit % share);
+    let mut mx = m[r];
+    for step in 0..sweep {
+        let j = ((step + r) % sweep) * share + part;
+        if j < valid {
+            mx = f32::max(mx, s[r * ls + j] * scale);
+        }
+    }
+    red[unit] = mx;
+    sync_cube();
+    for x in 0..share {
+        mx = f32::max(mx, red[r * share + x]);
+    }
+    sync_cube();
+    let mut sum = 0.0f32;
+    for step in 0..sweep {
+        let j = ((step + r) % sweep) * share + part;
+        let mut pj = 0.0f32;
+        if j < valid {
+            pj = f32::exp(s[r * ls + j] * scale - mx);
+        }
+        p[r * lp + j] = F::cast_from(pj);
+        sum += pj;
+    }
+    red[unit] = sum;
+    sync_cube();
+    if part == 0 {
+        let mut total = 0.0f32;
+        for x in 0..share {
+            total += red[r * share + x];
+        }
+        let c = f32::exp(m[r] - mx);
+        l[r] = l[r] * c + total;
+        m[r] = mx;
+        corr[r] = c;
+    }
+}
+
 /// Forward: `out = softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]` (float32, of the scaled
 /// scores). Cube `(x, bh)` owns query rows `x·rows ..`; key tiles of `cols` rows stream by.
 /// `dp`, `dvp`: the head dims rounded up to 16.
@@ -272,6 +346,7 @@ pub fn tiled_forward<F: Float>(
     let mut m = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut l = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut corr = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    let mut red = SharedMemory::<f32>::new_aligned(units, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     fill(&mut o, 0.0f32, rows * lo, units);
     fill(&mut m, f32::new(NEG_BIG), rows, units);
@@ -284,33 +359,19 @@ pub fn tiled_forward<F: Float>(
         sync_cube();
         product::<F>(&qs, &ks, &mut s, rows, cols, dp, true, false, tc, units);
         sync_cube();
-        // Online softmax, one unit per row. Row `r` starts its sweep at column `r`, so that
-        // the units of a plane read different memory banks at every step.
-        let r = UNIT_POS as usize;
-        if r < rows {
-            let valid = seq_k - key0;
-            let mut mx = m[r];
-            for step in 0..cols {
-                let j = (step + r) % cols;
-                if j < valid {
-                    mx = f32::max(mx, s[r * ls + j] * scale);
-                }
-            }
-            let mut sum = 0.0f32;
-            for step in 0..cols {
-                let j = (step + r) % cols;
-                let mut pj = 0.0f32;
-                if j < valid {
-                    pj = f32::exp(s[r * ls + j] * scale - mx);
-                }
-                p[r * lp + j] = F::cast_from(pj);
-                sum += pj;
-            }
-            let c = f32::exp(m[r] - mx);
-            l[r] = l[r] * c + sum;
-            m[r] = mx;
-            corr[r] = c;
-        }
+        online_softmax::<F>(
+            &s,
+            &mut p,
+            &mut m,
+            &mut l,
+            &mut corr,
+            &mut red,
+            scale,
+            seq_k - key0,
+            rows,
+            cols,
+            units,
+        );
         sync_cube();
         let mut idx = UNIT_POS as usize;
         while idx < rows * lo {
