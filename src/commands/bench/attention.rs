@@ -17,11 +17,11 @@ use reel_core::config::Precision;
 use reel_core::rng::StreamRng;
 use reel_core::with_backend;
 use reel_models::wan::mem_attention::{attention, to_dtype};
-use reel_models::{AttentionMode, WanConfig};
+use reel_models::AttentionMode;
 use serde::Serialize;
 
 use super::progress::time;
-use super::{BenchArgs, Stats};
+use super::{preset_tokens, BenchArgs, Stats};
 
 /// The attention modes timed, in order.
 const MODES: [AttentionMode; 3] = [
@@ -91,19 +91,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// `[B, heads, N, head_dim]` of the preset's self-attention at `--shape` and `--batch`.
 fn problem(args: &BenchArgs) -> anyhow::Result<[usize; 4]> {
     let preset = args.presets.first().map(String::as_str).unwrap_or("");
-    let cfg = WanConfig::preset(preset).ok_or_else(|| {
-        anyhow::anyhow!(
-            "unknown preset `{preset}`, expected one of {:?}",
-            WanConfig::preset_names()
-        )
-    })?;
-    let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
-    let [pt, ph, pw] = cfg.patch_size;
-    anyhow::ensure!(
-        f % pt == 0 && h % ph == 0 && w % pw == 0,
-        "shape {f}x{h}x{w} is not divisible by the patch {pt}x{ph}x{pw}"
-    );
-    let tokens = (f / pt) * (h / ph) * (w / pw);
+    let (cfg, tokens) = preset_tokens(args, preset)?;
     Ok([
         args.batch,
         cfg.num_attention_heads,

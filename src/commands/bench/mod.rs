@@ -225,12 +225,8 @@ pub fn forward_flops(c: &WanConfig, batch: usize, tokens: usize, text_len: usize
         * (n * (12.0 * d * d + 4.0 * d * f + 4.0 * n * d + 4.0 * l * d) + l * 4.0 * d * d)
 }
 
-fn run_one<B: AutodiffBackend>(
-    args: &BenchArgs,
-    preset: &str,
-    lora_rank: usize,
-    device: &B::Device,
-) -> anyhow::Result<BenchRow> {
+/// The Wan preset `preset` and the video tokens of `--shape` under its patch.
+fn preset_tokens(args: &BenchArgs, preset: &str) -> anyhow::Result<(WanConfig, usize)> {
     let cfg = WanConfig::preset(preset).ok_or_else(|| {
         anyhow::anyhow!(
             "unknown preset `{preset}`, expected one of {:?}",
@@ -242,7 +238,17 @@ fn run_one<B: AutodiffBackend>(
     if f % pt != 0 || h % ph != 0 || w % pw != 0 {
         anyhow::bail!("shape {f}x{h}x{w} is not divisible by the patch {pt}x{ph}x{pw}");
     }
-    let tokens = (f / pt) * (h / ph) * (w / pw);
+    Ok((cfg, (f / pt) * (h / ph) * (w / pw)))
+}
+
+fn run_one<B: AutodiffBackend>(
+    args: &BenchArgs,
+    preset: &str,
+    lora_rank: usize,
+    device: &B::Device,
+) -> anyhow::Result<BenchRow> {
+    let (cfg, tokens) = preset_tokens(args, preset)?;
+    let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
     let b = args.batch;
     let mut rng = StreamRng::from_seed(0);
     let x0: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
