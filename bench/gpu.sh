@@ -20,11 +20,11 @@
 # kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
 # `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS=plain); then, with the
-# variant that was fastest there, 29120 tokens with checkpointing, the breakdown of
-# configs/dmd2_wan.toml at its shipped 29120 tokens (random weights and data), 2048 tokens
-# without checkpointing, the VAE decode/encode in 256-px tiles, UMT5 on 512 tokens and the
-# breakdown of configs/finetune_wan.toml. What the budget leaves out is listed as skipped.
+# VARIANTS=plain); then, with the variant that was fastest there, UMT5 on 512 tokens and the
+# VAE decode/encode of 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS), 29120
+# tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
+# tokens (random weights and data), 2048 tokens without checkpointing and the breakdown of
+# configs/finetune_wan.toml. What the budget leaves out is listed as skipped.
 #
 # If no variant's 8190-token row ran with ATTENTION, the rest of the plan falls back to
 # attention=fused (after one fused row at 8190 tokens).
@@ -61,6 +61,8 @@ case $PLAN in
     ATTENTION=${ATTENTION:-pick}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
+    # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
+    ENCODER_STEPS=${ENCODER_STEPS:-1}
     BUDGET_S=${BUDGET_S-500}
     ;;
   matrix)
@@ -217,8 +219,8 @@ attention_job() { # VARIANT SHAPE
 
 encoder_job() { # VARIANT "<reel bench args>"
   # shellcheck disable=SC2086 # $2 is a list of arguments
-  job encoder args="$2" -- "$BIN_DIR/reel-cuda-$1" bench --backend cuda $2 --steps "$STEPS" \
-    --warmup "$WARMUP" --json
+  job encoder args="$2" -- "$BIN_DIR/reel-cuda-$1" bench --backend cuda $2 \
+    --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
 }
 
 # The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step; empty
@@ -286,16 +288,16 @@ if [[ $PLAN == session ]]; then
   fi
   best=${best:-${VARIANTS%% *}}
   echo "fastest variant at 8190 tokens: $best" >&2
+  if [[ ${ENCODERS:-1} == 1 ]]; then
+    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
+    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
+  fi
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   # Five steps: the config updates the generator every fifth step.
   config_job configs/dmd2_wan.toml "$best" 5
   torch_job 8,32,32 bf16 0
   reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
-  if [[ ${ENCODERS:-1} == 1 ]]; then
-    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
-    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
-  fi
   config_job configs/finetune_wan.toml "$best" "$STEPS"
 else
   for shape in $SHAPES; do attention_job "${VARIANTS%% *}" "$shape"; done
