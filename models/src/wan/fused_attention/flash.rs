@@ -38,7 +38,7 @@ pub enum FlashRoutine {
     Unit,
 }
 
-/// Query rows the tensor-core routine's stage covers at most: [`PLANES`] planes of tiles up
+/// Query rows the tensor-core routine's stage covers at most: its four planes of tiles up
 /// to 32 rows. cubek only runs query lengths that are multiples of its stage (64 rows with
 /// 16×16 tiles), so the accelerated routine pads the queries to a multiple of this.
 pub const STAGE_ROWS: usize = PLANES as usize * 32;

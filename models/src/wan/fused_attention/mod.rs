@@ -16,6 +16,7 @@ pub mod flash;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
+mod tile_ops;
 pub mod tiled;
 pub mod tiled_kernels;
 

@@ -1,0 +1,240 @@
+//! Shared-memory building blocks of the tiled attention kernels ([`super::tiled_kernels`]):
+//! staging rows of a `[B, H, S, C]` tensor into padded shared-memory tiles, storing float32
+//! rows back, and the tile products `c (+)= a·b` / `a·bᵀ`, as cooperative-matrix (`cmma`,
+//! tensor-core) instructions, one plane (warp) per 16×16 output tile, or as plain unit loops
+//! over the same shared memory (the same kernels on devices without tensor cores, which the
+//! tests run on a software Vulkan driver).
+
+use cubecl::prelude::*;
+
+use super::kernels::offset;
+
+/// Side of a tile product (the cmma shape is 16×16×16).
+pub const TILE: usize = 16;
+/// Byte alignment of every shared-memory array: tensor-core loads and stores need 32-byte
+/// aligned tile pointers (16 padded rows of any array are a multiple of 32 bytes, so every
+/// tile's offset keeps the alignment).
+pub(super) const ALIGN: usize = 32;
+/// Padding of an operand row (`F`) in shared memory, in elements: 16 bytes for 16-bit types,
+/// the smallest row step tensor-core loads accept.
+pub const PAD_OPERAND: usize = 8;
+/// Padding of a float32 row in shared memory, in elements (16 bytes).
+pub const PAD_FLOAT: usize = 4;
+
+/// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
+/// rows), zero past the sequence's end and in the padding columns `C .. cp`.
+///
+/// The loop over a unit's elements is unrolled (its trip count is known when the kernel is
+/// compiled), so that a unit issues all its global loads before it waits on the first: with
+/// four warps per cube and one or two cubes per multiprocessor (their shared memory), there
+/// are too few warps to hide a load's latency otherwise. The `(b, h)` offset is computed once.
+#[cube]
+pub(super) fn stage<F: Float>(
+    t: &Tensor<F>,
+    dst: &mut SharedMemory<F>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) {
+    let heads = t.shape(1);
+    let len = t.shape(2);
+    let cols = t.shape(3);
+    let base = (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1);
+    let (row_step, col_step) = (t.stride(2), t.stride(3));
+    let unit = UNIT_POS as usize;
+    #[unroll]
+    for i in 0..comptime![(rows * cp).div_ceil(units)] {
+        let idx = unit + i * units;
+        let (r, col) = (idx / cp, idx % cp);
+        let row = row0 + r;
+        if idx < comptime![rows * cp] {
+            let mut val = F::new(0.0);
+            if row < len && col < cols {
+                val = t[base + row * row_step + col * col_step];
+            }
+            dst[r * comptime![cp + PAD_OPERAND] + col] = val;
+        }
+    }
+}
+
+/// Store rows `0 .. rows` of the float32 matrix `src` (padded rows of `ld` elements) times
+/// `factor` as rows `row0 ..` of `dst` (`[B, H, S, C]`), up to the sequence's end.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_rows<F: Float>(
+    dst: &mut Tensor<F>,
+    src: &SharedMemory<f32>,
+    bh: usize,
+    row0: usize,
+    factor: f32,
+    #[comptime] rows: usize,
+    #[comptime] ld: usize,
+    #[comptime] units: usize,
+) {
+    let heads = dst.shape(1);
+    let len = dst.shape(2);
+    let cols = dst.shape(3);
+    let mut idx = UNIT_POS as usize;
+    while idx < rows * cols {
+        let (r, c) = (idx / cols, idx % cols);
+        if row0 + r < len {
+            dst[offset(dst, bh, heads, row0 + r, c)] = F::cast_from(src[r * ld + c] * factor);
+        }
+        idx += units;
+    }
+}
+
+/// Set the first `len` values of `dst` to `value`.
+#[cube]
+pub(super) fn fill(
+    dst: &mut SharedMemory<f32>,
+    value: f32,
+    #[comptime] len: usize,
+    #[comptime] units: usize,
+) {
+    let mut idx = UNIT_POS as usize;
+    while idx < len {
+        dst[idx] = value;
+        idx += units;
+    }
+}
+
+/// `c (+)= a·b` in shared memory, row-major with padded rows: `a` is `m × kd`, `b` is `kd × n`
+/// or, with `b_t`, `n × kd` (the product is then `a·bᵀ`), `c` is `m × n` float32. Without
+/// `accumulate`, `c` is overwritten. All units of the cube take part; the caller syncs.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] tc: bool,
+    #[comptime] units: usize,
+) {
+    if comptime![tc] {
+        tensor_core_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+    } else {
+        unit_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+    }
+}
+
+/// An uninitialised 16×16×16 fragment of the tile product.
+#[cube]
+pub(super) fn fragment<E: Numeric>(
+    #[comptime] ident: cmma::MatrixIdent,
+    #[comptime] layout: cmma::MatrixLayout,
+) -> cmma::Matrix<E> {
+    unsafe { cmma::Matrix::<E>::uninitialized(ident, TILE, TILE, TILE, layout) }
+}
+
+/// The 16×16 tile at element `at` of a shared-memory matrix with `ld` elements per row.
+#[cube]
+pub(super) fn tile_of<E: Numeric>(
+    smem: &SharedMemory<E>,
+    at: usize,
+    #[comptime] ld: usize,
+) -> Slice<E> {
+    smem.slice(at, at + (TILE - 1) * ld + TILE)
+}
+
+/// [`product`] with cooperative-matrix instructions: plane `p` computes the 16×16 output
+/// tiles `p, p + planes, …`, accumulating in float32 over `kd / 16` steps.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tensor_core_product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] units: usize,
+) {
+    let planes = comptime![units / 32];
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    let ldc = comptime![n + PAD_FLOAT];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    let mut t = UNIT_POS_Y as usize;
+    while t < tiles {
+        let row0 = (t / tiles_n) * TILE;
+        let col0 = (t % tiles_n) * TILE;
+        let c_at = row0 * ldc + col0;
+        let acc = fragment::<f32>(
+            cmma::MatrixIdent::Accumulator,
+            cmma::MatrixLayout::Undefined,
+        );
+        if comptime![accumulate] {
+            let tile = tile_of(c, c_at, ldc);
+            cmma::load_with_layout(&acc, &tile, ldc as u32, cmma::MatrixLayout::RowMajor);
+        } else {
+            cmma::fill(&acc, 0.0f32);
+        }
+        for step in 0..kd / TILE {
+            let k0 = step * TILE;
+            let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+            cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
+            if comptime![b_t] {
+                // `bᵀ` (`kd × n`) is `b` (`n × kd`, padded rows) read column-major.
+                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+                cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
+                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
+            } else {
+                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
+                cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
+                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
+            }
+        }
+        let mut out = c.slice_mut(c_at, c_at + (TILE - 1) * ldc + TILE);
+        cmma::store(&mut out, &acc, ldc as u32, cmma::MatrixLayout::RowMajor);
+        t += planes;
+    }
+}
+
+/// [`product`] on plain units: one output value per unit and step, float32 sums.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn unit_product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] units: usize,
+) {
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    let ldc = comptime![n + PAD_FLOAT];
+    let mut idx = UNIT_POS as usize;
+    while idx < m * n {
+        let i = idx / n;
+        let j = idx % n;
+        let mut sum = 0.0f32;
+        if comptime![accumulate] {
+            sum = c[i * ldc + j];
+        }
+        for x in 0..kd {
+            let bv = if comptime![b_t] {
+                b[j * lda + x]
+            } else {
+                b[x * ldb + j]
+            };
+            sum += f32::cast_from(a[i * lda + x]) * f32::cast_from(bv);
+        }
+        c[i * ldc + j] = sum;
+        idx += units;
+    }
+}
