@@ -124,8 +124,7 @@ pub fn try_accelerated<R: CubeRuntime>(
         Ok(o) => Some(o),
         Err(e) => {
             NOTE.call_once(|| {
-                let why = format!("{e:?}");
-                let why = why.split_whitespace().collect::<Vec<_>>().join(" ");
+                let why = reason(&e);
                 eprintln!(
                     "reel: attention = \"flash\": neither tensor-core forward can run q {:?} on \
                      this device (tiled kernels: {tiled}; cubek's flash kernel: {why}); using \
@@ -136,6 +135,14 @@ pub fn try_accelerated<R: CubeRuntime>(
             None
         }
     }
+}
+
+/// cubek's reason for not running a problem, on one line.
+fn reason(e: &AttentionSetupError) -> String {
+    format!("{e:?}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// cubek's tensor-core flash forward on Burn tensors of a compiled plain CubeCL backend
@@ -195,10 +202,5 @@ where
             let o = Tensor::<K<R, BT>, 4>::from_primitive(TensorPrimitive::Float(o));
             downcast_tensor::<K<R, BT>, B, 4>(o).unwrap_or_else(|_| unreachable!("K is B"))
         })
-        .map_err(|e| {
-            format!("{e:?}")
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        }))
+        .map_err(|e| reason(&e)))
 }
