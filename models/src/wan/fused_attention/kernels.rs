@@ -18,8 +18,8 @@ pub(super) const POS_BIG: f32 = 1.0e30;
 
 /// Offset of element `(bh, row, col)` of a `[B, H, S, C]` tensor with `heads` heads.
 #[cube]
-pub(super) fn offset<F: Numeric>(
-    t: &Tensor<F>,
+pub(super) fn offset<E: CubePrimitive>(
+    t: &Tensor<E>,
     bh: usize,
     heads: usize,
     row: usize,

@@ -323,6 +323,33 @@ fn check_tiled<K: FusedKernels>(
     eprintln!("tiled {products:?} {dtype:?}: largest difference {worst:.2e} of the max");
 }
 
+/// The tiled kernels' staging reads vectors of several elements where every tensor's layout
+/// allows (a contiguous head dim that the vector size divides, as it divides the other
+/// strides), one element where any tensor's does not.
+fn check_vector_sizes<R: CubeRuntime>(device: &R::Device) {
+    type B<R> = CubeBackend<R, f32, i32, u32>;
+    let t = |s: [usize; 4]| Tensor::<B<R>, 4>::zeros(s, device);
+    let cube = |t: Tensor<B<R>, 4>| t.into_primitive().tensor();
+    let wide = cube(t([2, 3, 37, 16]));
+    let n = tiled::vector_size(&[&wide]);
+    assert!(
+        n > 1 && 16 % n == 0,
+        "contiguous head dim 16: vectors of {n}"
+    );
+    // `[B, S, H, C]` seen as `[B, H, S, C]`: still a contiguous head dim.
+    let swapped = cube(t([2, 37, 3, 16]).swap_dims(1, 2));
+    assert_eq!(tiled::vector_size(&[&wide, &swapped]), n);
+    let odd = cube(t([2, 3, 37, 5]));
+    assert_eq!(tiled::vector_size(&[&wide, &odd]), 1, "head dim 5");
+    // Head dim 16 but a last-dim stride of 37: no vectors.
+    let transposed = cube(t([2, 3, 16, 37]).swap_dims(2, 3));
+    assert_eq!(
+        tiled::vector_size(&[&wide, &transposed]),
+        1,
+        "strided head dim"
+    );
+}
+
 #[test]
 fn tiles_fit_the_shared_memory_budget() {
     assert_eq!(tile_rows(8, 5, 48 << 10), MAX_TILE);
@@ -409,6 +436,11 @@ macro_rules! backend_tests {
             #[test]
             fn outputs_and_gradients_are_laid_out_like_the_inputs() {
                 check_layouts::<$runtime>(&Default::default());
+            }
+
+            #[test]
+            fn tiled_staging_reads_vectors_where_the_layout_allows() {
+                check_vector_sizes::<$runtime>(&Default::default());
             }
 
             #[test]

@@ -24,13 +24,16 @@ pub const PAD_FLOAT: usize = 4;
 /// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
 /// rows), zero past the sequence's end and in the padding columns `C .. cp`.
 ///
-/// The loop over a unit's elements is unrolled (its trip count is known when the kernel is
-/// compiled), so that a unit issues all its global loads before it waits on the first: with
-/// four warps per cube and one or two cubes per multiprocessor (their shared memory), there
-/// are too few warps to hide a load's latency otherwise. The `(b, h)` offset is computed once.
+/// `t` is read in vectors of `N` elements (16 bytes for bf16/f16 at `N = 8`: one load
+/// instruction per vector instead of eight); the launcher picks `N = 1` unless the last dim is
+/// contiguous and `N` divides `C`, the other strides and the buffer's offset. The loop over a
+/// unit's vectors is unrolled (its trip count is known when the kernel is compiled), so that
+/// a unit issues all its global loads before it waits on the first: with four warps per cube
+/// and one or two cubes per multiprocessor (their shared memory), there are too few warps to
+/// hide a load's latency otherwise. The `(b, h)` offset is computed once.
 #[cube]
-pub(super) fn stage<F: Float>(
-    t: &Tensor<F>,
+pub(super) fn stage<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
     dst: &mut SharedMemory<F>,
     bh: usize,
     row0: usize,
@@ -38,23 +41,30 @@ pub(super) fn stage<F: Float>(
     #[comptime] cp: usize,
     #[comptime] units: usize,
 ) {
+    let n = t.vector_size();
     let heads = t.shape(1);
     let len = t.shape(2);
     let cols = t.shape(3);
     let base = (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1);
     let (row_step, col_step) = (t.stride(2), t.stride(3));
     let unit = UNIT_POS as usize;
+    // Vectors per padded row (`cp` is a multiple of 16, `n` at most 8).
+    let per_row = comptime![cp / n];
     #[unroll]
-    for i in 0..comptime![(rows * cp).div_ceil(units)] {
+    for i in 0..comptime![(rows * per_row).div_ceil(units)] {
         let idx = unit + i * units;
-        let (r, col) = (idx / cp, idx % cp);
+        let (r, col) = (idx / per_row, (idx % per_row) * n);
         let row = row0 + r;
-        if idx < comptime![rows * cp] {
-            let mut val = F::new(0.0);
+        if idx < comptime![rows * per_row] {
+            let mut val = Vector::<F, N>::empty().fill(F::new(0.0));
             if row < len && col < cols {
-                val = t[base + row * row_step + col * col_step];
+                val = t[(base + row * row_step + col * col_step) / n];
             }
-            dst[r * comptime![cp + PAD_OPERAND] + col] = val;
+            let at = r * comptime![cp + PAD_OPERAND] + col;
+            #[unroll]
+            for j in 0..n {
+                dst[at + j] = val[j];
+            }
         }
     }
 }

@@ -19,7 +19,7 @@ use cubecl::prelude::*;
 use super::tiled_kernels::{self as kernels, PAD_FLOAT, PAD_OPERAND, TILE};
 
 /// Units per cube: four planes (warps) of 32.
-const UNITS: usize = 128;
+pub const UNITS: usize = 128;
 /// Tile shapes tried, largest first: `(own rows per cube, rows per streamed tile)`.
 const SHAPES: [(usize, usize); 5] = [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)];
 
@@ -177,6 +177,27 @@ fn shape_for<R: CubeRuntime>(
     tile_shape(kernel, d, dv, q.dtype.size(), have)
 }
 
+/// The widest vector (in elements, at most 8) that every tensor of `ts` can be read in by the
+/// kernels' staging: a contiguous last dim that the vector size divides, as it divides the
+/// other strides and the buffer's byte offset (vectors stay aligned). 1 where any cannot.
+pub(super) fn vector_size<R: CubeRuntime>(ts: &[&CubeTensor<R>]) -> usize {
+    ts.iter()
+        .map(|t| {
+            let elem = t.dtype.size();
+            let sizes = t.client.io_optimized_vector_sizes(elem);
+            let mut n =
+                cubecl::tensor_vector_size_parallel(sizes, t.meta.shape(), t.meta.strides(), 3)
+                    .min(8);
+            let offset = t.handle.offset_start.unwrap_or(0) as usize;
+            while n > 1 && offset % (n * elem) != 0 {
+                n /= 2;
+            }
+            n
+        })
+        .min()
+        .unwrap_or(1)
+}
+
 fn launch_dims(rows: usize, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(seq.div_ceil(rows) as u32, batch_heads as u32, 1),
@@ -201,24 +222,32 @@ pub fn forward<R: CubeRuntime>(
     let lse = super::empty_rows(&q);
     let (count, dim) = launch_dims(rows, sq, b * h);
     let dtype = q.dtype;
-    kernels::tiled_forward::launch::<R>(
-        &q.client.clone(),
-        count,
-        dim,
-        q.into_tensor_arg(),
-        k.into_tensor_arg(),
-        v.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        lse.clone().into_tensor_arg(),
-        1.0 / (d as f32).sqrt(),
-        padded(d),
-        padded(dv),
-        rows,
-        cols,
-        UNITS,
-        products == Products::TensorCores,
-        dtype.into(),
-    );
+    let vector = vector_size(&[&q, &k, &v]);
+    // SAFETY: every global read and write of the kernel is guarded by the tensor's own shape
+    // (rows past a sequence's end and columns past a head dim are skipped), shared-memory
+    // indices stay inside the arrays sized from the same comptime shapes, and `vector`
+    // divides every vectorized tensor's last dim, strides and offset.
+    unsafe {
+        kernels::tiled_forward::launch_unchecked::<R>(
+            &q.client.clone(),
+            count,
+            dim,
+            vector,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            1.0 / (d as f32).sqrt(),
+            padded(d),
+            padded(dv),
+            rows,
+            cols,
+            UNITS,
+            products == Products::TensorCores,
+            dtype.into(),
+        );
+    }
     Ok((out, lse))
 }
 
@@ -249,50 +278,57 @@ pub fn backward<R: CubeRuntime>(
     let scale = 1.0 / (d as f32).sqrt();
     let tc = products == Products::TensorCores;
     let client = q.client.clone();
+    let vector = vector_size(&[&q, &k, &v, &o, &d_out]);
     let (count, dim) = launch_dims(rows_q, sq, b * h);
-    kernels::tiled_backward_q::launch::<R>(
-        &client,
-        count,
-        dim,
-        q.clone().into_tensor_arg(),
-        k.clone().into_tensor_arg(),
-        v.clone().into_tensor_arg(),
-        o.into_tensor_arg(),
-        d_out.clone().into_tensor_arg(),
-        lse.clone().into_tensor_arg(),
-        dq.clone().into_tensor_arg(),
-        delta.clone().into_tensor_arg(),
-        scale,
-        padded(d),
-        padded(dv),
-        rows_q,
-        cols_k,
-        UNITS,
-        tc,
-        dtype.into(),
-    );
-    let (count, dim) = launch_dims(rows_k, sk, b * h);
-    kernels::tiled_backward_kv::launch::<R>(
-        &client,
-        count,
-        dim,
-        q.into_tensor_arg(),
-        k.into_tensor_arg(),
-        v.into_tensor_arg(),
-        d_out.into_tensor_arg(),
-        lse.into_tensor_arg(),
-        delta.into_tensor_arg(),
-        dk.clone().into_tensor_arg(),
-        dvt.clone().into_tensor_arg(),
-        scale,
-        padded(d),
-        padded(dv),
-        rows_k,
-        cols_q,
-        UNITS,
-        tc,
-        dtype.into(),
-    );
+    // SAFETY: as in `forward`: guarded global accesses, shared memory sized from the same
+    // comptime shapes, `vector` dividing every vectorized tensor's layout.
+    unsafe {
+        kernels::tiled_backward_q::launch_unchecked::<R>(
+            &client,
+            count,
+            dim,
+            vector,
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            o.into_tensor_arg(),
+            d_out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            scale,
+            padded(d),
+            padded(dv),
+            rows_q,
+            cols_k,
+            UNITS,
+            tc,
+            dtype.into(),
+        );
+        let (count, dim) = launch_dims(rows_k, sk, b * h);
+        kernels::tiled_backward_kv::launch_unchecked::<R>(
+            &client,
+            count,
+            dim,
+            vector,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            d_out.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            delta.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dvt.clone().into_tensor_arg(),
+            scale,
+            padded(d),
+            padded(dv),
+            rows_k,
+            cols_q,
+            UNITS,
+            tc,
+            dtype.into(),
+        );
+    }
     Ok((dq, dk, dvt))
 }
 

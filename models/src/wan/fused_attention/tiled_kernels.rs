@@ -14,7 +14,7 @@
 //! cooperative-matrix (tensor-core) instructions or, with `tc = false`, as plain unit loops
 //! over the same shared memory.
 
-// The `#[cube(launch)]` macro generates undocumented launch modules and structs.
+// The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
 
 use cubecl::prelude::*;
@@ -90,12 +90,12 @@ fn online_softmax<F: Float>(
 /// Forward: `out = softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]` (float32, of the scaled
 /// scores). Cube `(x, bh)` owns query rows `x·rows ..`; key tiles of `cols` rows stream by.
 /// `dp`, `dvp`: the head dims rounded up to 16.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn tiled_forward<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub fn tiled_forward<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
     scale: f32,
@@ -181,14 +181,14 @@ pub fn tiled_forward<F: Float>(
 /// Backward, query side: `delta = Δ = Σ dO∘O` per query row (float32 `[B, H, Sq]`, read by
 /// [`tiled_backward_kv`](fn@tiled_backward_kv)) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
 /// from the saved log-sum-exp.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn tiled_backward_q<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    out: &Tensor<F>,
-    d_out: &Tensor<F>,
+pub fn tiled_backward_q<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    out: &Tensor<Vector<F, N>>,
+    d_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     dq: &mut Tensor<F>,
     delta: &mut Tensor<f32>,
@@ -229,9 +229,15 @@ pub fn tiled_backward_q<F: Float>(
         let mut row_lse = f32::new(POS_BIG);
         let mut dlt = 0.0f32;
         if row < seq_q {
-            for c in 0..dv {
-                let o_rc = f32::cast_from(out[offset(out, bh, heads, row, c)]);
-                dlt += f32::cast_from(d_out[offset(d_out, bh, heads, row, c)]) * o_rc;
+            // `N` divides `dv` (the launcher's choice).
+            let n = out.vector_size();
+            for c in 0..dv / n {
+                let o_rc = out[offset(out, bh, heads, row, c * n) / n];
+                let g_rc = d_out[offset(d_out, bh, heads, row, c * n) / n];
+                #[unroll]
+                for j in 0..n {
+                    dlt += f32::cast_from(g_rc[j]) * f32::cast_from(o_rc[j]);
+                }
             }
             row_lse = lse[stat_offset(lse, bh, heads, row)];
             delta[stat_offset(delta, bh, heads, row)] = dlt;
@@ -271,13 +277,13 @@ pub fn tiled_backward_q<F: Float>(
 /// `dv = Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`](fn@tiled_backward_q) (launched first on
 /// the same stream). Scores are computed transposed (`k·qᵀ`) so every product keeps its
 /// left operand row-major.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub fn tiled_backward_kv<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    d_out: &Tensor<F>,
+pub fn tiled_backward_kv<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    d_out: &Tensor<Vector<F, N>>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     dk: &mut Tensor<F>,

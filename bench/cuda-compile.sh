@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The tiled tensor-core attention kernels compiled for NVIDIA GPUs, without a GPU: registers,
+# spills and PTX size per kernel, and NVRTC's errors if the generated CUDA does not compile.
+#
+#   bench/cuda-compile.sh [HEAD_DIM]     # default 128 (Wan's); ARCHS="sm_90a sm_80" by default
+#
+# 1. `models/examples/cuda_sources.rs` defines each kernel (forward, backward_q, backward_kv;
+#    bf16 and f16, tensor-core products, the tile shapes an H100 gets) and writes the CUDA
+#    C++ that CubeCL's CUDA compiler generates from it. It needs a CubeCL client of any kind
+#    to define kernels on: the wgpu one, on a Vulkan driver (Mesa's lavapipe, as the tests).
+# 2. NVIDIA's NVRTC, `ptxas` and CUDA headers come from their PyPI wheels, downloaded once
+#    into $CUDA_TOOLS (default ~/.cache/reel-cuda-tools); they compile each source to PTX as
+#    CubeCL does at run time, then `ptxas -v` assembles it for each architecture.
+#
+# A kernel with spills, or more than 128 registers per unit at 128 units per cube (fewer
+# than four cubes' worth of registers per multiprocessor), is worth a look before a GPU
+# session measures it. Exits non-zero when a kernel fails to compile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HEAD_DIM=${1:-128}
+CUDA_TOOLS=${CUDA_TOOLS:-$HOME/.cache/reel-cuda-tools}
+OUT=${OUT_DIR:-${TMPDIR:-/tmp}/reel-cuda-sources}
+export ARCHS=${ARCHS:-"sm_90a sm_80"}
+
+if [[ ! -x $CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas ]]; then
+  mkdir -p "$CUDA_TOOLS/wheels"
+  python3 -m pip download -q --no-deps -d "$CUDA_TOOLS/wheels" \
+    'nvidia-cuda-nvrtc-cu12==12.8.*' 'nvidia-cuda-nvcc-cu12==12.8.*' \
+    'nvidia-cuda-runtime-cu12==12.8.*'
+  for w in "$CUDA_TOOLS"/wheels/*.whl; do
+    python3 -m zipfile -e "$w" "$CUDA_TOOLS"
+  done
+  chmod +x "$CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas"
+fi
+
+# A Vulkan driver for the client the kernels are defined on (see .ci/run).
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  sudo_=$([[ $(id -u) == 0 ]] || echo sudo)
+  $sudo_ apt-get install -y -q mesa-vulkan-drivers >/dev/null
+fi
+rm -rf "$OUT" && mkdir -p "$OUT"
+XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)} \
+  cargo run -q --release -p reel-models --features cuda,wgpu --example cuda_sources -- \
+  "$OUT" "$HEAD_DIM" >/dev/null
+python3 bench/cuda_compile.py "$CUDA_TOOLS" "$OUT"/*.cu
