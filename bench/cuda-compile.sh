@@ -2,7 +2,11 @@
 # The tiled tensor-core attention kernels compiled for NVIDIA GPUs, without a GPU: registers,
 # spills and PTX size per kernel, and NVRTC's errors if the generated CUDA does not compile.
 #
-#   bench/cuda-compile.sh [HEAD_DIM]     # default 128 (Wan's); ARCHS="sm_90a sm_80" by default
+#   bench/cuda-compile.sh [HEAD_DIM [TILE_SPEC...]]
+#
+# HEAD_DIM defaults to 128 (Wan's); each TILE_SPEC (REEL_TILED_TILES' syntax, e.g. 64x64x128
+# or forward=32x64) adds a set of kernels, the default shapes when none is given; ARCHS
+# defaults to "sm_90a sm_80".
 #
 # 1. `models/examples/cuda_sources.rs` defines each kernel (forward, backward_q, backward_kv;
 #    bf16 and f16, tensor-core products, the tile shapes an H100 gets) and writes the CUDA
@@ -18,6 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HEAD_DIM=${1:-128}
+SPECS=("${@:2}")
 CUDA_TOOLS=${CUDA_TOOLS:-$HOME/.cache/reel-cuda-tools}
 OUT=${OUT_DIR:-${TMPDIR:-/tmp}/reel-cuda-sources}
 export ARCHS=${ARCHS:-"sm_90a sm_80"}
@@ -41,5 +46,5 @@ fi
 rm -rf "$OUT" && mkdir -p "$OUT"
 XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)} \
   cargo run -q --release -p reel-models --features cuda,wgpu --example cuda_sources -- \
-  "$OUT" "$HEAD_DIM" >/dev/null
+  "$OUT" "$HEAD_DIM" "${SPECS[@]}" >/dev/null
 python3 bench/cuda_compile.py "$CUDA_TOOLS" "$OUT"/*.cu

@@ -26,6 +26,11 @@
 # tokens (random weights and data), 2048 tokens without checkpointing and the breakdown of
 # configs/finetune_wan.toml. What the budget leaves out is listed as skipped.
 #
+# The attention-alone run also times `flash` with each launch shape of TILES (the tiled
+# kernels' rows x cols x units per cube, `reel bench --attention-only --tiles`); when one of
+# those rows is the fastest, every later run gets it through REEL_TILED_TILES (shown beside
+# the attention mode in the tables). TILES="" times the default shapes alone.
+#
 # If no variant's 8190-token row ran with ATTENTION, the rest of the plan falls back to
 # attention=fused (after one fused row at 8190 tokens).
 #
@@ -59,6 +64,8 @@ case $PLAN in
     VARIANTS=${VARIANTS:-plain}
     # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
     ATTENTION=${ATTENTION:-pick}
+    # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates.
+    TILES=${TILES-"64x64x128r 64x64x256r 32x64x128r forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -69,6 +76,7 @@ case $PLAN in
     SHAPES=${SHAPES:-"8,32,32 21,30,52 20,56,104"}
     VARIANTS=${VARIANTS:-"plain fusion fusion+autotune"}
     ATTENTION=${ATTENTION:-"memory_efficient fused flash"}
+    TILES=${TILES-}
     DTYPES=${DTYPES:-"f32 bf16"}
     CKPTS=${CKPTS:-"0 1"}
     STEPS=${STEPS:-3}
@@ -172,7 +180,7 @@ torch_job() { # SHAPE DTYPE CKPT
 reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
   local f h w extra=(--dtype "$4"); read -r f h w <<<"${3//,/ }"
   [[ $5 == 1 ]] && extra+=(--gradient-checkpointing)
-  job reel variant="$1" attention="$2" shape="$3" dtype="$4" ckpt="$5" -- \
+  job reel variant="$1" attention="$(attention_label "$2")" shape="$3" dtype="$4" ckpt="$5" -- \
     "$BIN_DIR/reel-cuda-$1" bench --backend cuda --preset "$PRESET" --shape "$f" "$h" "$w" \
     --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --attention "$2" "${extra[@]}" --json
 }
@@ -199,7 +207,7 @@ config_job() { # CONFIG VARIANT STEPS
   for role in student teacher critic; do
     grep -q "^\[models.$role\]" "$1" && sets+=(--set "models.$role.attention=\"$ATTENTION\"")
   done
-  job breakdown method="$1" variant="$2" attention="$ATTENTION" -- "$BIN_DIR/reel-cuda-$2" \
+  job breakdown method="$1" variant="$2" attention="$(attention_label "$ATTENTION")" -- "$BIN_DIR/reel-cuda-$2" \
     bench --breakdown --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
 }
 
@@ -213,9 +221,14 @@ attention_job() { # VARIANT SHAPE
     job torch-attention shape="$2" -- "$PYTHON" bench/pytorch/bench_wan.py --attention-only \
       --device cuda "${dims[@]}"
   fi
+  local tiles=() spec
+  for spec in $TILES; do tiles+=(--tiles "$spec"); done
   job attention variant="$1" shape="$2" -- "$BIN_DIR/reel-cuda-$1" bench --attention-only \
-    --backend cuda "${dims[@]}"
+    --backend cuda "${dims[@]}" "${tiles[@]}"
 }
+
+# The attention mode for the manifest: with REEL_TILED_TILES set, its launch shapes too.
+attention_label() { echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}"; }
 
 encoder_job() { # VARIANT "<reel bench args>"
   # shellcheck disable=SC2086 # $2 is a list of arguments
@@ -271,9 +284,14 @@ summarize() {
 if [[ $PLAN == session ]]; then
   attention_job "${VARIANTS%% *}" 21,30,52
   if [[ $ATTENTION == pick ]]; then
-    ATTENTION=$(fastest_attention 21,30,52)
-    ATTENTION=${ATTENTION:-flash}
-    echo "fastest attention at 8190 tokens: $ATTENTION" >&2
+    pick=$(fastest_attention 21,30,52)
+    case $pick in
+      # A `--tiles` row: flash with those launch shapes for every later run.
+      "flash "*) ATTENTION=flash; export REEL_TILED_TILES=${pick#flash } ;;
+      "") ATTENTION=flash ;;
+      *) ATTENTION=$pick ;;
+    esac
+    echo "fastest attention at 8190 tokens: $(attention_label "$ATTENTION")" >&2
   fi
   torch_job 21,30,52 bf16 1
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done

@@ -352,4 +352,19 @@ fn attention_only_times_every_kernel_at_the_presets_shape() {
     let (rows, _) = run(&["--attention", "fused"]);
     let kernels: Vec<&str> = rows.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
     assert_eq!(kernels, ["fused"]);
+    // `--tiles` launches the tiled kernels, which the CPU build has not: it says so before
+    // timing anything.
+    let out = Command::new(BIN)
+        .args(["bench", "--attention-only", "--tiles", "32x32"])
+        .args(["--preset", "wan-quickstart", "--batch", "2", "--shape"])
+        .args(&shape)
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--tiles 32x32") && err.contains("cuda or wgpu"),
+        "{err}"
+    );
+    assert!(!err.contains("(timed)"), "{err}");
 }

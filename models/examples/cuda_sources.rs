@@ -6,9 +6,9 @@
 //! a kernel change is checked for compile errors and register pressure before a GPU session.
 //!
 //! Usage: `cargo run --release -p reel-models --features cuda,wgpu --example cuda_sources --
-//! OUT_DIR [HEAD_DIM]` (head dim 128, Wan's, by default). One `.cu` file per kernel and
-//! dtype; the tile shapes are those the kernels get on an H100 (227 KiB of shared memory per
-//! cube).
+//! OUT_DIR [HEAD_DIM [TILE_SPEC...]]` (head dim 128, Wan's, by default). One `.cu` file per
+//! kernel, dtype and tile spec (`REEL_TILED_TILES`' syntax, `tiles.rs`); without a spec, the
+//! shapes the kernels get by default on an H100 (227 KiB of shared memory per cube).
 
 use std::path::PathBuf;
 
@@ -17,7 +17,7 @@ use cubecl::ir::{ElemType, FloatKind, UIntKind};
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl::{Compiler, CubeTask};
-use reel_models::wan::fused_attention::tiled::{self, Kernel};
+use reel_models::wan::fused_attention::tiled::{self, Kernel, TileChoice, Tiles};
 use reel_models::wan::fused_attention::tiled_kernels as k;
 
 /// Elements per global load when staging tiles: 16 bytes of bf16/f16, what the kernels get for
@@ -29,105 +29,118 @@ const HOPPER_SHARED: usize = 227 << 10;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let out = PathBuf::from(
-        args.next()
-            .ok_or("usage: cuda_sources OUT_DIR [HEAD_DIM]")?,
-    );
+    let usage = "usage: cuda_sources OUT_DIR [HEAD_DIM [TILE_SPEC...]]";
+    let out = PathBuf::from(args.next().ok_or(usage)?);
     let d: usize = args.next().map_or(Ok(128), |s| s.parse())?;
+    // No spec: the default shapes (an empty choice).
+    let mut specs: Vec<TileChoice> = args.map(|s| s.parse()).collect::<Result<_, _>>()?;
+    if specs.is_empty() {
+        specs.push(TileChoice::default());
+    }
     std::fs::create_dir_all(&out)?;
     let client = WgpuRuntime::client(&WgpuDevice::default());
-    let dp = d.div_ceil(k::TILE) * k::TILE;
-    for (name, dtype, elem) in [
-        (
-            "bf16",
-            StorageType::Scalar(ElemType::Float(FloatKind::BF16)),
-            2,
-        ),
-        (
-            "f16",
-            StorageType::Scalar(ElemType::Float(FloatKind::F16)),
-            2,
-        ),
-    ] {
-        for kernel in [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv] {
-            let (rows, cols) = tiled::tile_shape(kernel, d, d, elem, HOPPER_SHARED)?;
-            let settings = KernelSettings::default()
-                .cube_dim(CubeDim::new_2d(32, (tiled::UNITS / 32) as u32))
-                .address_type(AddressType::U32);
-            let t = || TensorCompilationArg { inplace: None };
-            let units = tiled::UNITS;
-            let source = match kernel {
-                Kernel::Forward => compile(k::tiled_forward::TiledForward::<WgpuRuntime>::new(
-                    settings,
-                    client.clone(),
-                    t(),
-                    t(),
-                    t(),
-                    t(),
-                    t(),
-                    (),
-                    VECTOR,
-                    dp,
-                    dp,
-                    rows,
-                    cols,
-                    units,
-                    true,
-                    dtype,
-                ))?,
-                Kernel::BackwardQ => {
-                    compile(k::tiled_backward_q::TiledBackwardQ::<WgpuRuntime>::new(
-                        settings,
-                        client.clone(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        (),
-                        VECTOR,
-                        dp,
-                        dp,
-                        rows,
-                        cols,
-                        units,
-                        true,
-                        dtype,
-                    ))?
-                }
-                Kernel::BackwardKv => {
-                    compile(k::tiled_backward_kv::TiledBackwardKv::<WgpuRuntime>::new(
-                        settings,
-                        client.clone(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        t(),
-                        (),
-                        VECTOR,
-                        dp,
-                        dp,
-                        rows,
-                        cols,
-                        units,
-                        true,
-                        dtype,
-                    ))?
-                }
-            };
-            let file = out.join(format!("{kernel:?}-{name}-d{d}-{rows}x{cols}.cu"));
-            std::fs::write(&file, source)?;
-            println!("{}", file.display());
+    for spec in specs {
+        tiled::set_tiles(spec);
+        for (name, kind, elem) in [("bf16", FloatKind::BF16, 2), ("f16", FloatKind::F16, 2)] {
+            let dtype = StorageType::Scalar(ElemType::Float(kind));
+            for kernel in Kernel::ALL {
+                let tiles = tiled::tile_shape(kernel, d, d, elem, HOPPER_SHARED, true)
+                    .ok_or("no tile shape fits an H100's shared memory")?;
+                let source = source(&client, kernel, tiles, tiled::padded(d), dtype)?;
+                let file = out.join(format!("{}-{name}-d{d}-{tiles}.cu", kernel.name()));
+                std::fs::write(&file, source)?;
+                println!("{}", file.display());
+            }
         }
     }
     Ok(())
+}
+
+/// The CUDA source of `kernel` launched with `tiles`, head dims padded to `dp`, in `dtype`.
+fn source(
+    client: &ComputeClient<WgpuRuntime>,
+    kernel: Kernel,
+    tiles: Tiles,
+    dp: usize,
+    dtype: StorageType,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let settings = KernelSettings::default()
+        .cube_dim(CubeDim::new_2d(32, (tiles.units / 32) as u32))
+        .address_type(AddressType::U32);
+    let t = || TensorCompilationArg { inplace: None };
+    let (
+        client,
+        Tiles {
+            rows,
+            cols,
+            units,
+            registers,
+        },
+    ) = (client.clone(), tiles);
+    match kernel {
+        Kernel::Forward => compile(k::tiled_forward::TiledForward::<WgpuRuntime>::new(
+            settings,
+            client,
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            (),
+            VECTOR,
+            dp,
+            dp,
+            rows,
+            cols,
+            units,
+            true,
+            dtype,
+        )),
+        Kernel::BackwardQ => compile(k::tiled_backward_q::TiledBackwardQ::<WgpuRuntime>::new(
+            settings,
+            client,
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            (),
+            VECTOR,
+            dp,
+            dp,
+            rows,
+            cols,
+            units,
+            true,
+            registers,
+            dtype,
+        )),
+        Kernel::BackwardKv => compile(k::tiled_backward_kv::TiledBackwardKv::<WgpuRuntime>::new(
+            settings,
+            client,
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            (),
+            VECTOR,
+            dp,
+            dp,
+            rows,
+            cols,
+            units,
+            true,
+            registers,
+            dtype,
+        )),
+    }
 }
 
 /// The CUDA C++ source `CudaCompiler` generates for `kernel`.

@@ -3,7 +3,9 @@
 //! `[B, N, heads, head_dim]` as the Wan blocks pass them. One row per attention mode
 //! (`memory_efficient`, `fused`, `flash`; `--attention <mode>` times that one alone) with the
 //! forward without gradients and the forward plus backward, and with `flash` one row of
-//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only). A GPU session learns in seconds which kernel is slow, without the minutes
+//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only); `--tiles SPEC`
+//! adds a `flash` row per launch shape of the tiled kernels. A GPU session learns in seconds
+//! which kernel (and which shape) is slow, without the minutes
 //! of a full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
 //! `scaled_dot_product_attention` on the same shapes.
 //!
@@ -63,14 +65,21 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    // `flash <tiles>` rows can be long.
+    let w = rows
+        .iter()
+        .map(|r| r.kernel.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
     println!(
-        "{:<17} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}",
+        "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}",
         "kernel", "[B, heads, N, d]", "dtype", "forward ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s"
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
     for r in rows {
         println!(
-            "{:<17} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}{}",
+            "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}{}",
             r.kernel,
             format!("{:?}", r.shape),
             if r.dtype == Precision::Bf16 {
@@ -102,6 +111,10 @@ fn problem(args: &BenchArgs) -> anyhow::Result<[usize; 4]> {
 
 fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     let shape = problem(args)?;
+    // A bad `--tiles` spec fails before any timing.
+    for spec in &args.tiles {
+        parse_tiles(spec)?;
+    }
     let device = B::device_for(0);
     let [b, h, n, d] = shape;
     // Stored `[B, N, heads, d]`, seen as `[B, heads, N, d]`, in the bench's dtype.
@@ -111,8 +124,6 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         to_dtype(t, args.dtype.dtype()).swap_dims(1, 2)
     };
     let (q, k, v) = (input(), input(), input());
-    let flops = forward_flops(shape);
-    let tflops = |s: &Stats, times: f64| times * flops / (s.median * 1e9);
     // `--attention auto` (the default): every mode; another: that one alone.
     let modes = match args.attention {
         AttentionMode::Auto => MODES.to_vec(),
@@ -120,22 +131,10 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     };
     let mut rows = vec![];
     for &mode in &modes {
-        let what = format!("{} attention {shape:?}", label(mode));
-        let (fwd, _) =
-            time::<B::InnerBackend, _>(args, &format!("{what}, forward"), &device, || {
-                Ok(attention(q.clone(), k.clone(), v.clone(), mode))
-            })?;
-        let train = train_time::<B>(args, &what, mode, [&q, &k, &v])?;
-        rows.push(AttentionRow {
-            kernel: label(mode),
-            shape,
-            dtype: args.dtype,
-            forward_tflops: Some(tflops(&fwd, 1.0)),
-            forward_ms: Some(fwd),
-            train_tflops: Some(tflops(&train, 3.5)),
-            train_ms: Some(train),
-            error: None,
-        });
+        rows.push(mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape)?);
+    }
+    for spec in &args.tiles {
+        rows.push(tiles_row::<B>(args, spec, [&q, &k, &v], shape)?);
     }
     if modes.contains(&AttentionMode::Flash) {
         rows.push(cubek_row::<B::InnerBackend>(
@@ -146,6 +145,73 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         )?);
     }
     Ok(rows)
+}
+
+/// `mode`'s forward and forward + backward, in a row named `kernel`.
+fn mode_row<B: ReelBackend>(
+    args: &BenchArgs,
+    mode: AttentionMode,
+    kernel: String,
+    [q, k, v]: [&Tensor<B::InnerBackend, 4>; 3],
+    shape: [usize; 4],
+) -> anyhow::Result<AttentionRow> {
+    let device = q.device();
+    let flops = forward_flops(shape);
+    let tflops = |s: &Stats, times: f64| times * flops / (s.median * 1e9);
+    let what = format!("{kernel} attention {shape:?}");
+    let (fwd, _) = time::<B::InnerBackend, _>(args, &format!("{what}, forward"), &device, || {
+        Ok(attention(q.clone(), k.clone(), v.clone(), mode))
+    })?;
+    let train = train_time::<B>(args, &what, mode, [q, k, v])?;
+    Ok(AttentionRow {
+        kernel,
+        shape,
+        dtype: args.dtype,
+        forward_tflops: Some(tflops(&fwd, 1.0)),
+        forward_ms: Some(fwd),
+        train_tflops: Some(tflops(&train, 3.5)),
+        train_ms: Some(train),
+        error: None,
+    })
+}
+
+/// `--tiles`' spec, parsed.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn parse_tiles(spec: &str) -> anyhow::Result<reel_models::wan::fused_attention::tiled::TileChoice> {
+    spec.parse().map_err(|e| anyhow::anyhow!("--tiles: {e}"))
+}
+
+/// Without the CubeCL backends there are no tiled kernels to launch.
+#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+fn parse_tiles(spec: &str) -> anyhow::Result<()> {
+    anyhow::bail!("--tiles {spec}: the tiled kernels need a build with the cuda or wgpu feature")
+}
+
+/// The `flash` row with the tiled kernels launched as `spec` says (`--tiles`); the choice in
+/// force before is restored afterwards.
+fn tiles_row<B: ReelBackend>(
+    args: &BenchArgs,
+    spec: &str,
+    qkv: [&Tensor<B::InnerBackend, 4>; 3],
+    shape: [usize; 4],
+) -> anyhow::Result<AttentionRow> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        use reel_models::wan::fused_attention::tiled::{set_tiles, tiles_choice};
+        let choice = parse_tiles(spec)?;
+        let before = tiles_choice();
+        set_tiles(choice);
+        let kernel = format!("flash {choice}");
+        let row = mode_row::<B>(args, AttentionMode::Flash, kernel, qkv, shape);
+        set_tiles(before);
+        row
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = (args, qkv, shape);
+        parse_tiles(spec)?;
+        anyhow::bail!("--tiles {spec}: no tiled kernels in this build")
+    }
 }
 
 /// The config name of `mode`.

@@ -136,6 +136,12 @@ pub struct BenchArgs {
     /// tensor-core flash forward, side by side.
     #[arg(long, conflicts_with_all = ["breakdown", "devices", "vae", "text_encoder"])]
     pub attention_only: bool,
+    /// With `--attention-only`: one more `flash` row per spec, the tiled tensor-core kernels
+    /// launched with these shapes (`RxC[xU]`: rows per cube, rows per streamed tile, units;
+    /// or `forward=RxC[xU],backward_q=...,backward_kv=...`), as `REEL_TILED_TILES` sets them
+    /// for a training; repeatable. Needs a `cuda` or `wgpu` build.
+    #[arg(long = "tiles", value_name = "SPEC", requires = "attention_only")]
+    pub tiles: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

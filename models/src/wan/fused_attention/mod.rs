@@ -13,12 +13,14 @@
 mod autodiff;
 mod backend;
 pub mod flash;
+mod fragments;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
 mod tile_ops;
 pub mod tiled;
 pub mod tiled_kernels;
+pub mod tiles;
 
 pub use autodiff::{
     autodiff_attention, autodiff_attention_with, inference_attention, try_fused_attention, Qkv,

@@ -16,12 +16,10 @@ use burn_cubecl::CubeRuntime;
 use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 
-use super::tiled_kernels::{self as kernels, PAD_FLOAT, PAD_OPERAND, TILE};
-
-/// Units per cube: four planes (warps) of 32.
-pub const UNITS: usize = 128;
-/// Tile shapes tried, largest first: `(own rows per cube, rows per streamed tile)`.
-const SHAPES: [(usize, usize); 5] = [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)];
+use super::tiled_kernels::{self as kernels, TILE};
+pub use super::tiles::{
+    padded, set_tiles, shared_bytes, tile_shape, tiles_choice, Kernel, TileChoice, Tiles, UNITS,
+};
 
 /// How the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,74 +64,6 @@ pub enum Unavailable {
 /// `(q, k, v)` or their gradients.
 pub type Qkv<R> = (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>);
 
-/// Head dims rounded up to the tile side.
-fn padded(d: usize) -> usize {
-    d.div_ceil(TILE) * TILE
-}
-
-/// Which kernel a shared-memory size is computed for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// [`kernels::tiled_forward`](fn@kernels::tiled_forward).
-    Forward,
-    /// [`kernels::tiled_backward_q`](fn@kernels::tiled_backward_q).
-    BackwardQ,
-    /// [`kernels::tiled_backward_kv`](fn@kernels::tiled_backward_kv).
-    BackwardKv,
-}
-
-/// Shared memory in bytes of `kernel` for `rows` own rows, streamed tiles of `cols` rows,
-/// padded head dims `dp`/`dvp` and operands of `elem` bytes (its `SharedMemory` arrays, with
-/// their padded rows).
-pub fn shared_bytes(
-    kernel: Kernel,
-    rows: usize,
-    cols: usize,
-    dp: usize,
-    dvp: usize,
-    elem: usize,
-) -> usize {
-    // Padded row lengths: operand matrices (`F`) and float32 matrices.
-    let op = |w: usize| w + PAD_OPERAND;
-    let fl = |w: usize| w + PAD_FLOAT;
-    let staged = rows * op(dp) + cols * op(dp) + cols * op(dvp);
-    let (operands, floats) = match kernel {
-        Kernel::Forward => (
-            staged + rows * op(cols),
-            rows * fl(cols) + rows * fl(dvp) + 3 * rows + UNITS,
-        ),
-        Kernel::BackwardQ => (
-            staged + rows * op(dvp) + rows * op(cols),
-            2 * rows * fl(cols) + rows * fl(dp) + 2 * rows,
-        ),
-        Kernel::BackwardKv => (
-            staged + rows * op(dvp) + 2 * rows * op(cols),
-            2 * rows * fl(cols) + rows * fl(dp) + rows * fl(dvp) + 2 * cols,
-        ),
-    };
-    operands * elem + floats * 4
-}
-
-/// The largest tile shape of `SHAPES` whose shared memory fits `have` bytes.
-pub fn tile_shape(
-    kernel: Kernel,
-    d: usize,
-    dv: usize,
-    elem: usize,
-    have: usize,
-) -> Result<(usize, usize), Unavailable> {
-    let (dp, dvp) = (padded(d), padded(dv));
-    SHAPES
-        .into_iter()
-        .find(|&(r, c)| shared_bytes(kernel, r, c, dp, dvp, elem) <= have)
-        .ok_or_else(|| Unavailable::SharedMemory {
-            d,
-            dv,
-            need: shared_bytes(kernel, TILE, TILE, dp, dvp, elem),
-            have,
-        })
-}
-
 /// Whether `products` can run for inputs like `q` on its device.
 pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<(), Unavailable> {
     if products == Products::Units {
@@ -172,9 +102,19 @@ fn shape_for<R: CubeRuntime>(
     q: &CubeTensor<R>,
     d: usize,
     dv: usize,
-) -> Result<(usize, usize), Unavailable> {
+    tc: bool,
+) -> Result<Tiles, Unavailable> {
     let have = q.client.properties().hardware.max_shared_memory_size;
-    tile_shape(kernel, d, dv, q.dtype.size(), have)
+    let elem = q.dtype.size();
+    tile_shape(kernel, d, dv, elem, have, tc).ok_or_else(|| {
+        let smallest = super::tiles::DEFAULT_SHAPES[super::tiles::DEFAULT_SHAPES.len() - 1];
+        Unavailable::SharedMemory {
+            d,
+            dv,
+            need: shared_bytes(kernel, smallest, padded(d), padded(dv), elem, tc),
+            have,
+        }
+    })
 }
 
 /// The widest vector (in elements, at most 8) that every tensor of `ts` can be read in by the
@@ -198,10 +138,10 @@ pub(super) fn vector_size<R: CubeRuntime>(ts: &[&CubeTensor<R>]) -> usize {
         .unwrap_or(1)
 }
 
-fn launch_dims(rows: usize, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
+fn launch_dims(tiles: Tiles, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
     (
-        CubeCount::Static(seq.div_ceil(rows) as u32, batch_heads as u32, 1),
-        CubeDim::new_2d(32, (UNITS / 32) as u32),
+        CubeCount::Static(seq.div_ceil(tiles.rows) as u32, batch_heads as u32, 1),
+        CubeDim::new_2d(32, (tiles.units / 32) as u32),
     )
 }
 
@@ -217,10 +157,16 @@ pub fn forward<R: CubeRuntime>(
     check(&q, products)?;
     let [b, h, sq, d] = q.meta.shape().dims();
     let dv = v.meta.shape()[3];
-    let (rows, cols) = shape_for(Kernel::Forward, &q, d, dv)?;
+    let tiles = shape_for(
+        Kernel::Forward,
+        &q,
+        d,
+        dv,
+        products == Products::TensorCores,
+    )?;
     let out = super::empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
     let lse = super::empty_rows(&q);
-    let (count, dim) = launch_dims(rows, sq, b * h);
+    let (count, dim) = launch_dims(tiles, sq, b * h);
     let dtype = q.dtype;
     let vector = vector_size(&[&q, &k, &v]);
     // SAFETY: every global read and write of the kernel is guarded by the tensor's own shape
@@ -241,9 +187,9 @@ pub fn forward<R: CubeRuntime>(
             1.0 / (d as f32).sqrt(),
             padded(d),
             padded(dv),
-            rows,
-            cols,
-            UNITS,
+            tiles.rows,
+            tiles.cols,
+            tiles.units,
             products == Products::TensorCores,
             dtype.into(),
         );
@@ -265,8 +211,9 @@ pub fn backward<R: CubeRuntime>(
     let [b, h, sq, d] = q.meta.shape().dims();
     let sk = k.meta.shape()[2];
     let dv = v.meta.shape()[3];
-    let (rows_q, cols_k) = shape_for(Kernel::BackwardQ, &q, d, dv)?;
-    let (rows_k, cols_q) = shape_for(Kernel::BackwardKv, &q, d, dv)?;
+    let tc = products == Products::TensorCores;
+    let tiles_q = shape_for(Kernel::BackwardQ, &q, d, dv, tc)?;
+    let tiles_kv = shape_for(Kernel::BackwardKv, &q, d, dv, tc)?;
     let dtype = q.dtype;
     let d_out = super::as_dtype(d_out, dtype);
     let (dq, dk, dvt) = (
@@ -276,10 +223,9 @@ pub fn backward<R: CubeRuntime>(
     );
     let delta = super::empty_rows(&q);
     let scale = 1.0 / (d as f32).sqrt();
-    let tc = products == Products::TensorCores;
     let client = q.client.clone();
     let vector = vector_size(&[&q, &k, &v, &o, &d_out]);
-    let (count, dim) = launch_dims(rows_q, sq, b * h);
+    let (count, dim) = launch_dims(tiles_q, sq, b * h);
     // SAFETY: as in `forward`: guarded global accesses, shared memory sized from the same
     // comptime shapes, `vector` dividing every vectorized tensor's layout.
     unsafe {
@@ -299,13 +245,14 @@ pub fn backward<R: CubeRuntime>(
             scale,
             padded(d),
             padded(dv),
-            rows_q,
-            cols_k,
-            UNITS,
+            tiles_q.rows,
+            tiles_q.cols,
+            tiles_q.units,
             tc,
+            tiles_q.registers,
             dtype.into(),
         );
-        let (count, dim) = launch_dims(rows_k, sk, b * h);
+        let (count, dim) = launch_dims(tiles_kv, sk, b * h);
         kernels::tiled_backward_kv::launch_unchecked::<R>(
             &client,
             count,
@@ -322,37 +269,13 @@ pub fn backward<R: CubeRuntime>(
             scale,
             padded(d),
             padded(dv),
-            rows_k,
-            cols_q,
-            UNITS,
+            tiles_kv.rows,
+            tiles_kv.cols,
+            tiles_kv.units,
             tc,
+            tiles_kv.registers,
             dtype.into(),
         );
     }
     Ok((dq, dk, dvt))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tile_shapes_fit_and_shrink_with_shared_memory() {
-        // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the largest tiles.
-        for kernel in [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv] {
-            assert_eq!(tile_shape(kernel, 128, 128, 2, 227 << 10), Ok((64, 64)));
-        }
-        // 48 KiB: smaller tiles, each within the budget.
-        for kernel in [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv] {
-            for (d, dv, elem) in [(128, 128, 2), (64, 64, 4), (24, 8, 4)] {
-                let (r, c) = tile_shape(kernel, d, dv, elem, 48 << 10).expect("fits");
-                assert!(shared_bytes(kernel, r, c, padded(d), padded(dv), elem) <= 48 << 10);
-                assert!(r % TILE == 0 && c % TILE == 0);
-            }
-        }
-        let err = tile_shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10).unwrap_err();
-        assert!(matches!(err, Unavailable::SharedMemory { need, .. } if need > 32 << 10));
-        assert_eq!(padded(5), 16);
-        assert_eq!(padded(128), 128);
-    }
 }

@@ -19,6 +19,7 @@
 
 use cubecl::prelude::*;
 
+use super::fragments::{accumulate, accumulators, scratch_len, store_accumulators};
 use super::kernels::{offset, stat_offset, NEG_BIG, POS_BIG};
 use super::tile_ops::{fill, product, stage, store_rows, ALIGN};
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
@@ -199,6 +200,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -217,12 +219,22 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     let mut s = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut dpm = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut ds = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
-    let mut dqs = SharedMemory::<f32>::new_aligned(rows * lq, ALIGN);
+    // With `regs` (tensor cores only) `dQ` sums in register fragments, else in `dqs`.
+    let regs = comptime![tc && regs];
+    let mut dqs =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lq }], ALIGN);
+    let mut scratch = SharedMemory::<f32>::new_aligned(
+        comptime![if regs { scratch_len(units) } else { 1 }],
+        ALIGN,
+    );
+    let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     stage(d_out, &mut dos, bh, row0, rows, dvp, units);
-    fill(&mut dqs, 0.0f32, rows * lq, units);
+    if comptime![!regs] {
+        fill(&mut dqs, 0.0f32, rows * lq, units);
+    }
     let r = UNIT_POS as usize;
     if r < rows {
         let row = row0 + r;
@@ -266,11 +278,19 @@ pub fn tiled_backward_q<F: Float, N: Size>(
             idx += units;
         }
         sync_cube();
-        product::<F>(&ds, &ks, &mut dqs, rows, dp, cols, false, true, tc, units);
+        if comptime![regs] {
+            accumulate::<F>(&ds, &ks, &dq_acc, rows, dp, cols, false, units);
+        } else {
+            product::<F>(&ds, &ks, &mut dqs, rows, dp, cols, false, true, tc, units);
+        }
         sync_cube();
     }
 
-    store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
+    if comptime![regs] {
+        store_accumulators(dq, &dq_acc, &mut scratch, bh, row0, scale, rows, dp, units);
+    } else {
+        store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
+    }
 }
 
 /// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles:
@@ -295,6 +315,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -312,14 +333,27 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     let mut dpt = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut pt = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
     let mut dst = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
-    let mut dks = SharedMemory::<f32>::new_aligned(rows * lk, ALIGN);
-    let mut dvs = SharedMemory::<f32>::new_aligned(rows * lv, ALIGN);
+    // With `regs` (tensor cores only) `dK` and `dV` sum in register fragments, else in
+    // `dks` and `dvs`.
+    let regs = comptime![tc && regs];
+    let mut dks =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lk }], ALIGN);
+    let mut dvs =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lv }], ALIGN);
+    let mut scratch = SharedMemory::<f32>::new_aligned(
+        comptime![if regs { scratch_len(units) } else { 1 }],
+        ALIGN,
+    );
+    let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
+    let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     stage(k, &mut ks, bh, row0, rows, dp, units);
     stage(v, &mut vs, bh, row0, rows, dvp, units);
-    fill(&mut dks, 0.0f32, rows * lk, units);
-    fill(&mut dvs, 0.0f32, rows * lv, units);
+    if comptime![!regs] {
+        fill(&mut dks, 0.0f32, rows * lk, units);
+        fill(&mut dvs, 0.0f32, rows * lv, units);
+    }
 
     for t in 0..seq_q.div_ceil(cols) {
         let q0 = t * cols;
@@ -349,11 +383,31 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
             idx += units;
         }
         sync_cube();
-        product::<F>(&pt, &dos, &mut dvs, rows, dvp, cols, false, true, tc, units);
-        product::<F>(&dst, &qs, &mut dks, rows, dp, cols, false, true, tc, units);
+        if comptime![regs] {
+            accumulate::<F>(&pt, &dos, &dv_acc, rows, dvp, cols, false, units);
+            accumulate::<F>(&dst, &qs, &dk_acc, rows, dp, cols, false, units);
+        } else {
+            product::<F>(&pt, &dos, &mut dvs, rows, dvp, cols, false, true, tc, units);
+            product::<F>(&dst, &qs, &mut dks, rows, dp, cols, false, true, tc, units);
+        }
         sync_cube();
     }
 
-    store_rows(dk, &dks, bh, row0, scale, rows, lk, units);
-    store_rows(dv_out, &dvs, bh, row0, 1.0f32, rows, lv, units);
+    if comptime![regs] {
+        store_accumulators(dk, &dk_acc, &mut scratch, bh, row0, scale, rows, dp, units);
+        store_accumulators(
+            dv_out,
+            &dv_acc,
+            &mut scratch,
+            bh,
+            row0,
+            1.0f32,
+            rows,
+            dvp,
+            units,
+        );
+    } else {
+        store_rows(dk, &dks, bh, row0, scale, rows, lk, units);
+        store_rows(dv_out, &dvs, bh, row0, 1.0f32, rows, lv, units);
+    }
 }

@@ -1,0 +1,146 @@
+//! Accumulators that stay in registers for a whole tiled kernel (tensor-core products only):
+//! the backward's `dQ`, `dK` and `dV` sums over the streamed tiles, kept as cooperative-matrix
+//! accumulator fragments instead of float32 matrices in shared memory. Each product then
+//! skips loading and storing its accumulator tiles, and the kernel needs
+//! `rows × (head dim + 4) × 4` bytes less shared memory per accumulator (more cubes per
+//! multiprocessor). Opt-in per launch shape (the `r` suffix of a tile spec, `tiles.rs`).
+//!
+//! Plane `p` of `planes` owns output tiles `p, p + planes, …` of an `m × n` output, as
+//! [`tensor_core_product`](super::tile_ops::tensor_core_product) assigns them; its fragment
+//! `i` holds tile `p + i·planes`.
+
+use cubecl::prelude::*;
+
+use super::kernels::offset;
+use super::tile_ops::{fragment, tile_of, PAD_FLOAT, PAD_OPERAND, TILE};
+
+/// Fragments per plane for an `m × n` output on `units` units.
+pub fn fragments_per_plane(m: usize, n: usize, units: usize) -> usize {
+    ((m / TILE) * (n / TILE)).div_ceil(units / 32)
+}
+
+/// Float32 elements of the shared-memory scratch that [`store_accumulators`] writes each
+/// plane's tiles through: one padded 16×16 tile per plane.
+pub fn scratch_len(units: usize) -> usize {
+    (units / 32) * TILE * (TILE + PAD_FLOAT)
+}
+
+/// Zeroed accumulators for the plane's tiles of an `m × n` output.
+#[cube]
+pub(super) fn accumulators(
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] units: usize,
+) -> Sequence<cmma::Matrix<f32>> {
+    let mut accs = Sequence::new();
+    #[unroll]
+    for _ in 0..comptime![fragments_per_plane(m, n, units)] {
+        let acc = fragment::<f32>(
+            cmma::MatrixIdent::Accumulator,
+            cmma::MatrixLayout::Undefined,
+        );
+        cmma::fill(&acc, 0.0f32);
+        accs.push(acc);
+    }
+    accs
+}
+
+/// `accs += a·b` (or `a·bᵀ` with `b_t`) for the plane's tiles of the `m × n` output: `a` is
+/// `m × kd` and `b` `kd × n` (or `n × kd`), row-major in shared memory with padded rows, as
+/// for [`product`](super::tile_ops::product). Plane-local: no cube sync inside.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accumulate<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    accs: &Sequence<cmma::Matrix<f32>>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] units: usize,
+) {
+    let planes = comptime![units / 32];
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    let plane = UNIT_POS_Y as usize;
+    #[unroll]
+    for i in 0..comptime![fragments_per_plane(m, n, units)] {
+        let t = plane + i * planes;
+        if t < tiles {
+            let row0 = (t / tiles_n) * TILE;
+            let col0 = (t % tiles_n) * TILE;
+            let acc = accs.index(i);
+            for step in 0..kd / TILE {
+                let k0 = step * TILE;
+                let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+                cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
+                if comptime![b_t] {
+                    let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+                    cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
+                    cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
+                } else {
+                    let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
+                    cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
+                    cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
+                }
+            }
+        }
+    }
+}
+
+/// Store the plane's accumulators of the `m × n` output times `factor` as rows `row0 ..` of
+/// `dst` (`[B, H, S, C]`), up to the sequence's end and `C`, through the plane's tile of
+/// `scratch` ([`scratch_len`] floats).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_accumulators<F: Float>(
+    dst: &mut Tensor<F>,
+    accs: &Sequence<cmma::Matrix<f32>>,
+    scratch: &mut SharedMemory<f32>,
+    bh: usize,
+    row0: usize,
+    factor: f32,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] units: usize,
+) {
+    let heads = dst.shape(1);
+    let len = dst.shape(2);
+    let cols = dst.shape(3);
+    let planes = comptime![units / 32];
+    let ld = comptime![TILE + PAD_FLOAT];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    let plane = UNIT_POS_Y as usize;
+    let lane = UNIT_POS_X as usize;
+    let base = plane * comptime![TILE * (TILE + PAD_FLOAT)];
+    #[unroll]
+    for i in 0..comptime![fragments_per_plane(m, n, units)] {
+        let t = plane + i * planes;
+        if t < tiles {
+            let r0 = row0 + (t / tiles_n) * TILE;
+            let c0 = (t % tiles_n) * TILE;
+            let mut tile = scratch.slice_mut(base, base + (TILE - 1) * ld + TILE);
+            cmma::store(
+                &mut tile,
+                accs.index(i),
+                ld as u32,
+                cmma::MatrixLayout::RowMajor,
+            );
+            sync_plane();
+            #[unroll]
+            for j in 0..comptime![TILE * TILE / 32] {
+                let e = lane + j * 32;
+                let (r, c) = (e / TILE, e % TILE);
+                if r0 + r < len && c0 + c < cols {
+                    let at = offset(dst, bh, heads, r0 + r, c0 + c);
+                    dst[at] = F::cast_from(scratch[base + r * ld + c] * factor);
+                }
+            }
+            sync_plane();
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! Launch shapes of the tiled attention kernels ([`super::tiled`]): how many rows a cube owns,
+//! how many rows each streamed tile has, how many units (threads) a cube runs, and which of
+//! them fit a device's shared memory.
+//!
+//! By default each kernel takes the largest shape of [`DEFAULT_SHAPES`] that fits. Another
+//! choice can be set for the whole process, to measure shapes against each other (`reel bench
+//! --attention-only --tiles ...`) or to run a training with the fastest one: [`set_tiles`], or
+//! the `REEL_TILED_TILES` environment variable read at the first launch. A spec is
+//! `RxC[xU]` (rows, cols, units; 128 units when left out) for all three kernels, or
+//! comma-separated `kernel=RxC[xU]` entries (`forward`, `backward_q`, `backward_kv`), for
+//! example `forward=64x64x128,backward_kv=32x64`. A chosen shape that does not fit the
+//! device's shared memory falls back to the default choice, with one note on stderr.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Once, RwLock};
+
+use super::fragments::scratch_len;
+use super::tiled_kernels::{PAD_FLOAT, PAD_OPERAND, TILE};
+
+/// Units per cube by default: four planes (warps) of 32.
+pub const UNITS: usize = 128;
+
+/// Tile shapes tried by default, largest first.
+pub const DEFAULT_SHAPES: [Tiles; 5] = [
+    Tiles::new(64, 64, UNITS),
+    Tiles::new(64, 32, UNITS),
+    Tiles::new(32, 32, UNITS),
+    Tiles::new(32, 16, UNITS),
+    Tiles::new(16, 16, UNITS),
+];
+
+/// The environment variable read for a tile choice when [`set_tiles`] was not called.
+pub const TILES_ENV: &str = "REEL_TILED_TILES";
+
+/// Which kernel a launch shape is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// [`tiled_forward`](fn@super::tiled_kernels::tiled_forward).
+    Forward,
+    /// [`tiled_backward_q`](fn@super::tiled_kernels::tiled_backward_q).
+    BackwardQ,
+    /// [`tiled_backward_kv`](fn@super::tiled_kernels::tiled_backward_kv).
+    BackwardKv,
+}
+
+impl Kernel {
+    /// The three kernels, in [`TileChoice`]'s order.
+    pub const ALL: [Kernel; 3] = [Kernel::Forward, Kernel::BackwardQ, Kernel::BackwardKv];
+
+    /// The name a tile spec uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Forward => "forward",
+            Kernel::BackwardQ => "backward_q",
+            Kernel::BackwardKv => "backward_kv",
+        }
+    }
+}
+
+/// One kernel's launch shape: each cube owns `rows` rows of one `(batch, head)`, streams tiles
+/// of `cols` rows of the other sequence and runs `units` units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiles {
+    /// Rows a cube owns (queries in the forward and `dQ` pass, keys in the `dK`/`dV` pass).
+    pub rows: usize,
+    /// Rows of each streamed tile.
+    pub cols: usize,
+    /// Units per cube.
+    pub units: usize,
+    /// With tensor-core products: the backward's `dQ`, `dK`, `dV` sums stay in register
+    /// fragments instead of shared memory (the `r` suffix of a spec; `fragments.rs`).
+    pub registers: bool,
+}
+
+impl Tiles {
+    /// `rows × cols` tiles on `units` units.
+    pub const fn new(rows: usize, cols: usize, units: usize) -> Self {
+        Self {
+            rows,
+            cols,
+            units,
+            registers: false,
+        }
+    }
+
+    /// These tiles with the backward's sums in registers (tensor-core products).
+    pub const fn with_registers(self) -> Self {
+        Self {
+            registers: true,
+            ..self
+        }
+    }
+
+    /// Why the kernels cannot split their work this way, if they cannot: both sides multiples
+    /// of the 16-row tile, whole planes of 32 units, one unit per owned row and per streamed
+    /// row at least (the per-row statistics), and the forward's softmax sharing each row among
+    /// `units / rows` units that split its `cols` columns evenly.
+    pub fn invalid(&self) -> Option<String> {
+        let Tiles {
+            rows, cols, units, ..
+        } = *self;
+        if rows == 0 || cols == 0 || rows % TILE != 0 || cols % TILE != 0 {
+            return Some(format!("rows and cols must be multiples of {TILE}"));
+        }
+        if units == 0 || units % 32 != 0 || units > 1024 {
+            return Some("units must be a multiple of 32, at most 1024".into());
+        }
+        if rows > units || cols > units {
+            return Some("rows and cols must not exceed units".into());
+        }
+        if units % rows != 0 || cols % (units / rows) != 0 {
+            return Some("units / rows must be a whole number that divides cols".into());
+        }
+        None
+    }
+}
+
+impl fmt::Display for Tiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = if self.registers { "r" } else { "" };
+        write!(f, "{}x{}x{}{r}", self.rows, self.cols, self.units)
+    }
+}
+
+/// A tile spec that does not parse or names shapes the kernels cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r] or kernel=RxC[xU][r],..., kernels forward, backward_q, backward_kv)")]
+pub struct TileSpecError {
+    /// The spec as given.
+    pub spec: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl FromStr for Tiles {
+    type Err = TileSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason: String| TileSpecError {
+            spec: s.into(),
+            reason,
+        };
+        let t = s.trim();
+        let (t, registers) = match t.strip_suffix('r') {
+            Some(t) => (t, true),
+            None => (t, false),
+        };
+        let nums: Vec<usize> = t
+            .split('x')
+            .map(|n| n.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|e| err(format!("not a number ({e})")))?;
+        let mut tiles = match nums[..] {
+            [rows, cols] => Tiles::new(rows, cols, UNITS),
+            [rows, cols, units] => Tiles::new(rows, cols, units),
+            _ => return Err(err("two or three numbers".into())),
+        };
+        tiles.registers = registers;
+        match tiles.invalid() {
+            Some(reason) => Err(err(reason)),
+            None => Ok(tiles),
+        }
+    }
+}
+
+/// A launch shape per kernel (`None`: the default choice), in [`Kernel::ALL`]'s order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TileChoice(pub [Option<Tiles>; 3]);
+
+impl TileChoice {
+    /// The chosen shape of `kernel`, if any.
+    pub fn get(&self, kernel: Kernel) -> Option<Tiles> {
+        self.0[kernel as usize]
+    }
+}
+
+impl FromStr for TileChoice {
+    type Err = TileSpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut choice = TileChoice::default();
+        if !s.contains('=') {
+            choice.0 = [Some(s.parse()?); 3];
+            return Ok(choice);
+        }
+        for entry in s.split(',') {
+            let (name, tiles) = entry.split_once('=').ok_or_else(|| TileSpecError {
+                spec: s.into(),
+                reason: format!("entry {entry:?} has no `kernel=`"),
+            })?;
+            let kernel = Kernel::ALL
+                .into_iter()
+                .find(|k| k.name() == name.trim())
+                .ok_or_else(|| TileSpecError {
+                    spec: s.into(),
+                    reason: format!("unknown kernel {name:?}"),
+                })?;
+            choice.0[kernel as usize] = Some(tiles.parse()?);
+        }
+        Ok(choice)
+    }
+}
+
+impl fmt::Display for TileChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c] = self.0;
+        if a.is_some() && a == b && b == c {
+            return write!(f, "{}", a.expect("checked"));
+        }
+        let parts: Vec<String> = Kernel::ALL
+            .into_iter()
+            .filter_map(|k| self.get(k).map(|t| format!("{}={t}", k.name())))
+            .collect();
+        write!(f, "{}", parts.join(","))
+    }
+}
+
+/// The process-wide choice: `None` until set or read from [`TILES_ENV`].
+static CHOICE: RwLock<Option<TileChoice>> = RwLock::new(None);
+
+/// Choose the launch shapes of every later tiled launch in this process (`TileChoice::default()`:
+/// the default choice again).
+pub fn set_tiles(choice: TileChoice) {
+    *CHOICE.write().unwrap_or_else(|e| e.into_inner()) = Some(choice);
+}
+
+/// The process-wide choice, read from [`TILES_ENV`] the first time (a spec that does not
+/// parse is reported once on stderr and ignored).
+pub fn tiles_choice() -> TileChoice {
+    if let Some(choice) = *CHOICE.read().unwrap_or_else(|e| e.into_inner()) {
+        return choice;
+    }
+    let choice = match std::env::var(TILES_ENV) {
+        Ok(spec) => spec.parse().unwrap_or_else(|e: TileSpecError| {
+            eprintln!("reel: {TILES_ENV}: {e}; using the default tile shapes");
+            TileChoice::default()
+        }),
+        Err(_) => TileChoice::default(),
+    };
+    let mut slot = CHOICE.write().unwrap_or_else(|e| e.into_inner());
+    *slot.get_or_insert(choice)
+}
+
+/// Shared memory in bytes of `kernel` for `tiles`, padded head dims `dp`/`dvp` and operands
+/// of `elem` bytes (its `SharedMemory` arrays, with their padded rows), with tensor-core
+/// products (`tc`: where the backward's sums can stay in registers) or unit products.
+pub fn shared_bytes(
+    kernel: Kernel,
+    tiles: Tiles,
+    dp: usize,
+    dvp: usize,
+    elem: usize,
+    tc: bool,
+) -> usize {
+    let Tiles {
+        rows, cols, units, ..
+    } = tiles;
+    // The backward's float32 sums: a matrix per sum, or one scratch tile per plane.
+    let regs = tc && tiles.registers;
+    let sums = |widths: &[usize]| match regs {
+        true => scratch_len(units),
+        false => widths.iter().map(|&w| rows * (w + PAD_FLOAT)).sum(),
+    };
+    // Padded row lengths: operand matrices (`F`) and float32 matrices.
+    let op = |w: usize| w + PAD_OPERAND;
+    let fl = |w: usize| w + PAD_FLOAT;
+    let staged = rows * op(dp) + cols * op(dp) + cols * op(dvp);
+    let (operands, floats) = match kernel {
+        Kernel::Forward => (
+            staged + rows * op(cols),
+            rows * fl(cols) + rows * fl(dvp) + 3 * rows + units,
+        ),
+        Kernel::BackwardQ => (
+            staged + rows * op(dvp) + rows * op(cols),
+            2 * rows * fl(cols) + sums(&[dp]) + 2 * rows,
+        ),
+        Kernel::BackwardKv => (
+            staged + rows * op(dvp) + 2 * rows * op(cols),
+            2 * rows * fl(cols) + sums(&[dp, dvp]) + 2 * cols,
+        ),
+    };
+    operands * elem + floats * 4
+}
+
+/// Head dims rounded up to the tile side.
+pub fn padded(d: usize) -> usize {
+    d.div_ceil(TILE) * TILE
+}
+
+/// The launch shape of `kernel` for head dims `d`/`dv`, operands of `elem` bytes, `have`
+/// bytes of shared memory per cube and tensor-core products or not (`tc`): the process-wide
+/// choice where it fits, else the largest of [`DEFAULT_SHAPES`] that fits; `None` when none
+/// does.
+pub fn tile_shape(
+    kernel: Kernel,
+    d: usize,
+    dv: usize,
+    elem: usize,
+    have: usize,
+    tc: bool,
+) -> Option<Tiles> {
+    let (dp, dvp) = (padded(d), padded(dv));
+    let fits = |t: &Tiles| shared_bytes(kernel, *t, dp, dvp, elem, tc) <= have;
+    if let Some(chosen) = tiles_choice().get(kernel) {
+        if fits(&chosen) {
+            return Some(chosen);
+        }
+        static NOTE: Once = Once::new();
+        NOTE.call_once(|| {
+            eprintln!(
+                "reel: tiled attention: {} tiles {chosen} need {} bytes of shared memory, the \
+                 device has {have}; using the default shapes",
+                kernel.name(),
+                shared_bytes(kernel, chosen, dp, dvp, elem, tc)
+            )
+        });
+    }
+    DEFAULT_SHAPES.into_iter().find(fits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_shapes_fit_and_shrink_with_shared_memory() {
+        // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the largest tiles.
+        for kernel in Kernel::ALL {
+            let got = tile_shape(kernel, 128, 128, 2, 227 << 10, true);
+            assert_eq!(got, Some(DEFAULT_SHAPES[0]));
+        }
+        // 48 KiB: smaller tiles, each within the budget.
+        for kernel in Kernel::ALL {
+            for (d, dv, elem) in [(128, 128, 2), (64, 64, 4), (24, 8, 4)] {
+                let t = tile_shape(kernel, d, dv, elem, 48 << 10, false).expect("fits");
+                assert!(shared_bytes(kernel, t, padded(d), padded(dv), elem, false) <= 48 << 10);
+                assert!(t.invalid().is_none(), "{t}");
+            }
+        }
+        assert_eq!(
+            tile_shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10, false),
+            None
+        );
+        assert_eq!(padded(5), 16);
+        assert_eq!(padded(128), 128);
+        for t in DEFAULT_SHAPES {
+            assert!(t.invalid().is_none(), "{t}");
+        }
+    }
+
+    #[test]
+    fn register_sums_free_the_backwards_float32_matrices() {
+        // Head dim 128 in bf16, 64x64 tiles on 128 units: each backward sum was a 64 x 132
+        // float32 matrix; in registers the kernels keep one 16 x 20 scratch tile per plane.
+        let (plain, regs) = (
+            Tiles::new(64, 64, 128),
+            Tiles::new(64, 64, 128).with_registers(),
+        );
+        let matrix = 64 * 132 * 4;
+        let scratch = 4 * 16 * 20 * 4;
+        for (kernel, sums) in [(Kernel::BackwardQ, 1), (Kernel::BackwardKv, 2)] {
+            let bytes = |t, tc| shared_bytes(kernel, t, 128, 128, 2, tc);
+            assert_eq!(
+                bytes(plain, true) - bytes(regs, true),
+                sums * matrix - scratch
+            );
+            // Unit products keep the matrices, whatever the spec says.
+            assert_eq!(bytes(regs, false), bytes(plain, false));
+        }
+        let forward = |t| shared_bytes(Kernel::Forward, t, 128, 128, 2, true);
+        assert_eq!(forward(regs), forward(plain));
+        // Two `dQ` cubes fit an H100's multiprocessor (228 KiB, 1 KiB reserved per cube).
+        let dq = shared_bytes(Kernel::BackwardQ, regs, 128, 128, 2, true);
+        assert!(2 * (dq + 1024) <= 228 << 10, "{dq}");
+    }
+
+    #[test]
+    fn tile_specs_parse_and_name_what_is_wrong() {
+        let all: TileChoice = "32x64".parse().unwrap();
+        assert_eq!(all.0, [Some(Tiles::new(32, 64, UNITS)); 3]);
+        assert_eq!(all.to_string(), "32x64x128");
+        let some: TileChoice = "forward=64x64x256, backward_kv=32x32".parse().unwrap();
+        assert_eq!(some.get(Kernel::Forward), Some(Tiles::new(64, 64, 256)));
+        assert_eq!(some.get(Kernel::BackwardQ), None);
+        assert_eq!(
+            some.get(Kernel::BackwardKv),
+            Some(Tiles::new(32, 32, UNITS))
+        );
+        assert_eq!(
+            some.to_string().parse::<TileChoice>().unwrap(),
+            some,
+            "{some}"
+        );
+        let regs: TileChoice = "backward_q=64x64r".parse().unwrap();
+        let want = Tiles::new(64, 64, UNITS).with_registers();
+        assert_eq!(regs.get(Kernel::BackwardQ), Some(want));
+        assert_eq!(regs.to_string(), "backward_q=64x64x128r");
+        for (spec, says) in [
+            ("64", "two or three numbers"),
+            ("64xa", "not a number"),
+            ("40x64", "multiples of 16"),
+            ("64x64x100", "multiple of 32"),
+            ("64x64x32", "must not exceed units"),
+            ("32x16x96", "divides cols"),
+            ("sideways=64x64", "unknown kernel"),
+            ("forward=64x64,32x32", "has no `kernel=`"),
+        ] {
+            let err = spec.parse::<TileChoice>().unwrap_err();
+            assert!(err.to_string().contains(says), "{spec}: {err}");
+            assert!(err.to_string().contains(spec), "{spec}: {err}");
+        }
+    }
+}
