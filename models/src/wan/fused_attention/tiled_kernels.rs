@@ -223,8 +223,14 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     let regs = comptime![tc && regs];
     let mut dqs =
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lq }], ALIGN);
+    // The sums leave through the score matrix when it is large enough (free by then).
+    let reuse = comptime![rows * ls >= scratch_len(units)];
     let mut scratch = SharedMemory::<f32>::new_aligned(
-        comptime![if regs { scratch_len(units) } else { 1 }],
+        comptime![if regs && !reuse {
+            scratch_len(units)
+        } else {
+            1
+        }],
         ALIGN,
     );
     let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
@@ -286,7 +292,9 @@ pub fn tiled_backward_q<F: Float, N: Size>(
         sync_cube();
     }
 
-    if comptime![regs] {
+    if comptime![regs && reuse] {
+        store_accumulators(dq, &dq_acc, &mut s, bh, row0, scale, rows, dp, units);
+    } else if comptime![regs] {
         store_accumulators(dq, &dq_acc, &mut scratch, bh, row0, scale, rows, dp, units);
     } else {
         store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
@@ -340,8 +348,14 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lk }], ALIGN);
     let mut dvs =
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lv }], ALIGN);
+    // The sums leave through the score matrix when it is large enough (free by then).
+    let reuse = comptime![rows * ls >= scratch_len(units)];
     let mut scratch = SharedMemory::<f32>::new_aligned(
-        comptime![if regs { scratch_len(units) } else { 1 }],
+        comptime![if regs && !reuse {
+            scratch_len(units)
+        } else {
+            1
+        }],
         ALIGN,
     );
     let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
@@ -393,7 +407,10 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         sync_cube();
     }
 
-    if comptime![regs] {
+    if comptime![regs && reuse] {
+        store_accumulators(dk, &dk_acc, &mut st, bh, row0, scale, rows, dp, units);
+        store_accumulators(dv_out, &dv_acc, &mut st, bh, row0, 1.0, rows, dvp, units);
+    } else if comptime![regs] {
         store_accumulators(dk, &dk_acc, &mut scratch, bh, row0, scale, rows, dp, units);
         store_accumulators(
             dv_out,
@@ -401,7 +418,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
             &mut scratch,
             bh,
             row0,
-            1.0f32,
+            1.0,
             rows,
             dvp,
             units,

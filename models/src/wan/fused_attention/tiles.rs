@@ -256,10 +256,13 @@ pub fn shared_bytes(
     let Tiles {
         rows, cols, units, ..
     } = tiles;
-    // The backward's float32 sums: a matrix per sum, or one scratch tile per plane.
+    // The backward's float32 sums: a matrix per sum, or in registers, leaving through one
+    // scratch tile per plane (in the score matrix when that is large enough).
     let regs = tc && tiles.registers;
+    let scratch = scratch_len(units);
     let sums = |widths: &[usize]| match regs {
-        true => scratch_len(units),
+        true if rows * (cols + PAD_FLOAT) >= scratch => 0,
+        true => scratch,
         false => widths.iter().map(|&w| rows * (w + PAD_FLOAT)).sum(),
     };
     // Padded row lengths: operand matrices (`F`) and float32 matrices.
@@ -352,19 +355,19 @@ mod tests {
     #[test]
     fn register_sums_free_the_backwards_float32_matrices() {
         // Head dim 128 in bf16, 64x64 tiles on 128 units: each backward sum was a 64 x 132
-        // float32 matrix; in registers the kernels keep one 16 x 20 scratch tile per plane.
+        // float32 matrix; in registers they leave through the (by then free) score matrix.
         let (plain, regs) = (
             Tiles::new(64, 64, 128),
             Tiles::new(64, 64, 128).with_registers(),
         );
-        let matrix = 64 * 132 * 4;
-        let scratch = 4 * 16 * 20 * 4;
         for (kernel, sums) in [(Kernel::BackwardQ, 1), (Kernel::BackwardKv, 2)] {
             let bytes = |t, tc| shared_bytes(kernel, t, 128, 128, 2, tc);
-            assert_eq!(
-                bytes(plain, true) - bytes(regs, true),
-                sums * matrix - scratch
-            );
+            assert_eq!(bytes(plain, true) - bytes(regs, true), sums * 64 * 132 * 4);
+            // A 16-row cube's score matrix is too small: one 16 x 20 scratch tile per plane.
+            let t16 = Tiles::new(16, 16, 128);
+            let scratch = 4 * 16 * 20 * 4;
+            let freed = bytes(t16, true) - bytes(t16.with_registers(), true);
+            assert_eq!(freed, sums * 16 * 132 * 4 - scratch);
             // Unit products keep the matrices, whatever the spec says.
             assert_eq!(bytes(regs, false), bytes(plain, false));
         }
