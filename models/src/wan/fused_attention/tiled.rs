@@ -129,7 +129,7 @@ pub(super) fn vector_size<R: CubeRuntime>(ts: &[&CubeTensor<R>]) -> usize {
                 cubecl::tensor_vector_size_parallel(sizes, t.meta.shape(), t.meta.strides(), 3)
                     .min(8);
             let offset = t.handle.offset_start.unwrap_or(0) as usize;
-            while n > 1 && offset % (n * elem) != 0 {
+            while n > 1 && !offset.is_multiple_of(n * elem) {
                 n /= 2;
             }
             n

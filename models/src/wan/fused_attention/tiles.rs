@@ -205,8 +205,8 @@ impl FromStr for TileChoice {
 impl fmt::Display for TileChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c] = self.0;
-        if a.is_some() && a == b && b == c {
-            return write!(f, "{}", a.expect("checked"));
+        if let Some(all) = a.filter(|_| a == b && b == c) {
+            return write!(f, "{all}");
         }
         let parts: Vec<String> = Kernel::ALL
             .into_iter()
