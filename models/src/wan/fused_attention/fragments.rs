@@ -12,7 +12,7 @@
 use cubecl::prelude::*;
 
 use super::kernels::offset;
-use super::tile_ops::{fragment, tile_of, PAD_FLOAT, PAD_OPERAND, TILE};
+use super::tile_ops::{fragment, tile_steps, PAD_FLOAT, TILE};
 
 /// Fragments per plane for an `m × n` output on `units` units.
 pub fn fragments_per_plane(m: usize, n: usize, units: usize) -> usize {
@@ -61,8 +61,6 @@ pub(super) fn accumulate<F: Float>(
     #[comptime] units: usize,
 ) {
     let planes = comptime![units / 32];
-    let lda = comptime![kd + PAD_OPERAND];
-    let ldb = comptime![n + PAD_OPERAND];
     let tiles_n = comptime![n / TILE];
     let tiles = comptime![(m / TILE) * (n / TILE)];
     let plane = UNIT_POS_Y as usize;
@@ -72,21 +70,7 @@ pub(super) fn accumulate<F: Float>(
         if t < tiles {
             let row0 = (t / tiles_n) * TILE;
             let col0 = (t % tiles_n) * TILE;
-            let acc = accs.index(i);
-            for step in 0..kd / TILE {
-                let k0 = step * TILE;
-                let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
-                cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
-                if comptime![b_t] {
-                    let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
-                    cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
-                    cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
-                } else {
-                    let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
-                    cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
-                    cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
-                }
-            }
+            tile_steps::<F>(a, b, accs.index(i), row0, col0, n, kd, b_t);
         }
     }
 }

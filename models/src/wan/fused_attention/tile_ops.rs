@@ -170,8 +170,6 @@ pub(super) fn tensor_core_product<F: Float>(
     #[comptime] units: usize,
 ) {
     let planes = comptime![units / 32];
-    let lda = comptime![kd + PAD_OPERAND];
-    let ldb = comptime![n + PAD_OPERAND];
     let ldc = comptime![n + PAD_FLOAT];
     let tiles_n = comptime![n / TILE];
     let tiles = comptime![(m / TILE) * (n / TILE)];
@@ -190,24 +188,43 @@ pub(super) fn tensor_core_product<F: Float>(
         } else {
             cmma::fill(&acc, 0.0f32);
         }
-        for step in 0..kd / TILE {
-            let k0 = step * TILE;
-            let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
-            cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
-            if comptime![b_t] {
-                // `bᵀ` (`kd × n`) is `b` (`n × kd`, padded rows) read column-major.
-                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
-                cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
-                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
-            } else {
-                let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
-                cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
-                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, &acc, &acc);
-            }
-        }
+        tile_steps::<F>(a, b, &acc, row0, col0, n, kd, b_t);
         let mut out = c.slice_mut(c_at, c_at + (TILE - 1) * ldc + TILE);
         cmma::store(&mut out, &acc, ldc as u32, cmma::MatrixLayout::RowMajor);
         t += planes;
+    }
+}
+
+/// `acc += a·b` (or `a·bᵀ` with `b_t`) for the 16×16 output tile at `(row0, col0)`, over
+/// `kd / 16` tensor-core steps; operands as for [`product`] (`n` columns of output).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tile_steps<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    acc: &cmma::Matrix<f32>,
+    row0: usize,
+    col0: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+) {
+    let lda = comptime![kd + PAD_OPERAND];
+    let ldb = comptime![n + PAD_OPERAND];
+    for step in 0..kd / TILE {
+        let k0 = step * TILE;
+        let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+        cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
+        if comptime![b_t] {
+            // `bᵀ` (`kd × n`) is `b` (`n × kd`, padded rows) read column-major.
+            let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+            cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
+            cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
+        } else {
+            let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
+            cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
+            cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
+        }
     }
 }
 
