@@ -14,7 +14,8 @@
 #    to define kernels on: the wgpu one, on a Vulkan driver (Mesa's lavapipe, as the tests).
 # 2. NVIDIA's NVRTC, `ptxas` and CUDA headers come from their PyPI wheels, downloaded once
 #    into $CUDA_TOOLS (default ~/.cache/reel-cuda-tools); they compile each source to PTX as
-#    CubeCL does at run time, then `ptxas -v` assembles it for each architecture.
+#    CubeCL does at run time (the PTX is kept beside each source, NAME.ARCH.ptx, to read which
+#    instructions a change produced), then `ptxas -v` assembles it for each architecture.
 #
 # A kernel with spills, or more than 128 registers per unit at 128 units per cube (fewer
 # than four cubes' worth of registers per multiprocessor), is worth a look before a GPU

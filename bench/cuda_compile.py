@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 
 def nvrtc_ptx(lib, source: bytes, options: list[str]) -> tuple[str | None, str]:
@@ -61,33 +60,33 @@ def main() -> int:
     failed = 0
     print("| kernel | arch | registers | spill st/ld bytes | stack | PTX lines |")
     print("|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in sources:
-            name = os.path.basename(path).removesuffix(".cu")
-            source = open(path, "rb").read()
-            for arch in archs:
-                options = [f"--gpu-architecture={arch}", "-lineinfo"]
-                options += [f"--include-path={i}" for i in includes]
-                ptx, log = nvrtc_ptx(lib, source, options)
-                if ptx is None:
-                    failed += 1
-                    print(f"| {name} | {arch} | NVRTC failed | | | |")
-                    print(log[:4000], file=sys.stderr)
-                    continue
-                ptx_path = os.path.join(tmp, f"{name}.{arch}.ptx")
-                with open(ptx_path, "w") as f:
-                    f.write(ptx)
-                info = ptxas_info(ptxas, ptx_path, arch)
-                if "error" in info:
-                    failed += 1
-                    print(f"| {name} | {arch} | ptxas failed | | | |")
-                    print(info["error"], file=sys.stderr)
-                    continue
-                lines = ptx.count("\n")
-                print(
-                    f"| {name} | {arch} | {info['registers']} | "
-                    f"{info['spill_stores']}/{info['spill_loads']} | {info['stack']} | {lines} |"
-                )
+    for path in sources:
+        name = os.path.basename(path).removesuffix(".cu")
+        source = open(path, "rb").read()
+        for arch in archs:
+            options = [f"--gpu-architecture={arch}", "-lineinfo"]
+            options += [f"--include-path={i}" for i in includes]
+            ptx, log = nvrtc_ptx(lib, source, options)
+            if ptx is None:
+                failed += 1
+                print(f"| {name} | {arch} | NVRTC failed | | | |")
+                print(log[:4000], file=sys.stderr)
+                continue
+            # Kept beside the source, to read what a change did to the instructions.
+            ptx_path = os.path.join(os.path.dirname(path), f"{name}.{arch}.ptx")
+            with open(ptx_path, "w") as f:
+                f.write(ptx)
+            info = ptxas_info(ptxas, ptx_path, arch)
+            if "error" in info:
+                failed += 1
+                print(f"| {name} | {arch} | ptxas failed | | | |")
+                print(info["error"], file=sys.stderr)
+                continue
+            lines = ptx.count("\n")
+            print(
+                f"| {name} | {arch} | {info['registers']} | "
+                f"{info['spill_stores']}/{info['spill_loads']} | {info['stack']} | {lines} |"
+            )
     return 1 if failed else 0
 
 

@@ -29,7 +29,9 @@
 # The attention-alone run also times `flash` with each launch shape of TILES (the tiled
 # kernels' rows x cols x units per cube, `reel bench --attention-only --tiles`); when one of
 # those rows is the fastest, every later run gets it through REEL_TILED_TILES (shown beside
-# the attention mode in the tables). TILES="" times the default shapes alone.
+# the attention mode in the tables): the forward kernel's shape from the row with the fastest
+# forward, the backward kernels' from the row with the fastest backward. TILES="" times the
+# default shapes alone.
 #
 # If no variant's 8190-token row ran with ATTENTION, the rest of the plan falls back to
 # attention=fused (after one fused row at 8190 tokens).
@@ -64,8 +66,9 @@ case $PLAN in
     VARIANTS=${VARIANTS:-plain}
     # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
     ATTENTION=${ATTENTION:-pick}
-    # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates.
-    TILES=${TILES-"64x64x128r 64x64x256r 32x64x128r forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
+    # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
+    # (`r`: the backward's sums in registers, `p`: streamed tiles prefetched).
+    TILES=${TILES-"64x64x128p 64x64x256p 64x64x128r 64x64x256rp 32x64x128r forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -261,16 +264,38 @@ fastest_attention() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
 import json, sys
 manifest, shape = sys.argv[1:]
-best = (float("inf"), "")
+# A step runs each attention forward twice (checkpointing) and its backward once: a row
+# costs forward + train (train = forward + backward). The flash rows' launch shapes combine:
+# the forward kernel's from the row with the fastest forward, the backward kernels' from the
+# row with the fastest backward (`flash` alone: the default shapes).
+KERNELS = ("forward", "backward_q", "backward_kv")
+def shapes(kernel):
+    spec = kernel.removeprefix("flash").strip()
+    if not spec:
+        return {}
+    if "=" not in spec:
+        return {k: spec for k in KERNELS}
+    return dict(e.split("=", 1) for e in spec.split(","))
+rows = []
 for line in open(manifest):
     j = json.loads(line)
     if j["kind"] == "attention" and j["shape"] == shape and j["rc"] == "0":
         try:
             for r in json.load(open(j["file"])):
                 if r["kernel"] != "cubek" and r.get("forward_ms") and r.get("train_ms"):
-                    best = min(best, (r["forward_ms"]["median"] + r["train_ms"]["median"], r["kernel"]))
+                    fwd, train = r["forward_ms"]["median"], r["train_ms"]["median"]
+                    rows.append((fwd, train - fwd, r["kernel"]))
         except Exception:
             pass
+best = min(((f + f + b, k) for f, b, k in rows), default=(float("inf"), ""))
+flash = [r for r in rows if r[2].split()[0] == "flash"]
+if flash:
+    fwd = min(flash, key=lambda r: r[0])
+    bwd = min(flash, key=lambda r: r[1])
+    parts = {k: v for k, v in shapes(fwd[2]).items() if k == "forward"}
+    parts.update({k: v for k, v in shapes(bwd[2]).items() if k != "forward"})
+    spec = ",".join(f"{k}={parts[k]}" for k in KERNELS if k in parts)
+    best = min(best, (fwd[0] + fwd[0] + bwd[1], f"flash {spec}".strip()))
 print(best[1])
 PY
 }

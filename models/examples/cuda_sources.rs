@@ -17,8 +17,10 @@ use cubecl::ir::{ElemType, FloatKind, UIntKind};
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl::{Compiler, CubeTask};
-use reel_models::wan::fused_attention::tiled::{self, Kernel, TileChoice, Tiles};
 use reel_models::wan::fused_attention::tiled_kernels as k;
+use reel_models::wan::fused_attention::tiles::{
+    padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
+};
 
 /// Elements per global load when staging tiles: 16 bytes of bf16/f16, what the kernels get for
 /// a contiguous head dim that 8 divides (Wan's q/k/v).
@@ -40,13 +42,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&out)?;
     let client = WgpuRuntime::client(&WgpuDevice::default());
     for spec in specs {
-        tiled::set_tiles(spec);
+        set_tiles(spec);
         for (name, kind, elem) in [("bf16", FloatKind::BF16, 2), ("f16", FloatKind::F16, 2)] {
             let dtype = StorageType::Scalar(ElemType::Float(kind));
             for kernel in Kernel::ALL {
-                let tiles = tiled::tile_shape(kernel, d, d, elem, HOPPER_SHARED, true)
+                let tiles = tile_shape(kernel, d, d, elem, HOPPER_SHARED, true)
                     .ok_or("no tile shape fits an H100's shared memory")?;
-                let source = source(&client, kernel, tiles, tiled::padded(d), dtype)?;
+                let source = source(&client, kernel, tiles, padded(d), dtype)?;
                 let file = out.join(format!("{}-{name}-d{d}-{tiles}.cu", kernel.name()));
                 std::fs::write(&file, source)?;
                 println!("{}", file.display());
@@ -75,6 +77,7 @@ fn source(
             cols,
             units,
             registers,
+            prefetch,
         },
     ) = (client.clone(), tiles);
     match kernel {
@@ -94,6 +97,7 @@ fn source(
             cols,
             units,
             true,
+            prefetch,
             dtype,
         )),
         Kernel::BackwardQ => compile(k::tiled_backward_q::TiledBackwardQ::<WgpuRuntime>::new(
@@ -116,6 +120,7 @@ fn source(
             units,
             true,
             registers,
+            prefetch,
             dtype,
         )),
         Kernel::BackwardKv => compile(k::tiled_backward_kv::TiledBackwardKv::<WgpuRuntime>::new(
@@ -138,6 +143,7 @@ fn source(
             units,
             true,
             registers,
+            prefetch,
             dtype,
         )),
     }

@@ -18,6 +18,8 @@ use reel_core::backend::ReelBackend;
 use reel_core::config::Precision;
 use reel_core::rng::StreamRng;
 use reel_core::with_backend;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use reel_models::wan::fused_attention::tiles::TileChoice;
 use reel_models::wan::mem_attention::{attention, to_dtype};
 use reel_models::AttentionMode;
 use serde::Serialize;
@@ -112,9 +114,11 @@ fn problem(args: &BenchArgs) -> anyhow::Result<[usize; 4]> {
 fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     let shape = problem(args)?;
     // A bad `--tiles` spec fails before any timing.
-    for spec in &args.tiles {
-        parse_tiles(spec)?;
-    }
+    let choices = args
+        .tiles
+        .iter()
+        .map(|spec| parse_tiles(spec))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let device = B::device_for(0);
     let [b, h, n, d] = shape;
     // Stored `[B, N, heads, d]`, seen as `[B, heads, N, d]`, in the bench's dtype.
@@ -133,8 +137,8 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     for &mode in &modes {
         rows.push(mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape)?);
     }
-    for spec in &args.tiles {
-        rows.push(tiles_row::<B>(args, spec, [&q, &k, &v], shape)?);
+    for choice in choices {
+        rows.push(tiles_row::<B>(args, choice, [&q, &k, &v], shape)?);
     }
     if modes.contains(&AttentionMode::Flash) {
         rows.push(cubek_row::<B::InnerBackend>(
@@ -175,30 +179,29 @@ fn mode_row<B: ReelBackend>(
     })
 }
 
-/// `--tiles`' spec, parsed.
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-fn parse_tiles(spec: &str) -> anyhow::Result<reel_models::wan::fused_attention::tiled::TileChoice> {
-    spec.parse().map_err(|e| anyhow::anyhow!("--tiles: {e}"))
-}
-
-/// Without the CubeCL backends there are no tiled kernels to launch.
+/// Without the CubeCL backends there are no tiled kernels, and no launch shape to choose.
 #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
-fn parse_tiles(spec: &str) -> anyhow::Result<()> {
+type TileChoice = std::convert::Infallible;
+
+/// `--tiles`' spec, parsed.
+fn parse_tiles(spec: &str) -> anyhow::Result<TileChoice> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    return spec.parse().map_err(|e| anyhow::anyhow!("--tiles: {e}"));
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     anyhow::bail!("--tiles {spec}: the tiled kernels need a build with the cuda or wgpu feature")
 }
 
-/// The `flash` row with the tiled kernels launched as `spec` says (`--tiles`); the choice in
-/// force before is restored afterwards.
+/// The `flash` row with the tiled kernels launched as `choice` says (`--tiles`); the choice
+/// in force before is restored afterwards.
 fn tiles_row<B: ReelBackend>(
     args: &BenchArgs,
-    spec: &str,
+    choice: TileChoice,
     qkv: [&Tensor<B::InnerBackend, 4>; 3],
     shape: [usize; 4],
 ) -> anyhow::Result<AttentionRow> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
-        use reel_models::wan::fused_attention::tiled::{set_tiles, tiles_choice};
-        let choice = parse_tiles(spec)?;
+        use reel_models::wan::fused_attention::tiles::{set_tiles, tiles_choice};
         let before = tiles_choice();
         set_tiles(choice);
         let kernel = format!("flash {choice}");
@@ -209,8 +212,7 @@ fn tiles_row<B: ReelBackend>(
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     {
         let _ = (args, qkv, shape);
-        parse_tiles(spec)?;
-        anyhow::bail!("--tiles {spec}: no tiled kernels in this build")
+        match choice {}
     }
 }
 

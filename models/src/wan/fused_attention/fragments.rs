@@ -12,7 +12,7 @@
 use cubecl::prelude::*;
 
 use super::kernels::offset;
-use super::tile_ops::{fragment, tile_steps, PAD_FLOAT, TILE};
+use super::tile_ops::{fragment, tile_steps, ALIGN, PAD_FLOAT, TILE};
 
 /// Fragments per plane for an `m × n` output on `units` units.
 pub fn fragments_per_plane(m: usize, n: usize, units: usize) -> usize {
@@ -23,6 +23,51 @@ pub fn fragments_per_plane(m: usize, n: usize, units: usize) -> usize {
 /// plane's tiles through: one padded 16×16 tile per plane.
 pub fn scratch_len(units: usize) -> usize {
     (units / 32) * TILE * (TILE + PAD_FLOAT)
+}
+
+/// Whether the score matrix (`rows × (cols + PAD_FLOAT)` floats, free once the last tile has
+/// streamed by) holds [`scratch_len`] floats, so the sums can leave through it instead of a
+/// scratch array of their own. The kernels and the shared-memory accounting (`tiles.rs`) both
+/// ask here.
+pub fn scores_hold_scratch(rows: usize, cols: usize, units: usize) -> bool {
+    rows * (cols + PAD_FLOAT) >= scratch_len(units)
+}
+
+/// The scratch array the register sums (`regs`) leave through when the score matrix cannot
+/// serve ([`scores_hold_scratch`]); a one-float placeholder otherwise.
+#[cube]
+pub(super) fn exit_scratch(
+    #[comptime] regs: bool,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+) -> SharedMemory<f32> {
+    let own = comptime![regs && !scores_hold_scratch(rows, cols, units)];
+    SharedMemory::<f32>::new_aligned(comptime![if own { scratch_len(units) } else { 1 }], ALIGN)
+}
+
+/// [`store_accumulators`] of the `rows × n` sums through the score matrix `scores`
+/// (`rows × cols`) where it holds the scratch, else through `scratch` ([`exit_scratch`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_sums<F: Float>(
+    dst: &mut Tensor<F>,
+    accs: &Sequence<cmma::Matrix<f32>>,
+    scores: &mut SharedMemory<f32>,
+    scratch: &mut SharedMemory<f32>,
+    bh: usize,
+    row0: usize,
+    factor: f32,
+    #[comptime] rows: usize,
+    #[comptime] n: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+) {
+    if comptime![scores_hold_scratch(rows, cols, units)] {
+        store_accumulators(dst, accs, scores, bh, row0, factor, rows, n, units);
+    } else {
+        store_accumulators(dst, accs, scratch, bh, row0, factor, rows, n, units);
+    }
 }
 
 /// Zeroed accumulators for the plane's tiles of an `m × n` output.
@@ -80,7 +125,7 @@ pub(super) fn accumulate<F: Float>(
 /// `scratch` ([`scratch_len`] floats).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn store_accumulators<F: Float>(
+fn store_accumulators<F: Float>(
     dst: &mut Tensor<F>,
     accs: &Sequence<cmma::Matrix<f32>>,
     scratch: &mut SharedMemory<f32>,

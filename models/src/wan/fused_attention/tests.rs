@@ -450,20 +450,25 @@ macro_rules! backend_tests {
                 // Half-precision operands in shared memory, float32 statistics.
                 let f16 = burn::tensor::FloatDType::F16;
                 check_tiled::<Cube>(&Default::default(), Products::Units, f16, 1e-2, &[]);
-                // Other launch shapes: 8, 2 and 1 planes, rows shared by 16 units. (The
-                // choice is process-wide; any valid shape gives other tests the same results.)
-                let spec = "forward=16x32x256,backward_q=16x16x64,backward_kv=16x16x32";
-                let choice: tiled::TileChoice = spec.parse().expect("a valid spec");
-                tiled::set_tiles(choice);
-                let client = <$runtime as cubecl::Runtime>::client(&Default::default());
-                let have = client.properties().hardware.max_shared_memory_size;
-                for kernel in tiled::Kernel::ALL {
-                    // The largest head dims of `TILED_SHAPES` (float32) run the chosen shape.
-                    let used = tiled::tile_shape(kernel, 48, 64, 4, have, false);
-                    assert_eq!(used, choice.get(kernel), "{kernel:?} with {have} bytes");
+                // Other launch shapes: 8, 2 and 1 planes, rows shared by 16 units; then
+                // streamed tiles prefetched into registers. (The choice is process-wide; any
+                // valid shape gives other tests the same results.)
+                for spec in [
+                    "forward=16x32x256,backward_q=16x16x64,backward_kv=16x16x32",
+                    "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
+                ] {
+                    let choice: tiles::TileChoice = spec.parse().expect("a valid spec");
+                    tiles::set_tiles(choice);
+                    let client = <$runtime as cubecl::Runtime>::client(&Default::default());
+                    let have = client.properties().hardware.max_shared_memory_size;
+                    for kernel in tiles::Kernel::ALL {
+                        // The largest head dims of `TILED_SHAPES` (float32) run the choice.
+                        let used = tiles::tile_shape(kernel, 48, 64, 4, have, false);
+                        assert_eq!(used, choice.get(kernel), "{kernel:?} with {have} bytes");
+                    }
+                    check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
                 }
-                check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
-                tiled::set_tiles(tiled::TileChoice::default());
+                tiles::set_tiles(tiles::TileChoice::default());
             }
 
             #[test]
@@ -569,8 +574,8 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 }
 
 /// The tensor-core kernels with other launch shapes: the backward's sums in register
-/// fragments (`r`), 8 planes per cube, 128-row forward cubes. (The choice is process-wide;
-/// any valid shape gives other tests the same results.)
+/// fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles prefetched
+/// (`p`). (The choice is process-wide; any valid shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
@@ -580,10 +585,12 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     for spec in [
         "64x64x128r",
         "forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r",
+        "64x64x128p",
+        "forward=64x64x256p,backward_q=64x64x256rp,backward_kv=32x64x128rp",
     ] {
-        tiled::set_tiles(spec.parse().expect("a valid spec"));
+        tiles::set_tiles(spec.parse().expect("a valid spec"));
         eprintln!("tiles {spec}");
         check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2, &wan);
     }
-    tiled::set_tiles(tiled::TileChoice::default());
+    tiles::set_tiles(tiles::TileChoice::default());
 }

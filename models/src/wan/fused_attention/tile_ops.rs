@@ -21,20 +21,81 @@ pub const PAD_OPERAND: usize = 8;
 /// Padding of a float32 row in shared memory, in elements (16 bytes).
 pub const PAD_FLOAT: usize = 4;
 
+/// A unit's share of a tile, in registers ([`tile_registers`]).
+pub(super) type Registers<F, N> = Array<Vector<F, N>>;
+
 /// Stage rows `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into `dst` (`rows × cp`, padded
-/// rows), zero past the sequence's end and in the padding columns `C .. cp`.
+/// rows), zero past the sequence's end and in the padding columns `C .. cp`: [`load`] into
+/// the unit's registers, then [`put`].
+#[cube]
+pub(super) fn stage<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
+    dst: &mut SharedMemory<F>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) {
+    let mut regs = tile_registers(t, rows, cp, units);
+    load(t, &mut regs, bh, row0, rows, cp, units);
+    put(&regs, dst, rows, cp, units);
+}
+
+/// Stage the streamed tile `row0 .. row0 + rows` of `t` into `dst` through the unit's
+/// registers `regs` ([`tile_registers`]). With `prefetch`, `regs` already holds the tile
+/// (loaded while the previous tile was computed; the caller loads the first before its
+/// loop), and the next tile is loaded into them right after: its global loads stay in flight
+/// through the cube sync and the products that follow, and are waited on only when the next
+/// call stores them. Without, it is [`stage`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stream<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
+    regs: &mut Array<Vector<F, N>>,
+    dst: &mut SharedMemory<F>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+    #[comptime] prefetch: bool,
+) {
+    if comptime![!prefetch] {
+        load(t, regs, bh, row0, rows, cp, units);
+    }
+    put(regs, dst, rows, cp, units);
+    if comptime![prefetch] {
+        load(t, regs, bh, row0 + rows, rows, cp, units);
+    }
+}
+
+/// The unit's registers for one `rows × cp` tile of `t`: its share of the tile's vectors.
+#[cube]
+pub(super) fn tile_registers<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) -> Array<Vector<F, N>> {
+    let n = t.vector_size();
+    Array::new(comptime![(rows * (cp / n)).div_ceil(units)])
+}
+
+/// Read the unit's vectors of rows `row0 .. row0 + rows` of `t` into `regs`, zero past the
+/// sequence's end and in the padding columns `C .. cp` (no global access there).
 ///
 /// `t` is read in vectors of `N` elements (16 bytes for bf16/f16 at `N = 8`: one load
 /// instruction per vector instead of eight); the launcher picks `N = 1` unless the last dim is
 /// contiguous and `N` divides `C`, the other strides and the buffer's offset. The loop over a
 /// unit's vectors is unrolled (its trip count is known when the kernel is compiled), so that
-/// a unit issues all its global loads before it waits on the first: with four warps per cube
-/// and one or two cubes per multiprocessor (their shared memory), there are too few warps to
-/// hide a load's latency otherwise. The `(b, h)` offset is computed once.
+/// a unit issues all its global loads before it waits on the first, and `regs` is indexed by
+/// constants (registers, not local memory). The `(b, h)` offset is computed once.
 #[cube]
-pub(super) fn stage<F: Float, N: Size>(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn load<F: Float, N: Size>(
     t: &Tensor<Vector<F, N>>,
-    dst: &mut SharedMemory<F>,
+    regs: &mut Array<Vector<F, N>>,
     bh: usize,
     row0: usize,
     #[comptime] rows: usize,
@@ -55,12 +116,32 @@ pub(super) fn stage<F: Float, N: Size>(
         let idx = unit + i * units;
         let (r, col) = (idx / per_row, (idx % per_row) * n);
         let row = row0 + r;
+        let mut val = Vector::<F, N>::empty().fill(F::new(0.0));
+        if idx < comptime![rows * per_row] && row < len && col < cols {
+            val = t[(base + row * row_step + col * col_step) / n];
+        }
+        regs[i] = val;
+    }
+}
+
+/// Write the unit's vectors `regs` ([`load`]) of a `rows × cp` tile into `dst` (padded rows).
+#[cube]
+pub(super) fn put<F: Float, N: Size>(
+    regs: &Array<Vector<F, N>>,
+    dst: &mut SharedMemory<F>,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) {
+    let n = regs.vector_size();
+    let unit = UNIT_POS as usize;
+    let per_row = comptime![cp / n];
+    #[unroll]
+    for i in 0..comptime![(rows * per_row).div_ceil(units)] {
+        let idx = unit + i * units;
         if idx < comptime![rows * per_row] {
-            let mut val = Vector::<F, N>::empty().fill(F::new(0.0));
-            if row < len && col < cols {
-                val = t[(base + row * row_step + col * col_step) / n];
-            }
-            let at = r * comptime![cp + PAD_OPERAND] + col;
+            let val = regs[i];
+            let at = (idx / per_row) * comptime![cp + PAD_OPERAND] + (idx % per_row) * n;
             #[unroll]
             for j in 0..n {
                 dst[at + j] = val[j];

@@ -17,9 +17,7 @@ use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 
 use super::tiled_kernels::{self as kernels, TILE};
-pub use super::tiles::{
-    padded, set_tiles, shared_bytes, tile_shape, tiles_choice, Kernel, TileChoice, Tiles, UNITS,
-};
+use super::tiles::{padded, shared_bytes, tile_shape, Kernel, Tiles, DEFAULT_SHAPES};
 
 /// How the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +105,7 @@ fn shape_for<R: CubeRuntime>(
     let have = q.client.properties().hardware.max_shared_memory_size;
     let elem = q.dtype.size();
     tile_shape(kernel, d, dv, elem, have, tc).ok_or_else(|| {
-        let smallest = super::tiles::DEFAULT_SHAPES[super::tiles::DEFAULT_SHAPES.len() - 1];
+        let smallest = DEFAULT_SHAPES[DEFAULT_SHAPES.len() - 1];
         Unavailable::SharedMemory {
             d,
             dv,
@@ -157,13 +155,8 @@ pub fn forward<R: CubeRuntime>(
     check(&q, products)?;
     let [b, h, sq, d] = q.meta.shape().dims();
     let dv = v.meta.shape()[3];
-    let tiles = shape_for(
-        Kernel::Forward,
-        &q,
-        d,
-        dv,
-        products == Products::TensorCores,
-    )?;
+    let tc = products == Products::TensorCores;
+    let tiles = shape_for(Kernel::Forward, &q, d, dv, tc)?;
     let out = super::empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
     let lse = super::empty_rows(&q);
     let (count, dim) = launch_dims(tiles, sq, b * h);
@@ -190,7 +183,8 @@ pub fn forward<R: CubeRuntime>(
             tiles.rows,
             tiles.cols,
             tiles.units,
-            products == Products::TensorCores,
+            tc,
+            tiles.prefetch,
             dtype.into(),
         );
     }
@@ -250,6 +244,7 @@ pub fn backward<R: CubeRuntime>(
             tiles_q.units,
             tc,
             tiles_q.registers,
+            tiles_q.prefetch,
             dtype.into(),
         );
         let (count, dim) = launch_dims(tiles_kv, sk, b * h);
@@ -274,6 +269,7 @@ pub fn backward<R: CubeRuntime>(
             tiles_kv.units,
             tc,
             tiles_kv.registers,
+            tiles_kv.prefetch,
             dtype.into(),
         );
     }

@@ -19,9 +19,11 @@
 
 use cubecl::prelude::*;
 
-use super::fragments::{accumulate, accumulators, scratch_len, store_accumulators};
+use super::fragments::{accumulate, accumulators, exit_scratch, store_sums};
 use super::kernels::{offset, stat_offset, NEG_BIG, POS_BIG};
-use super::tile_ops::{fill, product, stage, store_rows, ALIGN};
+use super::tile_ops::{
+    fill, load, product, stage, store_rows, stream, tile_registers, Registers, ALIGN,
+};
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
 
 /// One key tile of the forward's online softmax: from the scores `s` (`rows × cols`, padded
@@ -88,6 +90,30 @@ fn online_softmax<F: Float>(
     }
 }
 
+/// The unit's registers for the tiles of `a` (head dim padded to `dp`) and `b` (`dvp`) that
+/// a kernel streams, `cols` rows at a time ([`stream`]); with `prefetch`, holding the first
+/// tile (rows `0 .. cols`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn streamed<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    bh: usize,
+    #[comptime] cols: usize,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] units: usize,
+    #[comptime] prefetch: bool,
+) -> (Registers<F, N>, Registers<F, N>) {
+    let mut ar = tile_registers(a, cols, dp, units);
+    let mut br = tile_registers(b, cols, dvp, units);
+    if comptime![prefetch] {
+        load(a, &mut ar, bh, 0, cols, dp, units);
+        load(b, &mut br, bh, 0, cols, dvp, units);
+    }
+    (ar, br)
+}
+
 /// Forward: `out = softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]` (float32, of the scaled
 /// scores). Cube `(x, bh)` owns query rows `x·rows ..`; key tiles of `cols` rows stream by.
 /// `dp`, `dvp`: the head dims rounded up to 16.
@@ -106,6 +132,7 @@ pub fn tiled_forward<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -132,11 +159,12 @@ pub fn tiled_forward<F: Float, N: Size>(
     fill(&mut o, 0.0f32, rows * lo, units);
     fill(&mut m, f32::new(NEG_BIG), rows, units);
     fill(&mut l, 0.0f32, rows, units);
+    let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
 
     for t in 0..seq_k.div_ceil(cols) {
         let key0 = t * cols;
-        stage(k, &mut ks, bh, key0, cols, dp, units);
-        stage(v, &mut vs, bh, key0, cols, dvp, units);
+        stream(k, &mut kr, &mut ks, bh, key0, cols, dp, units, prefetch);
+        stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
         sync_cube();
         product::<F>(&qs, &ks, &mut s, rows, cols, dp, true, false, tc, units);
         sync_cube();
@@ -201,6 +229,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     #[comptime] units: usize,
     #[comptime] tc: bool,
     #[comptime] regs: bool,
+    #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -224,15 +253,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     let mut dqs =
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lq }], ALIGN);
     // The sums leave through the score matrix when it is large enough (free by then).
-    let reuse = comptime![rows * ls >= scratch_len(units)];
-    let mut scratch = SharedMemory::<f32>::new_aligned(
-        comptime![if regs && !reuse {
-            scratch_len(units)
-        } else {
-            1
-        }],
-        ALIGN,
-    );
+    let mut scratch = exit_scratch(regs, rows, cols, units);
     let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
@@ -264,10 +285,11 @@ pub fn tiled_backward_q<F: Float, N: Size>(
         deltas[r] = dlt;
     }
 
+    let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
     for t in 0..seq_k.div_ceil(cols) {
         let key0 = t * cols;
-        stage(k, &mut ks, bh, key0, cols, dp, units);
-        stage(v, &mut vs, bh, key0, cols, dvp, units);
+        stream(k, &mut kr, &mut ks, bh, key0, cols, dp, units, prefetch);
+        stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
         sync_cube();
         product::<F>(&qs, &ks, &mut s, rows, cols, dp, true, false, tc, units);
         product::<F>(&dos, &vs, &mut dpm, rows, cols, dvp, true, false, tc, units);
@@ -292,10 +314,20 @@ pub fn tiled_backward_q<F: Float, N: Size>(
         sync_cube();
     }
 
-    if comptime![regs && reuse] {
-        store_accumulators(dq, &dq_acc, &mut s, bh, row0, scale, rows, dp, units);
-    } else if comptime![regs] {
-        store_accumulators(dq, &dq_acc, &mut scratch, bh, row0, scale, rows, dp, units);
+    if comptime![regs] {
+        store_sums(
+            dq,
+            &dq_acc,
+            &mut s,
+            &mut scratch,
+            bh,
+            row0,
+            scale,
+            rows,
+            dp,
+            cols,
+            units,
+        );
     } else {
         store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
     }
@@ -324,6 +356,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     #[comptime] units: usize,
     #[comptime] tc: bool,
     #[comptime] regs: bool,
+    #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -349,15 +382,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     let mut dvs =
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lv }], ALIGN);
     // The sums leave through the score matrix when it is large enough (free by then).
-    let reuse = comptime![rows * ls >= scratch_len(units)];
-    let mut scratch = SharedMemory::<f32>::new_aligned(
-        comptime![if regs && !reuse {
-            scratch_len(units)
-        } else {
-            1
-        }],
-        ALIGN,
-    );
+    let mut scratch = exit_scratch(regs, rows, cols, units);
     let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
     let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
@@ -369,10 +394,13 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         fill(&mut dvs, 0.0f32, rows * lv, units);
     }
 
+    let (mut qr, mut dor) = streamed(q, d_out, bh, cols, dp, dvp, units, prefetch);
     for t in 0..seq_q.div_ceil(cols) {
         let q0 = t * cols;
-        stage(q, &mut qs, bh, q0, cols, dp, units);
-        stage(d_out, &mut dos, bh, q0, cols, dvp, units);
+        stream(q, &mut qr, &mut qs, bh, q0, cols, dp, units, prefetch);
+        stream(
+            d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
+        );
         let j = UNIT_POS as usize;
         if j < cols {
             let mut lv = f32::new(POS_BIG);
@@ -407,21 +435,13 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         sync_cube();
     }
 
-    if comptime![regs && reuse] {
-        store_accumulators(dk, &dk_acc, &mut st, bh, row0, scale, rows, dp, units);
-        store_accumulators(dv_out, &dv_acc, &mut st, bh, row0, 1.0, rows, dvp, units);
-    } else if comptime![regs] {
-        store_accumulators(dk, &dk_acc, &mut scratch, bh, row0, scale, rows, dp, units);
-        store_accumulators(
-            dv_out,
-            &dv_acc,
-            &mut scratch,
-            bh,
-            row0,
-            1.0,
-            rows,
-            dvp,
-            units,
+    if comptime![regs] {
+        let sc = &mut scratch;
+        store_sums(
+            dk, &dk_acc, &mut st, sc, bh, row0, scale, rows, dp, cols, units,
+        );
+        store_sums(
+            dv_out, &dv_acc, &mut st, sc, bh, row0, 1.0, rows, dvp, cols, units,
         );
     } else {
         store_rows(dk, &dks, bh, row0, scale, rows, lk, units);

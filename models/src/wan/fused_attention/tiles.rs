@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Once, RwLock};
 
-use super::fragments::scratch_len;
+use super::fragments::{scores_hold_scratch, scratch_len};
 use super::tiled_kernels::{PAD_FLOAT, PAD_OPERAND, TILE};
 
 /// Units per cube by default: four planes (warps) of 32.
@@ -71,6 +71,10 @@ pub struct Tiles {
     /// With tensor-core products: the backward's `dQ`, `dK`, `dV` sums stay in register
     /// fragments instead of shared memory (the `r` suffix of a spec; `fragments.rs`).
     pub registers: bool,
+    /// Each streamed tile's global loads are issued while the previous tile computes, into
+    /// registers (the `p` suffix of a spec; `tile_ops::stream`): `cols × head dim / units`
+    /// more elements of registers per unit and per streamed tensor, no more shared memory.
+    pub prefetch: bool,
 }
 
 impl Tiles {
@@ -81,6 +85,7 @@ impl Tiles {
             cols,
             units,
             registers: false,
+            prefetch: false,
         }
     }
 
@@ -88,6 +93,14 @@ impl Tiles {
     pub const fn with_registers(self) -> Self {
         Self {
             registers: true,
+            ..self
+        }
+    }
+
+    /// These tiles with each streamed tile loaded while the previous one computes.
+    pub const fn with_prefetch(self) -> Self {
+        Self {
+            prefetch: true,
             ..self
         }
     }
@@ -119,13 +132,14 @@ impl Tiles {
 impl fmt::Display for Tiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = if self.registers { "r" } else { "" };
-        write!(f, "{}x{}x{}{r}", self.rows, self.cols, self.units)
+        let p = if self.prefetch { "p" } else { "" };
+        write!(f, "{}x{}x{}{r}{p}", self.rows, self.cols, self.units)
     }
 }
 
 /// A tile spec that does not parse or names shapes the kernels cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r] or kernel=RxC[xU][r],..., kernels forward, backward_q, backward_kv)")]
+#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r][p] or kernel=RxC[xU][r][p],..., kernels forward, backward_q, backward_kv)")]
 pub struct TileSpecError {
     /// The spec as given.
     pub spec: String,
@@ -141,11 +155,10 @@ impl FromStr for Tiles {
             spec: s.into(),
             reason,
         };
+        // Flags after the numbers, in any order: `r` (registers), `p` (prefetch).
         let t = s.trim();
-        let (t, registers) = match t.strip_suffix('r') {
-            Some(t) => (t, true),
-            None => (t, false),
-        };
+        let t = t.trim_end_matches(['r', 'p']);
+        let flags = &s.trim()[t.len()..];
         let nums: Vec<usize> = t
             .split('x')
             .map(|n| n.trim().parse::<usize>())
@@ -156,7 +169,8 @@ impl FromStr for Tiles {
             [rows, cols, units] => Tiles::new(rows, cols, units),
             _ => return Err(err("two or three numbers".into())),
         };
-        tiles.registers = registers;
+        tiles.registers = flags.contains('r');
+        tiles.prefetch = flags.contains('p');
         match tiles.invalid() {
             Some(reason) => Err(err(reason)),
             None => Ok(tiles),
@@ -259,10 +273,9 @@ pub fn shared_bytes(
     // The backward's float32 sums: a matrix per sum, or in registers, leaving through one
     // scratch tile per plane (in the score matrix when that is large enough).
     let regs = tc && tiles.registers;
-    let scratch = scratch_len(units);
     let sums = |widths: &[usize]| match regs {
-        true if rows * (cols + PAD_FLOAT) >= scratch => 0,
-        true => scratch,
+        true if scores_hold_scratch(rows, cols, units) => 0,
+        true => scratch_len(units),
         false => widths.iter().map(|&w| rows * (w + PAD_FLOAT)).sum(),
     };
     // Padded row lengths: operand matrices (`F`) and float32 matrices.
@@ -399,9 +412,18 @@ mod tests {
         let want = Tiles::new(64, 64, UNITS).with_registers();
         assert_eq!(regs.get(Kernel::BackwardQ), Some(want));
         assert_eq!(regs.to_string(), "backward_q=64x64x128r");
+        for spec in ["32x64x256rp", "32x64x256pr"] {
+            let both: Tiles = spec.parse().unwrap();
+            let want = Tiles::new(32, 64, 256).with_registers().with_prefetch();
+            assert_eq!(both, want, "{spec}");
+            assert_eq!(both.to_string(), "32x64x256rp");
+        }
+        let fetch: Tiles = "64x32p".parse().unwrap();
+        assert_eq!(fetch, Tiles::new(64, 32, UNITS).with_prefetch());
         for (spec, says) in [
             ("64", "two or three numbers"),
             ("64xa", "not a number"),
+            ("64x64q", "not a number"),
             ("40x64", "multiples of 16"),
             ("64x64x100", "multiple of 32"),
             ("64x64x32", "must not exceed units"),
