@@ -20,7 +20,8 @@
 # kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
 # `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS=plain); then, with the variant that was fastest there, UMT5 on 512 tokens and the
+# VARIANTS=plain); then, with the variant that was fastest there, one step profiled per kernel
+# (CubeCL's profiler, `profile_job`), UMT5 on 512 tokens and the
 # VAE decode/encode of 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS), 29120
 # tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing and the breakdown of
@@ -188,6 +189,23 @@ reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
     --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --attention "$2" "${extra[@]}" --json
 }
 
+# Every kernel's GPU time in one training step, from CubeCL's profiler: a `cubecl.toml` in the
+# job's working directory has it time each launch alone (so the step is slower than
+# unprofiled; the warm-up's launches include their compilation) and log one line per launch.
+# The summary keeps the later half of each kernel's launches (the timed step's, after the
+# warm-up step's) and adds them up per kernel.
+profile_job() { # VARIANT ATTENTION SHAPE
+  local f h w dir=$tmp/profile bin; read -r f h w <<<"${3//,/ }"
+  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
+  mkdir -p "$dir"
+  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false\n' \
+    "$dir/cubecl.log" >"$dir/cubecl.toml"
+  job kernels variant="$1" attention="$(attention_label "$2")" shape="$3" log="$dir/cubecl.log" \
+    -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda --preset "$PRESET" \
+    --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 --attention "$2" \
+    --dtype bf16 --gradient-checkpointing --json
+}
+
 # `finetune-unfused`: AdamW and EMA as Burn tensor operations (optimizer.fused = false), for
 # the `clip + optimizer` and `callbacks` phases side by side; `-flash`: attention = "flash"
 # (cubek's flash forward where no gradient flows, Reel's tiled kernels for training in bf16).
@@ -326,11 +344,13 @@ if [[ $PLAN == session ]]; then
     # runs the fused kernels rather than spending the session on failures.
     echo "no $ATTENTION row ran at 8190 tokens: the rest of the plan uses attention=fused" >&2
     ATTENTION=fused
+    unset REEL_TILED_TILES
     reel_job "${VARIANTS%% *}" fused 21,30,52 bf16 1
     best=$(fastest_variant 21,30,52)
   fi
   best=${best:-${VARIANTS%% *}}
   echo "fastest variant at 8190 tokens: $best" >&2
+  profile_job "$best" "$ATTENTION" 21,30,52
   if [[ ${ENCODERS:-1} == 1 ]]; then
     encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
     encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"

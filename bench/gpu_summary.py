@@ -3,13 +3,14 @@
     python3 bench/gpu_summary.py MANIFEST OUT GPU DATE PLAN BUDGET_S
 
 Each manifest line is one job (`kind` reel | torch | breakdown | encoder | attention |
-torch-attention, its settings, the `file` holding its `--json` output, the exit status `rc` or
+torch-attention | kernels, its settings, the `file` holding its `--json` output, the exit status `rc` or
 "skipped", the GPU memory peak `mem`). Reel rows are joined with the PyTorch run of the same
 shape, dtype and checkpointing. Reel's notes on stderr (`reel: ...`, e.g. a kernel that cannot
 run and what runs instead) are kept with each job's results and listed under the tables.
 """
 
 import json
+import re
 import sys
 
 
@@ -124,6 +125,63 @@ def attention_of(jobs):
     return out
 
 
+DURATION = re.compile(r"^\| *([0-9.]+)(ns|µs|us|ms|s) *\| (.+)$")
+UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def kernel_times(log):
+    """Per kernel name (CubeCL's, runtime suffix dropped): launches and total ms of the later
+    half of its launches in CubeCL's profiling log (`| 1.2ms | Name | CudaRuntime` per launch;
+    the earlier half is the warm-up step's, compilation included)."""
+    launches = {}
+    for line in open(log, encoding="utf-8", errors="replace"):
+        m = DURATION.match(line.strip())
+        if m:
+            name = re.sub(r" \| \w+Runtime$", "", m.group(3).strip())
+            launches.setdefault(name, []).append(float(m.group(1)) * UNIT_MS[m.group(2)])
+    kept = {n: d[len(d) - len(d) // 2:] for n, d in launches.items()}
+    return sorted(((n, len(d), sum(d)) for n, d in kept.items() if d), key=lambda t: -t[2])
+
+
+def kernels_of(jobs):
+    """The profiled step's kernels, most time first: name, launches, ms, share."""
+    out = []
+    for j in (j for j in jobs if j["kind"] == "kernels"):
+        try:
+            times = kernel_times(j["log"])
+        except Exception as e:
+            out.append(dict(variant=j["variant"], attention=j["attention"], shape=j["shape"],
+                            error=error(j) if j["rc"] != "0" else f"no profile log ({e})"))
+            continue
+        total = sum(ms for _, _, ms in times) or 1.0
+        out.append(dict(variant=j["variant"], attention=j["attention"], shape=j["shape"],
+                        rc=j["rc"], total_ms=total,
+                        kernels=[dict(name=n, launches=c, ms=ms, share=ms / total)
+                                 for n, c, ms in times]))
+    return out
+
+
+def kernel_lines(profiles, top=15):
+    lines = []
+    for p in profiles:
+        lines += ["", f"Kernels of one profiled step ({p['variant']}, {p['attention']}, "
+                  f"latent {p.get('shape', '')}, bf16, checkpointing; each launch timed alone):"]
+        if "error" in p:
+            lines.append(failed(p["error"]))
+            continue
+        lines += ["", "| kernel | launches | ms | share |", "|---|---|---|---|"]
+        for k in p["kernels"][:top]:
+            name = k["name"].replace("|", "/")
+            lines.append(f"| {name} | {k['launches']} | {k['ms']:.1f} | {100 * k['share']:.1f} % |")
+        rest = p["kernels"][top:]
+        if rest:
+            ms = sum(k["ms"] for k in rest)
+            lines.append(f"| {len(rest)} others | {sum(k['launches'] for k in rest)} | {ms:.1f} | "
+                         f"{100 * ms / p['total_ms']:.1f} % |")
+        lines.append(f"| total | | {p['total_ms']:.1f} | |")
+    return lines
+
+
 def failed(err):
     return err if err.startswith(("skipped", "stopped")) else "failed: " + err
 
@@ -149,7 +207,7 @@ def attention_lines(attention):
     return lines
 
 
-def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=()):
+def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profiles=()):
     lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
              "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | "
              "Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
@@ -164,6 +222,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=()):
                      f"{fmt(r['reel_gpu_mib'], 0)} | {fmt(r['torch_gpu_mib'], 0)} |")
     if attention:
         lines += attention_lines(attention)
+    lines += kernel_lines(profiles)
     for b in breakdowns:
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
                 f"shapes, attention {b.get('attention', 'flash')})" if b["method"].endswith(".toml")
@@ -201,15 +260,15 @@ def main():
     commit = sys.argv[7] if len(sys.argv) > 7 else None
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
-    attention = attention_of(jobs)
+    attention, profiles = attention_of(jobs), kernels_of(jobs)
     skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
                for j in jobs if j["rc"] == "skipped"]
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
                    budget_s=int(budget) if budget else None,
-                   rows=rows, attention=attention, breakdowns=breakdowns, encoders=encoders,
-                   skipped=skipped),
+                   rows=rows, attention=attention, kernels=profiles, breakdowns=breakdowns,
+                   encoders=encoders, skipped=skipped),
               open(out + ".json", "w"), indent=1)
-    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention)
+    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles)
     if commit:
         md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)
