@@ -68,8 +68,9 @@ case $PLAN in
     # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
     ATTENTION=${ATTENTION:-pick}
     # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
-    # (`r`: the backward's sums in registers, `p`: streamed tiles prefetched).
-    TILES=${TILES-"64x64x128p 64x64x256p 64x64x128r 64x64x256rp 32x64x128r forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
+    # (`p`: streamed tiles prefetched, `w`: the forward's rows split among planes, `r`: the
+    # backward's sums in registers; tiles.rs).
+    TILES=${TILES-"64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x256rp 32x64x128r forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.

@@ -17,6 +17,7 @@ use cubecl::ir::{ElemType, FloatKind, UIntKind};
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl::{Compiler, CubeTask};
+use reel_models::wan::fused_attention::strips;
 use reel_models::wan::fused_attention::tiled_kernels as k;
 use reel_models::wan::fused_attention::tiles::{
     padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
@@ -78,9 +79,31 @@ fn source(
             units,
             registers,
             prefetch,
+            strips,
         },
     ) = (client.clone(), tiles);
     match kernel {
+        Kernel::Forward if strips => compile(strips::tiled_forward_strips::TiledForwardStrips::<
+            WgpuRuntime,
+        >::new(
+            settings,
+            client,
+            t(),
+            t(),
+            t(),
+            t(),
+            t(),
+            (),
+            VECTOR,
+            dp,
+            dp,
+            rows,
+            cols,
+            units,
+            true,
+            prefetch,
+            dtype,
+        )),
         Kernel::Forward => compile(k::tiled_forward::TiledForward::<WgpuRuntime>::new(
             settings,
             client,

@@ -17,6 +17,7 @@ mod fragments;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
+pub mod strips;
 mod tile_ops;
 pub mod tiled;
 pub mod tiled_kernels;

@@ -210,9 +210,50 @@ pub(super) fn product<F: Float>(
     #[comptime] units: usize,
 ) {
     if comptime![tc] {
-        tensor_core_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+        let tiles = comptime![(m / TILE) * (n / TILE)];
+        let first = UNIT_POS_Y as usize;
+        tensor_core_product::<F>(a, b, c, first, tiles, units / 32, n, kd, b_t, accumulate);
     } else {
-        unit_product::<F>(a, b, c, m, n, kd, b_t, accumulate, units);
+        let unit = UNIT_POS as usize;
+        unit_product::<F>(a, b, c, 0, unit, m, n, kd, b_t, accumulate, units);
+    }
+}
+
+/// [`product`] for the 16 rows `row0 ..` of `a` and `c` alone, by one plane (32 units; the
+/// caller syncs the plane, `sync_strip`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn strip_product<F: Float>(
+    a: &SharedMemory<F>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
+    row0: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+    #[comptime] accumulate: bool,
+    #[comptime] tc: bool,
+) {
+    if comptime![tc] {
+        let first = (row0 / TILE) * comptime![n / TILE];
+        let end = first + comptime![n / TILE];
+        tensor_core_product::<F>(a, b, c, first, end, 1usize, n, kd, b_t, accumulate);
+    } else {
+        let lane = UNIT_POS_X as usize;
+        unit_product::<F>(a, b, c, row0, lane, TILE, n, kd, b_t, accumulate, 32usize);
+    }
+}
+
+/// Synchronise the units that share a 16-row strip: its plane with tensor-core products
+/// (planes of 32 units, which `tiled::check` requires), else the whole cube (devices whose
+/// hardware planes are narrower than 32 units, such as lavapipe's; every unit of the cube
+/// reaches the same syncs).
+#[cube]
+pub(super) fn sync_strip(#[comptime] tc: bool) {
+    if comptime![tc] {
+        sync_plane();
+    } else {
+        sync_cube();
     }
 }
 
@@ -235,27 +276,27 @@ pub(super) fn tile_of<E: Numeric>(
     smem.slice(at, at + (TILE - 1) * ld + TILE)
 }
 
-/// [`product`] with cooperative-matrix instructions: plane `p` computes the 16×16 output
-/// tiles `p, p + planes, …`, accumulating in float32 over `kd / 16` steps.
+/// [`product`] with cooperative-matrix instructions: the plane computes the 16×16 output
+/// tiles `first, first + step, …` before `end` (tile `t` at row `t / (n / 16)` and column
+/// `t % (n / 16)` of the output's tiles), accumulating in float32 over `kd / 16` steps.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tensor_core_product<F: Float>(
     a: &SharedMemory<F>,
     b: &SharedMemory<F>,
     c: &mut SharedMemory<f32>,
-    #[comptime] m: usize,
+    first: usize,
+    end: usize,
+    #[comptime] step: usize,
     #[comptime] n: usize,
     #[comptime] kd: usize,
     #[comptime] b_t: bool,
     #[comptime] accumulate: bool,
-    #[comptime] units: usize,
 ) {
-    let planes = comptime![units / 32];
     let ldc = comptime![n + PAD_FLOAT];
     let tiles_n = comptime![n / TILE];
-    let tiles = comptime![(m / TILE) * (n / TILE)];
-    let mut t = UNIT_POS_Y as usize;
-    while t < tiles {
+    let mut t = first;
+    while t < end {
         let row0 = (t / tiles_n) * TILE;
         let col0 = (t % tiles_n) * TILE;
         let c_at = row0 * ldc + col0;
@@ -272,7 +313,7 @@ pub(super) fn tensor_core_product<F: Float>(
         tile_steps::<F>(a, b, &acc, row0, col0, n, kd, b_t);
         let mut out = c.slice_mut(c_at, c_at + (TILE - 1) * ldc + TILE);
         cmma::store(&mut out, &acc, ldc as u32, cmma::MatrixLayout::RowMajor);
-        t += planes;
+        t += step;
     }
 }
 
@@ -309,13 +350,16 @@ pub(super) fn tile_steps<F: Float>(
     }
 }
 
-/// [`product`] on plain units: one output value per unit and step, float32 sums.
+/// [`product`] on plain units for rows `row0 .. row0 + m` of `a` and `c`: unit `unit` of
+/// `units` computes every `units`-th output value, float32 sums.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn unit_product<F: Float>(
     a: &SharedMemory<F>,
     b: &SharedMemory<F>,
     c: &mut SharedMemory<f32>,
+    row0: usize,
+    unit: usize,
     #[comptime] m: usize,
     #[comptime] n: usize,
     #[comptime] kd: usize,
@@ -326,9 +370,9 @@ pub(super) fn unit_product<F: Float>(
     let lda = comptime![kd + PAD_OPERAND];
     let ldb = comptime![n + PAD_OPERAND];
     let ldc = comptime![n + PAD_FLOAT];
-    let mut idx = UNIT_POS as usize;
+    let mut idx = unit;
     while idx < m * n {
-        let i = idx / n;
+        let i = row0 + idx / n;
         let j = idx % n;
         let mut sum = 0.0f32;
         if comptime![accumulate] {

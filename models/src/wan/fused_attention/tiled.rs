@@ -16,6 +16,7 @@ use burn_cubecl::CubeRuntime;
 use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 
+use super::strips;
 use super::tiled_kernels::{self as kernels, TILE};
 use super::tiles::{padded, shared_bytes, tile_shape, Kernel, Tiles, DEFAULT_SHAPES};
 
@@ -162,31 +163,41 @@ pub fn forward<R: CubeRuntime>(
     let (count, dim) = launch_dims(tiles, sq, b * h);
     let dtype = q.dtype;
     let vector = vector_size(&[&q, &k, &v]);
-    // SAFETY: every global read and write of the kernel is guarded by the tensor's own shape
-    // (rows past a sequence's end and columns past a head dim are skipped), shared-memory
-    // indices stay inside the arrays sized from the same comptime shapes, and `vector`
-    // divides every vectorized tensor's last dim, strides and offset.
-    unsafe {
-        kernels::tiled_forward::launch_unchecked::<R>(
-            &q.client.clone(),
-            count,
-            dim,
-            vector,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            1.0 / (d as f32).sqrt(),
-            padded(d),
-            padded(dv),
-            tiles.rows,
-            tiles.cols,
-            tiles.units,
-            tc,
-            tiles.prefetch,
-            dtype.into(),
-        );
+    // Both forwards take the same arguments.
+    macro_rules! launch {
+        ($kernel:path) => {
+            // SAFETY: every global read and write of the kernel is guarded by the tensor's own
+            // shape (rows past a sequence's end and columns past a head dim are skipped),
+            // shared-memory indices stay inside the arrays sized from the same comptime shapes,
+            // and `vector` divides every vectorized tensor's last dim, strides and offset.
+            unsafe {
+                $kernel(
+                    &q.client.clone(),
+                    count,
+                    dim,
+                    vector,
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    1.0 / (d as f32).sqrt(),
+                    padded(d),
+                    padded(dv),
+                    tiles.rows,
+                    tiles.cols,
+                    tiles.units,
+                    tc,
+                    tiles.prefetch,
+                    dtype.into(),
+                )
+            }
+        };
+    }
+    if tiles.strips {
+        launch!(strips::tiled_forward_strips::launch_unchecked::<R>);
+    } else {
+        launch!(kernels::tiled_forward::launch_unchecked::<R>);
     }
     Ok((out, lse))
 }

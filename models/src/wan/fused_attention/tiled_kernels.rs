@@ -22,7 +22,7 @@ use cubecl::prelude::*;
 use super::fragments::{accumulate, accumulators, exit_scratch, store_sums};
 use super::kernels::{offset, stat_offset, NEG_BIG, POS_BIG};
 use super::tile_ops::{
-    fill, load, product, stage, store_rows, stream, tile_registers, Registers, ALIGN,
+    fill, load, product, stage, store_rows, stream, sync_strip, tile_registers, Registers, ALIGN,
 };
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
 
@@ -33,9 +33,12 @@ pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
 /// `units / rows`-th column from a column that differs by row (so that the units of a plane
 /// read different memory banks), and combine their maxima and sums through `red` (`units`
 /// floats). Starts and ends with the cube in step (the caller syncs before and after).
+///
+/// With `strips`, each plane does this for its own 16 rows (`rows / 16` planes; two units per
+/// row), in step with itself only (`sync_strip`), for the kernels of `strips.rs`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn online_softmax<F: Float>(
+pub(super) fn online_softmax<F: Float>(
     s: &SharedMemory<f32>,
     p: &mut SharedMemory<F>,
     m: &mut SharedMemory<f32>,
@@ -47,12 +50,22 @@ fn online_softmax<F: Float>(
     #[comptime] rows: usize,
     #[comptime] cols: usize,
     #[comptime] units: usize,
+    #[comptime] strips: bool,
+    #[comptime] tc: bool,
 ) {
-    let share = comptime![units / rows];
+    // The units that share the work, and the rows they own: the cube's, or a plane's strip.
+    let (group, group_rows) = comptime![if strips { (32, TILE) } else { (units, rows) }];
+    let share = comptime![group / group_rows];
     let sweep = comptime![cols / share];
     let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
-    let unit = UNIT_POS as usize;
-    let (r, part) = (unit / share, unit % share);
+    let in_strip = comptime![if strips { 1usize } else { 0usize }];
+    let first = in_strip * UNIT_POS_Y as usize * 32;
+    let unit = UNIT_POS as usize - first;
+    let (r, part) = (
+        in_strip * UNIT_POS_Y as usize * TILE + unit / share,
+        unit % share,
+    );
+    let strip_sync = comptime![strips && tc];
     let mut mx = m[r];
     for step in 0..sweep {
         let j = ((step + r) % sweep) * share + part;
@@ -60,12 +73,12 @@ fn online_softmax<F: Float>(
             mx = f32::max(mx, s[r * ls + j] * scale);
         }
     }
-    red[unit] = mx;
-    sync_cube();
+    red[first + unit] = mx;
+    sync_strip(strip_sync);
     for x in 0..share {
-        mx = f32::max(mx, red[r * share + x]);
+        mx = f32::max(mx, red[first + (unit / share) * share + x]);
     }
-    sync_cube();
+    sync_strip(strip_sync);
     let mut sum = 0.0f32;
     for step in 0..sweep {
         let j = ((step + r) % sweep) * share + part;
@@ -76,12 +89,12 @@ fn online_softmax<F: Float>(
         p[r * lp + j] = F::cast_from(pj);
         sum += pj;
     }
-    red[unit] = sum;
-    sync_cube();
+    red[first + unit] = sum;
+    sync_strip(strip_sync);
     if part == 0 {
         let mut total = 0.0f32;
         for x in 0..share {
-            total += red[r * share + x];
+            total += red[first + (unit / share) * share + x];
         }
         let c = f32::exp(m[r] - mx);
         l[r] = l[r] * c + total;
@@ -95,7 +108,7 @@ fn online_softmax<F: Float>(
 /// tile (rows `0 .. cols`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn streamed<F: Float, N: Size>(
+pub(super) fn streamed<F: Float, N: Size>(
     a: &Tensor<Vector<F, N>>,
     b: &Tensor<Vector<F, N>>,
     bh: usize,
@@ -180,6 +193,8 @@ pub fn tiled_forward<F: Float, N: Size>(
             rows,
             cols,
             units,
+            false,
+            tc,
         );
         sync_cube();
         let mut idx = UNIT_POS as usize;

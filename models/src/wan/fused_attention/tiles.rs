@@ -75,6 +75,10 @@ pub struct Tiles {
     /// registers (the `p` suffix of a spec; `tile_ops::stream`): `cols × head dim / units`
     /// more elements of registers per unit and per streamed tensor, no more shared memory.
     pub prefetch: bool,
+    /// The forward runs with each plane owning 16 of the cube's rows (the `w` suffix of a
+    /// spec; `strips.rs`), which needs `rows = 16 × units / 32`. The backward kernels ignore
+    /// it.
+    pub strips: bool,
 }
 
 impl Tiles {
@@ -86,6 +90,7 @@ impl Tiles {
             units,
             registers: false,
             prefetch: false,
+            strips: false,
         }
     }
 
@@ -101,6 +106,14 @@ impl Tiles {
     pub const fn with_prefetch(self) -> Self {
         Self {
             prefetch: true,
+            ..self
+        }
+    }
+
+    /// These tiles with the forward's rows split among the planes, 16 each.
+    pub const fn with_strips(self) -> Self {
+        Self {
+            strips: true,
             ..self
         }
     }
@@ -125,6 +138,9 @@ impl Tiles {
         if units % rows != 0 || cols % (units / rows) != 0 {
             return Some("units / rows must be a whole number that divides cols".into());
         }
+        if self.strips && rows != TILE * units / 32 {
+            return Some(format!("with w, rows must be {TILE} per plane of 32 units"));
+        }
         None
     }
 }
@@ -133,13 +149,14 @@ impl fmt::Display for Tiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = if self.registers { "r" } else { "" };
         let p = if self.prefetch { "p" } else { "" };
-        write!(f, "{}x{}x{}{r}{p}", self.rows, self.cols, self.units)
+        let w = if self.strips { "w" } else { "" };
+        write!(f, "{}x{}x{}{r}{p}{w}", self.rows, self.cols, self.units)
     }
 }
 
 /// A tile spec that does not parse or names shapes the kernels cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r][p] or kernel=RxC[xU][r][p],..., kernels forward, backward_q, backward_kv)")]
+#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r][p][w] or kernel=RxC[xU][r][p][w],..., kernels forward, backward_q, backward_kv)")]
 pub struct TileSpecError {
     /// The spec as given.
     pub spec: String,
@@ -155,9 +172,10 @@ impl FromStr for Tiles {
             spec: s.into(),
             reason,
         };
-        // Flags after the numbers, in any order: `r` (registers), `p` (prefetch).
+        // Flags after the numbers, in any order: `r` (registers), `p` (prefetch), `w`
+        // (plane-owned strips).
         let t = s.trim();
-        let t = t.trim_end_matches(['r', 'p']);
+        let t = t.trim_end_matches(['r', 'p', 'w']);
         let flags = &s.trim()[t.len()..];
         let nums: Vec<usize> = t
             .split('x')
@@ -171,6 +189,7 @@ impl FromStr for Tiles {
         };
         tiles.registers = flags.contains('r');
         tiles.prefetch = flags.contains('p');
+        tiles.strips = flags.contains('w');
         match tiles.invalid() {
             Some(reason) => Err(err(reason)),
             None => Ok(tiles),
@@ -420,6 +439,12 @@ mod tests {
         }
         let fetch: Tiles = "64x32p".parse().unwrap();
         assert_eq!(fetch, Tiles::new(64, 32, UNITS).with_prefetch());
+        let strips: Tiles = "128x64x256wp".parse().unwrap();
+        assert_eq!(
+            strips,
+            Tiles::new(128, 64, 256).with_prefetch().with_strips()
+        );
+        assert_eq!(strips.to_string(), "128x64x256pw");
         for (spec, says) in [
             ("64", "two or three numbers"),
             ("64xa", "not a number"),
@@ -428,6 +453,7 @@ mod tests {
             ("64x64x100", "multiple of 32"),
             ("64x64x32", "must not exceed units"),
             ("32x16x96", "divides cols"),
+            ("32x64x128w", "16 per plane"),
             ("sideways=64x64", "unknown kernel"),
             ("forward=64x64,32x32", "has no `kernel=`"),
         ] {
