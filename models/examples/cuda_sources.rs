@@ -17,11 +17,11 @@ use cubecl::ir::{ElemType, FloatKind, UIntKind};
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl::{Compiler, CubeTask};
-use reel_models::wan::fused_attention::strips;
 use reel_models::wan::fused_attention::tiled_kernels as k;
 use reel_models::wan::fused_attention::tiles::{
     padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
 };
+use reel_models::wan::fused_attention::{strips, strips_backward};
 
 /// Elements per global load when staging tiles: 16 bytes of bf16/f16, what the kernels get for
 /// a contiguous head dim that 8 divides (Wan's q/k/v).
@@ -123,6 +123,54 @@ fn source(
             prefetch,
             dtype,
         )),
+        Kernel::BackwardQ if strips => compile(
+            strips_backward::tiled_backward_q_strips::TiledBackwardQStrips::<WgpuRuntime>::new(
+                settings,
+                client,
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                (),
+                VECTOR,
+                dp,
+                dp,
+                rows,
+                cols,
+                units,
+                true,
+                prefetch,
+                dtype,
+            ),
+        ),
+        Kernel::BackwardKv if strips => compile(
+            strips_backward::tiled_backward_kv_strips::TiledBackwardKvStrips::<WgpuRuntime>::new(
+                settings,
+                client,
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                t(),
+                (),
+                VECTOR,
+                dp,
+                dp,
+                rows,
+                cols,
+                units,
+                true,
+                prefetch,
+                dtype,
+            ),
+        ),
         Kernel::BackwardQ => compile(k::tiled_backward_q::TiledBackwardQ::<WgpuRuntime>::new(
             settings,
             client,

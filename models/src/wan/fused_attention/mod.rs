@@ -18,6 +18,7 @@ mod fragments;
 mod fusion;
 pub mod kernels;
 pub mod strips;
+pub mod strips_backward;
 mod tile_ops;
 pub mod tiled;
 pub mod tiled_kernels;

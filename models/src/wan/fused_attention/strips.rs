@@ -24,63 +24,64 @@ use super::tile_ops::{
 };
 use super::tiled_kernels::{online_softmax, streamed};
 
-/// The plane's 16 query rows `row0 ..` of `qs` (`rows × dp`, padded rows) as `dp / 16`
-/// tensor-core operand fragments (tensor-core products only; none otherwise).
+/// The plane's 16 rows `row0 ..` of `a` (`rows × kd`, padded rows) as `kd / 16` tensor-core
+/// operand fragments (tensor-core products only; none otherwise).
 #[cube]
-fn query_fragments<F: Float>(
-    qs: &SharedMemory<F>,
+pub(super) fn strip_fragments<F: Float>(
+    a: &SharedMemory<F>,
     row0: usize,
-    #[comptime] dp: usize,
+    #[comptime] kd: usize,
     #[comptime] tc: bool,
 ) -> Sequence<cmma::Matrix<F>> {
-    let ld = comptime![dp + PAD_OPERAND];
+    let ld = comptime![kd + PAD_OPERAND];
     let mut frags = Sequence::new();
     #[unroll]
-    for step in 0..comptime![if tc { dp / TILE } else { 0 }] {
-        let a = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
-        cmma::load(&a, &tile_of(qs, row0 * ld + step * TILE, ld), ld as u32);
-        frags.push(a);
+    for step in 0..comptime![if tc { kd / TILE } else { 0 }] {
+        let frag = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+        cmma::load(&frag, &tile_of(a, row0 * ld + step * TILE, ld), ld as u32);
+        frags.push(frag);
     }
     frags
 }
 
-/// Scores of the plane's strip: `s[row0 .. row0 + 16, ..cols] = q·kᵀ` with `q` the strip's
-/// operand fragments `qf` (tensor cores) or its rows of `qs` (units), `ks` a `cols × dp` tile.
+/// The plane's strip of `c = a·bᵀ`: `c[row0 .. row0 + 16, ..cols]` (float32, overwritten)
+/// with `a`'s strip as its operand fragments `af` ([`strip_fragments`], tensor cores) or its
+/// rows of `a` (`rows × kd`, units), `b` a `cols × kd` tile.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn strip_scores<F: Float>(
-    qs: &SharedMemory<F>,
-    qf: &Sequence<cmma::Matrix<F>>,
-    ks: &SharedMemory<F>,
-    s: &mut SharedMemory<f32>,
+pub(super) fn strip_scores<F: Float>(
+    a: &SharedMemory<F>,
+    af: &Sequence<cmma::Matrix<F>>,
+    b: &SharedMemory<F>,
+    c: &mut SharedMemory<f32>,
     row0: usize,
     #[comptime] cols: usize,
-    #[comptime] dp: usize,
+    #[comptime] kd: usize,
     #[comptime] tc: bool,
 ) {
     if comptime![tc] {
-        let (lk, ls) = comptime![(dp + PAD_OPERAND, cols + PAD_FLOAT)];
+        let (lb, lc) = comptime![(kd + PAD_OPERAND, cols + PAD_FLOAT)];
         #[unroll]
-        for c in 0..comptime![cols / TILE] {
+        for col in 0..comptime![cols / TILE] {
             let acc = fragment::<f32>(
                 cmma::MatrixIdent::Accumulator,
                 cmma::MatrixLayout::Undefined,
             );
             cmma::fill(&acc, 0.0f32);
             #[unroll]
-            for step in 0..comptime![dp / TILE] {
-                // `kᵀ` (`dp × cols`) is `k` (`cols × dp`, padded rows) read column-major.
-                let b = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
-                let at = c * comptime![TILE * (dp + PAD_OPERAND)] + step * TILE;
-                cmma::load(&b, &tile_of(ks, at, lk), lk as u32);
-                cmma::execute::<F, F, f32, f32>(qf.index(step), &b, &acc, &acc);
+            for step in 0..comptime![kd / TILE] {
+                // `bᵀ` (`kd × cols`) is `b` (`cols × kd`, padded rows) read column-major.
+                let bf = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+                let at = col * comptime![TILE * (kd + PAD_OPERAND)] + step * TILE;
+                cmma::load(&bf, &tile_of(b, at, lb), lb as u32);
+                cmma::execute::<F, F, f32, f32>(af.index(step), &bf, &acc, &acc);
             }
-            let at = row0 * ls + c * TILE;
-            let mut out = s.slice_mut(at, at + (TILE - 1) * ls + TILE);
-            cmma::store(&mut out, &acc, ls as u32, cmma::MatrixLayout::RowMajor);
+            let at = row0 * lc + col * TILE;
+            let mut out = c.slice_mut(at, at + (TILE - 1) * lc + TILE);
+            cmma::store(&mut out, &acc, lc as u32, cmma::MatrixLayout::RowMajor);
         }
     } else {
-        strip_product::<F>(qs, ks, s, row0, cols, dp, true, false, false);
+        strip_product::<F>(a, b, c, row0, cols, kd, true, false, false);
     }
 }
 
@@ -132,7 +133,7 @@ pub fn tiled_forward_strips<F: Float, N: Size>(
     fill(&mut m, f32::new(NEG_BIG), rows, units);
     fill(&mut l, 0.0f32, rows, units);
     sync_cube();
-    let qf = query_fragments::<F>(&qs, strip, dp, tc);
+    let qf = strip_fragments::<F>(&qs, strip, dp, tc);
     let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
 
     for t in 0..seq_k.div_ceil(cols) {

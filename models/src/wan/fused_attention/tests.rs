@@ -456,8 +456,8 @@ macro_rules! backend_tests {
                 for spec in [
                     "forward=16x32x256,backward_q=16x16x64,backward_kv=16x16x32",
                     "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
-                    // The forward's rows split among planes, 16 each: 1 and 2 planes.
-                    "forward=16x32x32w,backward_q=16x16x64",
+                    // The cube's rows split among planes, 16 each: 1 and 2 planes.
+                    "forward=16x32x32w,backward_q=16x16x32w,backward_kv=16x16x32pw",
                     "forward=32x16x64pw",
                 ] {
                     let choice: tiles::TileChoice = spec.parse().expect("a valid spec");
@@ -473,6 +473,17 @@ macro_rules! backend_tests {
                     }
                     check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
                 }
+                // Two planes' strips in the backward: 32-row cubes fit lavapipe's 32 KiB at the
+                // smaller head dims of `TILED_SHAPES` (the larger ones take the defaults).
+                let choice: tiles::TileChoice = "32x16x64w".parse().expect("a valid spec");
+                tiles::set_tiles(choice);
+                let client = <$runtime as cubecl::Runtime>::client(&Default::default());
+                let have = client.properties().hardware.max_shared_memory_size;
+                for kernel in tiles::Kernel::ALL {
+                    let used = tiles::tile_shape(kernel, 16, 16, 4, have, false);
+                    assert_eq!(used, choice.get(kernel), "{kernel:?} with {have} bytes");
+                }
+                check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
                 tiles::set_tiles(tiles::TileChoice::default());
             }
 
@@ -580,7 +591,7 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 
 /// The tensor-core kernels with other launch shapes: the backward's sums in register
 /// fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles prefetched
-/// (`p`), the forward's rows split among planes (`w`). (The choice is process-wide; any valid
+/// (`p`), the cube's rows split among planes (`w`). (The choice is process-wide; any valid
 /// shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
@@ -593,8 +604,8 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
         "forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r",
         "64x64x128p",
         "forward=64x64x256p,backward_q=64x64x256rp,backward_kv=32x64x128rp",
-        "forward=64x64x128w",
-        "forward=128x64x256pw",
+        "64x64x128w",
+        "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
     ] {
         tiles::set_tiles(spec.parse().expect("a valid spec"));
         eprintln!("tiles {spec}");

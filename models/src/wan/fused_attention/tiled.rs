@@ -16,9 +16,9 @@ use burn_cubecl::CubeRuntime;
 use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 
-use super::strips;
 use super::tiled_kernels::{self as kernels, TILE};
 use super::tiles::{padded, shared_bytes, tile_shape, Kernel, Tiles, DEFAULT_SHAPES};
+use super::{strips, strips_backward};
 
 /// How the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,58 +230,89 @@ pub fn backward<R: CubeRuntime>(
     let scale = 1.0 / (d as f32).sqrt();
     let client = q.client.clone();
     let vector = vector_size(&[&q, &k, &v, &o, &d_out]);
-    let (count, dim) = launch_dims(tiles_q, sq, b * h);
-    // SAFETY: as in `forward`: guarded global accesses, shared memory sized from the same
-    // comptime shapes, `vector` dividing every vectorized tensor's layout.
-    unsafe {
-        kernels::tiled_backward_q::launch_unchecked::<R>(
-            &client,
-            count,
-            dim,
-            vector,
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            o.into_tensor_arg(),
-            d_out.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            delta.clone().into_tensor_arg(),
-            scale,
-            padded(d),
-            padded(dv),
-            tiles_q.rows,
-            tiles_q.cols,
-            tiles_q.units,
-            tc,
-            tiles_q.registers,
-            tiles_q.prefetch,
-            dtype.into(),
+    let (dims_q, dims_kv) = (
+        launch_dims(tiles_q, sq, b * h),
+        launch_dims(tiles_kv, sk, b * h),
+    );
+    // The kernels with and without plane-owned strips take the same arguments, less the
+    // register sums' flag (`$regs`) for the strips.
+    macro_rules! launch_q {
+        ($kernel:path $(, $regs:expr)?) => {
+            // SAFETY: as in `forward`: guarded global accesses, shared memory sized from the
+            // same comptime shapes, `vector` dividing every vectorized tensor's layout.
+            unsafe {
+                $kernel(
+                    &client,
+                    dims_q.0,
+                    dims_q.1,
+                    vector,
+                    q.clone().into_tensor_arg(),
+                    k.clone().into_tensor_arg(),
+                    v.clone().into_tensor_arg(),
+                    o.into_tensor_arg(),
+                    d_out.clone().into_tensor_arg(),
+                    lse.clone().into_tensor_arg(),
+                    dq.clone().into_tensor_arg(),
+                    delta.clone().into_tensor_arg(),
+                    scale,
+                    padded(d),
+                    padded(dv),
+                    tiles_q.rows,
+                    tiles_q.cols,
+                    tiles_q.units,
+                    tc,
+                    $($regs,)?
+                    tiles_q.prefetch,
+                    dtype.into(),
+                )
+            }
+        };
+    }
+    macro_rules! launch_kv {
+        ($kernel:path $(, $regs:expr)?) => {
+            // SAFETY: as above.
+            unsafe {
+                $kernel(
+                    &client,
+                    dims_kv.0,
+                    dims_kv.1,
+                    vector,
+                    q.into_tensor_arg(),
+                    k.into_tensor_arg(),
+                    v.into_tensor_arg(),
+                    d_out.into_tensor_arg(),
+                    lse.into_tensor_arg(),
+                    delta.into_tensor_arg(),
+                    dk.clone().into_tensor_arg(),
+                    dvt.clone().into_tensor_arg(),
+                    scale,
+                    padded(d),
+                    padded(dv),
+                    tiles_kv.rows,
+                    tiles_kv.cols,
+                    tiles_kv.units,
+                    tc,
+                    $($regs,)?
+                    tiles_kv.prefetch,
+                    dtype.into(),
+                )
+            }
+        };
+    }
+    if tiles_q.strips {
+        launch_q!(strips_backward::tiled_backward_q_strips::launch_unchecked::<R>);
+    } else {
+        launch_q!(
+            kernels::tiled_backward_q::launch_unchecked::<R>,
+            tiles_q.registers
         );
-        let (count, dim) = launch_dims(tiles_kv, sk, b * h);
-        kernels::tiled_backward_kv::launch_unchecked::<R>(
-            &client,
-            count,
-            dim,
-            vector,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            d_out.into_tensor_arg(),
-            lse.into_tensor_arg(),
-            delta.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dvt.clone().into_tensor_arg(),
-            scale,
-            padded(d),
-            padded(dv),
-            tiles_kv.rows,
-            tiles_kv.cols,
-            tiles_kv.units,
-            tc,
-            tiles_kv.registers,
-            tiles_kv.prefetch,
-            dtype.into(),
+    }
+    if tiles_kv.strips {
+        launch_kv!(strips_backward::tiled_backward_kv_strips::launch_unchecked::<R>);
+    } else {
+        launch_kv!(
+            kernels::tiled_backward_kv::launch_unchecked::<R>,
+            tiles_kv.registers
         );
     }
     Ok((dq, dk, dvt))

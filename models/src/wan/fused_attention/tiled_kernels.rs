@@ -222,6 +222,78 @@ pub fn tiled_forward<F: Float, N: Size>(
     }
 }
 
+/// The backward's statistics of the cube's query rows `row0 .. row0 + rows`, one unit per row:
+/// `Δ = Σ dO∘O` (written to `delta`, float32 `[B, H, Sq]`, and `deltas`) and the saved
+/// log-sum-exp (into `lses`); rows past the sequence's end get `Δ = 0` and a log-sum-exp that
+/// zeroes their probabilities.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn query_stats<F: Float, N: Size>(
+    out: &Tensor<Vector<F, N>>,
+    d_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &mut Tensor<f32>,
+    lses: &mut SharedMemory<f32>,
+    deltas: &mut SharedMemory<f32>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+) {
+    let heads = out.shape(1);
+    let seq_q = out.shape(2);
+    let dv = out.shape(3);
+    let r = UNIT_POS as usize;
+    if r < rows {
+        let row = row0 + r;
+        let mut row_lse = f32::new(POS_BIG);
+        let mut dlt = 0.0f32;
+        if row < seq_q {
+            // `N` divides `dv` (the launcher's choice).
+            let n = out.vector_size();
+            for c in 0..dv / n {
+                let o_rc = out[offset(out, bh, heads, row, c * n) / n];
+                let g_rc = d_out[offset(d_out, bh, heads, row, c * n) / n];
+                #[unroll]
+                for j in 0..n {
+                    dlt += f32::cast_from(g_rc[j]) * f32::cast_from(o_rc[j]);
+                }
+            }
+            row_lse = lse[stat_offset(lse, bh, heads, row)];
+            delta[stat_offset(delta, bh, heads, row)] = dlt;
+        }
+        lses[r] = row_lse;
+        deltas[r] = dlt;
+    }
+}
+
+/// The saved log-sum-exp and `Δ` of the streamed query rows `q0 .. q0 + cols` into `lses` and
+/// `deltas`, one unit per row (rows past the sequence's end: probabilities 0).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn streamed_stats(
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    lses: &mut SharedMemory<f32>,
+    deltas: &mut SharedMemory<f32>,
+    bh: usize,
+    q0: usize,
+    #[comptime] cols: usize,
+) {
+    let heads = lse.shape(1);
+    let seq_q = lse.shape(2);
+    let j = UNIT_POS as usize;
+    if j < cols {
+        let mut lv = f32::new(POS_BIG);
+        let mut dl = 0.0f32;
+        if q0 + j < seq_q {
+            lv = lse[stat_offset(lse, bh, heads, q0 + j)];
+            dl = delta[stat_offset(delta, bh, heads, q0 + j)];
+        }
+        lses[j] = lv;
+        deltas[j] = dl;
+    }
+}
+
 /// Backward, query side: `delta = Δ = Σ dO∘O` per query row (float32 `[B, H, Sq]`, read by
 /// [`tiled_backward_kv`](fn@tiled_backward_kv)) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
 /// from the saved log-sum-exp.
@@ -248,10 +320,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
-    let heads = q.shape(1);
-    let seq_q = q.shape(2);
     let seq_k = k.shape(2);
-    let dv = v.shape(3);
     let row0 = CUBE_POS_X as usize * rows;
 
     let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
@@ -277,28 +346,17 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     if comptime![!regs] {
         fill(&mut dqs, 0.0f32, rows * lq, units);
     }
-    let r = UNIT_POS as usize;
-    if r < rows {
-        let row = row0 + r;
-        let mut row_lse = f32::new(POS_BIG);
-        let mut dlt = 0.0f32;
-        if row < seq_q {
-            // `N` divides `dv` (the launcher's choice).
-            let n = out.vector_size();
-            for c in 0..dv / n {
-                let o_rc = out[offset(out, bh, heads, row, c * n) / n];
-                let g_rc = d_out[offset(d_out, bh, heads, row, c * n) / n];
-                #[unroll]
-                for j in 0..n {
-                    dlt += f32::cast_from(g_rc[j]) * f32::cast_from(o_rc[j]);
-                }
-            }
-            row_lse = lse[stat_offset(lse, bh, heads, row)];
-            delta[stat_offset(delta, bh, heads, row)] = dlt;
-        }
-        lses[r] = row_lse;
-        deltas[r] = dlt;
-    }
+    query_stats(
+        out,
+        d_out,
+        lse,
+        delta,
+        &mut lses,
+        &mut deltas,
+        bh,
+        row0,
+        rows,
+    );
 
     let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
     for t in 0..seq_k.div_ceil(cols) {
@@ -375,7 +433,6 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
-    let heads = q.shape(1);
     let seq_q = q.shape(2);
     let row0 = CUBE_POS_X as usize * rows;
 
@@ -416,17 +473,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         stream(
             d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
         );
-        let j = UNIT_POS as usize;
-        if j < cols {
-            let mut lv = f32::new(POS_BIG);
-            let mut dl = 0.0f32;
-            if q0 + j < seq_q {
-                lv = lse[stat_offset(lse, bh, heads, q0 + j)];
-                dl = delta[stat_offset(delta, bh, heads, q0 + j)];
-            }
-            lses[j] = lv;
-            deltas[j] = dl;
-        }
+        streamed_stats(lse, delta, &mut lses, &mut deltas, bh, q0, cols);
         sync_cube();
         product::<F>(&ks, &qs, &mut st, rows, cols, dp, true, false, tc, units);
         product::<F>(&vs, &dos, &mut dpt, rows, cols, dvp, true, false, tc, units);

@@ -75,9 +75,8 @@ pub struct Tiles {
     /// registers (the `p` suffix of a spec; `tile_ops::stream`): `cols × head dim / units`
     /// more elements of registers per unit and per streamed tensor, no more shared memory.
     pub prefetch: bool,
-    /// The forward runs with each plane owning 16 of the cube's rows (the `w` suffix of a
-    /// spec; `strips.rs`), which needs `rows = 16 × units / 32`. The backward kernels ignore
-    /// it.
+    /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
+    /// `strips_backward.rs`), which needs `rows = 16 × units / 32`; not with `registers`.
     pub strips: bool,
 }
 
@@ -110,7 +109,7 @@ impl Tiles {
         }
     }
 
-    /// These tiles with the forward's rows split among the planes, 16 each.
+    /// These tiles with the cube's rows split among the planes, 16 each.
     pub const fn with_strips(self) -> Self {
         Self {
             strips: true,
@@ -140,6 +139,11 @@ impl Tiles {
         }
         if self.strips && rows != TILE * units / 32 {
             return Some(format!("with w, rows must be {TILE} per plane of 32 units"));
+        }
+        if self.strips && self.registers {
+            return Some(
+                "w and r do not combine (the strips keep their sums in shared memory)".into(),
+            );
         }
         None
     }
@@ -454,6 +458,7 @@ mod tests {
             ("64x64x32", "must not exceed units"),
             ("32x16x96", "divides cols"),
             ("32x64x128w", "16 per plane"),
+            ("64x64x128rw", "do not combine"),
             ("sideways=64x64", "unknown kernel"),
             ("forward=64x64,32x32", "has no `kernel=`"),
         ] {
