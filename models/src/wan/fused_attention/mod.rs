@@ -17,6 +17,8 @@ mod fragments;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
+mod rows;
+mod staging;
 pub mod strips;
 pub mod strips_backward;
 mod tile_ops;

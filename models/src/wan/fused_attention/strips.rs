@@ -18,11 +18,11 @@
 use cubecl::prelude::*;
 
 use super::kernels::{offset, stat_offset, NEG_BIG};
+use super::rows::online_softmax;
+use super::staging::{fill, stage, stream, streamed};
 use super::tile_ops::{
-    fill, fragment, stage, stream, strip_product, sync_strip, tile_of, ALIGN, PAD_FLOAT,
-    PAD_OPERAND, TILE,
+    fragment, strip_product, sync_strip, tile_of, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE,
 };
-use super::tiled_kernels::{online_softmax, streamed};
 
 /// The plane's 16 rows `row0 ..` of `a` (`rows × kd`, padded rows) as `kd / 16` tensor-core
 /// operand fragments (tensor-core products only; none otherwise).

@@ -13,11 +13,10 @@
 
 use cubecl::prelude::*;
 
+use super::rows::{query_stats, streamed_stats};
+use super::staging::{fill, stage, store_rows, stream, streamed};
 use super::strips::{strip_fragments, strip_scores};
-use super::tile_ops::{
-    fill, stage, store_rows, stream, strip_product, sync_strip, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE,
-};
-use super::tiled_kernels::{query_stats, streamed, streamed_stats};
+use super::tile_ops::{strip_product, sync_strip, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE};
 
 /// Backward, query side, with plane-owned strips: `delta` (`Δ` per query row) and
 /// `dq = scale·dS·k`, `dS = P∘(dO·vᵀ − Δ)`; `rows = 16 × units / 32`.

@@ -10,9 +10,11 @@
 //! `w` keeps `w + PAD_OPERAND` (`F`) or `w + PAD_FLOAT` (float32) elements per row, so that
 //! consecutive rows start in different memory banks.
 //!
-//! The staging, storing and tile products are in the `tile_ops` module: a product runs either as
+//! Staging and storing are in the `staging` module, the softmax and the backward's row
+//! statistics in `rows`, the tile products in `tile_ops`: a product runs either as
 //! cooperative-matrix (tensor-core) instructions or, with `tc = false`, as plain unit loops
-//! over the same shared memory.
+//! over the same shared memory. `strips.rs` and `strips_backward.rs` hold the variants whose
+//! planes own 16-row strips (`w`).
 
 // The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
@@ -20,112 +22,11 @@
 use cubecl::prelude::*;
 
 use super::fragments::{accumulate, accumulators, exit_scratch, store_sums};
-use super::kernels::{offset, stat_offset, NEG_BIG, POS_BIG};
-use super::tile_ops::{
-    fill, load, product, stage, store_rows, stream, sync_strip, tile_registers, Registers, ALIGN,
-};
+use super::kernels::{offset, stat_offset, NEG_BIG};
+use super::rows::{online_softmax, query_stats, streamed_stats};
+use super::staging::{fill, stage, store_rows, stream, streamed};
+use super::tile_ops::{product, ALIGN};
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
-
-/// One key tile of the forward's online softmax: from the scores `s` (`rows × cols`, padded
-/// rows `ls`) of the first `valid` keys, the probabilities `p` (in `F`) against the running row
-/// maxima `m`, the running sums `l` and the factors `corr` that rescale the output so far.
-/// `units / rows` units share a row (`units` a multiple of `rows`), each sweeping every
-/// `units / rows`-th column from a column that differs by row (so that the units of a plane
-/// read different memory banks), and combine their maxima and sums through `red` (`units`
-/// floats). Starts and ends with the cube in step (the caller syncs before and after).
-///
-/// With `strips`, each plane does this for its own 16 rows (`rows / 16` planes; two units per
-/// row), in step with itself only (`sync_strip`), for the kernels of `strips.rs`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn online_softmax<F: Float>(
-    s: &SharedMemory<f32>,
-    p: &mut SharedMemory<F>,
-    m: &mut SharedMemory<f32>,
-    l: &mut SharedMemory<f32>,
-    corr: &mut SharedMemory<f32>,
-    red: &mut SharedMemory<f32>,
-    scale: f32,
-    valid: usize,
-    #[comptime] rows: usize,
-    #[comptime] cols: usize,
-    #[comptime] units: usize,
-    #[comptime] strips: bool,
-    #[comptime] tc: bool,
-) {
-    // The units that share the work, and the rows they own: the cube's, or a plane's strip.
-    let (group, group_rows) = comptime![if strips { (32, TILE) } else { (units, rows) }];
-    let share = comptime![group / group_rows];
-    let sweep = comptime![cols / share];
-    let (ls, lp) = comptime![(cols + PAD_FLOAT, cols + PAD_OPERAND)];
-    let in_strip = comptime![if strips { 1usize } else { 0usize }];
-    let first = in_strip * UNIT_POS_Y as usize * 32;
-    let unit = UNIT_POS as usize - first;
-    let (r, part) = (
-        in_strip * UNIT_POS_Y as usize * TILE + unit / share,
-        unit % share,
-    );
-    let strip_sync = comptime![strips && tc];
-    let mut mx = m[r];
-    for step in 0..sweep {
-        let j = ((step + r) % sweep) * share + part;
-        if j < valid {
-            mx = f32::max(mx, s[r * ls + j] * scale);
-        }
-    }
-    red[first + unit] = mx;
-    sync_strip(strip_sync);
-    for x in 0..share {
-        mx = f32::max(mx, red[first + (unit / share) * share + x]);
-    }
-    sync_strip(strip_sync);
-    let mut sum = 0.0f32;
-    for step in 0..sweep {
-        let j = ((step + r) % sweep) * share + part;
-        let mut pj = 0.0f32;
-        if j < valid {
-            pj = f32::exp(s[r * ls + j] * scale - mx);
-        }
-        p[r * lp + j] = F::cast_from(pj);
-        sum += pj;
-    }
-    red[first + unit] = sum;
-    sync_strip(strip_sync);
-    if part == 0 {
-        let mut total = 0.0f32;
-        for x in 0..share {
-            total += red[first + (unit / share) * share + x];
-        }
-        let c = f32::exp(m[r] - mx);
-        l[r] = l[r] * c + total;
-        m[r] = mx;
-        corr[r] = c;
-    }
-}
-
-/// The unit's registers for the tiles of `a` (head dim padded to `dp`) and `b` (`dvp`) that
-/// a kernel streams, `cols` rows at a time ([`stream`]); with `prefetch`, holding the first
-/// tile (rows `0 .. cols`).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn streamed<F: Float, N: Size>(
-    a: &Tensor<Vector<F, N>>,
-    b: &Tensor<Vector<F, N>>,
-    bh: usize,
-    #[comptime] cols: usize,
-    #[comptime] dp: usize,
-    #[comptime] dvp: usize,
-    #[comptime] units: usize,
-    #[comptime] prefetch: bool,
-) -> (Registers<F, N>, Registers<F, N>) {
-    let mut ar = tile_registers(a, cols, dp, units);
-    let mut br = tile_registers(b, cols, dvp, units);
-    if comptime![prefetch] {
-        load(a, &mut ar, bh, 0, cols, dp, units);
-        load(b, &mut br, bh, 0, cols, dvp, units);
-    }
-    (ar, br)
-}
 
 /// Forward: `out = softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]` (float32, of the scaled
 /// scores). Cube `(x, bh)` owns query rows `x·rows ..`; key tiles of `cols` rows stream by.
@@ -219,78 +120,6 @@ pub fn tiled_forward<F: Float, N: Size>(
     let r = UNIT_POS as usize;
     if r < rows && row0 + r < seq_q {
         lse[stat_offset(lse, bh, heads, row0 + r)] = m[r] + f32::ln(l[r]);
-    }
-}
-
-/// The backward's statistics of the cube's query rows `row0 .. row0 + rows`, one unit per row:
-/// `Δ = Σ dO∘O` (written to `delta`, float32 `[B, H, Sq]`, and `deltas`) and the saved
-/// log-sum-exp (into `lses`); rows past the sequence's end get `Δ = 0` and a log-sum-exp that
-/// zeroes their probabilities.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn query_stats<F: Float, N: Size>(
-    out: &Tensor<Vector<F, N>>,
-    d_out: &Tensor<Vector<F, N>>,
-    lse: &Tensor<f32>,
-    delta: &mut Tensor<f32>,
-    lses: &mut SharedMemory<f32>,
-    deltas: &mut SharedMemory<f32>,
-    bh: usize,
-    row0: usize,
-    #[comptime] rows: usize,
-) {
-    let heads = out.shape(1);
-    let seq_q = out.shape(2);
-    let dv = out.shape(3);
-    let r = UNIT_POS as usize;
-    if r < rows {
-        let row = row0 + r;
-        let mut row_lse = f32::new(POS_BIG);
-        let mut dlt = 0.0f32;
-        if row < seq_q {
-            // `N` divides `dv` (the launcher's choice).
-            let n = out.vector_size();
-            for c in 0..dv / n {
-                let o_rc = out[offset(out, bh, heads, row, c * n) / n];
-                let g_rc = d_out[offset(d_out, bh, heads, row, c * n) / n];
-                #[unroll]
-                for j in 0..n {
-                    dlt += f32::cast_from(g_rc[j]) * f32::cast_from(o_rc[j]);
-                }
-            }
-            row_lse = lse[stat_offset(lse, bh, heads, row)];
-            delta[stat_offset(delta, bh, heads, row)] = dlt;
-        }
-        lses[r] = row_lse;
-        deltas[r] = dlt;
-    }
-}
-
-/// The saved log-sum-exp and `Δ` of the streamed query rows `q0 .. q0 + cols` into `lses` and
-/// `deltas`, one unit per row (rows past the sequence's end: probabilities 0).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn streamed_stats(
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    lses: &mut SharedMemory<f32>,
-    deltas: &mut SharedMemory<f32>,
-    bh: usize,
-    q0: usize,
-    #[comptime] cols: usize,
-) {
-    let heads = lse.shape(1);
-    let seq_q = lse.shape(2);
-    let j = UNIT_POS as usize;
-    if j < cols {
-        let mut lv = f32::new(POS_BIG);
-        let mut dl = 0.0f32;
-        if q0 + j < seq_q {
-            lv = lse[stat_offset(lse, bh, heads, q0 + j)];
-            dl = delta[stat_offset(delta, bh, heads, q0 + j)];
-        }
-        lses[j] = lv;
-        deltas[j] = dl;
     }
 }
 

@@ -72,7 +72,7 @@ pub struct Tiles {
     /// fragments instead of shared memory (the `r` suffix of a spec; `fragments.rs`).
     pub registers: bool,
     /// Each streamed tile's global loads are issued while the previous tile computes, into
-    /// registers (the `p` suffix of a spec; `tile_ops::stream`): `cols × head dim / units`
+    /// registers (the `p` suffix of a spec; `staging::stream`): `cols × head dim / units`
     /// more elements of registers per unit and per streamed tensor, no more shared memory.
     pub prefetch: bool,
     /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
