@@ -329,9 +329,22 @@ pub fn padded(d: usize) -> usize {
 
 /// The launch shape of `kernel` for head dims `d`/`dv`, operands of `elem` bytes, `have`
 /// bytes of shared memory per cube and tensor-core products or not (`tc`): the process-wide
-/// choice where it fits, else the largest of [`DEFAULT_SHAPES`] that fits; `None` when none
-/// does.
+/// choice where it is valid ([`Tiles::invalid`]) and fits, else the largest of
+/// [`DEFAULT_SHAPES`] that fits; `None` when none does.
 pub fn tile_shape(
+    kernel: Kernel,
+    d: usize,
+    dv: usize,
+    elem: usize,
+    have: usize,
+    tc: bool,
+) -> Option<Tiles> {
+    shape_with(tiles_choice(), kernel, d, dv, elem, have, tc)
+}
+
+/// [`tile_shape`] with `choice` in place of the process-wide one.
+pub fn shape_with(
+    choice: TileChoice,
     kernel: Kernel,
     d: usize,
     dv: usize,
@@ -341,17 +354,22 @@ pub fn tile_shape(
 ) -> Option<Tiles> {
     let (dp, dvp) = (padded(d), padded(dv));
     let fits = |t: &Tiles| shared_bytes(kernel, *t, dp, dvp, elem, tc) <= have;
-    if let Some(chosen) = tiles_choice().get(kernel) {
-        if fits(&chosen) {
-            return Some(chosen);
-        }
+    if let Some(chosen) = choice.get(kernel) {
+        // A choice made in code (`set_tiles`) skipped the parser's checks; the kernels index
+        // shared memory by these shapes, unchecked, so an invalid one never launches.
+        let why = match chosen.invalid() {
+            Some(reason) => reason,
+            None if fits(&chosen) => return Some(chosen),
+            None => format!(
+                "need {} bytes of shared memory, the device has {have}",
+                shared_bytes(kernel, chosen, dp, dvp, elem, tc)
+            ),
+        };
         static NOTE: Once = Once::new();
         NOTE.call_once(|| {
             eprintln!(
-                "reel: tiled attention: {} tiles {chosen} need {} bytes of shared memory, the \
-                 device has {have}; using the default shapes",
-                kernel.name(),
-                shared_bytes(kernel, chosen, dp, dvp, elem, tc)
+                "reel: tiled attention: {} tiles {chosen}: {why}; using the default shapes",
+                kernel.name()
             )
         });
     }
@@ -364,21 +382,25 @@ mod tests {
 
     #[test]
     fn default_shapes_fit_and_shrink_with_shared_memory() {
+        // The default choice, whatever other tests of this binary set process-wide.
+        let shape = |kernel, d, dv, elem, have, tc| {
+            shape_with(TileChoice::default(), kernel, d, dv, elem, have, tc)
+        };
         // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the largest tiles.
         for kernel in Kernel::ALL {
-            let got = tile_shape(kernel, 128, 128, 2, 227 << 10, true);
+            let got = shape(kernel, 128, 128, 2, 227 << 10, true);
             assert_eq!(got, Some(DEFAULT_SHAPES[0]));
         }
         // 48 KiB: smaller tiles, each within the budget.
         for kernel in Kernel::ALL {
             for (d, dv, elem) in [(128, 128, 2), (64, 64, 4), (24, 8, 4)] {
-                let t = tile_shape(kernel, d, dv, elem, 48 << 10, false).expect("fits");
+                let t = shape(kernel, d, dv, elem, 48 << 10, false).expect("fits");
                 assert!(shared_bytes(kernel, t, padded(d), padded(dv), elem, false) <= 48 << 10);
                 assert!(t.invalid().is_none(), "{t}");
             }
         }
         assert_eq!(
-            tile_shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10, false),
+            shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10, false),
             None
         );
         assert_eq!(padded(5), 16);
@@ -386,6 +408,37 @@ mod tests {
         for t in DEFAULT_SHAPES {
             assert!(t.invalid().is_none(), "{t}");
         }
+    }
+
+    #[test]
+    fn a_choice_made_in_code_launches_only_when_valid() {
+        // Strips of 16 rows per warp on 4 warps need 64 rows, not 32: `set_tiles` takes any
+        // `Tiles`, but the kernels never launch with it.
+        let bad = Tiles::new(32, 64, 128).with_strips();
+        assert!(bad.invalid().is_some());
+        for kernel in Kernel::ALL {
+            let got = shape_with(
+                TileChoice([Some(bad); 3]),
+                kernel,
+                128,
+                128,
+                2,
+                227 << 10,
+                true,
+            );
+            assert_eq!(got, Some(DEFAULT_SHAPES[0]), "{kernel:?}");
+        }
+        let good = Tiles::new(64, 64, 128).with_strips();
+        let got = shape_with(
+            TileChoice([Some(good); 3]),
+            Kernel::Forward,
+            128,
+            128,
+            2,
+            227 << 10,
+            true,
+        );
+        assert_eq!(got, Some(good));
     }
 
     #[test]
