@@ -70,7 +70,7 @@ case $PLAN in
     # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
     # (`p`: streamed tiles prefetched, `w`: the cube's rows split among warps, `r`: the
     # backward's sums in registers; tiles.rs).
-    TILES=${TILES-"64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x256rp 32x64x128r forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r 64x64x256"}
+    TILES=${TILES-"64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp 32x64x128r forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w 64x64x256"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -278,7 +278,8 @@ PY
 
 # The Reel attention mode (memory_efficient, fused or flash) whose attention-alone run at
 # SHAPE took the least time for what a checkpointed training step runs: the forward without
-# gradients plus the forward and backward. Empty when none ran there.
+# gradients plus the forward and backward; rows whose results the bench found wrong are left
+# out. Empty when none ran there.
 fastest_attention() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
 import json, sys
@@ -301,7 +302,9 @@ for line in open(manifest):
     if j["kind"] == "attention" and j["shape"] == shape and j["rc"] == "0":
         try:
             for r in json.load(open(j["file"])):
-                if r["kernel"] != "cubek" and r.get("forward_ms") and r.get("train_ms"):
+                # A row whose results are wrong (`error`: beyond the tolerance) never wins.
+                ok = not r.get("error")
+                if ok and r["kernel"] != "cubek" and r.get("forward_ms") and r.get("train_ms"):
                     fwd, train = r["forward_ms"]["median"], r["train_ms"]["median"]
                     rows.append((fwd, train - fwd, r["kernel"]))
         except Exception:

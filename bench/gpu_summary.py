@@ -192,18 +192,24 @@ def fmt(v, p=1):
 
 def attention_lines(attention):
     lines = ["", "Self-attention alone (q, k, v bf16; forward FLOPs 4·B·heads·N²·d, "
-             "forward + backward 3.5×):", "",
-             "| latent | kernel | [B, heads, N, d] | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |",
-             "|---|---|---|---|---|---|---|"]
+             "forward + backward 3.5×; max error: output and gradients against float32 "
+             "memory_efficient, relative to their largest magnitude):", "",
+             "| latent | kernel | [B, heads, N, d] | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s "
+             "| max error |",
+             "|---|---|---|---|---|---|---|---|"]
     med = lambda s: s["median"] if s else None
     for a in attention:
         if a.get("error") and not a.get("forward_ms"):
             lines.append(f"| {a['latent']} | {a['kernel']} | {a.get('shape', '')} | "
-                         f"{failed(a['error'][:80])} | | | |")
+                         f"{failed(a['error'][:80])} | | | | |")
             continue
+        err = a.get("max_error")
+        err = "—" if err is None else f"{err:.1e}"
+        if a.get("error"):
+            err += f" ({a['error'][:60]})"
         lines.append(f"| {a['latent']} | {a['kernel']} | {a['shape']} | "
                      f"{fmt(med(a.get('forward_ms')), 2)} | {fmt(a.get('forward_tflops'))} | "
-                     f"{fmt(med(a.get('train_ms')), 2)} | {fmt(a.get('train_tflops'))} |")
+                     f"{fmt(med(a.get('train_ms')), 2)} | {fmt(a.get('train_tflops'))} | {err} |")
     return lines
 
 

@@ -335,6 +335,10 @@ fn attention_only_times_every_kernel_at_the_presets_shape() {
             );
             assert!(r[format!("{key}_tflops")].as_f64().unwrap() > 0.0, "{r}");
         }
+        // Checked against the float32 reference: on the CPU every mode computes the same.
+        let e = r["max_error"].as_f64().expect("a checked row");
+        assert!((0.0..1e-5).contains(&e), "{r}");
+        assert!(r["error"].is_null(), "{r}");
         let line = format!(
             "bench: {} attention {dims:?}, forward + backward: step 1/1 (timed)",
             r["kernel"].as_str().unwrap()
@@ -343,6 +347,7 @@ fn attention_only_times_every_kernel_at_the_presets_shape() {
     }
     // The CPU build has no cubek kernel: the row says why instead of timing.
     assert!(rows[3]["forward_ms"].is_null(), "{}", rows[3]);
+    assert!(rows[3]["max_error"].is_null(), "{}", rows[3]);
     assert!(
         rows[3]["error"].as_str().is_some_and(|e| !e.is_empty()),
         "{}",

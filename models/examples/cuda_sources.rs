@@ -82,141 +82,41 @@ fn source(
             strips,
         },
     ) = (client.clone(), tiles);
-    match kernel {
-        Kernel::Forward if strips => compile(strips::tiled_forward_strips::TiledForwardStrips::<
-            WgpuRuntime,
-        >::new(
-            settings,
-            client,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            VECTOR,
-            dp,
-            dp,
-            rows,
-            cols,
-            units,
-            true,
-            prefetch,
-            dtype,
-        )),
-        Kernel::Forward => compile(k::tiled_forward::TiledForward::<WgpuRuntime>::new(
-            settings,
-            client,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            VECTOR,
-            dp,
-            dp,
-            rows,
-            cols,
-            units,
-            true,
-            prefetch,
-            dtype,
-        )),
-        Kernel::BackwardQ if strips => compile(
-            strips_backward::tiled_backward_q_strips::TiledBackwardQStrips::<WgpuRuntime>::new(
-                settings,
-                client,
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                VECTOR,
-                dp,
-                dp,
-                rows,
-                cols,
-                units,
-                true,
-                prefetch,
-                dtype,
-            ),
+    // Every kernel takes its tensors, the scale (a runtime scalar) and the same comptime
+    // arguments (tensor-core products).
+    macro_rules! define {
+        ($kernel:ty, [$($tensor:expr),+]) => {
+            compile(<$kernel>::new(
+                settings, client, $($tensor,)+ (), VECTOR, dp, dp, rows, cols, units, true,
+                registers, prefetch, dtype,
+            ))
+        };
+    }
+    match (kernel, strips) {
+        (Kernel::Forward, true) => define!(
+            strips::tiled_forward_strips::TiledForwardStrips<WgpuRuntime>,
+            [t(), t(), t(), t(), t()]
         ),
-        Kernel::BackwardKv if strips => compile(
-            strips_backward::tiled_backward_kv_strips::TiledBackwardKvStrips::<WgpuRuntime>::new(
-                settings,
-                client,
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                VECTOR,
-                dp,
-                dp,
-                rows,
-                cols,
-                units,
-                true,
-                prefetch,
-                dtype,
-            ),
+        (Kernel::Forward, false) => define!(
+            k::tiled_forward::TiledForward<WgpuRuntime>,
+            [t(), t(), t(), t(), t()]
         ),
-        Kernel::BackwardQ => compile(k::tiled_backward_q::TiledBackwardQ::<WgpuRuntime>::new(
-            settings,
-            client,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            VECTOR,
-            dp,
-            dp,
-            rows,
-            cols,
-            units,
-            true,
-            registers,
-            prefetch,
-            dtype,
-        )),
-        Kernel::BackwardKv => compile(k::tiled_backward_kv::TiledBackwardKv::<WgpuRuntime>::new(
-            settings,
-            client,
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            VECTOR,
-            dp,
-            dp,
-            rows,
-            cols,
-            units,
-            true,
-            registers,
-            prefetch,
-            dtype,
-        )),
+        (Kernel::BackwardQ, true) => define!(
+            strips_backward::tiled_backward_q_strips::TiledBackwardQStrips<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
+        ),
+        (Kernel::BackwardQ, false) => define!(
+            k::tiled_backward_q::TiledBackwardQ<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
+        ),
+        (Kernel::BackwardKv, true) => define!(
+            strips_backward::tiled_backward_kv_strips::TiledBackwardKvStrips<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
+        ),
+        (Kernel::BackwardKv, false) => define!(
+            k::tiled_backward_kv::TiledBackwardKv<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
+        ),
     }
 }
 

@@ -11,9 +11,15 @@
 //!
 //! FLOP count: the forward's two products, `4·B·heads·N²·head_dim`; the backward's five count
 //! 2.5× that (FlashAttention's convention), so forward plus backward counts 3.5×.
+//!
+//! Every row is also checked, once after its timing: its output and the gradients of
+//! `Σ w∘o` (random `w`) for `q`, `k`, `v` against `memory_efficient` attention in float32 on
+//! the same inputs (`max_error`, the largest difference relative to each tensor's largest
+//! magnitude; the `cubek` row: its output alone). A row beyond [`TOLERANCE`] says so in its
+//! `error`, so that a fast but wrong launch shape is never picked (`bench/gpu.sh`).
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, ElementConversion, Tensor};
 use reel_core::backend::ReelBackend;
 use reel_core::config::Precision;
 use reel_core::rng::StreamRng;
@@ -26,6 +32,11 @@ use serde::Serialize;
 
 use super::progress::time;
 use super::{preset_tokens, BenchArgs, Stats};
+
+/// Largest difference from the float32 reference, relative to the reference's largest
+/// magnitude (at least 1), that a row may show: the tensor-core kernels' tests' bar for bf16
+/// inputs.
+pub const TOLERANCE: f64 = 3e-2;
 
 /// The attention modes timed, in order.
 const MODES: [AttentionMode; 3] = [
@@ -51,7 +62,11 @@ pub struct AttentionRow {
     pub train_ms: Option<Stats>,
     /// Forward plus backward TFLOP/s (median).
     pub train_tflops: Option<f64>,
-    /// Why a part did not run (the `cubek` row on a backend or shape it does not take).
+    /// Largest difference of the output and the three gradients from the float32 reference,
+    /// relative to each one's largest magnitude (at least 1); the output's alone for `cubek`.
+    pub max_error: Option<f64>,
+    /// Why a part did not run (the `cubek` row on a backend or shape it does not take), or
+    /// that the results are beyond [`TOLERANCE`].
     pub error: Option<String>,
 }
 
@@ -75,13 +90,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .unwrap_or(0)
         .max(6);
     println!(
-        "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}",
-        "kernel", "[B, heads, N, d]", "dtype", "forward ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s"
+        "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9} | {:>9}",
+        "kernel",
+        "[B, heads, N, d]",
+        "dtype",
+        "forward ms",
+        "TFLOP/s",
+        "fwd+bwd ms",
+        "TFLOP/s",
+        "max error"
     );
     let opt = |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
     for r in rows {
         println!(
-            "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9}{}",
+            "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9} | {:>9}{}",
             r.kernel,
             format!("{:?}", r.shape),
             if r.dtype == Precision::Bf16 {
@@ -93,6 +115,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             opt(r.forward_tflops, 1),
             opt(r.train_ms.as_ref().map(|s| s.median), 2),
             opt(r.train_tflops, 1),
+            r.max_error.map_or("—".to_string(), |e| format!("{e:.1e}")),
             r.error.map(|e| format!("  ({e})")).unwrap_or_default()
         );
     }
@@ -128,6 +151,16 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         to_dtype(t, args.dtype.dtype()).swap_dims(1, 2)
     };
     let (q, k, v) = (input(), input(), input());
+    let w: Tensor<B::InnerBackend, 4> = rng.normal_tensor([b, h, n, d], &device);
+    let f32_of = |t: &Tensor<B::InnerBackend, 4>| to_dtype(t.clone(), DType::F32);
+    let check = Check {
+        reference: results::<B>(
+            AttentionMode::MemoryEfficient,
+            [&f32_of(&q), &f32_of(&k), &f32_of(&v)],
+            &w,
+        )?,
+        w,
+    };
     // `--attention auto` (the default): every mode; another: that one alone.
     let modes = match args.attention {
         AttentionMode::Auto => MODES.to_vec(),
@@ -135,29 +168,92 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     };
     let mut rows = vec![];
     for &mode in &modes {
-        rows.push(mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape)?);
+        let row = mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape, &check)?;
+        rows.push(row);
     }
     for choice in choices {
-        rows.push(tiles_row::<B>(args, choice, [&q, &k, &v], shape)?);
+        rows.push(tiles_row::<B>(args, choice, [&q, &k, &v], shape, &check)?);
     }
     if modes.contains(&AttentionMode::Flash) {
-        rows.push(cubek_row::<B::InnerBackend>(
-            args,
-            [&q, &k, &v],
-            shape,
-            &device,
-        )?);
+        let row = cubek_row::<B::InnerBackend>(args, [&q, &k, &v], shape, &device, &check)?;
+        rows.push(row);
     }
     Ok(rows)
 }
 
-/// `mode`'s forward and forward + backward, in a row named `kernel`.
+/// What every row is checked against: the weights `w` of the loss `Σ w∘o` and the float32
+/// reference's output and gradients ([`results`]).
+struct Check<B: Backend> {
+    w: Tensor<B, 4>,
+    reference: [Tensor<B, 4>; 4],
+}
+
+impl<B: Backend> Check<B> {
+    /// The largest difference of `got` from the reference's first `got.len()` tensors,
+    /// relative to each reference tensor's largest magnitude (at least 1); infinite where
+    /// `got` holds a NaN.
+    fn max_error(&self, got: &[Tensor<B, 4>]) -> f64 {
+        let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f64>();
+        let mut worst = 0.0f64;
+        for (want, got) in self.reference.iter().zip(got) {
+            if got.clone().is_nan().any().into_scalar().elem::<bool>() {
+                return f64::INFINITY;
+            }
+            let scale = scalar(want.clone().abs().max()).max(1.0);
+            let diff = scalar((want.clone() - got.clone()).abs().max()) / scale;
+            worst = worst.max(if diff.is_nan() { f64::INFINITY } else { diff });
+        }
+        worst
+    }
+
+    /// `row` with its `max_error` for `got`, and an `error` when beyond [`TOLERANCE`].
+    fn mark(&self, mut row: AttentionRow, got: &[Tensor<B, 4>]) -> AttentionRow {
+        let e = self.max_error(got);
+        row.max_error = Some(e);
+        if e > TOLERANCE {
+            row.error = Some(format!(
+                "results differ from the float32 reference by {e:.2e} of their largest \
+                 magnitude (tolerance {TOLERANCE:e})"
+            ));
+        }
+        row
+    }
+}
+
+/// `[o, dq, dk, dv]` in float32 of `mode` on the autodiff backend `B`, the gradients those of
+/// `Σ w∘o`.
+fn results<B: AutodiffBackend>(
+    mode: AttentionMode,
+    [q, k, v]: [&Tensor<B::InnerBackend, 4>; 3],
+    w: &Tensor<B::InnerBackend, 4>,
+) -> anyhow::Result<[Tensor<B::InnerBackend, 4>; 4]> {
+    let leaf =
+        |t: &Tensor<B::InnerBackend, 4>| Tensor::<B, 4>::from_inner(t.clone()).require_grad();
+    let (q, k, v) = (leaf(q), leaf(k), leaf(v));
+    let o = attention(q.clone(), k.clone(), v.clone(), mode);
+    let w = Tensor::<B, 4>::from_inner(to_dtype(w.clone(), o.dtype()));
+    let grads = (o.clone() * w).sum().backward();
+    let grad = |t: &Tensor<B, 4>| {
+        t.grad(&grads)
+            .map(|g| to_dtype(g, DType::F32))
+            .ok_or_else(|| anyhow::anyhow!("{mode:?} attention gave no gradient"))
+    };
+    Ok([
+        to_dtype(o.inner(), DType::F32),
+        grad(&q)?,
+        grad(&k)?,
+        grad(&v)?,
+    ])
+}
+
+/// `mode`'s forward and forward + backward, in a row named `kernel`, checked.
 fn mode_row<B: ReelBackend>(
     args: &BenchArgs,
     mode: AttentionMode,
     kernel: String,
     [q, k, v]: [&Tensor<B::InnerBackend, 4>; 3],
     shape: [usize; 4],
+    check: &Check<B::InnerBackend>,
 ) -> anyhow::Result<AttentionRow> {
     let device = q.device();
     let flops = forward_flops(shape);
@@ -167,7 +263,7 @@ fn mode_row<B: ReelBackend>(
         Ok(attention(q.clone(), k.clone(), v.clone(), mode))
     })?;
     let train = train_time::<B>(args, &what, mode, [q, k, v])?;
-    Ok(AttentionRow {
+    let row = AttentionRow {
         kernel,
         shape,
         dtype: args.dtype,
@@ -175,8 +271,10 @@ fn mode_row<B: ReelBackend>(
         forward_ms: Some(fwd),
         train_tflops: Some(tflops(&train, 3.5)),
         train_ms: Some(train),
+        max_error: None,
         error: None,
-    })
+    };
+    Ok(check.mark(row, &results::<B>(mode, [q, k, v], &check.w)?))
 }
 
 /// Without the CubeCL backends there are no tiled kernels, and no launch shape to choose.
@@ -198,6 +296,7 @@ fn tiles_row<B: ReelBackend>(
     choice: TileChoice,
     qkv: [&Tensor<B::InnerBackend, 4>; 3],
     shape: [usize; 4],
+    check: &Check<B::InnerBackend>,
 ) -> anyhow::Result<AttentionRow> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
@@ -205,13 +304,13 @@ fn tiles_row<B: ReelBackend>(
         let before = tiles_choice();
         set_tiles(choice);
         let kernel = format!("flash {choice}");
-        let row = mode_row::<B>(args, AttentionMode::Flash, kernel, qkv, shape);
+        let row = mode_row::<B>(args, AttentionMode::Flash, kernel, qkv, shape, check);
         set_tiles(before);
         row
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     {
-        let _ = (args, qkv, shape);
+        let _ = (args, qkv, shape, check);
         match choice {}
     }
 }
@@ -255,6 +354,7 @@ fn cubek_row<B: Backend>(
     [q, k, v]: [&Tensor<B, 4>; 3],
     shape: [usize; 4],
     device: &B::Device,
+    check: &Check<B>,
 ) -> anyhow::Result<AttentionRow> {
     let mut row = AttentionRow {
         kernel: "cubek".into(),
@@ -264,6 +364,7 @@ fn cubek_row<B: Backend>(
         forward_tflops: None,
         train_ms: None,
         train_tflops: None,
+        max_error: None,
         error: None,
     };
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
@@ -275,15 +376,16 @@ fn cubek_row<B: Backend>(
             return Ok(row);
         }
         let what = format!("cubek flash forward {shape:?}");
-        let (fwd, _) = time::<B, _>(args, &what, device, || {
+        let (fwd, o) = time::<B, _>(args, &what, device, || {
             cubek_forward(q.clone(), k.clone(), v.clone()).map_err(anyhow::Error::msg)
         })?;
         row.forward_tflops = Some(forward_flops(shape) / (fwd.median * 1e9));
         row.forward_ms = Some(fwd);
+        row = check.mark(row, &[to_dtype(o, DType::F32)]);
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     {
-        let _ = (q, k, v, device);
+        let _ = (q, k, v, device, check);
         row.error = Some("built without the cuda and wgpu features".into());
     }
     Ok(row)

@@ -1,22 +1,49 @@
 //! Accumulators that stay in registers for a whole tiled kernel (tensor-core products only):
-//! the backward's `dQ`, `dK` and `dV` sums over the streamed tiles, kept as cooperative-matrix
-//! accumulator fragments instead of float32 matrices in shared memory. Each product then
-//! skips loading and storing its accumulator tiles, and the kernel needs
-//! `rows × (head dim + 4) × 4` bytes less shared memory per accumulator (more cubes per
+//! the forward's output and the backward's `dQ`, `dK` and `dV` sums over the streamed tiles,
+//! kept as cooperative-matrix accumulator fragments instead of float32 matrices in shared
+//! memory. Each product then skips loading and storing its accumulator tiles; the backward
+//! needs `rows × (head dim + 4) × 4` bytes less shared memory per accumulator (more cubes per
 //! multiprocessor). Opt-in per launch shape (the `r` suffix of a tile spec, `tiles.rs`).
 //!
 //! Plane `p` of `planes` owns output tiles `p, p + planes, …` of an `m × n` output, as
 //! [`tensor_core_product`](super::tile_ops::tensor_core_product) assigns them; its fragment
-//! `i` holds tile `p + i·planes`.
+//! `i` holds tile `p + i·planes`. With `strips` (the kernels of `strips.rs` and
+//! `strips_backward.rs`) it owns the `n / 16` tiles of its 16-row strip instead, in order.
+//!
+//! The forward's output is rescaled whenever a row's running maximum moves
+//! ([`rescale_accumulators`]): the plane's opaque fragments pass through shared memory for
+//! it, which the softmax makes rare by keeping a row's maximum until it grows by more than
+//! `rows::STALE_MAX`.
 
 use cubecl::prelude::*;
 
 use super::kernels::offset;
-use super::tile_ops::{fragment, tile_steps, ALIGN, PAD_FLOAT, TILE};
+use super::tile_ops::{fragment, tile_of, tile_steps, ALIGN, PAD_FLOAT, TILE};
 
-/// Fragments per plane for an `m × n` output on `units` units.
-pub fn fragments_per_plane(m: usize, n: usize, units: usize) -> usize {
-    ((m / TILE) * (n / TILE)).div_ceil(units / 32)
+/// Fragments per plane for an `m × n` output on `units` units: its share of the output's
+/// tiles, or with `strips` the tiles of its own 16-row strip.
+pub fn fragments_per_plane(m: usize, n: usize, units: usize, strips: bool) -> usize {
+    match strips {
+        true => n / TILE,
+        false => ((m / TILE) * (n / TILE)).div_ceil(units / 32),
+    }
+}
+
+/// The output tile that the plane's fragment `i` holds (tile `t` at row `t / (n / 16)` and
+/// column `t % (n / 16)` of the output's tiles; past the last tile for planes with fewer).
+#[cube]
+fn owned_tile(
+    i: usize,
+    #[comptime] n: usize,
+    #[comptime] units: usize,
+    #[comptime] strips: bool,
+) -> usize {
+    let plane = UNIT_POS_Y as usize;
+    if comptime![strips] {
+        plane * comptime![n / TILE] + i
+    } else {
+        plane + i * comptime![units / 32]
+    }
 }
 
 /// Float32 elements of the shared-memory scratch that [`store_accumulators`] writes each
@@ -62,11 +89,12 @@ pub(super) fn store_sums<F: Float>(
     #[comptime] n: usize,
     #[comptime] cols: usize,
     #[comptime] units: usize,
+    #[comptime] strips: bool,
 ) {
     if comptime![scores_hold_scratch(rows, cols, units)] {
-        store_accumulators(dst, accs, scores, bh, row0, factor, rows, n, units);
+        store_accumulators(dst, accs, scores, bh, row0, factor, rows, n, units, strips);
     } else {
-        store_accumulators(dst, accs, scratch, bh, row0, factor, rows, n, units);
+        store_accumulators(dst, accs, scratch, bh, row0, factor, rows, n, units, strips);
     }
 }
 
@@ -76,10 +104,11 @@ pub(super) fn accumulators(
     #[comptime] m: usize,
     #[comptime] n: usize,
     #[comptime] units: usize,
+    #[comptime] strips: bool,
 ) -> Sequence<cmma::Matrix<f32>> {
     let mut accs = Sequence::new();
     #[unroll]
-    for _ in 0..comptime![fragments_per_plane(m, n, units)] {
+    for _ in 0..comptime![fragments_per_plane(m, n, units, strips)] {
         let acc = fragment::<f32>(
             cmma::MatrixIdent::Accumulator,
             cmma::MatrixLayout::Undefined,
@@ -92,7 +121,8 @@ pub(super) fn accumulators(
 
 /// `accs += a·b` (or `a·bᵀ` with `b_t`) for the plane's tiles of the `m × n` output: `a` is
 /// `m × kd` and `b` `kd × n` (or `n × kd`), row-major in shared memory with padded rows, as
-/// for [`product`](super::tile_ops::product). Plane-local: no cube sync inside.
+/// for [`product`](super::tile_ops::product). Plane-local: no cube sync inside (with
+/// `strips` the plane reads only its strip of `a`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate<F: Float>(
@@ -104,14 +134,13 @@ pub(super) fn accumulate<F: Float>(
     #[comptime] kd: usize,
     #[comptime] b_t: bool,
     #[comptime] units: usize,
+    #[comptime] strips: bool,
 ) {
-    let planes = comptime![units / 32];
     let tiles_n = comptime![n / TILE];
     let tiles = comptime![(m / TILE) * (n / TILE)];
-    let plane = UNIT_POS_Y as usize;
     #[unroll]
-    for i in 0..comptime![fragments_per_plane(m, n, units)] {
-        let t = plane + i * planes;
+    for i in 0..comptime![fragments_per_plane(m, n, units, strips)] {
+        let t = owned_tile(i, n, units, strips);
         if t < tiles {
             let row0 = (t / tiles_n) * TILE;
             let col0 = (t % tiles_n) * TILE;
@@ -135,20 +164,19 @@ fn store_accumulators<F: Float>(
     #[comptime] m: usize,
     #[comptime] n: usize,
     #[comptime] units: usize,
+    #[comptime] strips: bool,
 ) {
     let heads = dst.shape(1);
     let len = dst.shape(2);
     let cols = dst.shape(3);
-    let planes = comptime![units / 32];
     let ld = comptime![TILE + PAD_FLOAT];
     let tiles_n = comptime![n / TILE];
     let tiles = comptime![(m / TILE) * (n / TILE)];
-    let plane = UNIT_POS_Y as usize;
     let lane = UNIT_POS_X as usize;
-    let base = plane * comptime![TILE * (TILE + PAD_FLOAT)];
+    let base = UNIT_POS_Y as usize * comptime![TILE * (TILE + PAD_FLOAT)];
     #[unroll]
-    for i in 0..comptime![fragments_per_plane(m, n, units)] {
-        let t = plane + i * planes;
+    for i in 0..comptime![fragments_per_plane(m, n, units, strips)] {
+        let t = owned_tile(i, n, units, strips);
         if t < tiles {
             let r0 = row0 + (t / tiles_n) * TILE;
             let c0 = (t % tiles_n) * TILE;
@@ -170,6 +198,93 @@ fn store_accumulators<F: Float>(
                 }
             }
             sync_plane();
+        }
+    }
+}
+
+/// Rescale the rows of the plane's accumulators of the `m × n` output by `corr` (one factor
+/// per row, 1 for a row whose maximum did not move) where any row of a tile has a factor
+/// other than 1: the tile goes through its own place in `o` (`m × n` float32, padded rows),
+/// is scaled there and loaded back. The factors are the same for every unit of the plane, so
+/// the plane takes each branch together. Plane-local: the caller syncs the cube before (the
+/// factors written) and nothing else uses `o` meanwhile.
+#[cube]
+pub(super) fn rescale_accumulators(
+    accs: &Sequence<cmma::Matrix<f32>>,
+    o: &mut SharedMemory<f32>,
+    corr: &SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] units: usize,
+    #[comptime] strips: bool,
+) {
+    let ld = comptime![n + PAD_FLOAT];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    let lane = UNIT_POS_X as usize;
+    #[unroll]
+    for i in 0..comptime![fragments_per_plane(m, n, units, strips)] {
+        let t = owned_tile(i, n, units, strips);
+        if t < tiles {
+            let (row0, col0) = ((t / tiles_n) * TILE, (t % tiles_n) * TILE);
+            let mut moved = false;
+            for r in 0..TILE {
+                moved = moved || corr[row0 + r] != 1.0;
+            }
+            if moved {
+                let at = row0 * ld + col0;
+                let mut tile = o.slice_mut(at, at + (TILE - 1) * ld + TILE);
+                cmma::store(
+                    &mut tile,
+                    accs.index(i),
+                    ld as u32,
+                    cmma::MatrixLayout::RowMajor,
+                );
+                sync_plane();
+                #[unroll]
+                for j in 0..comptime![TILE * TILE / 32] {
+                    let (r, c) = ((lane + j * 32) / TILE, (lane + j * 32) % TILE);
+                    o[at + r * ld + c] *= corr[row0 + r];
+                }
+                sync_plane();
+                let tile = tile_of(o, at, ld);
+                cmma::load_with_layout(
+                    accs.index(i),
+                    &tile,
+                    ld as u32,
+                    cmma::MatrixLayout::RowMajor,
+                );
+            }
+        }
+    }
+}
+
+/// Store the plane's accumulators of the `m × n` output into their places in `o` (`m × n`
+/// float32, padded rows). The caller syncs the cube before reading `o`.
+#[cube]
+pub(super) fn spill_accumulators(
+    accs: &Sequence<cmma::Matrix<f32>>,
+    o: &mut SharedMemory<f32>,
+    #[comptime] m: usize,
+    #[comptime] n: usize,
+    #[comptime] units: usize,
+    #[comptime] strips: bool,
+) {
+    let ld = comptime![n + PAD_FLOAT];
+    let tiles_n = comptime![n / TILE];
+    let tiles = comptime![(m / TILE) * (n / TILE)];
+    #[unroll]
+    for i in 0..comptime![fragments_per_plane(m, n, units, strips)] {
+        let t = owned_tile(i, n, units, strips);
+        if t < tiles {
+            let at = (t / tiles_n) * TILE * ld + (t % tiles_n) * TILE;
+            let mut tile = o.slice_mut(at, at + (TILE - 1) * ld + TILE);
+            cmma::store(
+                &mut tile,
+                accs.index(i),
+                ld as u32,
+                cmma::MatrixLayout::RowMajor,
+            );
         }
     }
 }

@@ -7,9 +7,18 @@ use cubecl::prelude::*;
 use super::kernels::{offset, stat_offset, POS_BIG};
 use super::tile_ops::{sync_strip, PAD_FLOAT, PAD_OPERAND, TILE};
 
+/// How far a row's maximum may grow over the one its output was accumulated against before
+/// the forward rescales: probabilities stay below `e⁸ ≈ 2981` (finite in f16 and bf16, with
+/// their full relative precision; the float32 sums lose nothing), and the output is rescaled
+/// only when a row's scores rise that far, mostly never after the first key tiles
+/// (FlashAttention-3's conditional rescaling, Shah et al. 2024).
+pub(super) const STALE_MAX: f32 = 8.0;
+
 /// One key tile of the forward's online softmax: from the scores `s` (`rows × cols`, padded
 /// rows `ls`) of the first `valid` keys, the probabilities `p` (in `F`) against the running row
-/// maxima `m`, the running sums `l` and the factors `corr` that rescale the output so far.
+/// maxima `m`, the running sums `l` and the factors `corr` that rescale the output so far:
+/// exactly 1 where the row keeps its maximum, which it does until the tile's scores exceed it
+/// by more than [`STALE_MAX`] (and on the first tile, whose output so far is zero).
 /// `units / rows` units share a row (`units` a multiple of `rows`), each sweeping every
 /// `units / rows`-th column from a column that differs by row (so that the units of a plane
 /// read different memory banks), and combine their maxima and sums through `red` (`units`
@@ -47,7 +56,8 @@ pub(super) fn online_softmax<F: Float>(
         unit % share,
     );
     let strip_sync = comptime![strips && tc];
-    let mut mx = m[r];
+    let old = m[r];
+    let mut mx = old;
     for step in 0..sweep {
         let j = ((step + r) % sweep) * share + part;
         if j < valid {
@@ -58,6 +68,11 @@ pub(super) fn online_softmax<F: Float>(
     sync_strip(strip_sync);
     for x in 0..share {
         mx = f32::max(mx, red[first + (unit / share) * share + x]);
+    }
+    // Every unit of the row reads the same maxima, so they agree on keeping the old one.
+    let keep = mx <= old + STALE_MAX;
+    if keep {
+        mx = old;
     }
     sync_strip(strip_sync);
     let mut sum = 0.0f32;
@@ -77,10 +92,36 @@ pub(super) fn online_softmax<F: Float>(
         for x in 0..share {
             total += red[first + (unit / share) * share + x];
         }
-        let c = f32::exp(m[r] - mx);
+        let mut c = 1.0f32;
+        if !keep && l[r] > 0.0 {
+            c = f32::exp(old - mx);
+        }
         l[r] = l[r] * c + total;
         m[r] = mx;
         corr[r] = c;
+    }
+}
+
+/// Rescale rows `row0 .. row0 + n` of the output sums `o` (float32, `lo` per padded row) by
+/// their factors `corr` from [`online_softmax`], skipping the rows whose factor is 1 (most,
+/// after the first key tiles): unit `unit` of `units` takes every `units`-th element.
+#[cube]
+pub(super) fn rescale_rows(
+    o: &mut SharedMemory<f32>,
+    corr: &SharedMemory<f32>,
+    row0: usize,
+    #[comptime] n: usize,
+    #[comptime] lo: usize,
+    unit: usize,
+    #[comptime] units: usize,
+) {
+    let mut idx = unit;
+    while idx < comptime![n * lo] {
+        let c = corr[row0 + idx / lo];
+        if c != 1.0 {
+            o[row0 * lo + idx] *= c;
+        }
+        idx += units;
     }
 }
 

@@ -39,7 +39,7 @@ pub(super) fn stage<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream<F: Float, N: Size>(
     t: &Tensor<Vector<F, N>>,
-    regs: &mut Array<Vector<F, N>>,
+    regs: &mut Registers<F, N>,
     dst: &mut SharedMemory<F>,
     bh: usize,
     row0: usize,
@@ -64,7 +64,7 @@ pub(super) fn tile_registers<F: Float, N: Size>(
     #[comptime] rows: usize,
     #[comptime] cp: usize,
     #[comptime] units: usize,
-) -> Array<Vector<F, N>> {
+) -> Registers<F, N> {
     let n = t.vector_size();
     Array::new(comptime![(rows * (cp / n)).div_ceil(units)])
 }
@@ -82,7 +82,7 @@ pub(super) fn tile_registers<F: Float, N: Size>(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn load<F: Float, N: Size>(
     t: &Tensor<Vector<F, N>>,
-    regs: &mut Array<Vector<F, N>>,
+    regs: &mut Registers<F, N>,
     bh: usize,
     row0: usize,
     #[comptime] rows: usize,
@@ -114,7 +114,7 @@ pub(super) fn load<F: Float, N: Size>(
 /// Write the unit's vectors `regs` ([`load`]) of a `rows × cp` tile into `dst` (padded rows).
 #[cube]
 pub(super) fn put<F: Float, N: Size>(
-    regs: &Array<Vector<F, N>>,
+    regs: &Registers<F, N>,
     dst: &mut SharedMemory<F>,
     #[comptime] rows: usize,
     #[comptime] cp: usize,

@@ -9,7 +9,8 @@
 //! only; the cube meets twice per key tile, around the staging of the shared `k`/`v` tiles.
 //! With tensor-core products the plane also keeps its 16 query rows as `dp / 16` operand
 //! fragments in registers for the whole kernel, so the score product loads only `k` from
-//! shared memory. With unit products (any device) the same kernel runs with cube barriers in
+//! shared memory; with `r` it also keeps its strip of the output as accumulator fragments
+//! (`fragments.rs`). With unit products (any device) the same kernel runs with cube barriers in
 //! place of the plane's (`sync_strip`), which is what the tests check on lavapipe.
 
 // The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
@@ -17,8 +18,9 @@
 
 use cubecl::prelude::*;
 
+use super::fragments::{accumulate, accumulators, rescale_accumulators, spill_accumulators};
 use super::kernels::{offset, stat_offset, NEG_BIG};
-use super::rows::online_softmax;
+use super::rows::{online_softmax, rescale_rows};
 use super::staging::{fill, stage, stream, streamed};
 use super::tile_ops::{
     fragment, strip_product, sync_strip, tile_of, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE,
@@ -104,6 +106,7 @@ pub fn tiled_forward_strips<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -128,6 +131,10 @@ pub fn tiled_forward_strips<F: Float, N: Size>(
     let mut l = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut corr = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut red = SharedMemory::<f32>::new_aligned(units, ALIGN);
+    // With `regs` (tensor cores only) the plane's strip of the output sums in register
+    // fragments and `o` serves only their rescaling and their way out.
+    let regs = comptime![tc && regs];
+    let o_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, true);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     fill(&mut o, 0.0f32, rows * lo, units);
     fill(&mut m, f32::new(NEG_BIG), rows, units);
@@ -159,15 +166,20 @@ pub fn tiled_forward_strips<F: Float, N: Size>(
             tc,
         );
         sync_strip(tc);
-        let mut idx = lane;
-        while idx < comptime![TILE * lo] {
-            o[strip * lo + idx] *= corr[strip + idx / lo];
-            idx += 32;
+        if comptime![regs] {
+            rescale_accumulators(&o_acc, &mut o, &corr, rows, dvp, units, true);
+            accumulate::<F>(&p, &vs, &o_acc, rows, dvp, cols, false, units, true);
+        } else {
+            rescale_rows(&mut o, &corr, strip, TILE, lo, lane, 32usize);
+            sync_strip(tc);
+            strip_product::<F>(&p, &vs, &mut o, strip, dvp, cols, false, true, tc);
         }
-        sync_strip(tc);
-        strip_product::<F>(&p, &vs, &mut o, strip, dvp, cols, false, true, tc);
         // Every plane is done with this `k`/`v` tile before the next one is staged.
         sync_cube();
+    }
+    if comptime![regs] {
+        spill_accumulators(&o_acc, &mut o, rows, dvp, units, true);
+        sync_strip(tc);
     }
 
     let mut idx = lane;

@@ -3,8 +3,9 @@
 //! and of the score gradients, in step with itself only, so the cube meets twice per streamed
 //! tile (around staging it) instead of four times; with tensor-core products the plane keeps
 //! its strip of both left operands of the score products (`q` and `dO` on the query side, `k`
-//! and `v` on the key side) as fragments in registers. The sums (`dQ`, `dK`, `dV`) stay
-//! float32 matrices in shared memory (the strip's rows). Same results as
+//! and `v` on the key side) as fragments in registers. The sums (`dQ`, `dK`, `dV`) are the
+//! strip's rows of float32 matrices in shared memory or, with `r`, the plane's accumulator
+//! fragments (`fragments.rs`). Same results as
 //! [`tiled_backward_q`](fn@super::tiled_kernels::tiled_backward_q) and
 //! [`tiled_backward_kv`](fn@super::tiled_kernels::tiled_backward_kv).
 
@@ -13,6 +14,7 @@
 
 use cubecl::prelude::*;
 
+use super::fragments::{accumulate, accumulators, store_sums};
 use super::rows::{query_stats, streamed_stats};
 use super::staging::{fill, stage, store_rows, stream, streamed};
 use super::strips::{strip_fragments, strip_scores};
@@ -38,6 +40,7 @@ pub fn tiled_backward_q_strips<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -55,12 +58,19 @@ pub fn tiled_backward_q_strips<F: Float, N: Size>(
     let mut s = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut dpm = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut ds = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
-    let mut dqs = SharedMemory::<f32>::new_aligned(rows * lq, ALIGN);
+    // With `regs` (tensor cores only) the plane's strip of `dQ` sums in register fragments
+    // and leaves through the score matrix, else in `dqs`.
+    let regs = comptime![tc && regs];
+    let mut dqs =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lq }], ALIGN);
+    let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, true);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     stage(d_out, &mut dos, bh, row0, rows, dvp, units);
-    fill(&mut dqs, 0.0f32, rows * lq, units);
+    if comptime![!regs] {
+        fill(&mut dqs, 0.0f32, rows * lq, units);
+    }
     query_stats(
         out,
         d_out,
@@ -97,11 +107,24 @@ pub fn tiled_backward_q_strips<F: Float, N: Size>(
             idx += 32;
         }
         sync_strip(tc);
-        strip_product::<F>(&ds, &ks, &mut dqs, strip, dp, cols, false, true, tc);
+        if comptime![regs] {
+            accumulate::<F>(&ds, &ks, &dq_acc, rows, dp, cols, false, units, true);
+        } else {
+            strip_product::<F>(&ds, &ks, &mut dqs, strip, dp, cols, false, true, tc);
+        }
         // Every plane is done with this `k`/`v` tile before the next one is staged.
         sync_cube();
     }
-    store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
+    if comptime![regs] {
+        // Strips' scores always hold the sums' way out (16 rows of 20 floats at least per
+        // plane): `dqs` is a placeholder.
+        let sc = &mut dqs;
+        store_sums(
+            dq, &dq_acc, &mut s, sc, bh, row0, scale, rows, dp, cols, units, true,
+        );
+    } else {
+        store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
+    }
 }
 
 /// Backward, key side, with plane-owned strips: cube `(x, bh)` owns key rows `x·rows ..`
@@ -127,6 +150,7 @@ pub fn tiled_backward_kv_strips<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -146,14 +170,23 @@ pub fn tiled_backward_kv_strips<F: Float, N: Size>(
     let mut dpt = SharedMemory::<f32>::new_aligned(rows * ls, ALIGN);
     let mut pt = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
     let mut dst = SharedMemory::<F>::new_aligned(rows * lp, ALIGN);
-    let mut dks = SharedMemory::<f32>::new_aligned(rows * lk, ALIGN);
-    let mut dvs = SharedMemory::<f32>::new_aligned(rows * lv, ALIGN);
+    // With `regs` (tensor cores only) the plane's strips of `dK` and `dV` sum in register
+    // fragments and leave through the score matrix, else in `dks` and `dvs`.
+    let regs = comptime![tc && regs];
+    let mut dks =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lk }], ALIGN);
+    let mut dvs =
+        SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lv }], ALIGN);
+    let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, true);
+    let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, true);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     stage(k, &mut ks, bh, row0, rows, dp, units);
     stage(v, &mut vs, bh, row0, rows, dvp, units);
-    fill(&mut dks, 0.0f32, rows * lk, units);
-    fill(&mut dvs, 0.0f32, rows * lv, units);
+    if comptime![!regs] {
+        fill(&mut dks, 0.0f32, rows * lk, units);
+        fill(&mut dvs, 0.0f32, rows * lv, units);
+    }
     sync_cube();
     let kf = strip_fragments::<F>(&ks, strip, dp, tc);
     let vf = strip_fragments::<F>(&vs, strip, dvp, tc);
@@ -179,11 +212,27 @@ pub fn tiled_backward_kv_strips<F: Float, N: Size>(
             idx += 32;
         }
         sync_strip(tc);
-        strip_product::<F>(&pt, &dos, &mut dvs, strip, dvp, cols, false, true, tc);
-        strip_product::<F>(&dst, &qs, &mut dks, strip, dp, cols, false, true, tc);
+        if comptime![regs] {
+            accumulate::<F>(&pt, &dos, &dv_acc, rows, dvp, cols, false, units, true);
+            accumulate::<F>(&dst, &qs, &dk_acc, rows, dp, cols, false, units, true);
+        } else {
+            strip_product::<F>(&pt, &dos, &mut dvs, strip, dvp, cols, false, true, tc);
+            strip_product::<F>(&dst, &qs, &mut dks, strip, dp, cols, false, true, tc);
+        }
         // Every plane is done with this query tile before the next one is staged.
         sync_cube();
     }
-    store_rows(dk, &dks, bh, row0, scale, rows, lk, units);
-    store_rows(dv_out, &dvs, bh, row0, 1.0f32, rows, lv, units);
+    if comptime![regs] {
+        // As in the query side: `dks` is a placeholder.
+        let sc = &mut dks;
+        store_sums(
+            dk, &dk_acc, &mut st, sc, bh, row0, scale, rows, dp, cols, units, true,
+        );
+        store_sums(
+            dv_out, &dv_acc, &mut st, sc, bh, row0, 1.0, rows, dvp, cols, units, true,
+        );
+    } else {
+        store_rows(dk, &dks, bh, row0, scale, rows, lk, units);
+        store_rows(dv_out, &dvs, bh, row0, 1.0f32, rows, lv, units);
+    }
 }

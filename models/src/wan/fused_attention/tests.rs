@@ -29,6 +29,23 @@ fn max_abs_diff(a: TensorData, b: TensorData) -> f32 {
     (a - b).abs().max().into_scalar().elem()
 }
 
+/// [`rand`] with the keys' rows (seed 2) growing along the sequence (`[B, H, S, D]`, so not
+/// for strided runs): later key tiles score far above the earlier maxima, and the forward's
+/// online softmax must rescale its output (`rows::STALE_MAX`).
+fn rising(shape: [usize; 4], seed: u64) -> TensorData {
+    let t = Tensor::<Cpu, 4>::from_data(rand(shape, seed), &Default::default());
+    if seed != 2 {
+        return t.into_data();
+    }
+    let s = shape[2];
+    let rise = Tensor::<Cpu, 1, burn::tensor::Int>::arange(0..s as i64, &Default::default())
+        .float()
+        .div_scalar(16.0)
+        .add_scalar(1.0)
+        .reshape([1, 1, s, 1]);
+    (t * rise).into_data()
+}
+
 /// Output and `(dq, dk, dv)` of `Σ w ∘ f(q, k, v)`; with `strided`, `q`, `k`, `v` are
 /// `[B, S, H, D]` tensors viewed as `[B, H, S, D]` (as the Wan blocks pass them).
 fn run<A: AutodiffBackend>(
@@ -37,11 +54,22 @@ fn run<A: AutodiffBackend>(
     strided: bool,
     device: &A::Device,
 ) -> [TensorData; 4] {
+    run_with(f, dims, strided, rand, device)
+}
+
+/// [`run`] on leaves made by `data(shape, seed)`.
+fn run_with<A: AutodiffBackend>(
+    f: impl Fn(Tensor<A, 4>, Tensor<A, 4>, Tensor<A, 4>) -> Tensor<A, 4>,
+    dims: (usize, usize, usize, usize),
+    strided: bool,
+    data: fn([usize; 4], u64) -> TensorData,
+    device: &A::Device,
+) -> [TensorData; 4] {
     let (sq, sk, d, dv) = dims;
     // The leaves; with `strided`, laid out `[B, S, H, C]`.
     let leaf = |[b, h, s, c]: [usize; 4], seed: u64| {
         let shape = if strided { [b, s, h, c] } else { [b, h, s, c] };
-        Tensor::<A, 4>::from_data(rand(shape, seed), device).require_grad()
+        Tensor::<A, 4>::from_data(data(shape, seed), device).require_grad()
     };
     let view = |t: &Tensor<A, 4>| {
         if strided {
@@ -294,30 +322,33 @@ fn check_tiled<K: FusedKernels>(
             "tiled backward ({products:?}) cannot run {sq} {sk} {d} {dv}"
         );
     }
+    // Every shape contiguous and strided, then keys whose scores rise along the sequence.
+    let cases = shapes
+        .iter()
+        .flat_map(|&dims| [(dims, false, rand as fn(_, _) -> _), (dims, true, rand)])
+        .chain([((40, 150, 16, 16), false, rising as fn(_, _) -> _)]);
     let mut worst = 0.0f32;
-    for &dims in &shapes {
-        for strided in [false, true] {
-            let want = run::<CpuAd>(naive_attention, dims, strided, &Default::default());
-            let tiled = |q, k, v| autodiff_attention_with(q, k, v, false, Some(products));
-            let got = run::<Autodiff<K>>(in_dtype(dtype, tiled), dims, strided, device);
-            for (name, (a, b)) in ["out", "dq", "dk", "dv"]
-                .iter()
-                .zip(want.into_iter().zip(got))
-            {
-                let scale = Tensor::<Cpu, 4>::from_data(a.clone(), &Default::default())
-                    .abs()
-                    .max()
-                    .into_scalar()
-                    .elem::<f32>()
-                    .max(1.0);
-                let diff = max_abs_diff(a, b) / scale;
-                worst = worst.max(diff);
-                assert!(
-                    diff < tol,
-                    "tiled {products:?} {dtype:?}: {name} differs by {diff} of its max \
-                     (sq, sk, d, dv = {dims:?}, strided {strided})"
-                );
-            }
+    for (dims, strided, data) in cases {
+        let want = run_with::<CpuAd>(naive_attention, dims, strided, data, &Default::default());
+        let tiled = |q, k, v| autodiff_attention_with(q, k, v, false, Some(products));
+        let got = run_with::<Autodiff<K>>(in_dtype(dtype, tiled), dims, strided, data, device);
+        for (name, (a, b)) in ["out", "dq", "dk", "dv"]
+            .iter()
+            .zip(want.into_iter().zip(got))
+        {
+            let scale = Tensor::<Cpu, 4>::from_data(a.clone(), &Default::default())
+                .abs()
+                .max()
+                .into_scalar()
+                .elem::<f32>()
+                .max(1.0);
+            let diff = max_abs_diff(a, b) / scale;
+            worst = worst.max(diff);
+            assert!(
+                diff < tol,
+                "tiled {products:?} {dtype:?}: {name} differs by {diff} of its max \
+                 (sq, sk, d, dv = {dims:?}, strided {strided})"
+            );
         }
     }
     eprintln!("tiled {products:?} {dtype:?}: largest difference {worst:.2e} of the max");
@@ -450,40 +481,37 @@ macro_rules! backend_tests {
                 // Half-precision operands in shared memory, float32 statistics.
                 let f16 = burn::tensor::FloatDType::F16;
                 check_tiled::<Cube>(&Default::default(), Products::Units, f16, 1e-2, &[]);
-                // Other launch shapes: 8, 2 and 1 planes, rows shared by 16 units; then
-                // streamed tiles prefetched into registers. (The choice is process-wide; any
-                // valid shape gives other tests the same results.)
-                for spec in [
-                    "forward=16x32x256,backward_q=16x16x64,backward_kv=16x16x32",
-                    "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
-                    // The cube's rows split among planes, 16 each: 1 and 2 planes.
-                    "forward=16x32x32w,backward_q=16x16x32w,backward_kv=16x16x32pw",
-                    "forward=32x16x64pw",
-                ] {
+                // Other launch shapes, each checked to launch as chosen at head dims `(d, dv)`
+                // (float32). (The choice is process-wide; any valid shape gives other tests
+                // the same results.)
+                let client = <$runtime as cubecl::Runtime>::client(&Default::default());
+                let have = client.properties().hardware.max_shared_memory_size;
+                let check_spec = |spec: &str, (d, dv): (usize, usize)| {
                     let choice: tiles::TileChoice = spec.parse().expect("a valid spec");
                     tiles::set_tiles(choice);
-                    let client = <$runtime as cubecl::Runtime>::client(&Default::default());
-                    let have = client.properties().hardware.max_shared_memory_size;
                     for kernel in tiles::Kernel::ALL {
-                        // The largest head dims of `TILED_SHAPES` (float32) run the choice.
-                        let used = tiles::tile_shape(kernel, 48, 64, 4, have, false);
+                        let used = tiles::tile_shape(kernel, d, dv, 4, have, false);
                         if let Some(chosen) = choice.get(kernel) {
-                            assert_eq!(used, Some(chosen), "{kernel:?} with {have} bytes");
+                            assert_eq!(used, Some(chosen), "{spec}: {kernel:?} with {have} bytes");
                         }
                     }
                     check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
+                };
+                // 8, 2 and 1 planes, rows shared by 16 units; streamed tiles prefetched into
+                // registers; the cube's rows split among planes, 16 each, with 1 and 2 planes
+                // (`r` changes nothing with unit products). The largest head dims of
+                // `TILED_SHAPES` run the choice.
+                for spec in [
+                    "forward=16x32x256,backward_q=16x16x64,backward_kv=16x16x32",
+                    "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
+                    "forward=16x32x32w,backward_q=16x16x32rw,backward_kv=16x16x32pw",
+                    "forward=32x16x64pw",
+                ] {
+                    check_spec(spec, (48, 64));
                 }
                 // Two planes' strips in the backward: 32-row cubes fit lavapipe's 32 KiB at the
                 // smaller head dims of `TILED_SHAPES` (the larger ones take the defaults).
-                let choice: tiles::TileChoice = "32x16x64w".parse().expect("a valid spec");
-                tiles::set_tiles(choice);
-                let client = <$runtime as cubecl::Runtime>::client(&Default::default());
-                let have = client.properties().hardware.max_shared_memory_size;
-                for kernel in tiles::Kernel::ALL {
-                    let used = tiles::tile_shape(kernel, 16, 16, 4, have, false);
-                    assert_eq!(used, choice.get(kernel), "{kernel:?} with {have} bytes");
-                }
-                check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
+                check_spec("32x16x64w", (16, 16));
                 tiles::set_tiles(tiles::TileChoice::default());
             }
 
@@ -589,9 +617,9 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
     check_tiled::<Cube>(&Default::default(), Products::TensorCores, f16, 1e-2, &wan);
 }
 
-/// The tensor-core kernels with other launch shapes: the backward's sums in register
-/// fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles prefetched
-/// (`p`), the cube's rows split among planes (`w`). (The choice is process-wide; any valid
+/// The tensor-core kernels with other launch shapes: the output and the backward's sums in
+/// register fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles
+/// prefetched (`p`), the cube's rows split among planes (`w`), and their combinations. (The choice is process-wide; any valid
 /// shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
@@ -606,6 +634,8 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
         "forward=64x64x256p,backward_q=64x64x256rp,backward_kv=32x64x128rp",
         "64x64x128w",
         "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
+        "64x64x128rw",
+        "forward=128x64x256rpw,backward_q=64x64x256rp,backward_kv=64x32x128rpw",
     ] {
         tiles::set_tiles(spec.parse().expect("a valid spec"));
         eprintln!("tiles {spec}");

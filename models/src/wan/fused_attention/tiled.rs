@@ -188,6 +188,7 @@ pub fn forward<R: CubeRuntime>(
                     tiles.cols,
                     tiles.units,
                     tc,
+                    tiles.registers,
                     tiles.prefetch,
                     dtype.into(),
                 )
@@ -234,10 +235,9 @@ pub fn backward<R: CubeRuntime>(
         launch_dims(tiles_q, sq, b * h),
         launch_dims(tiles_kv, sk, b * h),
     );
-    // The kernels with and without plane-owned strips take the same arguments, less the
-    // register sums' flag (`$regs`) for the strips.
+    // The kernels with and without plane-owned strips take the same arguments.
     macro_rules! launch_q {
-        ($kernel:path $(, $regs:expr)?) => {
+        ($kernel:path) => {
             // SAFETY: as in `forward`: guarded global accesses, shared memory sized from the
             // same comptime shapes, `vector` dividing every vectorized tensor's layout.
             unsafe {
@@ -261,7 +261,7 @@ pub fn backward<R: CubeRuntime>(
                     tiles_q.cols,
                     tiles_q.units,
                     tc,
-                    $($regs,)?
+                    tiles_q.registers,
                     tiles_q.prefetch,
                     dtype.into(),
                 )
@@ -269,7 +269,7 @@ pub fn backward<R: CubeRuntime>(
         };
     }
     macro_rules! launch_kv {
-        ($kernel:path $(, $regs:expr)?) => {
+        ($kernel:path) => {
             // SAFETY: as above.
             unsafe {
                 $kernel(
@@ -292,7 +292,7 @@ pub fn backward<R: CubeRuntime>(
                     tiles_kv.cols,
                     tiles_kv.units,
                     tc,
-                    $($regs,)?
+                    tiles_kv.registers,
                     tiles_kv.prefetch,
                     dtype.into(),
                 )
@@ -302,18 +302,12 @@ pub fn backward<R: CubeRuntime>(
     if tiles_q.strips {
         launch_q!(strips_backward::tiled_backward_q_strips::launch_unchecked::<R>);
     } else {
-        launch_q!(
-            kernels::tiled_backward_q::launch_unchecked::<R>,
-            tiles_q.registers
-        );
+        launch_q!(kernels::tiled_backward_q::launch_unchecked::<R>);
     }
     if tiles_kv.strips {
         launch_kv!(strips_backward::tiled_backward_kv_strips::launch_unchecked::<R>);
     } else {
-        launch_kv!(
-            kernels::tiled_backward_kv::launch_unchecked::<R>,
-            tiles_kv.registers
-        );
+        launch_kv!(kernels::tiled_backward_kv::launch_unchecked::<R>);
     }
     Ok((dq, dk, dvt))
 }

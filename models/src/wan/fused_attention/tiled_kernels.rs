@@ -21,9 +21,11 @@
 
 use cubecl::prelude::*;
 
-use super::fragments::{accumulate, accumulators, exit_scratch, store_sums};
+use super::fragments::{
+    accumulate, accumulators, exit_scratch, rescale_accumulators, spill_accumulators, store_sums,
+};
 use super::kernels::{offset, stat_offset, NEG_BIG};
-use super::rows::{online_softmax, query_stats, streamed_stats};
+use super::rows::{online_softmax, query_stats, rescale_rows, streamed_stats};
 use super::staging::{fill, stage, store_rows, stream, streamed};
 use super::tile_ops::{product, ALIGN};
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
@@ -46,6 +48,7 @@ pub fn tiled_forward<F: Float, N: Size>(
     #[comptime] cols: usize,
     #[comptime] units: usize,
     #[comptime] tc: bool,
+    #[comptime] regs: bool,
     #[comptime] prefetch: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -69,6 +72,10 @@ pub fn tiled_forward<F: Float, N: Size>(
     let mut l = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut corr = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut red = SharedMemory::<f32>::new_aligned(units, ALIGN);
+    // With `regs` (tensor cores only) the output sums in register fragments and `o` serves
+    // only their rescaling and their way out.
+    let regs = comptime![tc && regs];
+    let o_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, false);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     fill(&mut o, 0.0f32, rows * lo, units);
     fill(&mut m, f32::new(NEG_BIG), rows, units);
@@ -98,13 +105,18 @@ pub fn tiled_forward<F: Float, N: Size>(
             tc,
         );
         sync_cube();
-        let mut idx = UNIT_POS as usize;
-        while idx < rows * lo {
-            o[idx] *= corr[idx / lo];
-            idx += units;
+        if comptime![regs] {
+            rescale_accumulators(&o_acc, &mut o, &corr, rows, dvp, units, false);
+            accumulate::<F>(&p, &vs, &o_acc, rows, dvp, cols, false, units, false);
+        } else {
+            rescale_rows(&mut o, &corr, 0, rows, lo, UNIT_POS as usize, units);
+            sync_cube();
+            product::<F>(&p, &vs, &mut o, rows, dvp, cols, false, true, tc, units);
         }
         sync_cube();
-        product::<F>(&p, &vs, &mut o, rows, dvp, cols, false, true, tc, units);
+    }
+    if comptime![regs] {
+        spill_accumulators(&o_acc, &mut o, rows, dvp, units, false);
         sync_cube();
     }
 
@@ -167,7 +179,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lq }], ALIGN);
     // The sums leave through the score matrix when it is large enough (free by then).
     let mut scratch = exit_scratch(regs, rows, cols, units);
-    let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
+    let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, false);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
@@ -209,7 +221,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
         }
         sync_cube();
         if comptime![regs] {
-            accumulate::<F>(&ds, &ks, &dq_acc, rows, dp, cols, false, units);
+            accumulate::<F>(&ds, &ks, &dq_acc, rows, dp, cols, false, units, false);
         } else {
             product::<F>(&ds, &ks, &mut dqs, rows, dp, cols, false, true, tc, units);
         }
@@ -229,6 +241,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
             dp,
             cols,
             units,
+            false,
         );
     } else {
         store_rows(dq, &dqs, bh, row0, scale, rows, lq, units);
@@ -284,8 +297,8 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         SharedMemory::<f32>::new_aligned(comptime![if regs { 1 } else { rows * lv }], ALIGN);
     // The sums leave through the score matrix when it is large enough (free by then).
     let mut scratch = exit_scratch(regs, rows, cols, units);
-    let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units);
-    let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units);
+    let dk_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, false);
+    let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, false);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     stage(k, &mut ks, bh, row0, rows, dp, units);
@@ -317,8 +330,8 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         }
         sync_cube();
         if comptime![regs] {
-            accumulate::<F>(&pt, &dos, &dv_acc, rows, dvp, cols, false, units);
-            accumulate::<F>(&dst, &qs, &dk_acc, rows, dp, cols, false, units);
+            accumulate::<F>(&pt, &dos, &dv_acc, rows, dvp, cols, false, units, false);
+            accumulate::<F>(&dst, &qs, &dk_acc, rows, dp, cols, false, units, false);
         } else {
             product::<F>(&pt, &dos, &mut dvs, rows, dvp, cols, false, true, tc, units);
             product::<F>(&dst, &qs, &mut dks, rows, dp, cols, false, true, tc, units);
@@ -329,10 +342,10 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     if comptime![regs] {
         let sc = &mut scratch;
         store_sums(
-            dk, &dk_acc, &mut st, sc, bh, row0, scale, rows, dp, cols, units,
+            dk, &dk_acc, &mut st, sc, bh, row0, scale, rows, dp, cols, units, false,
         );
         store_sums(
-            dv_out, &dv_acc, &mut st, sc, bh, row0, 1.0, rows, dvp, cols, units,
+            dv_out, &dv_acc, &mut st, sc, bh, row0, 1.0, rows, dvp, cols, units, false,
         );
     } else {
         store_rows(dk, &dks, bh, row0, scale, rows, lk, units);

@@ -68,15 +68,16 @@ pub struct Tiles {
     pub cols: usize,
     /// Units per cube.
     pub units: usize,
-    /// With tensor-core products: the backward's `dQ`, `dK`, `dV` sums stay in register
-    /// fragments instead of shared memory (the `r` suffix of a spec; `fragments.rs`).
+    /// With tensor-core products: the forward's output and the backward's `dQ`, `dK`, `dV`
+    /// sums stay in register fragments instead of shared memory (the `r` suffix of a spec;
+    /// `fragments.rs`).
     pub registers: bool,
     /// Each streamed tile's global loads are issued while the previous tile computes, into
     /// registers (the `p` suffix of a spec; `staging::stream`): `cols × head dim / units`
     /// more elements of registers per unit and per streamed tensor, no more shared memory.
     pub prefetch: bool,
     /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
-    /// `strips_backward.rs`), which needs `rows = 16 × units / 32`; not with `registers`.
+    /// `strips_backward.rs`), which needs `rows = 16 × units / 32`.
     pub strips: bool,
 }
 
@@ -93,7 +94,8 @@ impl Tiles {
         }
     }
 
-    /// These tiles with the backward's sums in registers (tensor-core products).
+    /// These tiles with the output and the backward's sums in registers (tensor-core
+    /// products).
     pub const fn with_registers(self) -> Self {
         Self {
             registers: true,
@@ -140,11 +142,6 @@ impl Tiles {
         if self.strips && rows != TILE * units / 32 {
             return Some(format!("with w, rows must be {TILE} per plane of 32 units"));
         }
-        if self.strips && self.registers {
-            return Some(
-                "w and r do not combine (the strips keep their sums in shared memory)".into(),
-            );
-        }
         None
     }
 }
@@ -178,9 +175,9 @@ impl FromStr for Tiles {
         };
         // Flags after the numbers, in any order: `r` (registers), `p` (prefetch), `w`
         // (plane-owned strips).
-        let t = s.trim();
-        let t = t.trim_end_matches(['r', 'p', 'w']);
-        let flags = &s.trim()[t.len()..];
+        let spec = s.trim();
+        let t = spec.trim_end_matches(['r', 'p', 'w']);
+        let flags = &spec[t.len()..];
         let nums: Vec<usize> = t
             .split('x')
             .map(|n| n.trim().parse::<usize>())
@@ -416,29 +413,23 @@ mod tests {
         // `Tiles`, but the kernels never launch with it.
         let bad = Tiles::new(32, 64, 128).with_strips();
         assert!(bad.invalid().is_some());
-        for kernel in Kernel::ALL {
-            let got = shape_with(
-                TileChoice([Some(bad); 3]),
+        // Head dim 128 in bf16 with tensor cores on an H100's 227 KiB.
+        let launch = |t, kernel| {
+            shape_with(
+                TileChoice([Some(t); 3]),
                 kernel,
                 128,
                 128,
                 2,
                 227 << 10,
                 true,
-            );
-            assert_eq!(got, Some(DEFAULT_SHAPES[0]), "{kernel:?}");
+            )
+        };
+        for kernel in Kernel::ALL {
+            assert_eq!(launch(bad, kernel), Some(DEFAULT_SHAPES[0]), "{kernel:?}");
         }
         let good = Tiles::new(64, 64, 128).with_strips();
-        let got = shape_with(
-            TileChoice([Some(good); 3]),
-            Kernel::Forward,
-            128,
-            128,
-            2,
-            227 << 10,
-            true,
-        );
-        assert_eq!(got, Some(good));
+        assert_eq!(launch(good, Kernel::Forward), Some(good));
     }
 
     #[test]
@@ -459,7 +450,11 @@ mod tests {
             assert_eq!(freed, sums * 16 * 132 * 4 - scratch);
             // Unit products keep the matrices, whatever the spec says.
             assert_eq!(bytes(regs, false), bytes(plain, false));
+            // Planes owning strips (`w`) free the same.
+            let (strips, both) = (plain.with_strips(), regs.with_strips());
+            assert_eq!(bytes(strips, true) - bytes(both, true), sums * 64 * 132 * 4);
         }
+        // The forward keeps its output matrix: the fragments are rescaled and leave through it.
         let forward = |t| shared_bytes(Kernel::Forward, t, 128, 128, 2, true);
         assert_eq!(forward(regs), forward(plain));
         // Two `dQ` cubes fit an H100's multiprocessor (228 KiB, 1 KiB reserved per cube).
@@ -502,6 +497,13 @@ mod tests {
             Tiles::new(128, 64, 256).with_prefetch().with_strips()
         );
         assert_eq!(strips.to_string(), "128x64x256pw");
+        let all: Tiles = "64x64x128wrp".parse().unwrap();
+        let want = Tiles::new(64, 64, 128)
+            .with_registers()
+            .with_prefetch()
+            .with_strips();
+        assert_eq!(all, want);
+        assert_eq!(all.to_string(), "64x64x128rpw");
         for (spec, says) in [
             ("64", "two or three numbers"),
             ("64xa", "not a number"),
@@ -511,7 +513,6 @@ mod tests {
             ("64x64x32", "must not exceed units"),
             ("32x16x96", "divides cols"),
             ("32x64x128w", "16 per plane"),
-            ("64x64x128rw", "do not combine"),
             ("sideways=64x64", "unknown kernel"),
             ("forward=64x64,32x32", "has no `kernel=`"),
         ] {
