@@ -18,7 +18,9 @@
 use cubecl::prelude::*;
 
 use super::kernels::offset;
-use super::tile_ops::{fragment, tile_of, tile_steps, ALIGN, PAD_FLOAT, TILE};
+use super::tile_ops::{
+    a_fragment, b_fragment, fragment, tile_of, tile_steps, ALIGN, PAD_FLOAT, TILE,
+};
 
 /// Fragments per plane for an `m × n` output on `units` units: its share of the output's
 /// tiles, or with `strips` the tiles of its own 16-row strip.
@@ -121,8 +123,9 @@ pub(super) fn accumulators(
 
 /// `accs += a·b` (or `a·bᵀ` with `b_t`) for the plane's tiles of the `m × n` output: `a` is
 /// `m × kd` and `b` `kd × n` (or `n × kd`), row-major in shared memory with padded rows, as
-/// for [`product`](super::tile_ops::product). Plane-local: no cube sync inside (with
-/// `strips` the plane reads only its strip of `a`).
+/// for [`product`](super::tile_ops::product). Plane-local: no cube sync inside. With
+/// `strips` the plane's tiles share its 16 rows of `a`: each of their `kd / 16` operand
+/// fragments is loaded once and serves every tile.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate<F: Float>(
@@ -138,13 +141,25 @@ pub(super) fn accumulate<F: Float>(
 ) {
     let tiles_n = comptime![n / TILE];
     let tiles = comptime![(m / TILE) * (n / TILE)];
-    #[unroll]
-    for i in 0..comptime![fragments_per_plane(m, n, units, strips)] {
-        let t = owned_tile(i, n, units, strips);
-        if t < tiles {
-            let row0 = (t / tiles_n) * TILE;
-            let col0 = (t % tiles_n) * TILE;
-            tile_steps::<F>(a, b, accs.index(i), row0, col0, n, kd, b_t);
+    if comptime![strips] {
+        let row0 = UNIT_POS_Y as usize * TILE;
+        for step in 0..kd / TILE {
+            let a_tile = a_fragment::<F>(a, row0, step * TILE, kd);
+            #[unroll]
+            for i in 0..comptime![n / TILE] {
+                let b_tile = b_fragment::<F>(b, step * TILE, i * TILE, n, kd, b_t);
+                cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, accs.index(i), accs.index(i));
+            }
+        }
+    } else {
+        #[unroll]
+        for i in 0..comptime![fragments_per_plane(m, n, units, false)] {
+            let t = owned_tile(i, n, units, false);
+            if t < tiles {
+                let row0 = (t / tiles_n) * TILE;
+                let col0 = (t % tiles_n) * TILE;
+                tile_steps::<F>(a, b, accs.index(i), row0, col0, n, kd, b_t);
+            }
         }
     }
 }

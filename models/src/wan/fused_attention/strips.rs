@@ -23,7 +23,8 @@ use super::kernels::{offset, stat_offset, NEG_BIG};
 use super::rows::{online_softmax, rescale_rows};
 use super::staging::{fill, stage, stream, streamed};
 use super::tile_ops::{
-    fragment, strip_product, sync_strip, tile_of, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE,
+    a_fragment, b_fragment, fragment, strip_product, sync_strip, ALIGN, PAD_FLOAT, PAD_OPERAND,
+    TILE,
 };
 
 /// The plane's 16 rows `row0 ..` of `a` (`rows × kd`, padded rows) as `kd / 16` tensor-core
@@ -35,13 +36,10 @@ pub(super) fn strip_fragments<F: Float>(
     #[comptime] kd: usize,
     #[comptime] tc: bool,
 ) -> Sequence<cmma::Matrix<F>> {
-    let ld = comptime![kd + PAD_OPERAND];
     let mut frags = Sequence::new();
     #[unroll]
     for step in 0..comptime![if tc { kd / TILE } else { 0 }] {
-        let frag = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
-        cmma::load(&frag, &tile_of(a, row0 * ld + step * TILE, ld), ld as u32);
-        frags.push(frag);
+        frags.push(a_fragment::<F>(a, row0, step * TILE, kd));
     }
     frags
 }
@@ -62,7 +60,7 @@ pub(super) fn strip_scores<F: Float>(
     #[comptime] tc: bool,
 ) {
     if comptime![tc] {
-        let (lb, lc) = comptime![(kd + PAD_OPERAND, cols + PAD_FLOAT)];
+        let lc = comptime![cols + PAD_FLOAT];
         #[unroll]
         for col in 0..comptime![cols / TILE] {
             let acc = fragment::<f32>(
@@ -72,10 +70,7 @@ pub(super) fn strip_scores<F: Float>(
             cmma::fill(&acc, 0.0f32);
             #[unroll]
             for step in 0..comptime![kd / TILE] {
-                // `bᵀ` (`kd × cols`) is `b` (`cols × kd`, padded rows) read column-major.
-                let bf = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
-                let at = col * comptime![TILE * (kd + PAD_OPERAND)] + step * TILE;
-                cmma::load(&bf, &tile_of(b, at, lb), lb as u32);
+                let bf = b_fragment::<F>(b, step * TILE, col * TILE, cols, kd, true);
                 cmma::execute::<F, F, f32, f32>(af.index(step), &bf, &acc, &acc);
             }
             let at = row0 * lc + col * TILE;

@@ -159,22 +159,49 @@ pub(super) fn tile_steps<F: Float>(
     #[comptime] kd: usize,
     #[comptime] b_t: bool,
 ) {
-    let lda = comptime![kd + PAD_OPERAND];
-    let ldb = comptime![n + PAD_OPERAND];
     for step in 0..kd / TILE {
-        let k0 = step * TILE;
-        let a_tile = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
-        cmma::load(&a_tile, &tile_of(a, row0 * lda + k0, lda), lda as u32);
-        if comptime![b_t] {
-            // `bᵀ` (`kd × n`) is `b` (`n × kd`, padded rows) read column-major.
-            let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
-            cmma::load(&b_tile, &tile_of(b, col0 * lda + k0, lda), lda as u32);
-            cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
-        } else {
-            let b_tile = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
-            cmma::load(&b_tile, &tile_of(b, k0 * ldb + col0, ldb), ldb as u32);
-            cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
-        }
+        let a_tile = a_fragment::<F>(a, row0, step * TILE, kd);
+        let b_tile = b_fragment::<F>(b, step * TILE, col0, n, kd, b_t);
+        cmma::execute::<F, F, f32, f32>(&a_tile, &b_tile, acc, acc);
+    }
+}
+
+/// The left operand's 16×16 tile at `(row0, k0)` of `a` (`m × kd`, padded rows), as for
+/// [`product`].
+#[cube]
+pub(super) fn a_fragment<F: Float>(
+    a: &SharedMemory<F>,
+    row0: usize,
+    k0: usize,
+    #[comptime] kd: usize,
+) -> cmma::Matrix<F> {
+    let lda = comptime![kd + PAD_OPERAND];
+    let frag = fragment::<F>(cmma::MatrixIdent::A, cmma::MatrixLayout::RowMajor);
+    cmma::load(&frag, &tile_of(a, row0 * lda + k0, lda), lda as u32);
+    frag
+}
+
+/// The right operand's 16×16 tile at `(k0, col0)` of `b` (`kd × n`) or, with `b_t`, of `bᵀ`
+/// (`b` is then `n × kd`, read column-major), padded rows, as for [`product`].
+#[cube]
+pub(super) fn b_fragment<F: Float>(
+    b: &SharedMemory<F>,
+    k0: usize,
+    col0: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] b_t: bool,
+) -> cmma::Matrix<F> {
+    if comptime![b_t] {
+        let ld = comptime![kd + PAD_OPERAND];
+        let frag = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::ColMajor);
+        cmma::load(&frag, &tile_of(b, col0 * ld + k0, ld), ld as u32);
+        frag
+    } else {
+        let ld = comptime![n + PAD_OPERAND];
+        let frag = fragment::<F>(cmma::MatrixIdent::B, cmma::MatrixLayout::RowMajor);
+        cmma::load(&frag, &tile_of(b, k0 * ld + col0, ld), ld as u32);
+        frag
     }
 }
 
