@@ -19,7 +19,7 @@ use cubecl::prelude::*;
 
 use super::kernels::offset;
 use super::tile_ops::{
-    a_fragment, b_fragment, fragment, tile_of, tile_steps, ALIGN, PAD_FLOAT, TILE,
+    a_fragment, b_fragment, fragment, store_tile, tile_of, tile_steps, ALIGN, PAD_FLOAT, TILE,
 };
 
 /// Fragments per plane for an `m × n` output on `units` units: its share of the output's
@@ -195,13 +195,7 @@ fn store_accumulators<F: Float>(
         if t < tiles {
             let r0 = row0 + (t / tiles_n) * TILE;
             let c0 = (t % tiles_n) * TILE;
-            let mut tile = scratch.slice_mut(base, base + (TILE - 1) * ld + TILE);
-            cmma::store(
-                &mut tile,
-                accs.index(i),
-                ld as u32,
-                cmma::MatrixLayout::RowMajor,
-            );
+            store_tile(scratch, accs.index(i), base, ld);
             sync_plane();
             #[unroll]
             for j in 0..comptime![TILE * TILE / 32] {
@@ -248,13 +242,7 @@ pub(super) fn rescale_accumulators(
             }
             if moved {
                 let at = row0 * ld + col0;
-                let mut tile = o.slice_mut(at, at + (TILE - 1) * ld + TILE);
-                cmma::store(
-                    &mut tile,
-                    accs.index(i),
-                    ld as u32,
-                    cmma::MatrixLayout::RowMajor,
-                );
+                store_tile(o, accs.index(i), at, ld);
                 sync_plane();
                 #[unroll]
                 for j in 0..comptime![TILE * TILE / 32] {
@@ -293,13 +281,7 @@ pub(super) fn spill_accumulators(
         let t = owned_tile(i, n, units, strips);
         if t < tiles {
             let at = (t / tiles_n) * TILE * ld + (t % tiles_n) * TILE;
-            let mut tile = o.slice_mut(at, at + (TILE - 1) * ld + TILE);
-            cmma::store(
-                &mut tile,
-                accs.index(i),
-                ld as u32,
-                cmma::MatrixLayout::RowMajor,
-            );
+            store_tile(o, accs.index(i), at, ld);
         }
     }
 }

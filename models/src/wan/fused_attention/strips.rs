@@ -23,8 +23,8 @@ use super::kernels::{offset, stat_offset, NEG_BIG};
 use super::rows::{online_softmax, rescale_rows};
 use super::staging::{fill, stage, stream, streamed};
 use super::tile_ops::{
-    a_fragment, b_fragment, fragment, strip_product, sync_strip, ALIGN, PAD_FLOAT, PAD_OPERAND,
-    TILE,
+    a_fragment, b_fragment, fragment, store_tile, strip_product, sync_strip, ALIGN, PAD_FLOAT,
+    PAD_OPERAND, TILE,
 };
 
 /// The plane's 16 rows `row0 ..` of `a` (`rows × kd`, padded rows) as `kd / 16` tensor-core
@@ -73,9 +73,7 @@ pub(super) fn strip_scores<F: Float>(
                 let bf = b_fragment::<F>(b, step * TILE, col * TILE, cols, kd, true);
                 cmma::execute::<F, F, f32, f32>(af.index(step), &bf, &acc, &acc);
             }
-            let at = row0 * lc + col * TILE;
-            let mut out = c.slice_mut(at, at + (TILE - 1) * lc + TILE);
-            cmma::store(&mut out, &acc, lc as u32, cmma::MatrixLayout::RowMajor);
+            store_tile(c, &acc, row0 * lc + col * TILE, lc);
         }
     } else {
         strip_product::<F>(a, b, c, row0, cols, kd, true, false, false);

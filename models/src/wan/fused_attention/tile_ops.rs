@@ -104,6 +104,19 @@ pub(super) fn tile_of<E: Numeric>(
     smem.slice(at, at + (TILE - 1) * ld + TILE)
 }
 
+/// Store the accumulator `acc` as the 16×16 tile at element `at` of `smem` (float32, `ld`
+/// elements per row), row-major.
+#[cube]
+pub(super) fn store_tile(
+    smem: &mut SharedMemory<f32>,
+    acc: &cmma::Matrix<f32>,
+    at: usize,
+    #[comptime] ld: usize,
+) {
+    let mut tile = smem.slice_mut(at, at + (TILE - 1) * ld + TILE);
+    cmma::store(&mut tile, acc, ld as u32, cmma::MatrixLayout::RowMajor);
+}
+
 /// [`product`] with cooperative-matrix instructions: the plane computes the 16×16 output
 /// tiles `first, first + step, …` before `end` (tile `t` at row `t / (n / 16)` and column
 /// `t % (n / 16)` of the output's tiles), accumulating in float32 over `kd / 16` steps.
@@ -139,8 +152,7 @@ pub(super) fn tensor_core_product<F: Float>(
             cmma::fill(&acc, 0.0f32);
         }
         tile_steps::<F>(a, b, &acc, row0, col0, n, kd, b_t);
-        let mut out = c.slice_mut(c_at, c_at + (TILE - 1) * ldc + TILE);
-        cmma::store(&mut out, &acc, ldc as u32, cmma::MatrixLayout::RowMajor);
+        store_tile(c, &acc, c_at, ldc);
         t += step;
     }
 }
