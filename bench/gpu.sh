@@ -69,7 +69,7 @@ case $PLAN in
     ATTENTION=${ATTENTION:-pick}
     # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
     # (`p`: streamed tiles prefetched, `w`: the cube's rows split among warps, `r`: the
-    # backward's sums in registers; tiles.rs).
+    # output and the backward's sums in registers; tiles.rs).
     TILES=${TILES-"64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp 32x64x128r forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w 64x64x256"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}

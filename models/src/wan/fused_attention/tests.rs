@@ -619,8 +619,8 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 
 /// The tensor-core kernels with other launch shapes: the output and the backward's sums in
 /// register fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles
-/// prefetched (`p`), the cube's rows split among planes (`w`), and their combinations. (The choice is process-wide; any valid
-/// shape gives other tests the same results.)
+/// prefetched (`p`), the cube's rows split among planes (`w`), and their combinations. (The
+/// choice is process-wide; any valid shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {

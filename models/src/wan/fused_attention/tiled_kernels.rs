@@ -77,7 +77,10 @@ pub fn tiled_forward<F: Float, N: Size>(
     let regs = comptime![tc && regs];
     let o_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, false);
     stage(q, &mut qs, bh, row0, rows, dp, units);
-    fill(&mut o, 0.0f32, rows * lo, units);
+    if comptime![!regs] {
+        // (With `regs` every tile of `o` is stored before it is read.)
+        fill(&mut o, 0.0f32, rows * lo, units);
+    }
     fill(&mut m, f32::new(NEG_BIG), rows, units);
     fill(&mut l, 0.0f32, rows, units);
     let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
