@@ -16,6 +16,11 @@
 #    into $CUDA_TOOLS (default ~/.cache/reel-cuda-tools); they compile each source to PTX as
 #    CubeCL does at run time (the PTX is kept beside each source, NAME.ARCH.ptx, to read which
 #    instructions a change produced), then `ptxas -v` assembles it for each architecture.
+# 3. From each kernel's registers, shared memory and units: the cubes a multiprocessor holds
+#    (H100/H200 for sm_90a, A100 for sm_80); and from its machine code (`nvdisasm`, NAME.cubin
+#    beside the PTX) the instructions of its hottest loop, the loop over key tiles: HMMA
+#    (tensor-core products), LDSM (`ldmatrix`), shared-memory and generic loads and stores,
+#    barriers (bench/sass_stats.py).
 #
 # A kernel with spills, or more than 128 registers per unit at 128 units per cube (fewer
 # than four cubes' worth of registers per multiprocessor), is worth a look before a GPU
@@ -37,6 +42,15 @@ if [[ ! -x $CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas ]]; then
     python3 -m zipfile -e "$w" "$CUDA_TOOLS"
   done
   chmod +x "$CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas"
+fi
+# NVIDIA's disassembler (its CUDA 13 wheel reads sm_80/sm_90 machine code) for the hot-loop
+# columns; without it (no registry) those columns stay empty.
+if [[ ! -x $CUDA_TOOLS/nvidia/cu13/bin/nvdisasm ]]; then
+  mkdir -p "$CUDA_TOOLS/wheels"
+  if python3 -m pip download -q --no-deps -d "$CUDA_TOOLS/wheels" 'nvidia-cuda-nvdisasm==13.2.86'; then
+    python3 -m zipfile -e "$CUDA_TOOLS"/wheels/nvidia_cuda_nvdisasm-*.whl "$CUDA_TOOLS"
+    chmod +x "$CUDA_TOOLS/nvidia/cu13/bin/nvdisasm"
+  fi
 fi
 
 # A Vulkan driver for the client the kernels are defined on (see .ci/run).

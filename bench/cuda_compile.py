@@ -1,13 +1,18 @@
 """Compile CubeCL-generated CUDA sources as CubeCL's CUDA runtime does (NVRTC, then the
 driver's assembler; here `ptxas`) and print a table of each kernel's registers, spills, stack
-and PTX size per architecture. Usage: cuda_compile.py CUDA_TOOLS SOURCE.cu... (see
-bench/cuda-compile.sh; ARCHS in the environment, default "sm_90a sm_80")."""
+and PTX size per architecture; with the source's shared memory (its `// reel:` header) the
+cubes per multiprocessor, and with `nvdisasm` the instruction mix of its hottest loop
+(sass_stats.py). Usage: cuda_compile.py CUDA_TOOLS SOURCE.cu... (see bench/cuda-compile.sh;
+ARCHS in the environment, default "sm_90a sm_80")."""
 
 import ctypes
 import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sass_stats  # noqa: E402
 
 
 def nvrtc_ptx(lib, source: bytes, options: list[str]) -> tuple[str | None, str]:
@@ -56,13 +61,20 @@ def main() -> int:
     lib = ctypes.CDLL(os.path.join(nv, "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     ptxas = os.path.join(nv, "cuda_nvcc", "bin", "ptxas")
     includes = [os.path.join(nv, "cuda_runtime", "include"), os.path.join(nv, "cuda_nvcc", "include")]
+    nvdisasm = os.path.join(nv, "cu13", "bin", "nvdisasm")
     archs = os.environ.get("ARCHS", "sm_90a sm_80").split()
     failed = 0
-    print("| kernel | arch | registers | spill st/ld bytes | stack | PTX lines |")
-    print("|---|---|---|---|---|---|")
+    loop_cols = ["instructions", *sass_stats.CLASSES, "inner loops"]
+    print(
+        "| kernel | arch | registers | spill st/ld bytes | stack | PTX lines | shared KiB "
+        "| cubes/SM | " + " | ".join(f"loop {c}" for c in loop_cols) + " |"
+    )
+    print("|---" * (8 + len(loop_cols)) + "|")
     for path in sources:
         name = os.path.basename(path).removesuffix(".cu")
         source = open(path, "rb").read()
+        header = re.search(rb"// reel: shared_bytes=(\d+) units=(\d+)", source)
+        shared, units = (int(header.group(1)), int(header.group(2))) if header else (0, 0)
         for arch in archs:
             options = [f"--gpu-architecture={arch}", "-lineinfo"]
             options += [f"--include-path={i}" for i in includes]
@@ -83,9 +95,14 @@ def main() -> int:
                 print(info["error"], file=sys.stderr)
                 continue
             lines = ptx.count("\n")
+            cubes = sass_stats.cubes_per_sm(arch, info["registers"], shared, units) if header else ""
+            sass = sass_stats.disassemble(ptxas, nvdisasm, ptx_path, arch)
+            loop = sass and sass_stats.hot_loop(sass)
+            looped = [str(loop[c]) if loop else "" for c in loop_cols]
             print(
                 f"| {name} | {arch} | {info['registers']} | "
-                f"{info['spill_stores']}/{info['spill_loads']} | {info['stack']} | {lines} |"
+                f"{info['spill_stores']}/{info['spill_loads']} | {info['stack']} | {lines} | "
+                f"{shared / 1024:.1f} | {cubes} | " + " | ".join(looped) + " |"
             )
     return 1 if failed else 0
 

@@ -70,7 +70,9 @@ case $PLAN in
     # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
     # (`p`: streamed tiles prefetched, `w`: the cube's rows split among warps, `r`: the
     # output and the backward's sums in registers; tiles.rs).
-    TILES=${TILES-"64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp 32x64x128r forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w 64x64x256"}
+    # The manual-MMA forwards (`m`; 4 and 8 planes, 64- and 32-key tiles) first, each with
+    # backward shapes not timed in another row.
+    TILES=${TILES-"forward=64x64x128m,backward_q=64x64x128rw,backward_kv=64x64x128w forward=128x64x256m,backward_q=64x64x128r,backward_kv=64x64x128pw forward=64x32x128m,backward_q=64x64x256rp 64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.

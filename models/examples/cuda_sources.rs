@@ -21,7 +21,7 @@ use reel_models::wan::fused_attention::tiled_kernels as k;
 use reel_models::wan::fused_attention::tiles::{
     padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
 };
-use reel_models::wan::fused_attention::{strips, strips_backward};
+use reel_models::wan::fused_attention::{mma_forward, strips, strips_backward};
 
 /// Elements per global load when staging tiles: 16 bytes of bf16/f16, what the kernels get for
 /// a contiguous head dim that 8 divides (Wan's q/k/v).
@@ -80,6 +80,7 @@ fn source(
             registers,
             prefetch,
             strips,
+            mma,
         },
     ) = (client.clone(), tiles);
     // Every kernel takes its tensors, the scale (a runtime scalar) and the same comptime
@@ -93,6 +94,10 @@ fn source(
         };
     }
     match (kernel, strips) {
+        (Kernel::Forward, _) if mma => define!(
+            mma_forward::tiled_forward_mma::TiledForwardMma<WgpuRuntime>,
+            [t(), t(), t(), t(), t()]
+        ),
         (Kernel::Forward, true) => define!(
             strips::tiled_forward_strips::TiledForwardStrips<WgpuRuntime>,
             [t(), t(), t(), t(), t()]
@@ -120,7 +125,9 @@ fn source(
     }
 }
 
-/// The CUDA C++ source `CudaCompiler` generates for `kernel`.
+/// The CUDA C++ source `CudaCompiler` generates for `kernel`, headed by a comment with its
+/// shared memory per cube and its units (`// reel: shared_bytes=N units=U`), which
+/// `bench/cuda_compile.py` reads for its occupancy column.
 fn compile<K: CubeKernel>(kernel: K) -> Result<String, Box<dyn std::error::Error>> {
     let task = KernelTask::<CudaCompiler, K>::new(kernel);
     // As the CUDA runtime compiles kernels (`cubecl-cuda`'s device setup).
@@ -135,5 +142,10 @@ fn compile<K: CubeKernel>(kernel: K) -> Result<String, Box<dyn std::error::Error
             u32_type,
         )
         .map_err(|e| format!("{e:?}"))?;
-    Ok(compiled.source)
+    let shared = compiled.repr.as_ref().map_or(0, |k| k.shared_memory_size());
+    let units = compiled.cube_dim.num_elems();
+    Ok(format!(
+        "// reel: shared_bytes={shared} units={units}\n{}",
+        compiled.source
+    ))
 }

@@ -17,6 +17,7 @@ mod fragments;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
+pub mod mma_forward;
 mod rows;
 mod staging;
 pub mod strips;

@@ -506,6 +506,8 @@ macro_rules! backend_tests {
                     "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
                     "forward=16x32x32w,backward_q=16x16x32rw,backward_kv=16x16x32pw",
                     "forward=32x16x64pw",
+                    // `m` (manual `mma`) is CUDA's: elsewhere the strips forward runs.
+                    "forward=32x16x64m",
                 ] {
                     check_spec(spec, (48, 64));
                 }
@@ -619,7 +621,8 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 
 /// The tensor-core kernels with other launch shapes: the output and the backward's sums in
 /// register fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles
-/// prefetched (`p`), the cube's rows split among planes (`w`), and their combinations. (The
+/// prefetched (`p`), the cube's rows split among planes (`w`), their combinations, and the
+/// forward on manual `mma` instructions (`m`, 4 and 8 planes, 64- and 32-key tiles). (The
 /// choice is process-wide; any valid shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
@@ -636,10 +639,17 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
         "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
         "64x64x128rw",
         "forward=128x64x256rpw,backward_q=64x64x256rp,backward_kv=64x32x128rpw",
+        "forward=64x64x128m,backward_q=64x64x128rw,backward_kv=64x64x128w",
+        "forward=128x64x256m",
+        "forward=64x32x128m",
     ] {
         tiles::set_tiles(spec.parse().expect("a valid spec"));
         eprintln!("tiles {spec}");
         check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2, &wan);
     }
+    // The manual-MMA forward's f16 operands.
+    tiles::set_tiles("forward=64x64x128m".parse().expect("a valid spec"));
+    let f16 = burn::tensor::FloatDType::F16;
+    check_tiled::<Cube>(&Default::default(), Products::TensorCores, f16, 1e-2, &wan);
     tiles::set_tiles(tiles::TileChoice::default());
 }

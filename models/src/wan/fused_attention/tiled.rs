@@ -18,7 +18,7 @@ use cubecl::prelude::*;
 
 use super::tiled_kernels::{self as kernels, TILE};
 use super::tiles::{padded, shared_bytes, tile_shape, Kernel, Tiles, DEFAULT_SHAPES};
-use super::{strips, strips_backward};
+use super::{mma_forward, strips, strips_backward};
 
 /// How the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +93,21 @@ pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<()
         return Err(Unavailable::NoInstruction(q.dtype));
     }
     Ok(())
+}
+
+/// Whether `q`'s device has the warp-level `m16n8k16` product for its dtype with float32
+/// accumulators that [`mma_forward`] is built on (CUDA from compute capability 8.0).
+fn manual_mma<R: CubeRuntime>(q: &CubeTensor<R>) -> bool {
+    let elem: StorageType = q.dtype.into();
+    let config = MmaConfig {
+        a_type: elem,
+        b_type: elem,
+        cd_type: DType::F32.into(),
+        m: TILE as u32,
+        n: 8,
+        k: TILE as u32,
+    };
+    q.client.properties().features.matmul.mma.contains(&config)
 }
 
 /// Tile shape of `kernel` for `q`'s device and dtype.
@@ -195,7 +210,9 @@ pub fn forward<R: CubeRuntime>(
             }
         };
     }
-    if tiles.strips {
+    if tiles.mma && tc && manual_mma(&q) {
+        launch!(mma_forward::tiled_forward_mma::launch_unchecked::<R>);
+    } else if tiles.strips || tiles.mma {
         launch!(strips::tiled_forward_strips::launch_unchecked::<R>);
     } else {
         launch!(kernels::tiled_forward::launch_unchecked::<R>);

@@ -79,6 +79,11 @@ pub struct Tiles {
     /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
     /// `strips_backward.rs`), which needs `rows = 16 × units / 32`.
     pub strips: bool,
+    /// The forward runs on NVIDIA's `mma` instruction with the scores, probabilities and
+    /// output in registers (the `m` suffix of a spec; `mma_forward.rs`), with `w`'s split of
+    /// the rows (and its constraint); on devices without it the strips forward runs. The
+    /// backward kernels ignore it.
+    pub mma: bool,
 }
 
 impl Tiles {
@@ -91,6 +96,7 @@ impl Tiles {
             registers: false,
             prefetch: false,
             strips: false,
+            mma: false,
         }
     }
 
@@ -109,6 +115,11 @@ impl Tiles {
             prefetch: true,
             ..self
         }
+    }
+
+    /// These tiles with the forward on manual `mma` instructions.
+    pub const fn with_mma(self) -> Self {
+        Self { mma: true, ..self }
     }
 
     /// These tiles with the cube's rows split among the planes, 16 each.
@@ -139,8 +150,11 @@ impl Tiles {
         if units % rows != 0 || cols % (units / rows) != 0 {
             return Some("units / rows must be a whole number that divides cols".into());
         }
-        if self.strips && rows != TILE * units / 32 {
-            return Some(format!("with w, rows must be {TILE} per plane of 32 units"));
+        if (self.strips || self.mma) && rows != TILE * units / 32 {
+            let flag = if self.mma { "m" } else { "w" };
+            return Some(format!(
+                "with {flag}, rows must be {TILE} per plane of 32 units"
+            ));
         }
         None
     }
@@ -151,13 +165,14 @@ impl fmt::Display for Tiles {
         let r = if self.registers { "r" } else { "" };
         let p = if self.prefetch { "p" } else { "" };
         let w = if self.strips { "w" } else { "" };
-        write!(f, "{}x{}x{}{r}{p}{w}", self.rows, self.cols, self.units)
+        let m = if self.mma { "m" } else { "" };
+        write!(f, "{}x{}x{}{r}{p}{w}{m}", self.rows, self.cols, self.units)
     }
 }
 
 /// A tile spec that does not parse or names shapes the kernels cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r][p][w] or kernel=RxC[xU][r][p][w],..., kernels forward, backward_q, backward_kv)")]
+#[error("tile spec {spec:?}: {reason} (expected RxC[xU][r][p][w][m] or kernel=RxC[xU][r][p][w][m],..., kernels forward, backward_q, backward_kv)")]
 pub struct TileSpecError {
     /// The spec as given.
     pub spec: String,
@@ -174,9 +189,9 @@ impl FromStr for Tiles {
             reason,
         };
         // Flags after the numbers, in any order: `r` (registers), `p` (prefetch), `w`
-        // (plane-owned strips).
+        // (plane-owned strips), `m` (manual `mma` forward).
         let spec = s.trim();
-        let t = spec.trim_end_matches(['r', 'p', 'w']);
+        let t = spec.trim_end_matches(['r', 'p', 'w', 'm']);
         let flags = &spec[t.len()..];
         let nums: Vec<usize> = t
             .split('x')
@@ -191,6 +206,7 @@ impl FromStr for Tiles {
         tiles.registers = flags.contains('r');
         tiles.prefetch = flags.contains('p');
         tiles.strips = flags.contains('w');
+        tiles.mma = flags.contains('m');
         match tiles.invalid() {
             Some(reason) => Err(err(reason)),
             None => Ok(tiles),
@@ -278,7 +294,9 @@ pub fn tiles_choice() -> TileChoice {
 
 /// Shared memory in bytes of `kernel` for `tiles`, padded head dims `dp`/`dvp` and operands
 /// of `elem` bytes (its `SharedMemory` arrays, with their padded rows), with tensor-core
-/// products (`tc`: where the backward's sums can stay in registers) or unit products.
+/// products (`tc`: where the backward's sums can stay in registers) or unit products. A
+/// manual-MMA forward (`m`) is counted as the strips forward it falls back to where `mma` is
+/// missing; itself it holds only the staged `q`, `k` and `v` tiles.
 pub fn shared_bytes(
     kernel: Kernel,
     tiles: Tiles,
@@ -504,6 +522,10 @@ mod tests {
             .with_strips();
         assert_eq!(all, want);
         assert_eq!(all.to_string(), "64x64x128rpw");
+        let mma: TileChoice = "forward=128x64x256m".parse().unwrap();
+        let want = Tiles::new(128, 64, 256).with_mma();
+        assert_eq!(mma.get(Kernel::Forward), Some(want));
+        assert_eq!(mma.to_string(), "forward=128x64x256m");
         for (spec, says) in [
             ("64", "two or three numbers"),
             ("64xa", "not a number"),
@@ -513,6 +535,7 @@ mod tests {
             ("64x64x32", "must not exceed units"),
             ("32x16x96", "divides cols"),
             ("32x64x128w", "16 per plane"),
+            ("32x64x128m", "with m, rows must be 16 per plane"),
             ("sideways=64x64", "unknown kernel"),
             ("forward=64x64,32x32", "has no `kernel=`"),
         ] {
