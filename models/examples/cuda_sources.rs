@@ -21,7 +21,7 @@ use reel_models::wan::fused_attention::tiled_kernels as k;
 use reel_models::wan::fused_attention::tiles::{
     padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
 };
-use reel_models::wan::fused_attention::{mma_forward, strips, strips_backward};
+use reel_models::wan::fused_attention::{mma_backward, mma_forward, strips, strips_backward};
 
 /// Elements per global load when staging tiles: 16 bytes of bf16/f16, what the kernels get for
 /// a contiguous head dim that 8 divides (Wan's q/k/v).
@@ -105,6 +105,14 @@ fn source(
         (Kernel::Forward, false) => define!(
             k::tiled_forward::TiledForward<WgpuRuntime>,
             [t(), t(), t(), t(), t()]
+        ),
+        (Kernel::BackwardQ, _) if mma => define!(
+            mma_backward::tiled_backward_q_mma::TiledBackwardQMma<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
+        ),
+        (Kernel::BackwardKv, _) if mma => define!(
+            mma_backward::tiled_backward_kv_mma::TiledBackwardKvMma<WgpuRuntime>,
+            [t(), t(), t(), t(), t(), t(), t(), t()]
         ),
         (Kernel::BackwardQ, true) => define!(
             strips_backward::tiled_backward_q_strips::TiledBackwardQStrips<WgpuRuntime>,

@@ -24,119 +24,20 @@
 //! more cubes fit a multiprocessor. The cube meets twice per key tile, around the staging.
 //!
 //! CUDA only (manual MMA exists on no other CubeCL target); elsewhere the launcher runs the
-//! strips kernel instead. The lane layouts below are those of PTX's `mma.m16n8k16` (A and
-//! accumulator: lane `4g + t` holds rows `g`, `g + 8` and columns `2t`, `2t + 1` of each
-//! 8-column half; B: columns `g`, rows `2t`, `2t + 1` and `2t + 8`, `2t + 9`).
+//! strips kernel instead. The products and the lane layouts are in `mma.rs`.
 
 // The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
 
-use cubecl::cmma::MmaDefinition;
-use cubecl::ir::MatrixIdent;
 use cubecl::prelude::*;
 
-use super::kernels::{offset, stat_offset, NEG_BIG};
+use super::kernels::{stat_offset, NEG_BIG};
+use super::mma::{
+    accumulate, product_bt, quad_reduce, store_strip, strip_operands, zeroed, Pair, Regs,
+};
 use super::rows::STALE_MAX;
 use super::staging::{stage, stream, streamed};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
-
-/// Two adjacent elements of one lane: one 32-bit register of an operand (16-bit `F`) or half
-/// of a 16×8 accumulator's four float32 values.
-type Pair<E> = Vector<E, Const<2>>;
-/// One lane's registers of an `m16n8k16` operand or accumulator.
-type Regs<E> = Array<Pair<E>>;
-
-/// The 16×8×16 product with bf16/f16 operands and float32 accumulators.
-#[cube]
-fn mma_shape<F: Float>() -> MmaDefinition<F, F, f32> {
-    MmaDefinition::<F, F, f32>::new(TILE, 8usize, TILE)
-}
-
-/// The A operand of rows `r0 .. r0 + 16`, columns `c0 .. c0 + 16` of `a` (row-major, `ld`
-/// elements per row): `ldmatrix.x4`, lane `l` naming row `r0 + l % 16` at column
-/// `c0 + 8 (l / 16)` (the four 8×8 blocks in the A register order).
-#[cube]
-fn load_a<F: Float>(
-    a: &SharedMemory<F>,
-    r0: usize,
-    c0: usize,
-    lane: usize,
-    #[comptime] ld: usize,
-) -> Regs<F> {
-    let at = (r0 + lane % 16) * ld + c0 + (lane / 16) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&a.slice(at, at + 8), MatrixIdent::A, 4usize, false)
-}
-
-/// The B operands of two 8-column blocks `n0 .. n0 + 16` for the 16-deep step `k0 ..` of
-/// `bᵀ`, with `b` stored `n`-major (`b[n][k]`, as `k` is for `q·kᵀ`): `ldmatrix.x4`, lane `l`
-/// naming row `n0 + 8 (l / 16) + l % 8` at column `k0 + 8 (l / 8 % 2)`. Registers 0–1 are
-/// the first block's operand, 2–3 the second's.
-#[cube]
-fn load_b_rows<F: Float>(
-    b: &SharedMemory<F>,
-    n0: usize,
-    k0: usize,
-    lane: usize,
-    #[comptime] ld: usize,
-) -> Regs<F> {
-    let at = (n0 + (lane / 16) * 8 + lane % 8) * ld + k0 + (lane / 8 % 2) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&b.slice(at, at + 8), MatrixIdent::B, 4usize, false)
-}
-
-/// The B operands of two 8-column blocks `n0 .. n0 + 16` for the 16-deep step `k0 ..` of
-/// `b` stored `k`-major (`b[k][n]`, as `v` is for `P·v`): `ldmatrix.x4.trans`, lane `l`
-/// naming row `k0 + 8 (l / 8 % 2) + l % 8` at column `n0 + 8 (l / 16)`.
-#[cube]
-fn load_b_cols<F: Float>(
-    b: &SharedMemory<F>,
-    k0: usize,
-    n0: usize,
-    lane: usize,
-    #[comptime] ld: usize,
-) -> Regs<F> {
-    let at = (k0 + (lane / 8 % 2) * 8 + lane % 8) * ld + n0 + (lane / 16) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&b.slice(at, at + 8), MatrixIdent::B, 4usize, true)
-}
-
-/// `count` zeroed 16×8 accumulators (two pairs each: row `g`, row `g + 8`).
-#[cube]
-fn zeroed(#[comptime] count: usize) -> Sequence<Regs<f32>> {
-    let mut accs = Sequence::new();
-    #[unroll]
-    for _ in 0..count {
-        let mut acc = Regs::<f32>::new(2usize);
-        acc[0] = Pair::<f32>::empty().fill(0.0f32);
-        acc[1] = Pair::<f32>::empty().fill(0.0f32);
-        accs.push(acc);
-    }
-    accs
-}
-
-/// `acc += a·b` for one 16×8 block, with `b`'s operand in registers `i, i + 1` of `b2` (a
-/// pair of blocks from [`load_b_rows`] / [`load_b_cols`]).
-#[cube]
-fn mma_half<F: Float>(a: &Regs<F>, b2: &Regs<F>, acc: &mut Regs<f32>, #[comptime] i: usize) {
-    let mut b = Regs::<F>::new(2usize);
-    b[0] = b2[i];
-    b[1] = b2[i + 1];
-    mma_shape::<F>().execute_inplace(a, &b, acc);
-}
-
-/// The maximum (`max`) or sum of `x` over the 4 lanes of a quad (the lanes of one row).
-#[cube]
-fn quad_reduce(x: f32, #[comptime] max: bool) -> f32 {
-    let mut r = x;
-    #[unroll]
-    for i in 0..2u32 {
-        let other = plane_shuffle_xor(r, i + 1);
-        if comptime![max] {
-            r = f32::max(r, other);
-        } else {
-            r += other;
-        }
-    }
-    r
-}
 
 /// Forward with manual MMA: the same results as
 /// [`tiled_forward_strips`](fn@super::strips::tiled_forward_strips) (`out =
@@ -166,7 +67,6 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
     let heads = q.shape(1);
     let seq_q = q.shape(2);
     let seq_k = k.shape(2);
-    let dv = v.shape(3);
     let row0 = CUBE_POS_X as usize * rows;
     let strip = UNIT_POS_Y as usize * TILE;
     let lane = UNIT_POS_X as usize;
@@ -178,11 +78,7 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
     let mut vs = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
     sync_cube();
-    let mut qf = Sequence::<Regs<F>>::new();
-    #[unroll]
-    for step in 0..comptime![dp / TILE] {
-        qf.push(load_a::<F>(&qs, strip, step * TILE, lane, lq));
-    }
+    let qf = strip_operands::<F>(&qs, strip, lane, dp, lq);
     // The strip's output (`dvp / 8` blocks), running maxima and this lane's share of the
     // running sums, for rows `g` and `g + 8`.
     let mut o = zeroed(comptime![dvp / 8]);
@@ -196,7 +92,7 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
         stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
         sync_cube();
         let mut s = zeroed(comptime![cols / 8]);
-        scores::<F>(&qf, &ks, &mut s, lane, cols, dp, lq);
+        product_bt::<F>(&qf, &ks, &mut s, lane, cols, dp, lq);
         let corr = softmax_tile(&mut s, &mut m, &mut l, scale, seq_k - key0, t, cols);
         #[unroll]
         for j in 0..comptime![dvp / 8] {
@@ -206,56 +102,23 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
                 acc[h] = acc[h] * Pair::<f32>::empty().fill(corr[h]);
             }
         }
-        accumulate_pv::<F>(&s, &vs, &mut o, lane, cols, dvp, lv);
+        accumulate::<F>(&s, &vs, &mut o, lane, cols, dvp, lv);
         // Every plane is done with this `k`/`v` tile before the next one is staged.
         sync_cube();
     }
 
-    // Rows `g` and `g + 8`: the quad's sums, then each lane's two columns per block.
+    // Rows `g` and `g + 8`: the quad's sums divide the output.
+    let mut inv = Pair::<f32>::empty();
     #[unroll]
     for h in 0..2usize {
-        let r = row0 + strip + g + h * 8;
         let sum = quad_reduce(l[h], false);
-        if r < seq_q {
-            #[unroll]
-            for j in 0..comptime![dvp / 8] {
-                let pair = o.index(j)[h];
-                #[unroll]
-                for e in 0..2usize {
-                    let c = j * 8 + 2 * t + e;
-                    if c < dv {
-                        out[offset(out, bh, heads, r, c)] = F::cast_from(pair[e] / sum);
-                    }
-                }
-            }
-            if t == 0 {
-                lse[stat_offset(lse, bh, heads, r)] = m[h] + f32::ln(sum);
-            }
+        inv[h] = 1.0f32 / sum;
+        let r = row0 + strip + g + h * 8;
+        if t == 0 && r < seq_q {
+            lse[stat_offset(lse, bh, heads, r)] = m[h] + f32::ln(sum);
         }
     }
-}
-
-/// `s = q·kᵀ` for the plane's strip and one key tile: `qf` the strip's A operands, `ks` the
-/// staged keys (`cols × dp`, rows of `lq`).
-#[cube]
-fn scores<F: Float>(
-    qf: &Sequence<Regs<F>>,
-    ks: &SharedMemory<F>,
-    s: &mut Sequence<Regs<f32>>,
-    lane: usize,
-    #[comptime] cols: usize,
-    #[comptime] dp: usize,
-    #[comptime] lq: usize,
-) {
-    #[unroll]
-    for step in 0..comptime![dp / TILE] {
-        #[unroll]
-        for pair in 0..comptime![cols / TILE] {
-            let b2 = load_b_rows::<F>(ks, pair * TILE, step * TILE, lane, lq);
-            mma_half::<F>(qf.index(step), &b2, s.index_mut(2 * pair), 0usize);
-            mma_half::<F>(qf.index(step), &b2, s.index_mut(2 * pair + 1), 2usize);
-        }
-    }
+    store_strip::<F>(out, &o, inv, bh, row0 + strip, lane, comptime![dvp / 8]);
 }
 
 /// One key tile of the online softmax on the lane's registers: scales the scores `s` in place
@@ -316,37 +179,4 @@ fn softmax_tile(
         l[h] = l[h] * corr[h] + sum;
     }
     corr
-}
-
-/// `o += P·v` for the plane's strip: the probabilities `p` (the scores' accumulators after
-/// [`softmax_tile`]) become the A operands of the 16-key steps, `vs` the staged values
-/// (`cols × dvp`, rows of `lv`).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn accumulate_pv<F: Float>(
-    p: &Sequence<Regs<f32>>,
-    vs: &SharedMemory<F>,
-    o: &mut Sequence<Regs<f32>>,
-    lane: usize,
-    #[comptime] cols: usize,
-    #[comptime] dvp: usize,
-    #[comptime] lv: usize,
-) {
-    #[unroll]
-    for step in 0..comptime![cols / TILE] {
-        // A registers: (row g, keys 2t..) (row g + 8, keys 2t..) (row g, keys 8 + 2t..)
-        // (row g + 8, keys 8 + 2t..): the two 8-key blocks' accumulator pairs, in that order.
-        let mut a = Regs::<F>::new(4usize);
-        #[unroll]
-        for i in 0..4usize {
-            let pair = p.index(2 * step + i / 2)[i % 2];
-            a[i] = Pair::<F>::cast_from(pair);
-        }
-        #[unroll]
-        for pair in 0..comptime![dvp / TILE] {
-            let b2 = load_b_cols::<F>(vs, step * TILE, pair * TILE, lane, lv);
-            mma_half::<F>(&a, &b2, o.index_mut(2 * pair), 0usize);
-            mma_half::<F>(&a, &b2, o.index_mut(2 * pair + 1), 2usize);
-        }
-    }
 }

@@ -17,6 +17,8 @@ mod fragments;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod kernels;
+mod mma;
+pub mod mma_backward;
 pub mod mma_forward;
 mod rows;
 mod staging;

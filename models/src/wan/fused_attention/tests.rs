@@ -514,6 +514,7 @@ macro_rules! backend_tests {
                 // Two planes' strips in the backward: 32-row cubes fit lavapipe's 32 KiB at the
                 // smaller head dims of `TILED_SHAPES` (the larger ones take the defaults).
                 check_spec("32x16x64w", (16, 16));
+                check_spec("32x16x64m", (16, 16));
                 tiles::set_tiles(tiles::TileChoice::default());
             }
 
@@ -622,7 +623,7 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 /// The tensor-core kernels with other launch shapes: the output and the backward's sums in
 /// register fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles
 /// prefetched (`p`), the cube's rows split among planes (`w`), their combinations, and the
-/// forward on manual `mma` instructions (`m`, 4 and 8 planes, 64- and 32-key tiles). (The
+/// kernels on manual `mma` instructions (`m`: 4 and 8 planes, 64- and 32-row tiles). (The
 /// choice is process-wide; any valid shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
@@ -639,16 +640,20 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
         "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
         "64x64x128rw",
         "forward=128x64x256rpw,backward_q=64x64x256rp,backward_kv=64x32x128rpw",
-        "forward=64x64x128m,backward_q=64x64x128rw,backward_kv=64x64x128w",
-        "forward=128x64x256m",
-        "forward=64x32x128m",
+        "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m",
+        "forward=128x64x256m,backward_q=128x32x256m,backward_kv=128x32x256m",
+        "forward=64x32x128m,backward_q=64x64x128m,backward_kv=64x64x128m",
     ] {
         tiles::set_tiles(spec.parse().expect("a valid spec"));
         eprintln!("tiles {spec}");
         check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2, &wan);
     }
-    // The manual-MMA forward's f16 operands.
-    tiles::set_tiles("forward=64x64x128m".parse().expect("a valid spec"));
+    // The manual-MMA kernels' f16 operands.
+    tiles::set_tiles(
+        "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m"
+            .parse()
+            .expect("a valid spec"),
+    );
     let f16 = burn::tensor::FloatDType::F16;
     check_tiled::<Cube>(&Default::default(), Products::TensorCores, f16, 1e-2, &wan);
     tiles::set_tiles(tiles::TileChoice::default());

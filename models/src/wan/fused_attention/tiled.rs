@@ -17,8 +17,10 @@ use cubecl::features::MmaConfig;
 use cubecl::prelude::*;
 
 use super::tiled_kernels::{self as kernels, TILE};
-use super::tiles::{padded, shared_bytes, tile_shape, Kernel, Tiles, DEFAULT_SHAPES};
-use super::{mma_forward, strips, strips_backward};
+use super::tiles::{
+    padded, shape_with, shared_bytes, tile_shape, Kernel, TileChoice, Tiles, DEFAULT_SHAPES,
+};
+use super::{mma_backward, mma_forward, strips, strips_backward};
 
 /// How the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +98,8 @@ pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<()
 }
 
 /// Whether `q`'s device has the warp-level `m16n8k16` product for its dtype with float32
-/// accumulators that [`mma_forward`] is built on (CUDA from compute capability 8.0).
+/// accumulators that [`mma_forward`] and [`mma_backward`] are built on (CUDA from compute
+/// capability 8.0).
 fn manual_mma<R: CubeRuntime>(q: &CubeTensor<R>) -> bool {
     let elem: StorageType = q.dtype.into();
     let config = MmaConfig {
@@ -120,7 +123,7 @@ fn shape_for<R: CubeRuntime>(
 ) -> Result<Tiles, Unavailable> {
     let have = q.client.properties().hardware.max_shared_memory_size;
     let elem = q.dtype.size();
-    tile_shape(kernel, d, dv, elem, have, tc).ok_or_else(|| {
+    let unavailable = || {
         let smallest = DEFAULT_SHAPES[DEFAULT_SHAPES.len() - 1];
         Unavailable::SharedMemory {
             d,
@@ -128,7 +131,21 @@ fn shape_for<R: CubeRuntime>(
             need: shared_bytes(kernel, smallest, padded(d), padded(dv), elem, tc),
             have,
         }
-    })
+    };
+    let tiles = tile_shape(kernel, d, dv, elem, have, tc).ok_or_else(unavailable)?;
+    if !tiles.mma || (tc && manual_mma(q)) {
+        return Ok(tiles);
+    }
+    // No manual MMA here: the strips kernel in its place where it fits, else the default.
+    let strips = Tiles {
+        mma: false,
+        ..tiles.with_strips()
+    };
+    let bytes = |t| shared_bytes(kernel, t, padded(d), padded(dv), elem, tc);
+    if bytes(strips) <= have {
+        return Ok(strips);
+    }
+    shape_with(TileChoice::default(), kernel, d, dv, elem, have, tc).ok_or_else(unavailable)
 }
 
 /// The widest vector (in elements, at most 8) that every tensor of `ts` can be read in by the
@@ -210,9 +227,10 @@ pub fn forward<R: CubeRuntime>(
             }
         };
     }
-    if tiles.mma && tc && manual_mma(&q) {
+    // (`shape_for` kept `m` only where the device has manual MMA.)
+    if tiles.mma {
         launch!(mma_forward::tiled_forward_mma::launch_unchecked::<R>);
-    } else if tiles.strips || tiles.mma {
+    } else if tiles.strips {
         launch!(strips::tiled_forward_strips::launch_unchecked::<R>);
     } else {
         launch!(kernels::tiled_forward::launch_unchecked::<R>);
@@ -316,12 +334,16 @@ pub fn backward<R: CubeRuntime>(
             }
         };
     }
-    if tiles_q.strips {
+    if tiles_q.mma {
+        launch_q!(mma_backward::tiled_backward_q_mma::launch_unchecked::<R>);
+    } else if tiles_q.strips {
         launch_q!(strips_backward::tiled_backward_q_strips::launch_unchecked::<R>);
     } else {
         launch_q!(kernels::tiled_backward_q::launch_unchecked::<R>);
     }
-    if tiles_kv.strips {
+    if tiles_kv.mma {
+        launch_kv!(mma_backward::tiled_backward_kv_mma::launch_unchecked::<R>);
+    } else if tiles_kv.strips {
         launch_kv!(strips_backward::tiled_backward_kv_strips::launch_unchecked::<R>);
     } else {
         launch_kv!(kernels::tiled_backward_kv::launch_unchecked::<R>);

@@ -79,10 +79,10 @@ pub struct Tiles {
     /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
     /// `strips_backward.rs`), which needs `rows = 16 × units / 32`.
     pub strips: bool,
-    /// The forward runs on NVIDIA's `mma` instruction with the scores, probabilities and
-    /// output in registers (the `m` suffix of a spec; `mma_forward.rs`), with `w`'s split of
-    /// the rows (and its constraint); on devices without it the strips forward runs. The
-    /// backward kernels ignore it.
+    /// The kernel runs on NVIDIA's `mma` instruction with its scores, probabilities and sums
+    /// in registers (the `m` suffix of a spec; `mma_forward.rs`, `mma_backward.rs`), with
+    /// `w`'s split of the rows (and its constraint); on devices without it the strips
+    /// kernel runs in its place (`w`, where that fits).
     pub mma: bool,
 }
 
@@ -117,7 +117,7 @@ impl Tiles {
         }
     }
 
-    /// These tiles with the forward on manual `mma` instructions.
+    /// These tiles on manual `mma` instructions.
     pub const fn with_mma(self) -> Self {
         Self { mma: true, ..self }
     }
@@ -294,9 +294,8 @@ pub fn tiles_choice() -> TileChoice {
 
 /// Shared memory in bytes of `kernel` for `tiles`, padded head dims `dp`/`dvp` and operands
 /// of `elem` bytes (its `SharedMemory` arrays, with their padded rows), with tensor-core
-/// products (`tc`: where the backward's sums can stay in registers) or unit products. A
-/// manual-MMA forward (`m`) is counted as the strips forward it falls back to where `mma` is
-/// missing; itself it holds only the staged `q`, `k` and `v` tiles.
+/// products (`tc`: where the backward's sums can stay in registers, and where `m` runs) or
+/// unit products (where `m` is counted as `w`, the kernels that run in its place).
 pub fn shared_bytes(
     kernel: Kernel,
     tiles: Tiles,
@@ -320,6 +319,14 @@ pub fn shared_bytes(
     let op = |w: usize| w + PAD_OPERAND;
     let fl = |w: usize| w + PAD_FLOAT;
     let staged = rows * op(dp) + cols * op(dp) + cols * op(dvp);
+    if tc && tiles.mma {
+        // The staged tiles (`dO` too in the backward) and the backward's row statistics.
+        return match kernel {
+            Kernel::Forward => staged * elem,
+            Kernel::BackwardQ => (staged + rows * op(dvp)) * elem + 2 * rows * 4,
+            Kernel::BackwardKv => (staged + rows * op(dvp)) * elem + 2 * cols * 4,
+        };
+    }
     let (operands, floats) = match kernel {
         Kernel::Forward => (
             staged + rows * op(cols),
@@ -448,6 +455,35 @@ mod tests {
         }
         let good = Tiles::new(64, 64, 128).with_strips();
         assert_eq!(launch(good, Kernel::Forward), Some(good));
+    }
+
+    #[test]
+    fn manual_mma_kernels_hold_only_their_staged_tiles() {
+        // With tensor cores `m` holds the staged operand tiles (and the backward's two
+        // statistics per row); without, it is counted as the strips kernels that run instead.
+        let (d, dv, elem) = (128, 64, 2);
+        let (op_d, op_dv) = (d + PAD_OPERAND, dv + PAD_OPERAND);
+        for (rows, cols, units) in [(64, 64, 128), (64, 32, 128), (128, 32, 256)] {
+            let m = Tiles::new(rows, cols, units).with_mma();
+            let w = Tiles::new(rows, cols, units).with_strips();
+            let bytes = |kernel, t, tc| shared_bytes(kernel, t, d, dv, elem, tc);
+            let staged = (rows + cols) * op_d + cols * op_dv;
+            assert_eq!(bytes(Kernel::Forward, m, true), staged * elem);
+            let backward = (staged + rows * op_dv) * elem;
+            assert_eq!(bytes(Kernel::BackwardQ, m, true), backward + 2 * rows * 4);
+            assert_eq!(bytes(Kernel::BackwardKv, m, true), backward + 2 * cols * 4);
+            for kernel in Kernel::ALL {
+                assert_eq!(
+                    bytes(kernel, m, false),
+                    bytes(kernel, w, false),
+                    "{kernel:?}"
+                );
+                assert!(
+                    bytes(kernel, m, true) < bytes(kernel, w, true),
+                    "{kernel:?}"
+                );
+            }
+        }
     }
 
     #[test]

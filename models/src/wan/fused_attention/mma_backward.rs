@@ -1,0 +1,269 @@
+//! The tiled backward on NVIDIA's warp-level `mma` instruction (`m` in a tile spec,
+//! `tiles.rs`): the same two passes as [`super::strips_backward`] (FlashAttention-2's
+//! backward, Dao 2023, Algorithm 2, with `dQ` in its own pass instead of atomics), with each
+//! plane's scores, score gradients and sums in registers (`mma.rs`).
+//!
+//! Per streamed tile a plane computes its strip of the scores and of `dO·vᵀ` (or their
+//! transposes on the key side) as accumulators, turns them into `dS = P∘(dP − Δ)` (and `P`)
+//! on its registers, and feeds those straight into the accumulating products as their left
+//! operands. Shared memory holds only the staged tiles and the streamed rows' statistics, so
+//! at head dim 128 in bf16 a 64-row cube with 32-row tiles takes 51 KiB where the strips
+//! kernels take 110 to 190. The left operands of the score products are read from shared
+//! memory by `ldmatrix` for each tile (a plane's own rows, 16 KiB per tile at head dim 128),
+//! which leaves the registers to the scores and the sums. CUDA only; elsewhere the launcher
+//! runs the strips kernels.
+
+// The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
+#![allow(missing_docs)]
+
+use cubecl::prelude::*;
+
+use super::mma::{accumulate, product_bt, store_strip, strip_operands, zeroed, Pair, Regs};
+use super::rows::{query_stats, streamed_stats};
+use super::staging::{stage, stream, streamed};
+use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
+
+/// Backward, query side: `delta` (`Δ` per query row) and `dq = scale·dS·k`,
+/// `dS = P∘(dO·vᵀ − Δ)`, for `rows = 16 × units / 32`; the arguments of
+/// [`tiled_backward_q_strips`](fn@super::strips_backward::tiled_backward_q_strips) (`tc` and
+/// `regs` mean nothing here).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn tiled_backward_q_mma<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    out: &Tensor<Vector<F, N>>,
+    d_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    dq: &mut Tensor<F>,
+    delta: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+    #[comptime] _tc: bool,
+    #[comptime] _regs: bool,
+    #[comptime] prefetch: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bh = CUBE_POS_Y as usize;
+    let seq_k = k.shape(2);
+    let row0 = CUBE_POS_X as usize * rows;
+    let strip = UNIT_POS_Y as usize * TILE;
+    let lane = UNIT_POS_X as usize;
+    let (g, t) = (lane / 4, lane % 4);
+
+    let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    let mut qs = SharedMemory::<F>::new_aligned(rows * lq, ALIGN);
+    let mut dos = SharedMemory::<F>::new_aligned(rows * lv, ALIGN);
+    let mut ks = SharedMemory::<F>::new_aligned(cols * lq, ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
+    let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
+    stage(q, &mut qs, bh, row0, rows, dp, units);
+    stage(d_out, &mut dos, bh, row0, rows, dvp, units);
+    query_stats(
+        out,
+        d_out,
+        lse,
+        delta,
+        &mut lses,
+        &mut deltas,
+        bh,
+        row0,
+        rows,
+    );
+    sync_cube();
+    // The lane's rows' statistics, rows `g` and `g + 8` of the strip.
+    let mut row_lse = Pair::<f32>::empty();
+    let mut row_delta = Pair::<f32>::empty();
+    #[unroll]
+    for h in 0..2usize {
+        row_lse[h] = lses[strip + g + h * 8];
+        row_delta[h] = deltas[strip + g + h * 8];
+    }
+    let mut dq_acc = zeroed(comptime![dp / 8]);
+    let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
+
+    for tile in 0..seq_k.div_ceil(cols) {
+        let key0 = tile * cols;
+        stream(k, &mut kr, &mut ks, bh, key0, cols, dp, units, prefetch);
+        stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
+        sync_cube();
+        let mut s = zeroed(comptime![cols / 8]);
+        let mut dpm = zeroed(comptime![cols / 8]);
+        product_bt::<F>(
+            &strip_operands::<F>(&qs, strip, lane, dp, lq),
+            &ks,
+            &mut s,
+            lane,
+            cols,
+            dp,
+            lq,
+        );
+        product_bt::<F>(
+            &strip_operands::<F>(&dos, strip, lane, dvp, lv),
+            &vs,
+            &mut dpm,
+            lane,
+            cols,
+            dvp,
+            lv,
+        );
+        // `dS` into `s`; keys past the sequence's end get none.
+        #[unroll]
+        for j in 0..comptime![cols / 8] {
+            let sj = s.index_mut(j);
+            let dj = dpm.index(j);
+            #[unroll]
+            for h in 0..2usize {
+                let mut pair = sj[h];
+                #[unroll]
+                for e in 0..2usize {
+                    let p = f32::exp(pair[e] * scale - row_lse[h]);
+                    let valid = key0 + j * 8 + 2 * t + e < seq_k;
+                    pair[e] = select(valid, p * (dj[h][e] - row_delta[h]), 0.0f32);
+                }
+                sj[h] = pair;
+            }
+        }
+        accumulate::<F>(&s, &ks, &mut dq_acc, lane, cols, dp, lq);
+        // Every plane is done with this `k`/`v` tile before the next one is staged.
+        sync_cube();
+    }
+    let factor = Pair::<f32>::empty().fill(scale);
+    store_strip::<F>(
+        dq,
+        &dq_acc,
+        factor,
+        bh,
+        row0 + strip,
+        lane,
+        comptime![dp / 8],
+    );
+}
+
+/// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` (`rows = 16 × units / 32`)
+/// and streams query tiles: `dv = Pᵀ·dO`, `dk = scale·dSᵀ·q`, with `Δ` from the query side
+/// (launched first on the same stream); the arguments of
+/// [`tiled_backward_kv_strips`](fn@super::strips_backward::tiled_backward_kv_strips).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn tiled_backward_kv_mma<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    d_out: &Tensor<Vector<F, N>>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &mut Tensor<F>,
+    dv_out: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] units: usize,
+    #[comptime] _tc: bool,
+    #[comptime] _regs: bool,
+    #[comptime] prefetch: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let bh = CUBE_POS_Y as usize;
+    let seq_q = q.shape(2);
+    let row0 = CUBE_POS_X as usize * rows;
+    let strip = UNIT_POS_Y as usize * TILE;
+    let lane = UNIT_POS_X as usize;
+
+    let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    let mut ks = SharedMemory::<F>::new_aligned(rows * lq, ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(rows * lv, ALIGN);
+    let mut qs = SharedMemory::<F>::new_aligned(cols * lq, ALIGN);
+    let mut dos = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
+    let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
+    let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
+    stage(k, &mut ks, bh, row0, rows, dp, units);
+    stage(v, &mut vs, bh, row0, rows, dvp, units);
+    let mut dk_acc = zeroed(comptime![dp / 8]);
+    let mut dv_acc = zeroed(comptime![dvp / 8]);
+    let (mut qr, mut dor) = streamed(q, d_out, bh, cols, dp, dvp, units, prefetch);
+
+    for tile in 0..seq_q.div_ceil(cols) {
+        let q0 = tile * cols;
+        stream(q, &mut qr, &mut qs, bh, q0, cols, dp, units, prefetch);
+        stream(
+            d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
+        );
+        streamed_stats(lse, delta, &mut lses, &mut deltas, bh, q0, cols);
+        sync_cube();
+        // `Sᵀ = k·qᵀ` and `dPᵀ = v·dOᵀ` for the plane's keys.
+        let mut st = zeroed(comptime![cols / 8]);
+        let mut dpt = zeroed(comptime![cols / 8]);
+        product_bt::<F>(
+            &strip_operands::<F>(&ks, strip, lane, dp, lq),
+            &qs,
+            &mut st,
+            lane,
+            cols,
+            dp,
+            lq,
+        );
+        product_bt::<F>(
+            &strip_operands::<F>(&vs, strip, lane, dvp, lv),
+            &dos,
+            &mut dpt,
+            lane,
+            cols,
+            dvp,
+            lv,
+        );
+        transposed_grads(&mut st, &mut dpt, &lses, &deltas, scale, lane, cols);
+        accumulate::<F>(&st, &dos, &mut dv_acc, lane, cols, dvp, lv);
+        accumulate::<F>(&dpt, &qs, &mut dk_acc, lane, cols, dp, lq);
+        // Every plane is done with this query tile before the next one is staged.
+        sync_cube();
+    }
+    let row = row0 + strip;
+    let scaled = Pair::<f32>::empty().fill(scale);
+    store_strip::<F>(dk, &dk_acc, scaled, bh, row, lane, comptime![dp / 8]);
+    let one = Pair::<f32>::empty().fill(1.0f32);
+    store_strip::<F>(dv_out, &dv_acc, one, bh, row, lane, comptime![dvp / 8]);
+}
+
+/// The key side's `Pᵀ` (into `st`, from the scores `Sᵀ`) and `dSᵀ = Pᵀ∘(dPᵀ − Δ)` (into
+/// `dpt`) on the lane's registers, with the streamed queries' log-sum-exp `lses` and `Δ`
+/// `deltas` (queries past the sequence's end have probabilities 0).
+#[cube]
+fn transposed_grads(
+    st: &mut Sequence<Regs<f32>>,
+    dpt: &mut Sequence<Regs<f32>>,
+    lses: &SharedMemory<f32>,
+    deltas: &SharedMemory<f32>,
+    scale: f32,
+    lane: usize,
+    #[comptime] cols: usize,
+) {
+    let t = lane % 4;
+    #[unroll]
+    for j in 0..comptime![cols / 8] {
+        let sj = st.index_mut(j);
+        let dj = dpt.index_mut(j);
+        #[unroll]
+        for e in 0..2usize {
+            let col = j * 8 + 2 * t + e;
+            let (q_lse, q_delta) = (lses[col], deltas[col]);
+            #[unroll]
+            for h in 0..2usize {
+                let mut p = sj[h];
+                let mut ds = dj[h];
+                p[e] = f32::exp(p[e] * scale - q_lse);
+                ds[e] = p[e] * (ds[e] - q_delta);
+                sj[h] = p;
+                dj[h] = ds;
+            }
+        }
+    }
+}
