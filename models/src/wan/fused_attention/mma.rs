@@ -141,6 +141,24 @@ pub(super) fn product_bt<F: Float>(
     }
 }
 
+/// `acc += a[r0 .. r0 + 16]·bᵀ` with the strip's operands read from `a` for this product
+/// alone ([`strip_operands`], [`product_bt`]; `a` and `b` both with rows of `ld`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn strip_product_bt<F: Float>(
+    a: &SharedMemory<F>,
+    r0: usize,
+    b: &SharedMemory<F>,
+    acc: &mut Sequence<Regs<f32>>,
+    lane: usize,
+    #[comptime] n: usize,
+    #[comptime] kd: usize,
+    #[comptime] ld: usize,
+) {
+    let ops = strip_operands::<F>(a, r0, lane, kd, ld);
+    product_bt::<F>(&ops, b, acc, lane, n, kd, ld);
+}
+
 /// `acc += p·b` for the strip, with the left operand `p` in accumulators (`kd / 8` of them:
 /// a product's result, converted to `F`), `b` a `kd × n` tile (rows of `ld`), `acc` `n / 8`
 /// accumulators.

@@ -18,7 +18,7 @@
 
 use cubecl::prelude::*;
 
-use super::mma::{accumulate, product_bt, store_strip, strip_operands, zeroed, Pair, Regs};
+use super::mma::{accumulate, store_strip, strip_product_bt, zeroed, Pair, Regs};
 use super::rows::{query_stats, streamed_stats};
 use super::staging::{stage, stream, streamed};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
@@ -95,24 +95,8 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
         sync_cube();
         let mut s = zeroed(comptime![cols / 8]);
         let mut dpm = zeroed(comptime![cols / 8]);
-        product_bt::<F>(
-            &strip_operands::<F>(&qs, strip, lane, dp, lq),
-            &ks,
-            &mut s,
-            lane,
-            cols,
-            dp,
-            lq,
-        );
-        product_bt::<F>(
-            &strip_operands::<F>(&dos, strip, lane, dvp, lv),
-            &vs,
-            &mut dpm,
-            lane,
-            cols,
-            dvp,
-            lv,
-        );
+        strip_product_bt::<F>(&qs, strip, &ks, &mut s, lane, cols, dp, lq);
+        strip_product_bt::<F>(&dos, strip, &vs, &mut dpm, lane, cols, dvp, lv);
         // `dS` into `s`; keys past the sequence's end get none.
         #[unroll]
         for j in 0..comptime![cols / 8] {
@@ -202,24 +186,8 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
         // `Sᵀ = k·qᵀ` and `dPᵀ = v·dOᵀ` for the plane's keys.
         let mut st = zeroed(comptime![cols / 8]);
         let mut dpt = zeroed(comptime![cols / 8]);
-        product_bt::<F>(
-            &strip_operands::<F>(&ks, strip, lane, dp, lq),
-            &qs,
-            &mut st,
-            lane,
-            cols,
-            dp,
-            lq,
-        );
-        product_bt::<F>(
-            &strip_operands::<F>(&vs, strip, lane, dvp, lv),
-            &dos,
-            &mut dpt,
-            lane,
-            cols,
-            dvp,
-            lv,
-        );
+        strip_product_bt::<F>(&ks, strip, &qs, &mut st, lane, cols, dp, lq);
+        strip_product_bt::<F>(&vs, strip, &dos, &mut dpt, lane, cols, dvp, lv);
         transposed_grads(&mut st, &mut dpt, &lses, &deltas, scale, lane, cols);
         accumulate::<F>(&st, &dos, &mut dv_acc, lane, cols, dvp, lv);
         accumulate::<F>(&dpt, &qs, &mut dk_acc, lane, cols, dp, lq);

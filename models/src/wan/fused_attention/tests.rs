@@ -630,31 +630,53 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     let wan = [(200, 150, 128, 128)];
-    let bf16 = burn::tensor::FloatDType::BF16;
-    for spec in [
-        "64x64x128r",
-        "forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r",
-        "64x64x128p",
-        "forward=64x64x256p,backward_q=64x64x256rp,backward_kv=32x64x128rp",
-        "64x64x128w",
-        "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
-        "64x64x128rw",
-        "forward=128x64x256rpw,backward_q=64x64x256rp,backward_kv=64x32x128rpw",
-        "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m",
-        "forward=128x64x256m,backward_q=128x32x256m,backward_kv=128x32x256m",
-        "forward=64x32x128m,backward_q=64x64x128m,backward_kv=64x64x128m",
+    let (bf16, f16) = (
+        burn::tensor::FloatDType::BF16,
+        burn::tensor::FloatDType::F16,
+    );
+    // The manual-MMA kernels first (never run before this test), in bf16 and f16.
+    let mma = "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m";
+    for (spec, dtype, tol) in [
+        (mma, bf16, 3e-2),
+        (mma, f16, 1e-2),
+        (
+            "forward=128x64x256m,backward_q=128x32x256m,backward_kv=128x32x256m",
+            bf16,
+            3e-2,
+        ),
+        (
+            "forward=64x32x128m,backward_q=64x64x128m,backward_kv=64x64x128m",
+            bf16,
+            3e-2,
+        ),
+        ("64x64x128r", bf16, 3e-2),
+        (
+            "forward=128x64x256,backward_q=64x64x256r,backward_kv=32x64x128r",
+            bf16,
+            3e-2,
+        ),
+        ("64x64x128p", bf16, 3e-2),
+        (
+            "forward=64x64x256p,backward_q=64x64x256rp,backward_kv=32x64x128rp",
+            bf16,
+            3e-2,
+        ),
+        ("64x64x128w", bf16, 3e-2),
+        (
+            "forward=128x64x256pw,backward_q=64x64x128pw,backward_kv=64x32x128pw",
+            bf16,
+            3e-2,
+        ),
+        ("64x64x128rw", bf16, 3e-2),
+        (
+            "forward=128x64x256rpw,backward_q=64x64x256rp,backward_kv=64x32x128rpw",
+            bf16,
+            3e-2,
+        ),
     ] {
         tiles::set_tiles(spec.parse().expect("a valid spec"));
-        eprintln!("tiles {spec}");
-        check_tiled::<Cube>(&Default::default(), Products::TensorCores, bf16, 3e-2, &wan);
+        eprintln!("tiles {spec} ({dtype:?})");
+        check_tiled::<Cube>(&Default::default(), Products::TensorCores, dtype, tol, &wan);
     }
-    // The manual-MMA kernels' f16 operands.
-    tiles::set_tiles(
-        "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m"
-            .parse()
-            .expect("a valid spec"),
-    );
-    let f16 = burn::tensor::FloatDType::F16;
-    check_tiled::<Cube>(&Default::default(), Products::TensorCores, f16, 1e-2, &wan);
     tiles::set_tiles(tiles::TileChoice::default());
 }
