@@ -290,7 +290,9 @@ fn parse_tiles(spec: &str) -> anyhow::Result<TileChoice> {
 }
 
 /// The `flash` row with the tiled kernels launched as `choice` says (`--tiles`); the choice
-/// in force before is restored afterwards.
+/// in force before is restored afterwards. A shape whose kernels fail or panic (one the
+/// device rejects, or a kernel never run before) gets a row with its `error`, so it costs its
+/// own row and not the table.
 fn tiles_row<B: ReelBackend>(
     args: &BenchArgs,
     choice: TileChoice,
@@ -304,9 +306,36 @@ fn tiles_row<B: ReelBackend>(
         let before = tiles_choice();
         set_tiles(choice);
         let kernel = format!("flash {choice}");
-        let row = mode_row::<B>(args, AttentionMode::Flash, kernel, qkv, shape, check);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            mode_row::<B>(
+                args,
+                AttentionMode::Flash,
+                kernel.clone(),
+                qkv,
+                shape,
+                check,
+            )
+        }));
         set_tiles(before);
-        row
+        let error = match run {
+            Ok(Ok(row)) => return Ok(row),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(payload) => format!(
+                "panicked: {}",
+                reel_core::trainer::panic_message(payload.as_ref()).unwrap_or("(no message)")
+            ),
+        };
+        Ok(AttentionRow {
+            kernel,
+            shape,
+            dtype: args.dtype,
+            forward_tflops: None,
+            forward_ms: None,
+            train_tflops: None,
+            train_ms: None,
+            max_error: None,
+            error: Some(error),
+        })
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     {
