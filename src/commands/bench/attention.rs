@@ -70,6 +70,23 @@ pub struct AttentionRow {
     pub error: Option<String>,
 }
 
+impl AttentionRow {
+    /// A row of `kernel` with no times yet.
+    fn untimed(kernel: String, shape: [usize; 4], dtype: Precision) -> Self {
+        Self {
+            kernel,
+            shape,
+            dtype,
+            forward_ms: None,
+            forward_tflops: None,
+            train_ms: None,
+            train_tflops: None,
+            max_error: None,
+            error: None,
+        }
+    }
+}
+
 /// Forward FLOPs of the attention over `[b, h, n, d]`.
 pub fn forward_flops([b, h, n, d]: [usize; 4]) -> f64 {
     4.0 * (b * h) as f64 * (n as f64) * (n as f64) * d as f64
@@ -326,15 +343,8 @@ fn tiles_row<B: ReelBackend>(
             ),
         };
         Ok(AttentionRow {
-            kernel,
-            shape,
-            dtype: args.dtype,
-            forward_tflops: None,
-            forward_ms: None,
-            train_tflops: None,
-            train_ms: None,
-            max_error: None,
             error: Some(error),
+            ..AttentionRow::untimed(kernel, shape, args.dtype)
         })
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
@@ -385,17 +395,7 @@ fn cubek_row<B: Backend>(
     device: &B::Device,
     check: &Check<B>,
 ) -> anyhow::Result<AttentionRow> {
-    let mut row = AttentionRow {
-        kernel: "cubek".into(),
-        shape,
-        dtype: args.dtype,
-        forward_ms: None,
-        forward_tflops: None,
-        train_ms: None,
-        train_tflops: None,
-        max_error: None,
-        error: None,
-    };
+    let mut row = AttentionRow::untimed("cubek".into(), shape, args.dtype);
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
         use reel_models::wan::fused_attention::flash::cubek_forward;

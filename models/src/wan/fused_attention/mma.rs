@@ -30,6 +30,18 @@ fn mma_shape<F: Float>() -> MmaDefinition<F, F, f32> {
     MmaDefinition::<F, F, f32>::new(TILE, 8usize, TILE)
 }
 
+/// `ldmatrix.x4` (`.trans` with `trans`) of `src`: this lane names the 16-byte row at `at`;
+/// register `i` of every lane receives its part of the 8×8 block named by lanes `8i .. 8i + 8`.
+#[cube]
+fn ldmatrix_x4<F: Float>(
+    src: &SharedMemory<F>,
+    at: usize,
+    #[comptime] ident: MatrixIdent,
+    #[comptime] trans: bool,
+) -> Regs<F> {
+    mma_shape::<F>().load_matrix::<F, Const<2>>(&src.slice(at, at + 8), ident, 4usize, trans)
+}
+
 /// The A operand of rows `r0 .. r0 + 16`, columns `c0 .. c0 + 16` of `a` (row-major, `ld`
 /// elements per row): `ldmatrix.x4`, lane `l` naming row `r0 + l % 16` at column
 /// `c0 + 8 (l / 16)` (the four 8×8 blocks in the A register order).
@@ -42,7 +54,7 @@ fn load_a<F: Float>(
     #[comptime] ld: usize,
 ) -> Regs<F> {
     let at = (r0 + lane % 16) * ld + c0 + (lane / 16) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&a.slice(at, at + 8), MatrixIdent::A, 4usize, false)
+    ldmatrix_x4::<F>(a, at, MatrixIdent::A, false)
 }
 
 /// The A operands of the strip `r0 .. r0 + 16` of `a` (`kd` columns used), one per 16-deep
@@ -76,7 +88,7 @@ fn load_b_rows<F: Float>(
     #[comptime] ld: usize,
 ) -> Regs<F> {
     let at = (n0 + (lane / 16) * 8 + lane % 8) * ld + k0 + (lane / 8 % 2) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&b.slice(at, at + 8), MatrixIdent::B, 4usize, false)
+    ldmatrix_x4::<F>(b, at, MatrixIdent::B, false)
 }
 
 /// As [`load_b_rows`] with `b` stored `k`-major (`b[k][n]`: the product is `a·b`):
@@ -91,7 +103,7 @@ fn load_b_cols<F: Float>(
     #[comptime] ld: usize,
 ) -> Regs<F> {
     let at = (k0 + (lane / 8 % 2) * 8 + lane % 8) * ld + n0 + (lane / 16) * 8;
-    mma_shape::<F>().load_matrix::<F, Const<2>>(&b.slice(at, at + 8), MatrixIdent::B, 4usize, true)
+    ldmatrix_x4::<F>(b, at, MatrixIdent::B, true)
 }
 
 /// `count` zeroed 16×8 accumulators.
@@ -108,14 +120,22 @@ pub(super) fn zeroed(#[comptime] count: usize) -> Sequence<Regs<f32>> {
     accs
 }
 
-/// `acc += a·b` for one 16×8 block, with `b`'s operand in registers `i, i + 1` of `b2` (a
-/// pair of blocks from [`load_b_rows`] / [`load_b_cols`]).
+/// `acc[2·pair + h] += a·b` for the two 16×8 blocks `h` of a pair, with `b`'s operands in
+/// registers `2h, 2h + 1` of `b2` (from [`load_b_rows`] / [`load_b_cols`]).
 #[cube]
-fn mma_half<F: Float>(a: &Regs<F>, b2: &Regs<F>, acc: &mut Regs<f32>, #[comptime] i: usize) {
-    let mut b = Regs::<F>::new(2usize);
-    b[0] = b2[i];
-    b[1] = b2[i + 1];
-    mma_shape::<F>().execute_inplace(a, &b, acc);
+fn mma_pair<F: Float>(
+    a: &Regs<F>,
+    b2: &Regs<F>,
+    acc: &mut Sequence<Regs<f32>>,
+    #[comptime] pair: usize,
+) {
+    #[unroll]
+    for h in 0..2usize {
+        let mut b = Regs::<F>::new(2usize);
+        b[0] = b2[2 * h];
+        b[1] = b2[2 * h + 1];
+        mma_shape::<F>().execute_inplace(a, &b, acc.index_mut(2 * pair + h));
+    }
 }
 
 /// `acc += a·bᵀ` for the strip: `a` its A operands ([`strip_operands`], `kd / 16` steps),
@@ -135,8 +155,7 @@ pub(super) fn product_bt<F: Float>(
         #[unroll]
         for pair in 0..comptime![n / TILE] {
             let b2 = load_b_rows::<F>(b, pair * TILE, step * TILE, lane, ld);
-            mma_half::<F>(a.index(step), &b2, acc.index_mut(2 * pair), 0usize);
-            mma_half::<F>(a.index(step), &b2, acc.index_mut(2 * pair + 1), 2usize);
+            mma_pair::<F>(a.index(step), &b2, acc, pair);
         }
     }
 }
@@ -184,8 +203,7 @@ pub(super) fn accumulate<F: Float>(
         #[unroll]
         for pair in 0..comptime![n / TILE] {
             let b2 = load_b_cols::<F>(b, step * TILE, pair * TILE, lane, ld);
-            mma_half::<F>(&a, &b2, acc.index_mut(2 * pair), 0usize);
-            mma_half::<F>(&a, &b2, acc.index_mut(2 * pair + 1), 2usize);
+            mma_pair::<F>(&a, &b2, acc, pair);
         }
     }
 }

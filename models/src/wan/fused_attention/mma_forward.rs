@@ -19,8 +19,8 @@
 //!   probabilities go from the scores to the product without leaving the lane;
 //! - `v`'s operands are read by `ldmatrix.trans` (`v` is key-major, the B operand key-minor).
 //!
-//! Shared memory holds only the staged `q`, `k` and `v` tiles (`34 + 34` KiB for 64 rows and
-//! 64 keys at head dim 128 in bf16, against 111 KiB for the cooperative-matrix forward), so
+//! Shared memory holds only the staged `q`, `k` and `v` tiles (51 KiB for 64 rows and 64 keys
+//! at head dim 128 in bf16, against 111 KiB for the cooperative-matrix forward), so
 //! more cubes fit a multiprocessor. The cube meets twice per key tile, around the staging.
 //!
 //! CUDA only (manual MMA exists on no other CubeCL target); elsewhere the launcher runs the

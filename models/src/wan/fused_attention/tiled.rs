@@ -78,39 +78,34 @@ pub fn check<R: CubeRuntime>(q: &CubeTensor<R>, products: Products) -> Result<()
     if (min, max) != (32, 32) {
         return Err(Unavailable::PlaneSize { min, max });
     }
-    let elem: StorageType = q.dtype.into();
-    let config = MmaConfig {
+    // bf16 fragments exist from compute capability 8.0 on, where CubeCL also registers the
+    // 16×8×16 `mma` shape; before it the `cmma` check alone passes and compilation would fail.
+    let bf16_ok = q.dtype != DType::BF16 || manual_mma(q);
+    if !props.features.matmul.cmma.contains(&product(q.dtype, TILE)) || !bf16_ok {
+        return Err(Unavailable::NoInstruction(q.dtype));
+    }
+    Ok(())
+}
+
+/// The `16 × n × 16` tensor-core product of `dtype` operands with float32 accumulators.
+fn product(dtype: DType, n: usize) -> MmaConfig {
+    let elem: StorageType = dtype.into();
+    MmaConfig {
         a_type: elem,
         b_type: elem,
         cd_type: DType::F32.into(),
         m: TILE as u32,
-        n: TILE as u32,
+        n: n as u32,
         k: TILE as u32,
-    };
-    // bf16 fragments exist from compute capability 8.0 on, where CubeCL also registers the
-    // 16×8×16 `mma` shape; before it the `cmma` check alone passes and compilation would fail.
-    let ampere = MmaConfig { n: 8, ..config };
-    let bf16_ok = q.dtype != DType::BF16 || props.features.matmul.mma.contains(&ampere);
-    if !props.features.matmul.cmma.contains(&config) || !bf16_ok {
-        return Err(Unavailable::NoInstruction(q.dtype));
     }
-    Ok(())
 }
 
 /// Whether `q`'s device has the warp-level `m16n8k16` product for its dtype with float32
 /// accumulators that [`mma_forward`] and [`mma_backward`] are built on (CUDA from compute
 /// capability 8.0).
 fn manual_mma<R: CubeRuntime>(q: &CubeTensor<R>) -> bool {
-    let elem: StorageType = q.dtype.into();
-    let config = MmaConfig {
-        a_type: elem,
-        b_type: elem,
-        cd_type: DType::F32.into(),
-        m: TILE as u32,
-        n: 8,
-        k: TILE as u32,
-    };
-    q.client.properties().features.matmul.mma.contains(&config)
+    let product = product(q.dtype, 8);
+    q.client.properties().features.matmul.mma.contains(&product)
 }
 
 /// Tile shape of `kernel` for `q`'s device and dtype.

@@ -189,7 +189,7 @@ impl FromStr for Tiles {
             reason,
         };
         // Flags after the numbers, in any order: `r` (registers), `p` (prefetch), `w`
-        // (plane-owned strips), `m` (manual `mma` forward).
+        // (plane-owned strips), `m` (manual `mma`).
         let spec = s.trim();
         let t = spec.trim_end_matches(['r', 'p', 'w', 'm']);
         let flags = &spec[t.len()..];
