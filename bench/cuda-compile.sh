@@ -12,7 +12,7 @@
 #    bf16 and f16, tensor-core products, the tile shapes an H100 gets) and writes the CUDA
 #    C++ that CubeCL's CUDA compiler generates from it. It needs a CubeCL client of any kind
 #    to define kernels on: the wgpu one, on a Vulkan driver (Mesa's lavapipe, as the tests).
-# 2. NVIDIA's NVRTC, `ptxas` and CUDA headers come from their PyPI wheels, downloaded once
+# 2. NVIDIA's NVRTC, `ptxas` and CUDA headers (with CCCL's, for `cuda/barrier`) come from their PyPI wheels, downloaded once
 #    into $CUDA_TOOLS (default ~/.cache/reel-cuda-tools); they compile each source to PTX as
 #    CubeCL does at run time (the PTX is kept beside each source, NAME.ARCH.ptx, to read which
 #    instructions a change produced), then `ptxas -v` assembles it for each architecture.
@@ -33,11 +33,11 @@ CUDA_TOOLS=${CUDA_TOOLS:-$HOME/.cache/reel-cuda-tools}
 OUT=${OUT_DIR:-${TMPDIR:-/tmp}/reel-cuda-sources}
 export ARCHS=${ARCHS:-"sm_90a sm_80"}
 
-if [[ ! -x $CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas ]]; then
+if [[ ! -x $CUDA_TOOLS/nvidia/cuda_nvcc/bin/ptxas || ! -d $CUDA_TOOLS/nvidia/cuda_cccl ]]; then
   mkdir -p "$CUDA_TOOLS/wheels"
   python3 -m pip download -q --no-deps -d "$CUDA_TOOLS/wheels" \
     'nvidia-cuda-nvrtc-cu12==12.8.*' 'nvidia-cuda-nvcc-cu12==12.8.*' \
-    'nvidia-cuda-runtime-cu12==12.8.*'
+    'nvidia-cuda-runtime-cu12==12.8.*' 'nvidia-cuda-cccl-cu12==12.8.*'
   for w in "$CUDA_TOOLS"/wheels/*.whl; do
     python3 -m zipfile -e "$w" "$CUDA_TOOLS"
   done

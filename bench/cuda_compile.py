@@ -60,7 +60,10 @@ def main() -> int:
     nv = os.path.join(tools, "nvidia")
     lib = ctypes.CDLL(os.path.join(nv, "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     ptxas = os.path.join(nv, "cuda_nvcc", "bin", "ptxas")
-    includes = [os.path.join(nv, "cuda_runtime", "include"), os.path.join(nv, "cuda_nvcc", "include")]
+    # CCCL's headers (libcu++'s `cuda/barrier`) serve the kernels that copy asynchronously.
+    includes = [
+        os.path.join(nv, d, "include") for d in ("cuda_runtime", "cuda_nvcc", "cuda_cccl")
+    ]
     nvdisasm = os.path.join(nv, "cu13", "bin", "nvdisasm")
     archs = os.environ.get("ARCHS", "sm_90a sm_80").split()
     failed = 0

@@ -72,7 +72,7 @@ case $PLAN in
     # output and the backward's sums in registers, `m`: manual mma, everything in registers;
     # tiles.rs).
     # The manual-MMA kernels (`m`; 4 and 8 warps, 64- and 32-row tiles) first.
-    TILES=${TILES-"forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m forward=64x32x128m,backward_q=128x32x256m,backward_kv=64x64x128m forward=128x64x256m,backward_q=64x64x128m,backward_kv=128x32x256m 64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w"}
+    TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x32x128m,backward_q=128x32x256m,backward_kv=64x64x128m forward=128x64x256m,backward_q=64x64x128m,backward_kv=128x32x256m 64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.

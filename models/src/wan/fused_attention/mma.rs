@@ -139,11 +139,13 @@ fn mma_pair<F: Float>(
 }
 
 /// `acc += a·bᵀ` for the strip: `a` its A operands ([`strip_operands`], `kd / 16` steps),
-/// `b` a `n × kd` tile (rows of `ld`), `acc` `n / 8` accumulators.
+/// `b` a `n × kd` tile from row `base` (rows of `ld`), `acc` `n / 8` accumulators.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn product_bt<F: Float>(
     a: &Sequence<Regs<F>>,
     b: &SharedMemory<F>,
+    base: usize,
     acc: &mut Sequence<Regs<f32>>,
     lane: usize,
     #[comptime] n: usize,
@@ -154,20 +156,22 @@ pub(super) fn product_bt<F: Float>(
     for step in 0..comptime![kd / TILE] {
         #[unroll]
         for pair in 0..comptime![n / TILE] {
-            let b2 = load_b_rows::<F>(b, pair * TILE, step * TILE, lane, ld);
+            let b2 = load_b_rows::<F>(b, base + pair * TILE, step * TILE, lane, ld);
             mma_pair::<F>(a.index(step), &b2, acc, pair);
         }
     }
 }
 
 /// `acc += a[r0 .. r0 + 16]·bᵀ` with the strip's operands read from `a` for this product
-/// alone ([`strip_operands`], [`product_bt`]; `a` and `b` both with rows of `ld`).
+/// alone ([`strip_operands`], [`product_bt`] of `b`'s tile from row `base`; `a` and `b` both
+/// with rows of `ld`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn strip_product_bt<F: Float>(
     a: &SharedMemory<F>,
     r0: usize,
     b: &SharedMemory<F>,
+    base: usize,
     acc: &mut Sequence<Regs<f32>>,
     lane: usize,
     #[comptime] n: usize,
@@ -175,16 +179,18 @@ pub(super) fn strip_product_bt<F: Float>(
     #[comptime] ld: usize,
 ) {
     let ops = strip_operands::<F>(a, r0, lane, kd, ld);
-    product_bt::<F>(&ops, b, acc, lane, n, kd, ld);
+    product_bt::<F>(&ops, b, base, acc, lane, n, kd, ld);
 }
 
 /// `acc += p·b` for the strip, with the left operand `p` in accumulators (`kd / 8` of them:
-/// a product's result, converted to `F`), `b` a `kd × n` tile (rows of `ld`), `acc` `n / 8`
-/// accumulators.
+/// a product's result, converted to `F`), `b` a `kd × n` tile from row `base` (rows of `ld`),
+/// `acc` `n / 8` accumulators.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate<F: Float>(
     p: &Sequence<Regs<f32>>,
     b: &SharedMemory<F>,
+    base: usize,
     acc: &mut Sequence<Regs<f32>>,
     lane: usize,
     #[comptime] kd: usize,
@@ -202,7 +208,7 @@ pub(super) fn accumulate<F: Float>(
         }
         #[unroll]
         for pair in 0..comptime![n / TILE] {
-            let b2 = load_b_cols::<F>(b, step * TILE, pair * TILE, lane, ld);
+            let b2 = load_b_cols::<F>(b, base + step * TILE, pair * TILE, lane, ld);
             mma_pair::<F>(&a, &b2, acc, pair);
         }
     }

@@ -10,8 +10,10 @@
 //! at head dim 128 in bf16 a 64-row cube with 32-row tiles takes 51 KiB where the strips
 //! kernels take 110 to 190. The left operands of the score products are read from shared
 //! memory by `ldmatrix` for each tile (a plane's own rows, 16 KiB per tile at head dim 128),
-//! which leaves the registers to the scores and the sums. CUDA only; elsewhere the launcher
-//! runs the strips kernels.
+//! which leaves the registers to the scores and the sums. With `copy_async` (`p` in the spec)
+//! the streamed tiles are copied asynchronously (`cp.async`) into two buffers, as in the
+//! forward ([`super::mma_forward`]). CUDA only; elsewhere the launcher runs the strips
+//! kernels.
 
 // The `#[cube(launch_unchecked)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
@@ -20,13 +22,14 @@ use cubecl::prelude::*;
 
 use super::mma::{accumulate, store_strip, strip_product_bt, zeroed, Pair, Regs};
 use super::rows::{query_stats, streamed_stats};
-use super::staging::{stage, stream, streamed};
+use super::staging::{commit, copy_tile, stage, tile_barrier, wait};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
 
 /// Backward, query side: `delta` (`Δ` per query row) and `dq = scale·dS·k`,
 /// `dS = P∘(dO·vᵀ − Δ)`, for `rows = 16 × units / 32`; the arguments of
 /// [`tiled_backward_q_strips`](fn@super::strips_backward::tiled_backward_q_strips) (`tc` and
-/// `regs` mean nothing here).
+/// `regs` mean nothing here; `copy_async`: the key and value tiles copied asynchronously into
+/// two buffers, as in [`tiled_forward_mma`](fn@super::mma_forward::tiled_forward_mma)).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn tiled_backward_q_mma<F: Float, N: Size>(
@@ -46,7 +49,7 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
     #[comptime] units: usize,
     #[comptime] _tc: bool,
     #[comptime] _regs: bool,
-    #[comptime] prefetch: bool,
+    #[comptime] copy_async: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -54,13 +57,15 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
     let row0 = CUBE_POS_X as usize * rows;
     let strip = UNIT_POS_Y as usize * TILE;
     let lane = UNIT_POS_X as usize;
-    let (g, t) = (lane / 4, lane % 4);
+    let g = lane / 4;
 
     let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    // Asynchronous copies fill one buffer of each streamed tile while the other is used.
+    let buffers = comptime![if copy_async { 2usize } else { 1usize }];
     let mut qs = SharedMemory::<F>::new_aligned(rows * lq, ALIGN);
     let mut dos = SharedMemory::<F>::new_aligned(rows * lv, ALIGN);
-    let mut ks = SharedMemory::<F>::new_aligned(cols * lq, ALIGN);
-    let mut vs = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
+    let mut ks = SharedMemory::<F>::new_aligned(buffers * cols * lq, ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(buffers * cols * lv, ALIGN);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     stage(q, &mut qs, bh, row0, rows, dp, units);
@@ -86,37 +91,71 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
         row_delta[h] = deltas[strip + g + h * 8];
     }
     let mut dq_acc = zeroed(comptime![dp / 8]);
-    let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
+    let tiles = seq_k.div_ceil(cols);
 
-    for tile in 0..seq_k.div_ceil(cols) {
-        let key0 = tile * cols;
-        stream(k, &mut kr, &mut ks, bh, key0, cols, dp, units, prefetch);
-        stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
-        sync_cube();
-        let mut s = zeroed(comptime![cols / 8]);
-        let mut dpm = zeroed(comptime![cols / 8]);
-        strip_product_bt::<F>(&qs, strip, &ks, &mut s, lane, cols, dp, lq);
-        strip_product_bt::<F>(&dos, strip, &vs, &mut dpm, lane, cols, dvp, lv);
-        // `dS` into `s`; keys past the sequence's end get none.
-        #[unroll]
-        for j in 0..comptime![cols / 8] {
-            let sj = s.index_mut(j);
-            let dj = dpm.index(j);
-            #[unroll]
-            for h in 0..2usize {
-                let mut pair = sj[h];
-                #[unroll]
-                for e in 0..2usize {
-                    let p = f32::exp(pair[e] * scale - row_lse[h]);
-                    let valid = key0 + j * 8 + 2 * t + e < seq_k;
-                    pair[e] = select(valid, p * (dj[h][e] - row_delta[h]), 0.0f32);
-                }
-                sj[h] = pair;
+    if comptime![copy_async] {
+        let even = tile_barrier();
+        let odd = tile_barrier();
+        copy_tile(k, &mut ks, 0, bh, 0, cols, dp, units);
+        copy_tile(v, &mut vs, 0, bh, 0, cols, dvp, units);
+        commit(&even, &odd, 0);
+        for tile in 0..tiles {
+            let key0 = tile * cols;
+            wait(&even, &odd, tile);
+            // Every plane is done with the other buffer's tile: the next tile's copies.
+            if tile + 1 < tiles {
+                let next = (1 - tile % 2) * cols;
+                copy_tile(k, &mut ks, next, bh, key0 + cols, cols, dp, units);
+                copy_tile(v, &mut vs, next, bh, key0 + cols, cols, dvp, units);
+                commit(&even, &odd, tile + 1);
             }
+            let base = (tile % 2) * cols;
+            let valid = seq_k - key0;
+            query_tile::<F>(
+                &qs,
+                &dos,
+                &ks,
+                &vs,
+                base,
+                &mut dq_acc,
+                row_lse,
+                row_delta,
+                scale,
+                valid,
+                strip,
+                lane,
+                cols,
+                dp,
+                dvp,
+            );
         }
-        accumulate::<F>(&s, &ks, &mut dq_acc, lane, cols, dp, lq);
-        // Every plane is done with this `k`/`v` tile before the next one is staged.
-        sync_cube();
+    } else {
+        for tile in 0..tiles {
+            let key0 = tile * cols;
+            stage(k, &mut ks, bh, key0, cols, dp, units);
+            stage(v, &mut vs, bh, key0, cols, dvp, units);
+            sync_cube();
+            let valid = seq_k - key0;
+            query_tile::<F>(
+                &qs,
+                &dos,
+                &ks,
+                &vs,
+                0,
+                &mut dq_acc,
+                row_lse,
+                row_delta,
+                scale,
+                valid,
+                strip,
+                lane,
+                cols,
+                dp,
+                dvp,
+            );
+            // Every plane is done with this `k`/`v` tile before the next one is staged.
+            sync_cube();
+        }
     }
     let factor = Pair::<f32>::empty().fill(scale);
     store_strip::<F>(
@@ -130,10 +169,61 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
     );
 }
 
+/// One key tile of the query side for the plane's strip (rows `strip ..` of `qs`, `dos`):
+/// `S` and `dP = dO·vᵀ` against the tile in rows `base ..` of `ks` and `vs`,
+/// `dS = P∘(dP − Δ)` on the lane's registers (keys from `valid` on get none), and
+/// `dq_acc += dS·k`. `row_lse`, `row_delta`: the lane's rows' statistics (`g`, `g + 8`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn query_tile<F: Float>(
+    qs: &SharedMemory<F>,
+    dos: &SharedMemory<F>,
+    ks: &SharedMemory<F>,
+    vs: &SharedMemory<F>,
+    base: usize,
+    dq_acc: &mut Sequence<Regs<f32>>,
+    row_lse: Pair<f32>,
+    row_delta: Pair<f32>,
+    scale: f32,
+    valid: usize,
+    strip: usize,
+    lane: usize,
+    #[comptime] cols: usize,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+) {
+    let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    let t = lane % 4;
+    let mut s = zeroed(comptime![cols / 8]);
+    let mut dpm = zeroed(comptime![cols / 8]);
+    strip_product_bt::<F>(qs, strip, ks, base, &mut s, lane, cols, dp, lq);
+    strip_product_bt::<F>(dos, strip, vs, base, &mut dpm, lane, cols, dvp, lv);
+    // `dS` into `s`.
+    #[unroll]
+    for j in 0..comptime![cols / 8] {
+        let sj = s.index_mut(j);
+        let dj = dpm.index(j);
+        #[unroll]
+        for h in 0..2usize {
+            let mut pair = sj[h];
+            #[unroll]
+            for e in 0..2usize {
+                let p = f32::exp(pair[e] * scale - row_lse[h]);
+                let inside = j * 8 + 2 * t + e < valid;
+                pair[e] = select(inside, p * (dj[h][e] - row_delta[h]), 0.0f32);
+            }
+            sj[h] = pair;
+        }
+    }
+    accumulate::<F>(&s, ks, base, dq_acc, lane, cols, dp, lq);
+}
+
 /// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` (`rows = 16 × units / 32`)
 /// and streams query tiles: `dv = Pᵀ·dO`, `dk = scale·dSᵀ·q`, with `Δ` from the query side
 /// (launched first on the same stream); the arguments of
-/// [`tiled_backward_kv_strips`](fn@super::strips_backward::tiled_backward_kv_strips).
+/// [`tiled_backward_kv_strips`](fn@super::strips_backward::tiled_backward_kv_strips)
+/// (`copy_async`: the query and output-gradient tiles copied asynchronously into two buffers,
+/// their statistics double-buffered beside them).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn tiled_backward_kv_mma<F: Float, N: Size>(
@@ -153,7 +243,7 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     #[comptime] units: usize,
     #[comptime] _tc: bool,
     #[comptime] _regs: bool,
-    #[comptime] prefetch: bool,
+    #[comptime] copy_async: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -163,36 +253,94 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     let lane = UNIT_POS_X as usize;
 
     let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    // Asynchronous copies fill one buffer of each streamed tile while the other is used.
+    let buffers = comptime![if copy_async { 2usize } else { 1usize }];
     let mut ks = SharedMemory::<F>::new_aligned(rows * lq, ALIGN);
     let mut vs = SharedMemory::<F>::new_aligned(rows * lv, ALIGN);
-    let mut qs = SharedMemory::<F>::new_aligned(cols * lq, ALIGN);
-    let mut dos = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
-    let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
-    let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
+    let mut qs = SharedMemory::<F>::new_aligned(buffers * cols * lq, ALIGN);
+    let mut dos = SharedMemory::<F>::new_aligned(buffers * cols * lv, ALIGN);
+    let mut lses = SharedMemory::<f32>::new_aligned(buffers * cols, ALIGN);
+    let mut deltas = SharedMemory::<f32>::new_aligned(buffers * cols, ALIGN);
     stage(k, &mut ks, bh, row0, rows, dp, units);
     stage(v, &mut vs, bh, row0, rows, dvp, units);
     let mut dk_acc = zeroed(comptime![dp / 8]);
     let mut dv_acc = zeroed(comptime![dvp / 8]);
-    let (mut qr, mut dor) = streamed(q, d_out, bh, cols, dp, dvp, units, prefetch);
+    let tiles = seq_q.div_ceil(cols);
 
-    for tile in 0..seq_q.div_ceil(cols) {
-        let q0 = tile * cols;
-        stream(q, &mut qr, &mut qs, bh, q0, cols, dp, units, prefetch);
-        stream(
-            d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
-        );
-        streamed_stats(lse, delta, &mut lses, &mut deltas, bh, q0, cols);
-        sync_cube();
-        // `Sᵀ = k·qᵀ` and `dPᵀ = v·dOᵀ` for the plane's keys.
-        let mut st = zeroed(comptime![cols / 8]);
-        let mut dpt = zeroed(comptime![cols / 8]);
-        strip_product_bt::<F>(&ks, strip, &qs, &mut st, lane, cols, dp, lq);
-        strip_product_bt::<F>(&vs, strip, &dos, &mut dpt, lane, cols, dvp, lv);
-        transposed_grads(&mut st, &mut dpt, &lses, &deltas, scale, lane, cols);
-        accumulate::<F>(&st, &dos, &mut dv_acc, lane, cols, dvp, lv);
-        accumulate::<F>(&dpt, &qs, &mut dk_acc, lane, cols, dp, lq);
-        // Every plane is done with this query tile before the next one is staged.
-        sync_cube();
+    if comptime![copy_async] {
+        let even = tile_barrier();
+        let odd = tile_barrier();
+        copy_tile(q, &mut qs, 0, bh, 0, cols, dp, units);
+        copy_tile(d_out, &mut dos, 0, bh, 0, cols, dvp, units);
+        streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, 0, cols);
+        commit(&even, &odd, 0);
+        for tile in 0..tiles {
+            let q0 = tile * cols;
+            // The barrier also publishes the staged key rows and the statistics' stores.
+            wait(&even, &odd, tile);
+            // Every plane is done with the other buffer's tile: the next tile's copies.
+            if tile + 1 < tiles {
+                let next = (1 - tile % 2) * cols;
+                copy_tile(q, &mut qs, next, bh, q0 + cols, cols, dp, units);
+                copy_tile(d_out, &mut dos, next, bh, q0 + cols, cols, dvp, units);
+                streamed_stats(
+                    lse,
+                    delta,
+                    &mut lses,
+                    &mut deltas,
+                    next,
+                    bh,
+                    q0 + cols,
+                    cols,
+                );
+                commit(&even, &odd, tile + 1);
+            }
+            let base = (tile % 2) * cols;
+            key_tile::<F>(
+                &ks,
+                &vs,
+                &qs,
+                &dos,
+                &lses,
+                &deltas,
+                base,
+                &mut dk_acc,
+                &mut dv_acc,
+                scale,
+                strip,
+                lane,
+                cols,
+                dp,
+                dvp,
+            );
+        }
+    } else {
+        for tile in 0..tiles {
+            let q0 = tile * cols;
+            stage(q, &mut qs, bh, q0, cols, dp, units);
+            stage(d_out, &mut dos, bh, q0, cols, dvp, units);
+            streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, q0, cols);
+            sync_cube();
+            key_tile::<F>(
+                &ks,
+                &vs,
+                &qs,
+                &dos,
+                &lses,
+                &deltas,
+                0,
+                &mut dk_acc,
+                &mut dv_acc,
+                scale,
+                strip,
+                lane,
+                cols,
+                dp,
+                dvp,
+            );
+            // Every plane is done with this query tile before the next one is staged.
+            sync_cube();
+        }
     }
     let row = row0 + strip;
     let scaled = Pair::<f32>::empty().fill(scale);
@@ -201,15 +349,49 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     store_strip::<F>(dv_out, &dv_acc, one, bh, row, lane, comptime![dvp / 8]);
 }
 
+/// One query tile of the key side for the plane's strip (rows `strip ..` of `ks`, `vs`):
+/// `Sᵀ = k·qᵀ` and `dPᵀ = v·dOᵀ` against the tile in rows `base ..` of `qs`, `dos` (its
+/// statistics from `base` in `lses`, `deltas`), then `dv_acc += Pᵀ·dO`, `dk_acc += dSᵀ·q`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_tile<F: Float>(
+    ks: &SharedMemory<F>,
+    vs: &SharedMemory<F>,
+    qs: &SharedMemory<F>,
+    dos: &SharedMemory<F>,
+    lses: &SharedMemory<f32>,
+    deltas: &SharedMemory<f32>,
+    base: usize,
+    dk_acc: &mut Sequence<Regs<f32>>,
+    dv_acc: &mut Sequence<Regs<f32>>,
+    scale: f32,
+    strip: usize,
+    lane: usize,
+    #[comptime] cols: usize,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+) {
+    let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    let mut st = zeroed(comptime![cols / 8]);
+    let mut dpt = zeroed(comptime![cols / 8]);
+    strip_product_bt::<F>(ks, strip, qs, base, &mut st, lane, cols, dp, lq);
+    strip_product_bt::<F>(vs, strip, dos, base, &mut dpt, lane, cols, dvp, lv);
+    transposed_grads(&mut st, &mut dpt, lses, deltas, base, scale, lane, cols);
+    accumulate::<F>(&st, dos, base, dv_acc, lane, cols, dvp, lv);
+    accumulate::<F>(&dpt, qs, base, dk_acc, lane, cols, dp, lq);
+}
+
 /// The key side's `Pᵀ` (into `st`, from the scores `Sᵀ`) and `dSᵀ = Pᵀ∘(dPᵀ − Δ)` (into
 /// `dpt`) on the lane's registers, with the streamed queries' log-sum-exp `lses` and `Δ`
-/// `deltas` (queries past the sequence's end have probabilities 0).
+/// `deltas` from `base` (queries past the sequence's end have probabilities 0).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn transposed_grads(
     st: &mut Sequence<Regs<f32>>,
     dpt: &mut Sequence<Regs<f32>>,
     lses: &SharedMemory<f32>,
     deltas: &SharedMemory<f32>,
+    base: usize,
     scale: f32,
     lane: usize,
     #[comptime] cols: usize,
@@ -222,7 +404,7 @@ fn transposed_grads(
         #[unroll]
         for e in 0..2usize {
             let col = j * 8 + 2 * t + e;
-            let (q_lse, q_delta) = (lses[col], deltas[col]);
+            let (q_lse, q_delta) = (lses[base + col], deltas[base + col]);
             #[unroll]
             for h in 0..2usize {
                 let mut p = sj[h];

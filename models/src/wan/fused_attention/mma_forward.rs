@@ -21,7 +21,10 @@
 //!
 //! Shared memory holds only the staged `q`, `k` and `v` tiles (51 KiB for 64 rows and 64 keys
 //! at head dim 128 in bf16, against 111 KiB for the cooperative-matrix forward), so
-//! more cubes fit a multiprocessor. The cube meets twice per key tile, around the staging.
+//! more cubes fit a multiprocessor. The cube meets twice per key tile, around the staging;
+//! with asynchronous copies (`cp.async`, `p` in the spec) into a second buffer of each tile
+//! (85 KiB at those shapes), once, at the barrier that both says the tile has landed and
+//! frees the other buffer for the next tile's copies, which then run during the products.
 //!
 //! CUDA only (manual MMA exists on no other CubeCL target); elsewhere the launcher runs the
 //! strips kernel instead. The products and the lane layouts are in `mma.rs`.
@@ -36,14 +39,17 @@ use super::mma::{
     accumulate, product_bt, quad_reduce, store_strip, strip_operands, zeroed, Pair, Regs,
 };
 use super::rows::STALE_MAX;
-use super::staging::{stage, stream, streamed};
+use super::staging::{commit, copy_tile, stage, tile_barrier, wait};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
 
 /// Forward with manual MMA: the same results as
 /// [`tiled_forward_strips`](fn@super::strips::tiled_forward_strips) (`out =
 /// softmax(scale·q·kᵀ)·v` and `lse [B, H, Sq]`), for `rows = 16 × units / 32` and `cols` a
 /// multiple of 16; `tc` and `regs` are taken for the launcher's sake and mean nothing here
-/// (everything is in registers on tensor cores).
+/// (everything is in registers on tensor cores). With `copy_async` (`p` with `m` in a tile
+/// spec, 16-byte vectors), the key and value tiles are copied asynchronously into two
+/// buffers, the next tile's copies in flight while this one is used; without, each is staged
+/// through the units' registers when its turn comes.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn tiled_forward_mma<F: Float, N: Size>(
@@ -60,7 +66,7 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
     #[comptime] units: usize,
     #[comptime] _tc: bool,
     #[comptime] _regs: bool,
-    #[comptime] prefetch: bool,
+    #[comptime] copy_async: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bh = CUBE_POS_Y as usize;
@@ -73,38 +79,55 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
     let (g, t) = (lane / 4, lane % 4);
 
     let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    // Asynchronous copies fill one buffer of each streamed tile while the other is used.
+    let buffers = comptime![if copy_async { 2usize } else { 1usize }];
     let mut qs = SharedMemory::<F>::new_aligned(rows * lq, ALIGN);
-    let mut ks = SharedMemory::<F>::new_aligned(cols * lq, ALIGN);
-    let mut vs = SharedMemory::<F>::new_aligned(cols * lv, ALIGN);
-    stage(q, &mut qs, bh, row0, rows, dp, units);
-    sync_cube();
-    let qf = strip_operands::<F>(&qs, strip, lane, dp, lq);
+    let mut ks = SharedMemory::<F>::new_aligned(buffers * cols * lq, ALIGN);
+    let mut vs = SharedMemory::<F>::new_aligned(buffers * cols * lv, ALIGN);
     // The strip's output (`dvp / 8` blocks), running maxima and this lane's share of the
     // running sums, for rows `g` and `g + 8`.
     let mut o = zeroed(comptime![dvp / 8]);
     let mut m = Pair::<f32>::empty().fill(f32::new(NEG_BIG));
     let mut l = Pair::<f32>::empty().fill(0.0f32);
-    let (mut kr, mut vr) = streamed(k, v, bh, cols, dp, dvp, units, prefetch);
+    let tiles = seq_k.div_ceil(cols);
+    stage(q, &mut qs, bh, row0, rows, dp, units);
+    sync_cube();
+    let qf = strip_operands::<F>(&qs, strip, lane, dp, lq);
 
-    for tile in 0..seq_k.div_ceil(cols) {
-        let key0 = tile * cols;
-        stream(k, &mut kr, &mut ks, bh, key0, cols, dp, units, prefetch);
-        stream(v, &mut vr, &mut vs, bh, key0, cols, dvp, units, prefetch);
-        sync_cube();
-        let mut s = zeroed(comptime![cols / 8]);
-        product_bt::<F>(&qf, &ks, &mut s, lane, cols, dp, lq);
-        let corr = softmax_tile(&mut s, &mut m, &mut l, scale, seq_k - key0, t, cols);
-        #[unroll]
-        for j in 0..comptime![dvp / 8] {
-            let acc = o.index_mut(j);
-            #[unroll]
-            for h in 0..2usize {
-                acc[h] = acc[h] * Pair::<f32>::empty().fill(corr[h]);
+    if comptime![copy_async] {
+        let even = tile_barrier();
+        let odd = tile_barrier();
+        copy_tile(k, &mut ks, 0, bh, 0, cols, dp, units);
+        copy_tile(v, &mut vs, 0, bh, 0, cols, dvp, units);
+        commit(&even, &odd, 0);
+        for tile in 0..tiles {
+            let key0 = tile * cols;
+            wait(&even, &odd, tile);
+            // Every plane is done with the other buffer's tile: the next tile's copies.
+            if tile + 1 < tiles {
+                let next = (1 - tile % 2) * cols;
+                copy_tile(k, &mut ks, next, bh, key0 + cols, cols, dp, units);
+                copy_tile(v, &mut vs, next, bh, key0 + cols, cols, dvp, units);
+                commit(&even, &odd, tile + 1);
             }
+            let (base, valid) = ((tile % 2) * cols, seq_k - key0);
+            key_tile::<F>(
+                &qf, &ks, &vs, base, &mut o, &mut m, &mut l, scale, valid, lane, cols, dp, dvp,
+            );
         }
-        accumulate::<F>(&s, &vs, &mut o, lane, cols, dvp, lv);
-        // Every plane is done with this `k`/`v` tile before the next one is staged.
-        sync_cube();
+    } else {
+        for tile in 0..tiles {
+            let key0 = tile * cols;
+            stage(k, &mut ks, bh, key0, cols, dp, units);
+            stage(v, &mut vs, bh, key0, cols, dvp, units);
+            sync_cube();
+            let valid = seq_k - key0;
+            key_tile::<F>(
+                &qf, &ks, &vs, 0, &mut o, &mut m, &mut l, scale, valid, lane, cols, dp, dvp,
+            );
+            // Every plane is done with this `k`/`v` tile before the next one is staged.
+            sync_cube();
+        }
     }
 
     // Rows `g` and `g + 8`: the quad's sums divide the output.
@@ -119,6 +142,41 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
         }
     }
     store_strip::<F>(out, &o, inv, bh, row0 + strip, lane, comptime![dvp / 8]);
+}
+
+/// One key tile of the forward for the plane's strip: the scores `q·kᵀ` of the tile in rows
+/// `base ..` of `ks` (`qf` the strip's operands), their online softmax ([`softmax_tile`]; keys
+/// from `valid` on get none), the output rescaled and `P·v` (rows `base ..` of `vs`) added.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_tile<F: Float>(
+    qf: &Sequence<Regs<F>>,
+    ks: &SharedMemory<F>,
+    vs: &SharedMemory<F>,
+    base: usize,
+    o: &mut Sequence<Regs<f32>>,
+    m: &mut Pair<f32>,
+    l: &mut Pair<f32>,
+    scale: f32,
+    valid: usize,
+    lane: usize,
+    #[comptime] cols: usize,
+    #[comptime] dp: usize,
+    #[comptime] dvp: usize,
+) {
+    let (lq, lv) = comptime![(dp + PAD_OPERAND, dvp + PAD_OPERAND)];
+    let mut s = zeroed(comptime![cols / 8]);
+    product_bt::<F>(qf, ks, base, &mut s, lane, cols, dp, lq);
+    let corr = softmax_tile(&mut s, m, l, scale, valid, lane % 4, cols);
+    #[unroll]
+    for j in 0..comptime![dvp / 8] {
+        let acc = o.index_mut(j);
+        #[unroll]
+        for h in 0..2usize {
+            acc[h] = acc[h] * Pair::<f32>::empty().fill(corr[h]);
+        }
+    }
+    accumulate::<F>(&s, vs, base, o, lane, cols, dvp, lv);
 }
 
 /// One key tile of the online softmax on the lane's registers: scales the scores `s` in place

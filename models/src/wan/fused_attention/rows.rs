@@ -170,7 +170,7 @@ pub(super) fn query_stats<F: Float, N: Size>(
 }
 
 /// The saved log-sum-exp and `Δ` of the streamed query rows `q0 .. q0 + cols` into `lses` and
-/// `deltas`, one unit per row (rows past the sequence's end: probabilities 0).
+/// `deltas` from index `at`, one unit per row (rows past the sequence's end: probabilities 0).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn streamed_stats(
@@ -178,6 +178,7 @@ pub(super) fn streamed_stats(
     delta: &Tensor<f32>,
     lses: &mut SharedMemory<f32>,
     deltas: &mut SharedMemory<f32>,
+    at: usize,
     bh: usize,
     q0: usize,
     #[comptime] cols: usize,
@@ -192,7 +193,7 @@ pub(super) fn streamed_stats(
             lv = lse[stat_offset(lse, bh, heads, q0 + j)];
             dl = delta[stat_offset(delta, bh, heads, q0 + j)];
         }
-        lses[j] = lv;
-        deltas[j] = dl;
+        lses[at + j] = lv;
+        deltas[at + j] = dl;
     }
 }

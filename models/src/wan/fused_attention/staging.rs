@@ -1,8 +1,9 @@
 //! Moving tiles between device memory and shared memory for the tiled attention kernels:
 //! staging rows of a `[B, H, S, C]` tensor into padded shared-memory tiles (through each
-//! unit's registers, which lets a streamed tile's loads be issued a tile ahead), storing
-//! float32 rows back, and filling.
+//! unit's registers, which lets a streamed tile's loads be issued a tile ahead, or by
+//! asynchronous copies into a second buffer), storing float32 rows back, and filling.
 
+use cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use cubecl::prelude::*;
 
 use super::kernels::offset;
@@ -134,6 +135,89 @@ pub(super) fn put<F: Float, N: Size>(
                 dst[at + j] = val[j];
             }
         }
+    }
+}
+
+/// Issue the unit's asynchronous copies (`cp.async`, one vector of 16 bytes each) of rows
+/// `row0 .. row0 + rows` of `t` (`[B, H, S, C]`) into the padded rows `at ..` of `dst`, zeros
+/// past the sequence's end and in the padding columns `C .. cp` (copies of no bytes, which
+/// fill). The copies land later: [`commit`] makes a barrier's phase wait for them.
+///
+/// Needs vectors of 16 bytes (`N = 8` in bf16/f16; the launcher asks for this staging only
+/// then) and CUDA from compute capability 8.0 (`cp.async`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_tile<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
+    dst: &mut SharedMemory<F>,
+    at: usize,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] cp: usize,
+    #[comptime] units: usize,
+) {
+    let n = t.vector_size();
+    let heads = t.shape(1);
+    let len = t.shape(2);
+    let cols = t.shape(3);
+    let base = (bh / heads) * t.stride(0) + (bh % heads) * t.stride(1);
+    let (row_step, col_step) = (t.stride(2), t.stride(3));
+    let unit = UNIT_POS as usize;
+    let per_row = comptime![cp / n];
+    #[unroll]
+    for i in 0..comptime![(rows * per_row).div_ceil(units)] {
+        let idx = unit + i * units;
+        if idx < comptime![rows * per_row] {
+            let (r, col) = (idx / per_row, (idx % per_row) * n);
+            let row = row0 + r;
+            let inside = row < len && col < cols;
+            // Outside the tensor: a copy of no bytes (from its first vector), all zeros.
+            let src = select(inside, (base + row * row_step + col * col_step) / n, 0usize);
+            let length = select(inside, 1usize, 0usize);
+            let to = (at + r) * comptime![cp + PAD_OPERAND] + col;
+            // SAFETY (of the cast): the copy moves `n` elements of `F`, whatever the slice's
+            // element type says; the destination's offset stays in elements of `F`.
+            let mut dst_vector = unsafe {
+                dst.slice_mut(to, to + n)
+                    .downcast_unchecked::<Vector<F, N>>()
+            };
+            copy_async_checked(
+                &t.slice(src, src + length),
+                &mut dst_vector,
+                comptime![n as u32],
+            );
+        }
+    }
+}
+
+/// A cube-wide barrier for the asynchronous copies of one of two tile buffers, initialised
+/// for every unit of the cube.
+#[cube]
+pub(super) fn tile_barrier() -> Shared<Barrier> {
+    Barrier::shared(CUBE_DIM, UNIT_POS == 0)
+}
+
+/// Make the next phase of buffer `tile % 2`'s barrier (`even` or `odd`) wait for the unit's
+/// copies issued so far (`cp.async.mbarrier.arrive`).
+#[cube]
+pub(super) fn commit(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
+    if tile % 2 == 1 {
+        odd.commit_copy_async();
+    } else {
+        even.commit_copy_async();
+    }
+}
+
+/// Wait until every unit of the cube has arrived at buffer `tile % 2`'s barrier and the
+/// copies committed to it ([`commit`]) have landed: the tile is in shared memory for every
+/// plane, and every plane is done with the tile before it (its buffer may be refilled).
+#[cube]
+pub(super) fn wait(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
+    if tile % 2 == 1 {
+        odd.arrive_and_wait();
+    } else {
+        even.arrive_and_wait();
     }
 }
 

@@ -198,7 +198,7 @@ pub fn tiled_backward_kv_strips<F: Float, N: Size>(
         stream(
             d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
         );
-        streamed_stats(lse, delta, &mut lses, &mut deltas, bh, q0, cols);
+        streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, q0, cols);
         sync_cube();
         strip_scores::<F>(&ks, &kf, &qs, &mut st, strip, cols, dp, tc);
         strip_scores::<F>(&vs, &vf, &dos, &mut dpt, strip, cols, dvp, tc);

@@ -506,8 +506,10 @@ macro_rules! backend_tests {
                     "forward=16x32x128p,backward_q=16x16x128p,backward_kv=16x16x64p",
                     "forward=16x32x32w,backward_q=16x16x32rw,backward_kv=16x16x32pw",
                     "forward=32x16x64pw",
-                    // `m` (manual `mma`) is CUDA's: elsewhere the strips forward runs.
+                    // `m` (manual `mma`) is CUDA's: elsewhere the strips forward runs (with
+                    // `p`, prefetching into registers).
                     "forward=32x16x64m",
+                    "forward=32x16x64mp",
                 ] {
                     check_spec(spec, (48, 64));
                 }
@@ -623,7 +625,8 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 /// The tensor-core kernels with other launch shapes: the output and the backward's sums in
 /// register fragments (`r`), 8 planes per cube, 128-row forward cubes, streamed tiles
 /// prefetched (`p`), the cube's rows split among planes (`w`), their combinations, and the
-/// kernels on manual `mma` instructions (`m`: 4 and 8 planes, 64- and 32-row tiles). (The
+/// kernels on manual `mma` instructions (`m`: 4 and 8 planes, 64- and 32-row tiles, with and
+/// without asynchronous copies). (The
 /// choice is process-wide; any valid shape gives other tests the same results.)
 #[cfg(feature = "cuda")]
 #[test]
@@ -634,11 +637,20 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
         burn::tensor::FloatDType::BF16,
         burn::tensor::FloatDType::F16,
     );
-    // The manual-MMA kernels first (never run before this test), in bf16 and f16.
+    // The manual-MMA kernels first (never run before this test), in bf16 and f16, staging
+    // each tile in turn and with asynchronous copies into two buffers (`p`).
     let mma = "forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m";
+    let copies = "forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp";
     for (spec, dtype, tol) in [
         (mma, bf16, 3e-2),
         (mma, f16, 1e-2),
+        (copies, bf16, 3e-2),
+        (copies, f16, 1e-2),
+        (
+            "forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp",
+            bf16,
+            3e-2,
+        ),
         (
             "forward=128x64x256m,backward_q=128x32x256m,backward_kv=128x32x256m",
             bf16,

@@ -164,6 +164,14 @@ pub(super) fn vector_size<R: CubeRuntime>(ts: &[&CubeTensor<R>]) -> usize {
         .unwrap_or(1)
 }
 
+/// The kernels' `prefetch` argument for `tiles`: `p` as given, except for the `m` kernels,
+/// whose prefetch is asynchronous copies of 16-byte vectors (`vector` elements of `q`'s
+/// dtype) on devices that have them; without those they stage each tile in turn.
+fn prefetch<R: CubeRuntime>(tiles: Tiles, q: &CubeTensor<R>, vector: usize) -> bool {
+    let copies = vector * q.dtype.size() == 16 && q.client.properties().features.copy_async;
+    tiles.prefetch && (!tiles.mma || copies)
+}
+
 fn launch_dims(tiles: Tiles, seq: usize, batch_heads: usize) -> (CubeCount, CubeDim) {
     (
         CubeCount::Static(seq.div_ceil(tiles.rows) as u32, batch_heads as u32, 1),
@@ -190,6 +198,7 @@ pub fn forward<R: CubeRuntime>(
     let (count, dim) = launch_dims(tiles, sq, b * h);
     let dtype = q.dtype;
     let vector = vector_size(&[&q, &k, &v]);
+    let prefetch = prefetch(tiles, &q, vector);
     // Both forwards take the same arguments.
     macro_rules! launch {
         ($kernel:path) => {
@@ -216,7 +225,7 @@ pub fn forward<R: CubeRuntime>(
                     tiles.units,
                     tc,
                     tiles.registers,
-                    tiles.prefetch,
+                    prefetch,
                     dtype.into(),
                 )
             }
@@ -261,6 +270,10 @@ pub fn backward<R: CubeRuntime>(
     let scale = 1.0 / (d as f32).sqrt();
     let client = q.client.clone();
     let vector = vector_size(&[&q, &k, &v, &o, &d_out]);
+    let (prefetch_q, prefetch_kv) = (
+        prefetch(tiles_q, &q, vector),
+        prefetch(tiles_kv, &q, vector),
+    );
     let (dims_q, dims_kv) = (
         launch_dims(tiles_q, sq, b * h),
         launch_dims(tiles_kv, sk, b * h),
@@ -292,7 +305,7 @@ pub fn backward<R: CubeRuntime>(
                     tiles_q.units,
                     tc,
                     tiles_q.registers,
-                    tiles_q.prefetch,
+                    prefetch_q,
                     dtype.into(),
                 )
             }
@@ -323,7 +336,7 @@ pub fn backward<R: CubeRuntime>(
                     tiles_kv.units,
                     tc,
                     tiles_kv.registers,
-                    tiles_kv.prefetch,
+                    prefetch_kv,
                     dtype.into(),
                 )
             }

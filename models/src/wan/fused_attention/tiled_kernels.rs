@@ -318,7 +318,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
         stream(
             d_out, &mut dor, &mut dos, bh, q0, cols, dvp, units, prefetch,
         );
-        streamed_stats(lse, delta, &mut lses, &mut deltas, bh, q0, cols);
+        streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, q0, cols);
         sync_cube();
         product::<F>(&ks, &qs, &mut st, rows, cols, dp, true, false, tc, units);
         product::<F>(&vs, &dos, &mut dpt, rows, cols, dvp, true, false, tc, units);

@@ -72,9 +72,13 @@ pub struct Tiles {
     /// sums stay in register fragments instead of shared memory (the `r` suffix of a spec;
     /// `fragments.rs`).
     pub registers: bool,
-    /// Each streamed tile's global loads are issued while the previous tile computes, into
-    /// registers (the `p` suffix of a spec; `staging::stream`): `cols × head dim / units`
-    /// more elements of registers per unit and per streamed tensor, no more shared memory.
+    /// Each streamed tile's global loads are issued while the previous tile computes (the `p`
+    /// suffix of a spec): into registers (`staging::stream`; `cols × head dim / units` more
+    /// elements of registers per unit and per streamed tensor, no more shared memory), or
+    /// with `m`, by asynchronous copies (`cp.async`, `staging::copy_tile`) into a second
+    /// buffer of each streamed tile (no registers, twice the streamed tiles' shared memory;
+    /// where the inputs cannot be read in 16-byte vectors, the `m` kernels stage each tile
+    /// when its turn comes instead).
     pub prefetch: bool,
     /// Each plane owns 16 of the cube's rows (the `w` suffix of a spec; `strips.rs`,
     /// `strips_backward.rs`), which needs `rows = 16 × units / 32`.
@@ -320,12 +324,19 @@ pub fn shared_bytes(
     let fl = |w: usize| w + PAD_FLOAT;
     let staged = rows * op(dp) + cols * op(dp) + cols * op(dvp);
     if tc && tiles.mma {
-        // The staged tiles (`dO` too in the backward) and the backward's row statistics.
-        return match kernel {
-            Kernel::Forward => staged * elem,
-            Kernel::BackwardQ => (staged + rows * op(dvp)) * elem + 2 * rows * 4,
-            Kernel::BackwardKv => (staged + rows * op(dvp)) * elem + 2 * cols * 4,
-        };
+        // The staged tiles (`dO` too in the backward) and the backward's row statistics; with
+        // `p`, a second buffer of the streamed tiles (and of their statistics) and the two
+        // buffers' barriers (8 bytes each).
+        let (buffers, barriers) = if tiles.prefetch { (2, 16) } else { (1, 0) };
+        let streamed = (buffers - 1) * cols * (op(dp) + op(dvp));
+        return barriers
+            + match kernel {
+                Kernel::Forward => (staged + streamed) * elem,
+                Kernel::BackwardQ => (staged + streamed + rows * op(dvp)) * elem + 2 * rows * 4,
+                Kernel::BackwardKv => {
+                    (staged + streamed + rows * op(dvp)) * elem + buffers * 2 * cols * 4
+                }
+            };
     }
     let (operands, floats) = match kernel {
         Kernel::Forward => (
@@ -460,7 +471,8 @@ mod tests {
     #[test]
     fn manual_mma_kernels_hold_only_their_staged_tiles() {
         // With tensor cores `m` holds the staged operand tiles (and the backward's two
-        // statistics per row); without, it is counted as the strips kernels that run instead.
+        // statistics per row), `mp` two buffers of the streamed ones; without tensor cores,
+        // `m` is counted as the strips kernels that run instead.
         let (d, dv, elem) = (128, 64, 2);
         let (op_d, op_dv) = (d + PAD_OPERAND, dv + PAD_OPERAND);
         for (rows, cols, units) in [(64, 64, 128), (64, 32, 128), (128, 32, 256)] {
@@ -472,6 +484,16 @@ mod tests {
             let backward = (staged + rows * op_dv) * elem;
             assert_eq!(bytes(Kernel::BackwardQ, m, true), backward + 2 * rows * 4);
             assert_eq!(bytes(Kernel::BackwardKv, m, true), backward + 2 * cols * 4);
+            // `p`: a second buffer of the streamed tiles and statistics, two 8-byte barriers.
+            let mp = m.with_prefetch();
+            let second = cols * (op_d + op_dv) * elem + 16;
+            assert_eq!(bytes(Kernel::Forward, mp, true), staged * elem + second);
+            assert_eq!(
+                bytes(Kernel::BackwardQ, mp, true),
+                backward + 2 * rows * 4 + second
+            );
+            let kv = backward + 4 * cols * 4 + second;
+            assert_eq!(bytes(Kernel::BackwardKv, mp, true), kv);
             for kernel in Kernel::ALL {
                 assert_eq!(
                     bytes(kernel, m, false),
