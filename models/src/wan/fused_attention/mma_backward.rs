@@ -22,7 +22,7 @@ use cubecl::prelude::*;
 
 use super::mma::{accumulate, store_strip, strip_product_bt, zeroed, Pair, Regs};
 use super::rows::{query_stats, streamed_stats};
-use super::staging::{commit, copy_tile, stage, tile_barrier, wait};
+use super::staging::{stage_pair, tile_barrier, turn};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
 
 /// Backward, query side: `delta` (`Δ` per query row) and `dq = scale·dS·k`,
@@ -68,8 +68,7 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
     let mut vs = SharedMemory::<F>::new_aligned(buffers * cols * lv, ALIGN);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
-    stage(q, &mut qs, bh, row0, rows, dp, units);
-    stage(d_out, &mut dos, bh, row0, rows, dvp, units);
+    stage_pair(q, d_out, &mut qs, &mut dos, bh, row0, rows, dp, dvp, units);
     query_stats(
         out,
         d_out,
@@ -96,21 +95,11 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
     if comptime![copy_async] {
         let even = tile_barrier();
         let odd = tile_barrier();
-        copy_tile(k, &mut ks, 0, bh, 0, cols, dp, units);
-        copy_tile(v, &mut vs, 0, bh, 0, cols, dvp, units);
-        commit(&even, &odd, 0);
         for tile in 0..tiles {
-            let key0 = tile * cols;
-            wait(&even, &odd, tile);
-            // Every plane is done with the other buffer's tile: the next tile's copies.
-            if tile + 1 < tiles {
-                let next = (1 - tile % 2) * cols;
-                copy_tile(k, &mut ks, next, bh, key0 + cols, cols, dp, units);
-                copy_tile(v, &mut vs, next, bh, key0 + cols, cols, dvp, units);
-                commit(&even, &odd, tile + 1);
-            }
-            let base = (tile % 2) * cols;
-            let valid = seq_k - key0;
+            let base = turn(
+                k, v, &mut ks, &mut vs, &even, &odd, tile, tiles, bh, cols, dp, dvp, units,
+            );
+            let valid = seq_k - tile * cols;
             query_tile::<F>(
                 &qs,
                 &dos,
@@ -131,11 +120,20 @@ pub fn tiled_backward_q_mma<F: Float, N: Size>(
         }
     } else {
         for tile in 0..tiles {
-            let key0 = tile * cols;
-            stage(k, &mut ks, bh, key0, cols, dp, units);
-            stage(v, &mut vs, bh, key0, cols, dvp, units);
+            stage_pair(
+                k,
+                v,
+                &mut ks,
+                &mut vs,
+                bh,
+                tile * cols,
+                cols,
+                dp,
+                dvp,
+                units,
+            );
             sync_cube();
-            let valid = seq_k - key0;
+            let valid = seq_k - tile * cols;
             query_tile::<F>(
                 &qs,
                 &dos,
@@ -261,8 +259,7 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     let mut dos = SharedMemory::<F>::new_aligned(buffers * cols * lv, ALIGN);
     let mut lses = SharedMemory::<f32>::new_aligned(buffers * cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(buffers * cols, ALIGN);
-    stage(k, &mut ks, bh, row0, rows, dp, units);
-    stage(v, &mut vs, bh, row0, rows, dvp, units);
+    stage_pair(k, v, &mut ks, &mut vs, bh, row0, rows, dp, dvp, units);
     let mut dk_acc = zeroed(comptime![dp / 8]);
     let mut dv_acc = zeroed(comptime![dvp / 8]);
     let tiles = seq_q.div_ceil(cols);
@@ -270,32 +267,17 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     if comptime![copy_async] {
         let even = tile_barrier();
         let odd = tile_barrier();
-        copy_tile(q, &mut qs, 0, bh, 0, cols, dp, units);
-        copy_tile(d_out, &mut dos, 0, bh, 0, cols, dvp, units);
+        // The first tile's statistics (its rows' copies are issued by its `turn`).
         streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, 0, cols);
-        commit(&even, &odd, 0);
         for tile in 0..tiles {
-            let q0 = tile * cols;
             // The barrier also publishes the staged key rows and the statistics' stores.
-            wait(&even, &odd, tile);
-            // Every plane is done with the other buffer's tile: the next tile's copies.
+            let base = turn(
+                q, d_out, &mut qs, &mut dos, &even, &odd, tile, tiles, bh, cols, dp, dvp, units,
+            );
             if tile + 1 < tiles {
-                let next = (1 - tile % 2) * cols;
-                copy_tile(q, &mut qs, next, bh, q0 + cols, cols, dp, units);
-                copy_tile(d_out, &mut dos, next, bh, q0 + cols, cols, dvp, units);
-                streamed_stats(
-                    lse,
-                    delta,
-                    &mut lses,
-                    &mut deltas,
-                    next,
-                    bh,
-                    q0 + cols,
-                    cols,
-                );
-                commit(&even, &odd, tile + 1);
+                let (next, q0) = (cols - base, (tile + 1) * cols);
+                streamed_stats(lse, delta, &mut lses, &mut deltas, next, bh, q0, cols);
             }
-            let base = (tile % 2) * cols;
             key_tile::<F>(
                 &ks,
                 &vs,
@@ -317,8 +299,7 @@ pub fn tiled_backward_kv_mma<F: Float, N: Size>(
     } else {
         for tile in 0..tiles {
             let q0 = tile * cols;
-            stage(q, &mut qs, bh, q0, cols, dp, units);
-            stage(d_out, &mut dos, bh, q0, cols, dvp, units);
+            stage_pair(q, d_out, &mut qs, &mut dos, bh, q0, cols, dp, dvp, units);
             streamed_stats(lse, delta, &mut lses, &mut deltas, 0, bh, q0, cols);
             sync_cube();
             key_tile::<F>(

@@ -39,7 +39,7 @@ use super::mma::{
     accumulate, product_bt, quad_reduce, store_strip, strip_operands, zeroed, Pair, Regs,
 };
 use super::rows::STALE_MAX;
-use super::staging::{commit, copy_tile, stage, tile_barrier, wait};
+use super::staging::{stage, stage_pair, tile_barrier, turn};
 use super::tile_ops::{ALIGN, PAD_OPERAND, TILE};
 
 /// Forward with manual MMA: the same results as
@@ -97,31 +97,31 @@ pub fn tiled_forward_mma<F: Float, N: Size>(
     if comptime![copy_async] {
         let even = tile_barrier();
         let odd = tile_barrier();
-        copy_tile(k, &mut ks, 0, bh, 0, cols, dp, units);
-        copy_tile(v, &mut vs, 0, bh, 0, cols, dvp, units);
-        commit(&even, &odd, 0);
         for tile in 0..tiles {
-            let key0 = tile * cols;
-            wait(&even, &odd, tile);
-            // Every plane is done with the other buffer's tile: the next tile's copies.
-            if tile + 1 < tiles {
-                let next = (1 - tile % 2) * cols;
-                copy_tile(k, &mut ks, next, bh, key0 + cols, cols, dp, units);
-                copy_tile(v, &mut vs, next, bh, key0 + cols, cols, dvp, units);
-                commit(&even, &odd, tile + 1);
-            }
-            let (base, valid) = ((tile % 2) * cols, seq_k - key0);
+            let base = turn(
+                k, v, &mut ks, &mut vs, &even, &odd, tile, tiles, bh, cols, dp, dvp, units,
+            );
+            let valid = seq_k - tile * cols;
             key_tile::<F>(
                 &qf, &ks, &vs, base, &mut o, &mut m, &mut l, scale, valid, lane, cols, dp, dvp,
             );
         }
     } else {
         for tile in 0..tiles {
-            let key0 = tile * cols;
-            stage(k, &mut ks, bh, key0, cols, dp, units);
-            stage(v, &mut vs, bh, key0, cols, dvp, units);
+            stage_pair(
+                k,
+                v,
+                &mut ks,
+                &mut vs,
+                bh,
+                tile * cols,
+                cols,
+                dp,
+                dvp,
+                units,
+            );
             sync_cube();
-            let valid = seq_k - key0;
+            let valid = seq_k - tile * cols;
             key_tile::<F>(
                 &qf, &ks, &vs, 0, &mut o, &mut m, &mut l, scale, valid, lane, cols, dp, dvp,
             );

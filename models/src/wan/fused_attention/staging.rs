@@ -198,10 +198,11 @@ pub(super) fn tile_barrier() -> Shared<Barrier> {
     Barrier::shared(CUBE_DIM, UNIT_POS == 0)
 }
 
-/// Make the next phase of buffer `tile % 2`'s barrier (`even` or `odd`) wait for the unit's
-/// copies issued so far (`cp.async.mbarrier.arrive`).
+/// Make the open phase of buffer `tile % 2`'s barrier (`even` or `odd`), the one [`wait`]
+/// completes for `tile`, also wait for every copy the unit has issued so far
+/// (`cp.async.mbarrier.arrive`, which adds a pending arrival until they land).
 #[cube]
-pub(super) fn commit(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
+fn commit(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
     if tile % 2 == 1 {
         odd.commit_copy_async();
     } else {
@@ -213,12 +214,88 @@ pub(super) fn commit(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize)
 /// copies committed to it ([`commit`]) have landed: the tile is in shared memory for every
 /// plane, and every plane is done with the tile before it (its buffer may be refilled).
 #[cube]
-pub(super) fn wait(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
+fn wait(even: &Shared<Barrier>, odd: &Shared<Barrier>, tile: usize) {
     if tile % 2 == 1 {
         odd.arrive_and_wait();
     } else {
         even.arrive_and_wait();
     }
+}
+
+/// Stage rows `row0 .. row0 + rows` of `a` and `b` (head dims padded to `da`, `db`) into `sa`
+/// and `sb` ([`stage`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_pair<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    sa: &mut SharedMemory<F>,
+    sb: &mut SharedMemory<F>,
+    bh: usize,
+    row0: usize,
+    #[comptime] rows: usize,
+    #[comptime] da: usize,
+    #[comptime] db: usize,
+    #[comptime] units: usize,
+) {
+    stage(a, sa, bh, row0, rows, da, units);
+    stage(b, sb, bh, row0, rows, db, units);
+}
+
+/// Issue the unit's copies of streamed tile `tile` (rows `tile·rows ..`) of `a` and `b` into
+/// buffer `tile % 2` of `sa` and `sb` ([`copy_tile`]; head dims padded to `da`, `db`) and
+/// commit them to that buffer's barrier ([`commit`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_pair<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    sa: &mut SharedMemory<F>,
+    sb: &mut SharedMemory<F>,
+    even: &Shared<Barrier>,
+    odd: &Shared<Barrier>,
+    tile: usize,
+    bh: usize,
+    #[comptime] rows: usize,
+    #[comptime] da: usize,
+    #[comptime] db: usize,
+    #[comptime] units: usize,
+) {
+    let (at, row0) = ((tile % 2) * rows, tile * rows);
+    copy_tile(a, sa, at, bh, row0, rows, da, units);
+    copy_tile(b, sb, at, bh, row0, rows, db, units);
+    commit(even, odd, tile);
+}
+
+/// Streamed tile `tile`'s turn in a loop over `tiles` tiles copied asynchronously: waits
+/// until it has landed ([`wait`], which also means every plane is done with the tile before
+/// it; tile 0 issues its own copies first), issues the next tile's copies into the buffer
+/// that one used ([`copy_pair`]), and returns the first row of `tile`'s buffer in `sa`, `sb`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn turn<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    sa: &mut SharedMemory<F>,
+    sb: &mut SharedMemory<F>,
+    even: &Shared<Barrier>,
+    odd: &Shared<Barrier>,
+    tile: usize,
+    tiles: usize,
+    bh: usize,
+    #[comptime] rows: usize,
+    #[comptime] da: usize,
+    #[comptime] db: usize,
+    #[comptime] units: usize,
+) -> usize {
+    if tile == 0 {
+        copy_pair(a, b, sa, sb, even, odd, 0, bh, rows, da, db, units);
+    }
+    wait(even, odd, tile);
+    if tile + 1 < tiles {
+        copy_pair(a, b, sa, sb, even, odd, tile + 1, bh, rows, da, db, units);
+    }
+    (tile % 2) * rows
 }
 
 /// Store rows `0 .. rows` of the float32 matrix `src` (padded rows of `ld` elements) times

@@ -16,6 +16,7 @@ use std::str::FromStr;
 use std::sync::{Once, RwLock};
 
 use super::fragments::{scores_hold_scratch, scratch_len};
+use super::tile_ops::ALIGN;
 use super::tiled_kernels::{PAD_FLOAT, PAD_OPERAND, TILE};
 
 /// Units per cube by default: four planes (warps) of 32.
@@ -326,8 +327,9 @@ pub fn shared_bytes(
     if tc && tiles.mma {
         // The staged tiles (`dO` too in the backward) and the backward's row statistics; with
         // `p`, a second buffer of the streamed tiles (and of their statistics) and the two
-        // buffers' barriers (8 bytes each).
-        let (buffers, barriers) = if tiles.prefetch { (2, 16) } else { (1, 0) };
+        // buffers' barriers: 8 bytes each, which take a 32-byte aligned slot when CubeCL
+        // places them before an array (its order varies), 16 bytes when after.
+        let (buffers, barriers) = if tiles.prefetch { (2, ALIGN) } else { (1, 0) };
         let streamed = (buffers - 1) * cols * (op(dp) + op(dvp));
         return barriers
             + match kernel {
@@ -484,9 +486,10 @@ mod tests {
             let backward = (staged + rows * op_dv) * elem;
             assert_eq!(bytes(Kernel::BackwardQ, m, true), backward + 2 * rows * 4);
             assert_eq!(bytes(Kernel::BackwardKv, m, true), backward + 2 * cols * 4);
-            // `p`: a second buffer of the streamed tiles and statistics, two 8-byte barriers.
+            // `p`: a second buffer of the streamed tiles and statistics, and the two 8-byte
+            // barriers in an aligned 32-byte slot.
             let mp = m.with_prefetch();
-            let second = cols * (op_d + op_dv) * elem + 16;
+            let second = cols * (op_d + op_dv) * elem + 32;
             assert_eq!(bytes(Kernel::Forward, mp, true), staged * elem + second);
             assert_eq!(
                 bytes(Kernel::BackwardQ, mp, true),
