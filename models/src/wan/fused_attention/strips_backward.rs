@@ -16,7 +16,7 @@ use cubecl::prelude::*;
 
 use super::fragments::{accumulate, accumulators, store_sums};
 use super::rows::{query_stats, streamed_stats};
-use super::staging::{fill, stage, store_rows, stream, streamed};
+use super::staging::{fill, stage_pair, store_rows, stream, streamed};
 use super::strips::{strip_fragments, strip_scores};
 use super::tile_ops::{strip_product, sync_strip, ALIGN, PAD_FLOAT, PAD_OPERAND, TILE};
 
@@ -66,8 +66,7 @@ pub fn tiled_backward_q_strips<F: Float, N: Size>(
     let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, true);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
-    stage(q, &mut qs, bh, row0, rows, dp, units);
-    stage(d_out, &mut dos, bh, row0, rows, dvp, units);
+    stage_pair(q, d_out, &mut qs, &mut dos, bh, row0, rows, dp, dvp, units);
     if comptime![!regs] {
         fill(&mut dqs, 0.0f32, rows * lq, units);
     }
@@ -181,8 +180,7 @@ pub fn tiled_backward_kv_strips<F: Float, N: Size>(
     let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, true);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
-    stage(k, &mut ks, bh, row0, rows, dp, units);
-    stage(v, &mut vs, bh, row0, rows, dvp, units);
+    stage_pair(k, v, &mut ks, &mut vs, bh, row0, rows, dp, dvp, units);
     if comptime![!regs] {
         fill(&mut dks, 0.0f32, rows * lk, units);
         fill(&mut dvs, 0.0f32, rows * lv, units);

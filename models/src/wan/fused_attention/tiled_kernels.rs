@@ -26,7 +26,7 @@ use super::fragments::{
 };
 use super::kernels::{offset, stat_offset, NEG_BIG};
 use super::rows::{online_softmax, query_stats, rescale_rows, streamed_stats};
-use super::staging::{fill, stage, store_rows, stream, streamed};
+use super::staging::{fill, stage, stage_pair, store_rows, stream, streamed};
 use super::tile_ops::{product, ALIGN};
 pub use super::tile_ops::{PAD_FLOAT, PAD_OPERAND, TILE};
 
@@ -185,8 +185,7 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     let dq_acc = accumulators(rows, comptime![if regs { dp } else { 0 }], units, false);
     let mut lses = SharedMemory::<f32>::new_aligned(rows, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(rows, ALIGN);
-    stage(q, &mut qs, bh, row0, rows, dp, units);
-    stage(d_out, &mut dos, bh, row0, rows, dvp, units);
+    stage_pair(q, d_out, &mut qs, &mut dos, bh, row0, rows, dp, dvp, units);
     if comptime![!regs] {
         fill(&mut dqs, 0.0f32, rows * lq, units);
     }
@@ -304,8 +303,7 @@ pub fn tiled_backward_kv<F: Float, N: Size>(
     let dv_acc = accumulators(rows, comptime![if regs { dvp } else { 0 }], units, false);
     let mut lses = SharedMemory::<f32>::new_aligned(cols, ALIGN);
     let mut deltas = SharedMemory::<f32>::new_aligned(cols, ALIGN);
-    stage(k, &mut ks, bh, row0, rows, dp, units);
-    stage(v, &mut vs, bh, row0, rows, dvp, units);
+    stage_pair(k, v, &mut ks, &mut vs, bh, row0, rows, dp, dvp, units);
     if comptime![!regs] {
         fill(&mut dks, 0.0f32, rows * lk, units);
         fill(&mut dvs, 0.0f32, rows * lv, units);
