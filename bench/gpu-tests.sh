@@ -47,8 +47,9 @@ for line in sys.stdin:
   rm "$TEST_DIR/list"
   # The commit the binaries come from, printed at the top of the log there.
   bench/source-rev.sh >"$TEST_DIR/REV"
-  # The binaries share most of their code: xz -9's 64 MiB window packs them together.
-  XZ_OPT=-9 tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
+  # The binaries share most of their code: a 256 MiB window (more than one binary) packs
+  # them against each other (xz needs as much memory to unpack them).
+  XZ_OPT=${XZ_OPT:-"--lzma2=preset=9,dict=256MiB"} tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda-tests.tar.xz" cuda-tests
   ls -l "$TEST_DIR" "$BIN_DIR/reel-cuda-tests.tar.xz"
   exit 0
 fi

@@ -10,8 +10,8 @@
 #
 # GPU minutes are scarce, so build here and only measure there:
 #   BUILD_ONLY=1 bench/gpu.sh      # here: bench/bin/reel-cuda-<variant>, stripped, and
-#                                  # bench/bin/reel-cuda.tar.xz (about 19 MB a variant, and
-#                                  # diffusers' wheel, 6 MB) to carry
+#                                  # bench/bin/reel-cuda.tar.xz (16 MB for one variant, less
+#                                  # for each more, and diffusers' wheel, 6 MB) to carry
 #   PLAN=session bench/gpu.sh      # there: the prioritized runs below, within BUDGET_S
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
@@ -20,12 +20,13 @@
 # kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
 # `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS=plain); then, with the variant that was fastest there, one step profiled per kernel
-# (CubeCL's profiler, `profile_job`), UMT5 on 512 tokens and the
-# VAE decode/encode of 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS), 29120
-# tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
-# tokens (random weights and data), 2048 tokens without checkpointing and the breakdown of
-# configs/finetune_wan.toml. What the budget leaves out is listed as skipped.
+# VARIANTS="plain autotune"); then, with the variant that was fastest there, one step profiled
+# per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged too),
+# 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
+# tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
+# configs/finetune_wan.toml, and last UMT5 on 512 tokens and the VAE decode/encode of
+# 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS).
+# What the budget leaves out is listed as skipped.
 #
 # The attention-alone run also times `flash` with each launch shape of TILES (the tiled
 # kernels' rows x cols x units per cube, `reel bench --attention-only --tiles`); when one of
@@ -63,16 +64,17 @@ ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --vid
 case $PLAN in
   session)
     # `fusion` trained 4x slower than `plain` on an H200 (2026-11-26, 8190 tokens); it stays in
-    # the matrix.
-    VARIANTS=${VARIANTS:-plain}
+    # the matrix. `autotune`: Burn's matmul autotuning, against `plain`'s single-buffered
+    # cubek matmul, which took 36 % of a profiled H100 step at about 40 TFLOP/s (2026-11-27).
+    VARIANTS=${VARIANTS:-"plain autotune"}
     # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
     ATTENTION=${ATTENTION:-pick}
-    # Launch shapes beside the default (64x64x128), from bench/cuda-compile.sh's candidates
-    # (`p`: streamed tiles prefetched, `w`: the cube's rows split among warps, `r`: the
-    # output and the backward's sums in registers, `m`: manual mma, everything in registers;
-    # tiles.rs).
-    # The manual-MMA kernels (`m`; 4 and 8 warps, 64- and 32-row tiles) first.
-    TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x32x128m,backward_q=128x32x256m,backward_kv=64x64x128m forward=128x64x256m,backward_q=64x64x128m,backward_kv=128x32x256m 64x64x128p 64x64x128w 64x64x128pw 64x64x128r 64x64x128rw 64x64x256rp forward=128x64x256pw,backward_q=64x64x256r,backward_kv=32x64x128r forward=128x64x256rpw,backward_q=64x64x128rw,backward_kv=64x64x128w"}
+    # Launch shapes beside the defaults (tiles.rs: on CUDA, forward=128x64x256mp,
+    # backward_q=64x32x128mp, backward_kv=64x32x128mp, the fastest of 2026-11-27's H100 run),
+    # from bench/cuda-compile.sh's candidates (`m`: manual mma, everything in registers; `p`:
+    # with it, tiles streamed by asynchronous copies; tiles.rs): the 4- and 8-warp `mp` sets,
+    # `m` without copies, and the old 64x64x128 default.
+    TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m 64x64x128"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -104,8 +106,10 @@ if [[ -n ${BUILD_ONLY:-} ]]; then
   rm -rf "$BIN_DIR/wheels"
   "$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$BIN_DIR/wheels" \
     "diffusers==${DIFFUSERS_VERSION:-0.42.1}"
+  # The variants share most of their code: a 256 MiB window (more than one binary) packs
+  # them against each other (one variant: 16 MB instead of 18).
   # shellcheck disable=SC2046 # one word per binary
-  tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" wheels $(for v in $VARIANTS; do echo "reel-cuda-$v reel-cuda-$v.rev"; done)
+  XZ_OPT=${XZ_OPT:-"--lzma2=preset=9,dict=256MiB"} tar -C "$BIN_DIR" -cJf "$BIN_DIR/reel-cuda.tar.xz" wheels $(for v in $VARIANTS; do echo "reel-cuda-$v reel-cuda-$v.rev"; done)
   ls -l "$BIN_DIR"
   exit 0
 fi
@@ -201,12 +205,20 @@ profile_job() { # VARIANT ATTENTION SHAPE
   local f h w dir=$tmp/profile bin; read -r f h w <<<"${3//,/ }"
   bin=$(realpath "$BIN_DIR/reel-cuda-$1")
   mkdir -p "$dir"
+  # With `autotune`: a fresh tuning cache in the job's directory, and the kernel each tuning
+  # chose logged (kept as $out-autotune.log).
   printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false\n' \
     "$dir/cubecl.log" >"$dir/cubecl.toml"
+  printf '[autotune]\ncache = "local"\n[autotune.logger]\nlevel = "minimal"\nfile = "%s"\nappend = false\n' \
+    "$dir/autotune.log" >>"$dir/cubecl.toml"
   job kernels variant="$1" attention="$(attention_label "$2")" shape="$3" log="$dir/cubecl.log" \
     -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda --preset "$PRESET" \
     --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 --attention "$2" \
     --dtype bf16 --gradient-checkpointing --json
+  if [[ -s $dir/autotune.log ]]; then
+    cp "$dir/autotune.log" "$out-autotune.log"
+    if [[ -n ${OUT:-} ]]; then cp "$dir/autotune.log" "$OUT/"; fi
+  fi
 }
 
 # `finetune-unfused`: AdamW and EMA as Burn tensor operations (optimizer.fused = false), for
@@ -357,10 +369,6 @@ if [[ $PLAN == session ]]; then
   best=${best:-${VARIANTS%% *}}
   echo "fastest variant at 8190 tokens: $best" >&2
   profile_job "$best" "$ATTENTION" 21,30,52
-  if [[ ${ENCODERS:-1} == 1 ]]; then
-    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
-    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
-  fi
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   # Five steps: the config updates the generator every fifth step.
@@ -368,6 +376,10 @@ if [[ $PLAN == session ]]; then
   torch_job 8,32,32 bf16 0
   reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
   config_job configs/finetune_wan.toml "$best" "$STEPS"
+  if [[ ${ENCODERS:-1} == 1 ]]; then
+    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
+    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
+  fi
 else
   for shape in $SHAPES; do attention_job "${VARIANTS%% *}" "$shape"; done
   for shape in $SHAPES; do

@@ -19,7 +19,7 @@ use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use cubecl::{Compiler, CubeTask};
 use reel_models::wan::fused_attention::tiled_kernels as k;
 use reel_models::wan::fused_attention::tiles::{
-    padded, set_tiles, tile_shape, Kernel, TileChoice, Tiles,
+    padded, set_tiles, tile_shape, Cores, Kernel, TileChoice, Tiles,
 };
 use reel_models::wan::fused_attention::{mma_backward, mma_forward, strips, strips_backward};
 
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (name, kind, elem) in [("bf16", FloatKind::BF16, 2), ("f16", FloatKind::F16, 2)] {
             let dtype = StorageType::Scalar(ElemType::Float(kind));
             for kernel in Kernel::ALL {
-                let tiles = tile_shape(kernel, d, d, elem, HOPPER_SHARED, true)
+                let tiles = tile_shape(kernel, d, d, elem, HOPPER_SHARED, Cores::Mma)
                     .ok_or("no tile shape fits an H100's shared memory")?;
                 let source = source(&client, kernel, tiles, padded(d), dtype)?;
                 let file = out.join(format!("{}-{name}-d{d}-{tiles}.cu", kernel.name()));

@@ -18,7 +18,7 @@ use cubecl::prelude::*;
 
 use super::tiled_kernels::{self as kernels, TILE};
 use super::tiles::{
-    padded, shape_with, shared_bytes, tile_shape, Kernel, TileChoice, Tiles, DEFAULT_SHAPES,
+    padded, shape_with, shared_bytes, tile_shape, Cores, Kernel, TileChoice, Tiles, DEFAULT_SHAPES,
 };
 use super::{mma_backward, mma_forward, strips, strips_backward};
 
@@ -127,11 +127,17 @@ fn shape_for<R: CubeRuntime>(
             have,
         }
     };
-    let tiles = tile_shape(kernel, d, dv, elem, have, tc).ok_or_else(unavailable)?;
-    if !tiles.mma || (tc && manual_mma(q)) {
+    let cores = match tc {
+        true if manual_mma(q) => Cores::Mma,
+        true => Cores::TensorCores,
+        false => Cores::Units,
+    };
+    let tiles = tile_shape(kernel, d, dv, elem, have, cores).ok_or_else(unavailable)?;
+    if !tiles.mma || cores == Cores::Mma {
         return Ok(tiles);
     }
-    // No manual MMA here: the strips kernel in its place where it fits, else the default.
+    // An `m` choice without manual MMA here: the strips kernel in its place where it fits,
+    // else the default (never `m` on these cores).
     let strips = Tiles {
         mma: false,
         ..tiles.with_strips()
@@ -140,7 +146,7 @@ fn shape_for<R: CubeRuntime>(
     if bytes(strips) <= have {
         return Ok(strips);
     }
-    shape_with(TileChoice::default(), kernel, d, dv, elem, have, tc).ok_or_else(unavailable)
+    shape_with(TileChoice::default(), kernel, d, dv, elem, have, cores).ok_or_else(unavailable)
 }
 
 /// The widest vector (in elements, at most 8) that every tensor of `ts` can be read in by the

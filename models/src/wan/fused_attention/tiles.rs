@@ -2,7 +2,8 @@
 //! how many rows each streamed tile has, how many units (threads) a cube runs, and which of
 //! them fit a device's shared memory.
 //!
-//! By default each kernel takes the largest shape of [`DEFAULT_SHAPES`] that fits. Another
+//! By default each kernel takes the first shape that fits of [`mma_shapes`] (on devices with
+//! NVIDIA's warp-level `mma`, for tensor-core products), then of [`DEFAULT_SHAPES`]. Another
 //! choice can be set for the whole process, to measure shapes against each other (`reel bench
 //! --attention-only --tiles ...`) or to run a training with the fastest one: [`set_tiles`], or
 //! the `REEL_TILED_TILES` environment variable read at the first launch. A spec is
@@ -30,6 +31,54 @@ pub const DEFAULT_SHAPES: [Tiles; 5] = [
     Tiles::new(32, 16, UNITS),
     Tiles::new(16, 16, UNITS),
 ];
+
+/// The tensor-core default of `kernel` on devices with NVIDIA's warp-level `m16n8k16`
+/// ([`Cores::Mma`]), tried before [`DEFAULT_SHAPES`], fastest first: the `mp` kernels, which
+/// an H100 ran 5.2× (forward) and 5.7× (forward + backward) faster than the 64x64x128
+/// default (`reel bench --attention-only` at 8190 tokens, head dim 128, bf16;
+/// `bench/results/2026-11-27-NVIDIA-H100-80GB-HBM3.md`). The 8-warp forward needs about
+/// 102 KiB of shared memory; smaller devices get the 4-warp one (85 KiB).
+pub fn mma_shapes(kernel: Kernel) -> &'static [Tiles] {
+    const FORWARD: [Tiles; 2] = [
+        Tiles::new(128, 64, 256).with_mma().with_prefetch(),
+        Tiles::new(64, 64, UNITS).with_mma().with_prefetch(),
+    ];
+    const BACKWARD: [Tiles; 1] = [Tiles::new(64, 32, UNITS).with_mma().with_prefetch()];
+    match kernel {
+        Kernel::Forward => &FORWARD,
+        Kernel::BackwardQ | Kernel::BackwardKv => &BACKWARD,
+    }
+}
+
+/// The products a kernel runs on, as far as its launch shape is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cores {
+    /// Unit (SIMT) products.
+    Units,
+    /// Tensor-core tile products, on a device without NVIDIA's warp-level `m16n8k16` for
+    /// the dtype (the `m` kernels cannot run).
+    TensorCores,
+    /// Tensor-core products on a device with the warp-level `m16n8k16` (CUDA from compute
+    /// capability 8.0).
+    Mma,
+}
+
+impl Cores {
+    /// Whether the products run on tensor cores.
+    pub fn tensor(self) -> bool {
+        self != Cores::Units
+    }
+
+    /// The shapes tried by default for `kernel`, in order.
+    fn defaults(self, kernel: Kernel) -> impl Iterator<Item = Tiles> {
+        let first = if self == Cores::Mma {
+            mma_shapes(kernel)
+        } else {
+            &[]
+        };
+        first.iter().copied().chain(DEFAULT_SHAPES)
+    }
+}
 
 /// The environment variable read for a tile choice when [`set_tiles`] was not called.
 pub const TILES_ENV: &str = "REEL_TILED_TILES";
@@ -363,18 +412,18 @@ pub fn padded(d: usize) -> usize {
 }
 
 /// The launch shape of `kernel` for head dims `d`/`dv`, operands of `elem` bytes, `have`
-/// bytes of shared memory per cube and tensor-core products or not (`tc`): the process-wide
-/// choice where it is valid ([`Tiles::invalid`]) and fits, else the largest of
-/// [`DEFAULT_SHAPES`] that fits; `None` when none does.
+/// bytes of shared memory per cube and products on `cores`: the process-wide choice where it
+/// is valid ([`Tiles::invalid`]) and fits, else the first default that fits (the module
+/// doc); `None` when none does.
 pub fn tile_shape(
     kernel: Kernel,
     d: usize,
     dv: usize,
     elem: usize,
     have: usize,
-    tc: bool,
+    cores: Cores,
 ) -> Option<Tiles> {
-    shape_with(tiles_choice(), kernel, d, dv, elem, have, tc)
+    shape_with(tiles_choice(), kernel, d, dv, elem, have, cores)
 }
 
 /// [`tile_shape`] with `choice` in place of the process-wide one.
@@ -385,9 +434,9 @@ pub fn shape_with(
     dv: usize,
     elem: usize,
     have: usize,
-    tc: bool,
+    cores: Cores,
 ) -> Option<Tiles> {
-    let (dp, dvp) = (padded(d), padded(dv));
+    let (dp, dvp, tc) = (padded(d), padded(dv), cores.tensor());
     let fits = |t: &Tiles| shared_bytes(kernel, *t, dp, dvp, elem, tc) <= have;
     if let Some(chosen) = choice.get(kernel) {
         // A choice made in code (`set_tiles`) skipped the parser's checks; the kernels index
@@ -408,7 +457,7 @@ pub fn shape_with(
             )
         });
     }
-    DEFAULT_SHAPES.into_iter().find(fits)
+    cores.defaults(kernel).find(fits)
 }
 
 #[cfg(test)]
@@ -418,30 +467,43 @@ mod tests {
     #[test]
     fn default_shapes_fit_and_shrink_with_shared_memory() {
         // The default choice, whatever other tests of this binary set process-wide.
-        let shape = |kernel, d, dv, elem, have, tc| {
-            shape_with(TileChoice::default(), kernel, d, dv, elem, have, tc)
+        let shape = |kernel, d, dv, elem, have, cores| {
+            shape_with(TileChoice::default(), kernel, d, dv, elem, have, cores)
         };
-        // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the largest tiles.
+        // Wan's head dim 128 in bf16 on an H100 (227 KiB per cube): the first `mma` shape,
+        // or the largest tiles where the `m` kernels cannot run.
         for kernel in Kernel::ALL {
-            let got = shape(kernel, 128, 128, 2, 227 << 10, true);
-            assert_eq!(got, Some(DEFAULT_SHAPES[0]));
+            let got = shape(kernel, 128, 128, 2, 227 << 10, Cores::Mma);
+            assert_eq!(got, Some(mma_shapes(kernel)[0]), "{kernel:?}");
+            let got = shape(kernel, 128, 128, 2, 227 << 10, Cores::TensorCores);
+            assert_eq!(got, Some(DEFAULT_SHAPES[0]), "{kernel:?}");
         }
+        // An RTX 30's 99 KiB: the 8-warp `mp` forward does not fit, the 4-warp one does.
+        let forward = shape(Kernel::Forward, 128, 128, 2, 99 << 10, Cores::Mma);
+        assert_eq!(forward, Some(mma_shapes(Kernel::Forward)[1]));
         // 48 KiB: smaller tiles, each within the budget.
         for kernel in Kernel::ALL {
-            for (d, dv, elem) in [(128, 128, 2), (64, 64, 4), (24, 8, 4)] {
-                let t = shape(kernel, d, dv, elem, 48 << 10, false).expect("fits");
-                assert!(shared_bytes(kernel, t, padded(d), padded(dv), elem, false) <= 48 << 10);
+            for (d, dv, elem, cores) in [
+                (128, 128, 2, Cores::Mma),
+                (64, 64, 4, Cores::Units),
+                (24, 8, 4, Cores::Units),
+            ] {
+                let t = shape(kernel, d, dv, elem, 48 << 10, cores).expect("fits");
+                let bytes = shared_bytes(kernel, t, padded(d), padded(dv), elem, cores.tensor());
+                assert!(bytes <= 48 << 10, "{t}: {bytes} bytes");
                 assert!(t.invalid().is_none(), "{t}");
             }
         }
         assert_eq!(
-            shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10, false),
+            shape(Kernel::BackwardKv, 512, 512, 4, 32 << 10, Cores::Units),
             None
         );
         assert_eq!(padded(5), 16);
         assert_eq!(padded(128), 128);
-        for t in DEFAULT_SHAPES {
-            assert!(t.invalid().is_none(), "{t}");
+        for kernel in Kernel::ALL {
+            for t in mma_shapes(kernel).iter().chain(&DEFAULT_SHAPES) {
+                assert!(t.invalid().is_none(), "{t}");
+            }
         }
     }
 
@@ -460,7 +522,7 @@ mod tests {
                 128,
                 2,
                 227 << 10,
-                true,
+                Cores::TensorCores,
             )
         };
         for kernel in Kernel::ALL {
