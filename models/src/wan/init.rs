@@ -7,6 +7,7 @@
 
 use burn::module::{Param, ParamId};
 use burn::tensor::{backend::Backend, Shape, Tensor, TensorData};
+use rayon::prelude::*;
 
 /// SplitMix64: a tiny, fast, well-mixed 64-bit generator.
 #[derive(Debug, Clone)]
@@ -34,20 +35,57 @@ impl SplitMix64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
+    /// This generator advanced by `k` outputs, in O(1) (each output adds the same increment
+    /// to the state).
+    pub fn skip(&mut self, k: u64) {
+        self.state = self
+            .state
+            .wrapping_add(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(k));
+    }
+
+    /// Two standard normal samples from the next two outputs (Box–Muller).
+    pub fn normal_pair(&mut self) -> [f64; 2] {
+        let u1 = self.next_open01();
+        let u2 = self.next_open01();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let th = 2.0 * std::f64::consts::PI * u2;
+        [r * th.cos(), r * th.sin()]
+    }
+
     /// `n` standard normal samples (Box–Muller).
     pub fn normals(&mut self, n: usize) -> Vec<f64> {
         let mut out = Vec::with_capacity(n + 1);
         while out.len() < n {
-            let u1 = self.next_open01();
-            let u2 = self.next_open01();
-            let r = (-2.0 * u1.ln()).sqrt();
-            let th = 2.0 * std::f64::consts::PI * u2;
-            out.push(r * th.cos());
-            out.push(r * th.sin());
+            out.extend(self.normal_pair());
         }
         out.truncate(n);
         out
     }
+}
+
+/// Values per chunk of a parameter's random draw (even: a chunk starts on a Box–Muller pair).
+const CHUNK: usize = 1 << 20;
+
+/// `rng.normals(n)` times `std`, as float32, drawn in chunks of `chunk` (even) values in
+/// parallel (rayon): the same values in the same order, since each chunk starts its own copy
+/// of `rng` where the sequential draw would be (a pair takes two outputs). Random weights of
+/// a billion-parameter model take seconds on a many-core host instead of minutes.
+fn scaled_normals(rng: SplitMix64, n: usize, std: f64, chunk: usize) -> Vec<f32> {
+    assert!(
+        chunk > 0 && chunk.is_multiple_of(2),
+        "chunks must hold whole pairs, not {chunk} values"
+    );
+    let mut out = vec![0.0f32; n];
+    out.par_chunks_mut(chunk).enumerate().for_each(|(i, part)| {
+        let mut rng = rng.clone();
+        rng.skip((i * chunk) as u64);
+        for pair in part.chunks_mut(2) {
+            for (o, v) in pair.iter_mut().zip(rng.normal_pair()) {
+                *o = (v * std) as f32;
+            }
+        }
+    });
+    out
 }
 
 /// FNV-1a hash of a string, used to give each parameter path its own stream.
@@ -104,10 +142,7 @@ impl<B: Backend> ParamInit<B> {
                 let mut rng = SplitMix64::new(seed ^ fnv1a(path).rotate_left(17));
                 // Discard one output so that nearby seeds decorrelate.
                 rng.next_u64();
-                rng.normals(n)
-                    .into_iter()
-                    .map(|v| (v * std) as f32)
-                    .collect()
+                scaled_normals(rng, n, std, CHUNK)
             }
         }
     }
@@ -188,5 +223,36 @@ mod tests {
         let seed8 =
             ParamInit::<burn::backend::Flex>::values(8, "a", 5, InitKind::Normal { std: 1.0 });
         assert_ne!(&v[..5], &seed8[..]);
+    }
+
+    #[test]
+    fn normals_in_chunks_are_the_sequential_draw() {
+        let mut base = SplitMix64::new(42);
+        base.next_u64();
+        // Lengths around the chunking: one value, odd and even lengths, one chunk, many.
+        for (n, chunk) in [
+            (1, 4),
+            (7, 4),
+            (1000, 2000),
+            (1000, 6),
+            (1001, 8),
+            (4099, 256),
+        ] {
+            let want: Vec<f32> = base
+                .clone()
+                .normals(n)
+                .into_iter()
+                .map(|v| (v * 0.5) as f32)
+                .collect();
+            let got = scaled_normals(base.clone(), n, 0.5, chunk);
+            assert_eq!(got, want, "{n} in chunks of {chunk}");
+        }
+        let mut skipped = base.clone();
+        skipped.skip(3);
+        let mut stepped = base;
+        (0..3).for_each(|_| {
+            stepped.next_u64();
+        });
+        assert_eq!(skipped.next_u64(), stepped.next_u64());
     }
 }
