@@ -9,6 +9,9 @@ use burn::module::{Param, ParamId};
 use burn::tensor::{backend::Backend, Shape, Tensor, TensorData};
 use rayon::prelude::*;
 
+/// What SplitMix64 adds to its state for each output.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// SplitMix64: a tiny, fast, well-mixed 64-bit generator.
 #[derive(Debug, Clone)]
 pub struct SplitMix64 {
@@ -23,7 +26,7 @@ impl SplitMix64 {
 
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -38,9 +41,7 @@ impl SplitMix64 {
     /// This generator advanced by `k` outputs, in O(1) (each output adds the same increment
     /// to the state).
     pub fn skip(&mut self, k: u64) {
-        self.state = self
-            .state
-            .wrapping_add(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(k));
+        self.state = self.state.wrapping_add(GAMMA.wrapping_mul(k));
     }
 
     /// Two standard normal samples from the next two outputs (Box–Muller).
