@@ -11,7 +11,8 @@
 # The CUDA tests are the ones whose name contains `cuda` (the `cuda` modules and the
 # `cuda_*` functions): the fused attention and tiled tensor-core kernels, cubek's flash
 # forward, the fused AdamW/EMA kernels, the diffusers parity tests at the TF32 bar and the
-# bf16 model checks. FILTER replaces that filter; OUT_LOG (default $OUT/gpu-tests.log when
+# bf16 model checks. FILTER replaces that filter (several space-separated names: the tests
+# matching any of them); OUT_LOG (default $OUT/gpu-tests.log when
 # $OUT is set) receives the whole log. Each binary gets at most TEST_TIMEOUT_S seconds
 # (default 240), so that a hung kernel cannot take the whole device session. Exits non-zero
 # when a test binary fails or times out.
@@ -40,7 +41,7 @@ for line in sys.stdin:
     # Only binaries that hold a CUDA test (the listing is read whole: `grep -q` would stop
     # the binary with SIGPIPE, a failed pipeline under pipefail).
     tests=$("$path" --list 2>/dev/null)
-    if grep -q "$FILTER" <<<"$tests"; then
+    if grep -qE "${FILTER// /|}" <<<"$tests"; then
       strip -o "$TEST_DIR/$name" "$path"
     fi
   done <"$TEST_DIR/list"
@@ -72,7 +73,9 @@ for t in "$TEST_DIR"/*; do
   [[ -x $t ]] || continue
   echo "=== $(basename "$t") ($FILTER)" | tee -a "$log"
   # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
-  timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" "$FILTER" --test-threads 1 --nocapture 2>&1 | tee -a "$log"
+  # $FILTER unquoted: each name is a filter of its own.
+  # shellcheck disable=SC2086
+  timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" $FILTER --test-threads 1 --nocapture 2>&1 | tee -a "$log"
   case ${PIPESTATUS[0]} in
     0) ;;
     124 | 137) failed+=("$(basename "$t") (timed out)") ;;

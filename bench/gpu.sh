@@ -20,7 +20,7 @@
 # kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
 # `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS="plain autotune"); then, with the variant that was fastest there, one step profiled
+# VARIANTS="plain autotune"), and the first variant again with REEL_BLOCK_KERNELS=off; then, with the variant that was fastest there, one step profiled
 # per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged too),
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
@@ -264,7 +264,11 @@ attention_job() { # VARIANT SHAPE
 }
 
 # The attention mode for the manifest: with REEL_TILED_TILES set, its launch shapes too.
-attention_label() { echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}"; }
+# With REEL_BLOCK_KERNELS set (`off`: the norms, bias gradients and GELU as Burn tensor
+# operations), that too.
+attention_label() {
+  echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}"
+}
 
 encoder_job() { # VARIANT "<reel bench args>"
   # shellcheck disable=SC2086 # $2 is a list of arguments
@@ -281,7 +285,8 @@ manifest, shape = sys.argv[1:]
 best = (float("inf"), "")
 for line in open(manifest):
     j = json.loads(line)
-    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0":
+    # Rows with the block kernels switched off are measurements, not candidates.
+    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and "block kernels" not in j["attention"]:
         try:
             best = min(best, (json.load(open(j["file"]))[0]["train_step_ms"]["median"], j["variant"]))
         except Exception:
@@ -356,6 +361,8 @@ if [[ $PLAN == session ]]; then
   fi
   torch_job 21,30,52 bf16 1
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
+  # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
+  REEL_BLOCK_KERNELS=off reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
   best=$(fastest_variant 21,30,52)
   if [[ -z $best && $ATTENTION != fused ]]; then
     # The tensor-core kernels failed on this GPU (their rows say why): the rest of the plan

@@ -9,9 +9,11 @@
 //! backward pass, a quarter of the memory.
 //!
 //! The operation runs on Reel's autodiff backends (`wan::custom_op`); anywhere else, and
-//! without autodiff, the plain formulation runs. Both compute in float32 and
-//! return the input's dtype, as PyTorch's GELU does for bfloat16 inputs.
+//! without autodiff, the plain formulation runs. On the plain CubeCL backends the forward and
+//! the gradient are one kernel each (`block_kernels::gelu`). All compute in float32
+//! and return the input's dtype, as PyTorch's GELU does for bfloat16 inputs.
 
+use super::block_kernels;
 use super::custom_op::{dispatch, first_input, output, tensor, CustomBackward};
 use super::mem_attention::{to_dtype, to_f32};
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -24,9 +26,9 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::Tensor;
 
 /// `√(2/π)`.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 /// The cubic coefficient of the approximation.
-const CUBIC: f64 = 0.044715;
+pub(crate) const CUBIC: f64 = 0.044715;
 
 /// `GELU_tanh(x)`, element-wise, any shape; the result has the dtype of `x`.
 pub fn gelu_tanh<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -45,7 +47,7 @@ impl<B: Backend, const D: usize> CustomBackward<B> for Gelu<B, D> {
     }
 
     fn otherwise(self) -> Tensor<B, D> {
-        gelu_tanh_plain(self.0)
+        block_kernels::gelu::forward(self.0)
     }
 }
 
@@ -59,9 +61,18 @@ pub fn gelu_tanh_plain<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B,
     to_dtype(x * (inner.tanh() + 1.0) * 0.5, dtype)
 }
 
-/// `grad · dGELU_tanh/dx (x)`, in the dtype of `x`:
-/// `(1 + t) / 2 + x (1 − t²) √(2/π) (1 + 3 · 0.044715 x²) / 2` with `t = tanh(u)`.
+/// `grad · dGELU_tanh/dx (x)` in the dtype of `x`: one kernel on the plain CubeCL backends
+/// (`block_kernels::gelu`), [`gelu_tanh_backward_plain`] elsewhere.
 pub(crate) fn gelu_tanh_backward<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    grad: Tensor<B, D>,
+) -> Tensor<B, D> {
+    block_kernels::gelu::backward(x, grad)
+}
+
+/// `grad · dGELU_tanh/dx (x)`, in the dtype of `x`, written with Burn tensor operations:
+/// `(1 + t) / 2 + x (1 − t²) √(2/π) (1 + 3 · 0.044715 x²) / 2` with `t = tanh(u)`.
+pub(crate) fn gelu_tanh_backward_plain<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     grad: Tensor<B, D>,
 ) -> Tensor<B, D> {
@@ -102,7 +113,7 @@ pub fn autodiff_gelu_tanh<B: Backend, C: CheckpointStrategy, const D: usize>(
     x: Tensor<Autodiff<B, C>, D>,
 ) -> Tensor<Autodiff<B, C>, D> {
     let x = x.into_primitive().tensor();
-    let y = gelu_tanh_plain(tensor::<B, D>(x.primitive.clone()))
+    let y = block_kernels::gelu::forward(tensor::<B, D>(x.primitive.clone()))
         .into_primitive()
         .tensor();
     let out = match GeluBackward::<D>

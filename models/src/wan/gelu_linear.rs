@@ -22,10 +22,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::Tensor;
 
+use super::block_kernels;
 use super::custom_op::{
     dispatch, first_input, next_input, output, register, tensor, CustomBackward,
 };
-use super::gelu::{gelu_tanh, gelu_tanh_backward, gelu_tanh_plain};
+use super::gelu::{gelu_tanh, gelu_tanh_backward};
 use super::mem_attention::to_dtype;
 
 /// `GELU_tanh(u) · wᵀ`: `u [rows, in]` (any float dtype), `w [out, in]` -> `[rows, out]`; the
@@ -65,7 +66,7 @@ impl<B: Backend> CustomBackward<B> for GeluMatmul<B> {
 
 /// `GELU(u)`, computed in float32 and rounded to the dtype of `w`.
 fn activation<B: Backend>(u: Tensor<B, 2>, w: &Tensor<B, 2>) -> Tensor<B, 2> {
-    to_dtype(gelu_tanh_plain(u), w.dtype())
+    to_dtype(block_kernels::gelu::forward(u), w.dtype())
 }
 
 /// The backward of [`gelu_matmul`]; its state is `u` and `w`.

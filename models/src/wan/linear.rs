@@ -8,6 +8,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
 
+use super::bias::add_bias;
 use super::gelu_linear::gelu_matmul;
 use super::init::{join, ParamInit};
 use super::mem_attention::to_dtype;
@@ -230,7 +231,7 @@ impl<B: Backend> Linear<B> {
         };
         let mut y = restore(times(w));
         if let Some(b) = &self.bias {
-            y = y + to_dtype(b.val(), dtype).unsqueeze_dim::<2>(0);
+            y = add_bias(y, to_dtype(b.val(), dtype));
         }
         if let Some((a, b, s)) = self.active_lora() {
             let low = times(a.weight.val());

@@ -12,7 +12,9 @@
 pub mod arch;
 pub mod attention;
 pub mod attention_mode;
+pub mod bias;
 pub mod block;
+mod block_kernels;
 pub mod checkpointed;
 pub mod config;
 mod custom_op;

@@ -12,7 +12,9 @@ use burn::tensor::{backend::Backend, Tensor};
 use super::custom_op::{dispatch, first_input, next_input, output, CustomBackward};
 use super::init::{join, ParamInit};
 use super::mem_attention::{to_dtype, to_f32};
-use super::norm_ops::{autodiff_layer_norm_affine, autodiff_rms_norm};
+use super::norm_ops::{
+    autodiff_layer_norm_affine, autodiff_rms_norm, layer_norm_affine_rows, rms_norm_rows,
+};
 
 /// `(x - mean) / sqrt(var + eps)` over the last dimension (biased variance), without an
 /// affine transform: diffusers' `FP32LayerNorm(dim, eps, elementwise_affine=False)`.
@@ -113,7 +115,7 @@ impl<B: Backend, const D: usize> CustomBackward<B> for LayerNormAffine<B, D> {
     }
 
     fn otherwise(self) -> Tensor<B, D> {
-        layer_norm_affine_plain(self.x, self.scale, self.shift, self.eps)
+        layer_norm_affine_rows(self.x, self.scale, self.shift, self.eps)
     }
 }
 
@@ -157,7 +159,7 @@ impl<B: Backend, const D: usize> CustomBackward<B> for Rms<B, D> {
     }
 
     fn otherwise(self) -> Tensor<B, D> {
-        rms_norm_plain(self.x, self.weight, self.eps)
+        rms_norm_rows(self.x, self.weight, self.eps)
     }
 }
 

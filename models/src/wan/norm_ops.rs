@@ -9,9 +9,11 @@
 //! row and its (small) float32 scale or weight, and recomputes the normalized input in the
 //! backward pass.
 //!
-//! The forward computes exactly what the plain formulations in [`super::norm`] compute (same
-//! operations, same order); the backward is the closed form. They run on Reel's autodiff
-//! backends (`wan::custom_op`); anywhere else the plain formulations run.
+//! Both passes take the norm in the grouped form of `block_kernels::norms` (`Grouping`),
+//! which runs them as fused CubeCL kernels on the plain CubeCL backends and, elsewhere, as
+//! exactly what the plain formulations in [`super::norm`] compute (same operations, same
+//! order; the backward is the closed form). The operations run on Reel's autodiff backends
+//! (`wan::custom_op`); anywhere else the grouped forward runs without an own backward.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -22,19 +24,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
 
+use super::block_kernels::norms::{self, Grouping, Rows, Stats, Wanted};
 use super::custom_op::{register, tensor};
 use super::mem_attention::{to_dtype, to_f32};
-use super::norm::{normalized, rms_normalized};
-
-/// `t` summed over the axes where `shape` is 1 (the gradient of a broadcast operand).
-fn reduce_to<B: Backend, const D: usize>(mut t: Tensor<B, D>, shape: [usize; D]) -> Tensor<B, D> {
-    for (axis, &n) in shape.iter().enumerate() {
-        if n == 1 && t.dims()[axis] != 1 {
-            t = t.sum_dim(axis);
-        }
-    }
-    t
-}
 
 /// The backward of the affine LayerNorm `y = LN(x) · scale + shift` of rank `D`.
 #[derive(Debug)]
@@ -45,16 +37,18 @@ struct LayerNormBackward<const D: usize>;
 struct LayerNormState<B: Backend, const D: usize> {
     /// The input, in its own dtype.
     x: FloatTensor<B>,
-    /// Row means `[.., 1]`, float32.
+    /// Row means `[G, P, 1]`, float32.
     mean: FloatTensor<B>,
-    /// Row `1 / sqrt(var + eps)` `[.., 1]`, float32.
+    /// Row `1 / sqrt(var + eps)` `[G, P, 1]`, float32.
     rstd: FloatTensor<B>,
-    /// The scale operand (float32).
+    /// The scale operand `[G, 1, dim]` (float32).
     scale: FloatTensor<B>,
-    /// The shift operand's shape.
-    shift_shape: [usize; D],
+    /// The scale's and shift's shapes as given.
+    shapes: [[usize; D]; 2],
     /// The dtypes of `scale` and `shift` as given (their gradients take them).
     dtypes: (DType, DType),
+    /// The grouped form.
+    groups: Grouping<D>,
 }
 
 impl<B: Backend, const D: usize> Backward<B, 3> for LayerNormBackward<D> {
@@ -68,28 +62,60 @@ impl<B: Backend, const D: usize> Backward<B, 3> for LayerNormBackward<D> {
     ) {
         let s = ops.state;
         let [px, pscale, pshift] = ops.parents.map(|n| n.map(|n| n.id));
-        let g = to_f32(tensor::<B, D>(grads.consume::<B>(&ops.node)));
-        let x: Tensor<B, D> = tensor(s.x);
-        let x_dtype = x.dtype();
-        let (mean, rstd) = (tensor::<B, D>(s.mean), tensor::<B, D>(s.rstd));
-        let scale = tensor::<B, D>(s.scale);
-        let xhat = (to_f32(x) - mean) * rstd.clone();
-        register::<B>(grads, pshift, || {
-            let d = reduce_to(g.clone(), s.shift_shape);
-            to_dtype(d, s.dtypes.1).into_primitive().tensor()
-        });
-        register::<B>(grads, pscale, || {
-            let d = reduce_to(g.clone() * xhat.clone(), scale.dims());
-            to_dtype(d, s.dtypes.0).into_primitive().tensor()
-        });
+        let g = s.groups.rows(tensor::<B, D>(grads.consume::<B>(&ops.node)));
+        let wanted = Wanted {
+            x: px.is_some(),
+            scale: pscale.is_some(),
+            shift: pshift.is_some(),
+        };
+        let stats = Stats {
+            mean: Some(tensor(s.mean)),
+            rstd: tensor(s.rstd),
+        };
+        let x = s.groups.rows(tensor::<B, D>(s.x));
+        let d = norms::backward(g, x, tensor(s.scale), stats, wanted);
+        let operand = |d: Option<Tensor<B, 3>>, i: usize, dtype| {
+            let d = s
+                .groups
+                .operand_grad(d.expect("a wanted gradient"), s.shapes[i]);
+            to_dtype(d, dtype).into_primitive().tensor()
+        };
+        register::<B>(grads, pshift, || operand(d.shift, 1, s.dtypes.1));
+        register::<B>(grads, pscale, || operand(d.scale, 0, s.dtypes.0));
         register::<B>(grads, px, || {
-            let gx = g * scale;
-            let mean_gx = gx.clone().mean_dim(D - 1);
-            let mean_gxx = (gx.clone() * xhat.clone()).mean_dim(D - 1);
-            let dx = (gx - mean_gx - xhat * mean_gxx) * rstd;
-            to_dtype(dx, x_dtype).into_primitive().tensor()
+            let dx = d.x.expect("a wanted gradient");
+            s.groups.unrows(dx).into_primitive().tensor()
         });
     }
+}
+
+/// Panics unless `scale` and `shift` broadcast into `x` (each leading axis 1 or that of `x`).
+fn check_operands<const D: usize>(x: [usize; D], scale: [usize; D], shift: [usize; D]) {
+    let fits = |d: [usize; D]| d.iter().zip(&x).all(|(&n, &m)| n == 1 || n == m);
+    assert!(
+        fits(scale) && fits(shift),
+        "LayerNorm scale {scale:?} / shift {shift:?} must broadcast into x {x:?} (each \
+         axis 1 or that of x)"
+    );
+}
+
+/// [`super::norm::layer_norm_affine`] on any backend without an own backward: the fused
+/// kernels on the plain CubeCL backends, the plain formulation's operations elsewhere.
+pub(crate) fn layer_norm_affine_rows<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    scale: Tensor<B, D>,
+    shift: Tensor<B, D>,
+    eps: f64,
+) -> Tensor<B, D> {
+    check_operands(x.dims(), scale.dims(), shift.dims());
+    let groups = Grouping::new(x.dims(), &[scale.dims(), shift.dims()]);
+    let dtype = x.dtype();
+    let rows = Rows {
+        x: groups.rows(x),
+        scale: groups.operand(to_f32(scale)),
+        shift: Some(groups.operand(to_f32(shift))),
+    };
+    groups.unrows(norms::forward(rows, eps, dtype).0)
 }
 
 /// [`super::norm::layer_norm_affine`] as one autodiff operation on `Autodiff<B, C>`.
@@ -99,15 +125,10 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
     shift: Tensor<Autodiff<B, C>, D>,
     eps: f64,
 ) -> Tensor<Autodiff<B, C>, D> {
-    let (dx, dscale, dshift) = (x.dims(), scale.dims(), shift.dims());
-    let fits = |d: [usize; D]| d.iter().zip(&dx).all(|(&n, &m)| n == 1 || n == m);
-    assert!(
-        fits(dscale) && fits(dshift),
-        "LayerNorm scale {dscale:?} / shift {dshift:?} must broadcast into x {dx:?} (each \
-         axis 1 or that of x)"
-    );
+    let shapes = [scale.dims(), shift.dims()];
+    check_operands(x.dims(), shapes[0], shapes[1]);
+    let groups = Grouping::new(x.dims(), &shapes);
     let dtypes = (scale.dtype(), shift.dtype());
-    let shift_shape = shift.dims();
     let (x, scale, shift) = (
         x.into_primitive().tensor(),
         scale.into_primitive().tensor(),
@@ -115,12 +136,14 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
     );
     let x_inner = tensor::<B, D>(x.primitive.clone());
     let dtype = x_inner.dtype();
-    let scale32 = to_f32(tensor::<B, D>(scale.primitive));
-    let shift32 = to_f32(tensor::<B, D>(shift.primitive));
-    let (xhat, mean, rstd) = normalized(to_f32(x_inner), eps);
-    let y = to_dtype(xhat * scale32.clone() + shift32, dtype)
-        .into_primitive()
-        .tensor();
+    let rows = Rows {
+        x: groups.rows(x_inner),
+        scale: groups.operand(to_f32(tensor::<B, D>(scale.primitive))),
+        shift: Some(groups.operand(to_f32(tensor::<B, D>(shift.primitive)))),
+    };
+    let scale32 = rows.scale.clone();
+    let (y, stats) = norms::forward(rows, eps, dtype);
+    let y = groups.unrows(y).into_primitive().tensor();
     let out = match LayerNormBackward::<D>
         .prepare::<C>([x.node, scale.node, shift.node])
         .compute_bound()
@@ -129,11 +152,16 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
         OpsKind::Tracked(prep) => {
             let state = LayerNormState {
                 x: x.primitive,
-                mean: mean.into_primitive().tensor(),
-                rstd: rstd.into_primitive().tensor(),
+                mean: stats
+                    .mean
+                    .expect("a LayerNorm's mean")
+                    .into_primitive()
+                    .tensor(),
+                rstd: stats.rstd.into_primitive().tensor(),
                 scale: scale32.into_primitive().tensor(),
-                shift_shape,
+                shapes,
                 dtypes,
+                groups,
             };
             prep.finish(state, y)
         }
@@ -147,8 +175,8 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
 struct RmsNormBackward<const D: usize>;
 
 impl<B: Backend, const D: usize> Backward<B, 2> for RmsNormBackward<D> {
-    /// The input (its own dtype), row `1 / sqrt(mean(x²) + eps)` `[.., 1]` and the weight
-    /// `[dim]` (float32), and the weight's dtype.
+    /// The input (its own dtype), row `1 / sqrt(mean(x²) + eps)` `[1, P, 1]` and the weight
+    /// `[1, 1, dim]` (float32), and the weight's dtype.
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, DType);
 
     fn backward(
@@ -159,28 +187,51 @@ impl<B: Backend, const D: usize> Backward<B, 2> for RmsNormBackward<D> {
     ) {
         let (x, rstd, w, w_dtype) = ops.state;
         let [px, pw] = ops.parents.map(|n| n.map(|n| n.id));
-        let g = to_f32(tensor::<B, D>(grads.consume::<B>(&ops.node)));
-        let x: Tensor<B, D> = tensor(x);
-        let x_dtype = x.dtype();
-        let rstd = tensor::<B, D>(rstd);
-        let w = tensor::<B, 1>(w);
-        let dim = w.dims()[0];
-        let xhat = to_f32(x) * rstd.clone();
+        let x = tensor::<B, D>(x);
+        let dims = x.dims();
+        let groups = Grouping::new(dims, &[]);
+        let g = groups.rows(tensor::<B, D>(grads.consume::<B>(&ops.node)));
+        let wanted = Wanted {
+            x: px.is_some(),
+            scale: pw.is_some(),
+            shift: false,
+        };
+        let stats = Stats {
+            mean: None,
+            rstd: tensor(rstd),
+        };
+        let d = norms::backward(g, groups.rows(x), tensor(w), stats, wanted);
         register::<B>(grads, pw, || {
-            let d = (g.clone() * xhat.clone())
-                .reshape([-1, dim as i32])
-                .sum_dim(0);
-            to_dtype(d.reshape([dim]), w_dtype)
-                .into_primitive()
-                .tensor()
+            let dw = d.scale.expect("a wanted gradient").reshape([dims[D - 1]]);
+            to_dtype(dw, w_dtype).into_primitive().tensor()
         });
         register::<B>(grads, px, || {
-            let gw = g * w.unsqueeze::<D>();
-            let mean_gwx = (gw.clone() * xhat.clone()).mean_dim(D - 1);
-            let dx = (gw - xhat * mean_gwx) * rstd;
-            to_dtype(dx, x_dtype).into_primitive().tensor()
+            let dx = d.x.expect("a wanted gradient");
+            groups.unrows(dx).into_primitive().tensor()
         });
     }
+}
+
+/// [`super::norm::rms_norm`]'s operands in the grouped form: one group.
+fn rms_rows<B: Backend, const D: usize>(x: Tensor<B, D>, w32: Tensor<B, 1>) -> Rows<B> {
+    let dim = w32.dims()[0];
+    Rows {
+        x: Grouping::new(x.dims(), &[]).rows(x),
+        scale: w32.reshape([1, 1, dim]),
+        shift: None,
+    }
+}
+
+/// [`super::norm::rms_norm`] on any backend without an own backward: the fused kernels on
+/// the plain CubeCL backends, the plain formulation's operations elsewhere.
+pub(crate) fn rms_norm_rows<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    let dims = x.dims();
+    let rows = rms_rows(x, to_f32(weight));
+    norms::forward(rows, eps, DType::F32).0.reshape(dims)
 }
 
 /// [`super::norm::rms_norm`] as one autodiff operation on `Autodiff<B, C>`.
@@ -190,22 +241,23 @@ pub fn autodiff_rms_norm<B: Backend, C: CheckpointStrategy, const D: usize>(
     eps: f64,
 ) -> Tensor<Autodiff<B, C>, D> {
     let w_dtype = weight.dtype();
+    let dims = x.dims();
     let (x, weight) = (
         x.into_primitive().tensor(),
         weight.into_primitive().tensor(),
     );
     let w32 = to_f32(tensor::<B, 1>(weight.primitive));
-    let (xhat, rstd) = rms_normalized(to_f32(tensor::<B, D>(x.primitive.clone())), eps);
-    let y = (xhat * w32.clone().unsqueeze::<D>())
-        .into_primitive()
-        .tensor();
+    let rows = rms_rows(tensor::<B, D>(x.primitive.clone()), w32);
+    let w32 = rows.scale.clone();
+    let (y, stats) = norms::forward(rows, eps, DType::F32);
+    let y = y.reshape(dims).into_primitive().tensor();
     let out = match RmsNormBackward::<D>
         .prepare::<C>([x.node, weight.node])
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let rstd = rstd.into_primitive().tensor();
+            let rstd = stats.rstd.into_primitive().tensor();
             let state = (x.primitive, rstd, w32.into_primitive().tensor(), w_dtype);
             prep.finish(state, y)
         }
@@ -280,8 +332,14 @@ mod tests {
 
     #[test]
     fn layer_norm_matches_the_plain_formulation_and_its_gradients() {
-        // Modulation ([B, 1, dim]), an affine weight ([1, 1, dim]) and a mix of the two.
-        let shapes = [[[2, 1, 8]; 2], [[1, 1, 8]; 2], [[2, 1, 8], [1, 1, 8]]];
+        // Modulation ([B, 1, dim]), an affine weight ([1, 1, dim]), a mix of the two, and
+        // per-token operands (groups of one row each, the shift expanded over the batch).
+        let shapes = [
+            [[2, 1, 8]; 2],
+            [[1, 1, 8]; 2],
+            [[2, 1, 8], [1, 1, 8]],
+            [[2, 5, 8], [1, 5, 8]],
+        ];
         let tracks = [
             [true; 3],
             [false, true, true],
