@@ -18,7 +18,8 @@ use super::norms::{self, Grads, Rows, Stats, Wanted};
 /// The CubeCL backend over `R` as Reel builds it.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
-/// Most cubes in one grid dimension (Vulkan's limit); the row kernels stride over the rest.
+/// Most cubes in one grid dimension (Vulkan's limit, and CUDA's for the second and third);
+/// the row kernels stride over the rest.
 const MAX_CUBES: usize = 65_535;
 
 /// Whether `B` is [`CubeBackend`] over `R` (with bool element `BT`).
@@ -149,7 +150,8 @@ pub(super) fn norm_backward<B: Backend, R: CubeRuntime, BT: BoolElement>(
     wanted: Wanted,
 ) -> Grads<B> {
     let [g, p, dim] = x.dims();
-    if g * p * dim == 0 {
+    // The scale/shift kernel's grid has one cube layer per group (at most MAX_CUBES).
+    if g * p * dim == 0 || g > MAX_CUBES {
         return norms::backward_ops(grad, x, scale, stats, wanted);
     }
     let centered = stats.mean.is_some();

@@ -21,8 +21,16 @@ use burn_cubecl::CubeBackend;
 use reel_core::rng::StreamRng;
 
 /// `[G, P, dim]`: one value, rows over several cubes and partial column blocks, more columns
-/// than a cube has units, more rows than columns.
-const CASES: [[usize; 3]; 4] = [[1, 1, 5], [2, 37, 48], [3, 17, 300], [1, 300, 64]];
+/// than a cube has units, more rows than columns, more groups than a grid dimension holds
+/// (per-token operands of a long sequence: the scale/shift gradients fall back to tensor
+/// operations).
+const CASES: [[usize; 3]; 5] = [
+    [1, 1, 5],
+    [2, 37, 48],
+    [3, 17, 300],
+    [1, 300, 64],
+    [70_000, 1, 3],
+];
 
 const EPS: f64 = 1e-6;
 
