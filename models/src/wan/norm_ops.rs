@@ -99,6 +99,23 @@ fn check_operands<const D: usize>(x: [usize; D], scale: [usize; D], shift: [usiz
     );
 }
 
+/// [`super::norm::layer_norm_affine`]'s operands in the grouped form (float32 scale and
+/// shift), and the grouping; panics unless the operands broadcast into `x`.
+fn layer_norm_rows<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    scale: Tensor<B, D>,
+    shift: Tensor<B, D>,
+) -> (Grouping<D>, Rows<B>) {
+    check_operands(x.dims(), scale.dims(), shift.dims());
+    let groups = Grouping::new(x.dims(), &[scale.dims(), shift.dims()]);
+    let rows = Rows {
+        x: groups.rows(x),
+        scale: groups.operand(to_f32(scale)),
+        shift: Some(groups.operand(to_f32(shift))),
+    };
+    (groups, rows)
+}
+
 /// [`super::norm::layer_norm_affine`] on any backend without an own backward: the fused
 /// kernels on the plain CubeCL backends, the plain formulation's operations elsewhere.
 pub(crate) fn layer_norm_affine_rows<B: Backend, const D: usize>(
@@ -107,14 +124,8 @@ pub(crate) fn layer_norm_affine_rows<B: Backend, const D: usize>(
     shift: Tensor<B, D>,
     eps: f64,
 ) -> Tensor<B, D> {
-    check_operands(x.dims(), scale.dims(), shift.dims());
-    let groups = Grouping::new(x.dims(), &[scale.dims(), shift.dims()]);
     let dtype = x.dtype();
-    let rows = Rows {
-        x: groups.rows(x),
-        scale: groups.operand(to_f32(scale)),
-        shift: Some(groups.operand(to_f32(shift))),
-    };
+    let (groups, rows) = layer_norm_rows(x, scale, shift);
     groups.unrows(norms::forward(rows, eps, dtype).0)
 }
 
@@ -126,8 +137,6 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
     eps: f64,
 ) -> Tensor<Autodiff<B, C>, D> {
     let shapes = [scale.dims(), shift.dims()];
-    check_operands(x.dims(), shapes[0], shapes[1]);
-    let groups = Grouping::new(x.dims(), &shapes);
     let dtypes = (scale.dtype(), shift.dtype());
     let (x, scale, shift) = (
         x.into_primitive().tensor(),
@@ -136,11 +145,11 @@ pub fn autodiff_layer_norm_affine<B: Backend, C: CheckpointStrategy, const D: us
     );
     let x_inner = tensor::<B, D>(x.primitive.clone());
     let dtype = x_inner.dtype();
-    let rows = Rows {
-        x: groups.rows(x_inner),
-        scale: groups.operand(to_f32(tensor::<B, D>(scale.primitive))),
-        shift: Some(groups.operand(to_f32(tensor::<B, D>(shift.primitive)))),
-    };
+    let (groups, rows) = layer_norm_rows(
+        x_inner,
+        tensor::<B, D>(scale.primitive),
+        tensor::<B, D>(shift.primitive),
+    );
     let scale32 = rows.scale.clone();
     let (y, stats) = norms::forward(rows, eps, dtype);
     let y = groups.unrows(y).into_primitive().tensor();
