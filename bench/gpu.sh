@@ -17,10 +17,14 @@
 #
 # PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
 # 10-minute command holds it): first the self-attention alone at 8190 tokens (every Reel
-# kernel and PyTorch's, `reel bench --attention-only`); then bf16 with ATTENTION (default
+# kernel and PyTorch's, `reel bench --attention-only`) and the blocks' matrix products alone
+# (Burn's matmul and each cubek kernel of MATMUL_KERNELS, `reel bench --matmul-only`); then
+# bf16 with ATTENTION (default
 # `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS="plain autotune"), and the first variant again with REEL_BLOCK_KERNELS=off; then, with the variant that was fastest there, one step profiled
+# VARIANTS="plain autotune"), the first variant again with REEL_BLOCK_KERNELS=off, and again
+# with REEL_MATMUL pinning the matmul-alone run's fastest kernel (when that is not Burn's);
+# then, with the variant (and pin) that was fastest there, one step profiled
 # per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged too),
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
@@ -75,6 +79,10 @@ case $PLAN in
     # with it, tiles streamed by asynchronous copies; tiles.rs): the 4- and 8-warp `mp` sets,
     # `m` without copies, and the old 64x64x128 default.
     TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m 64x64x128"}
+    # The cubek kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
+    # default (the single-buffered `simple-cmma`): every double-buffered, specialized and TMA
+    # routine on manual `mma`, and the `cmma` ones of the likeliest winners.
+    MATMUL_KERNELS=${MATMUL_KERNELS-"simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -263,11 +271,41 @@ attention_job() { # VARIANT SHAPE
     --backend cuda "${dims[@]}" "${tiles[@]}"
 }
 
+# The blocks' matrix products alone at SHAPE in bf16 (`reel bench --matmul-only`): Burn's
+# matmul and each kernel of MATMUL_KERNELS, checked against float32, with the fastest correct
+# kernel over a block (`best`).
+matmul_job() { # VARIANT SHAPE
+  local f h w kernels=() k; read -r f h w <<<"${2//,/ }"
+  for k in $MATMUL_KERNELS; do kernels+=(--matmul-kernel "$k"); done
+  job matmul variant="$1" shape="$2" -- "$BIN_DIR/reel-cuda-$1" bench --matmul-only \
+    --backend cuda --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps "$STEPS" \
+    --warmup "$WARMUP" --dtype bf16 "${kernels[@]}" --json
+}
+
+# The kernel the matmul-alone run at SHAPE found fastest over a block; empty when that is
+# Burn's own matmul or the run failed.
+fastest_matmul() {
+  "$PYTHON" - "$manifest" "$1" <<'PY'
+import json, sys
+manifest, shape = sys.argv[1:]
+best = ""
+for line in open(manifest):
+    j = json.loads(line)
+    if j["kind"] == "matmul" and j["shape"] == shape and j["rc"] == "0":
+        try:
+            best = json.load(open(j["file"]))["best"]
+        except Exception:
+            pass
+print("" if best == "burn" else best)
+PY
+}
+
 # The attention mode for the manifest: with REEL_TILED_TILES set, its launch shapes too.
 # With REEL_BLOCK_KERNELS set (`off`: the norms, bias gradients and GELU as Burn tensor
 # operations), that too.
+# With REEL_MATMUL set (a pinned cubek matmul kernel), that too.
 attention_label() {
-  echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}"
+  echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}${REEL_MATMUL:+ (matmul $REEL_MATMUL)}"
 }
 
 encoder_job() { # VARIANT "<reel bench args>"
@@ -276,19 +314,21 @@ encoder_job() { # VARIANT "<reel bench args>"
     --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
 }
 
-# The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step; empty
-# when no Reel row there succeeded.
+# The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step, and the
+# matmul kernel that row pinned (none: Burn's); empty when no Reel row there succeeded.
 fastest_variant() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
-import json, sys
+import json, re, sys
 manifest, shape = sys.argv[1:]
 best = (float("inf"), "")
 for line in open(manifest):
     j = json.loads(line)
     # Rows with the block kernels switched off are measurements, not candidates.
     if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and "block kernels" not in j["attention"]:
+        pinned = re.search(r"\(matmul ([^)]+)\)", j["attention"])
         try:
-            best = min(best, (json.load(open(j["file"]))[0]["train_step_ms"]["median"], j["variant"]))
+            ms = json.load(open(j["file"]))[0]["train_step_ms"]["median"]
+            best = min(best, (ms, f"{j['variant']} {pinned.group(1) if pinned else ''}".strip()))
         except Exception:
             pass
 print(best[1])
@@ -349,6 +389,11 @@ summarize() {
 
 if [[ $PLAN == session ]]; then
   attention_job "${VARIANTS%% *}" 21,30,52
+  if [[ -n $MATMUL_KERNELS ]]; then
+    matmul_job "${VARIANTS%% *}" 21,30,52
+    pinned=$(fastest_matmul 21,30,52)
+    echo "fastest matmul kernel over a block at 8190 tokens: ${pinned:-burn}" >&2
+  fi
   if [[ $ATTENTION == pick ]]; then
     pick=$(fastest_attention 21,30,52)
     case $pick in
@@ -363,6 +408,8 @@ if [[ $PLAN == session ]]; then
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
   # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
   REEL_BLOCK_KERNELS=off reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
+  # The linear layers on the fastest kernel of the matmul-alone run, pinned.
+  if [[ -n ${pinned:-} ]]; then REEL_MATMUL=$pinned reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   best=$(fastest_variant 21,30,52)
   if [[ -z $best && $ATTENTION != fused ]]; then
     # The tensor-core kernels failed on this GPU (their rows say why): the rest of the plan
@@ -373,8 +420,11 @@ if [[ $PLAN == session ]]; then
     reel_job "${VARIANTS%% *}" fused 21,30,52 bf16 1
     best=$(fastest_variant 21,30,52)
   fi
+  read -r best best_matmul <<<"$best"
   best=${best:-${VARIANTS%% *}}
-  echo "fastest variant at 8190 tokens: $best" >&2
+  # The rest of the plan pins the matmul kernel when that row was the fastest.
+  if [[ -n ${best_matmul:-} ]]; then export REEL_MATMUL=$best_matmul; fi
+  echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}" >&2
   profile_job "$best" "$ATTENTION" 21,30,52
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1

@@ -3,7 +3,7 @@
     python3 bench/gpu_summary.py MANIFEST OUT GPU DATE PLAN BUDGET_S
 
 Each manifest line is one job (`kind` reel | torch | breakdown | encoder | attention |
-torch-attention | kernels, its settings, the `file` holding its `--json` output, the exit status `rc` or
+torch-attention | matmul | kernels, its settings, the `file` holding its `--json` output, the exit status `rc` or
 "skipped", the GPU memory peak `mem`). Reel rows are joined with the PyTorch run of the same
 shape, dtype and checkpointing. Reel's notes on stderr (`reel: ...`, e.g. a kernel that cannot
 run and what runs instead) are kept with each job's results and listed under the tables.
@@ -125,6 +125,51 @@ def attention_of(jobs):
     return out
 
 
+def matmul_of(jobs):
+    """The matmul-alone runs (`reel bench --matmul-only`): each report, or why it is missing."""
+    out = []
+    for j in (j for j in jobs if j["kind"] == "matmul"):
+        data = load(j["file"]) if j["rc"] == "0" else None
+        report = data or dict(error=error(j))
+        report.update(variant=j["variant"], latent=j["shape"], notes=notes(j))
+        out.append(report)
+    return out
+
+
+def matmul_lines(reports):
+    lines = []
+    med = lambda r: r["ms"]["median"] if r.get("ms") else None
+    for rep in reports:
+        lines += ["", f"Matrix products of a block alone ({rep['variant']}, latent {rep['latent']}, "
+                  "`reel bench --matmul-only`; block ms: each product's median times its count "
+                  "per block, for kernels that ran every product within the tolerance):"]
+        if "error" in rep:
+            lines.append(failed(rep["error"]))
+            continue
+        lines += ["", "| kernel | block ms | / burn |", "|---|---|---|"]
+        lines += [f"| {s['kernel']} | {fmt(s['block_ms'], 3)} | {fmt(s['vs_burn'], 2)} |"
+                  for s in rep["summary"]]
+        lines += ["", f"Best over a block: `{rep['best']}`. Per product, Burn's matmul and the "
+                  "fastest correct kernel:", "",
+                  "| product | [m, k, n] | per block | burn ms | TFLOP/s | fastest | ms | TFLOP/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        products = []
+        for r in rep["rows"]:
+            if r["product"]["name"] not in products:
+                products.append(r["product"]["name"])
+        for name in products:
+            mine = [r for r in rep["rows"] if r["product"]["name"] == name]
+            burn = next((r for r in mine if r["kernel"] == "burn"), {})
+            ok = [r for r in mine if med(r) is not None and not r.get("error")]
+            best = min(ok, key=med, default={})
+            shape = mine[0]["product"]
+            lines.append(f"| {name} | {shape['shape']} | {shape['per_block']} | "
+                         f"{fmt(med(burn), 3)} | {fmt(burn.get('tflops'))} | "
+                         f"{best.get('kernel', '—')} | {fmt(med(best) if best else None, 3)} | "
+                         f"{fmt(best.get('tflops'))} |")
+    return lines
+
+
 DURATION = re.compile(r"^\| *([0-9.]+)(ns|µs|us|ms|s) *\| (.+)$")
 UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -213,7 +258,8 @@ def attention_lines(attention):
     return lines
 
 
-def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profiles=()):
+def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profiles=(),
+             matmul=()):
     lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
              "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | "
              "Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
@@ -228,6 +274,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
                      f"{fmt(r['reel_gpu_mib'], 0)} | {fmt(r['torch_gpu_mib'], 0)} |")
     if attention:
         lines += attention_lines(attention)
+    lines += matmul_lines(matmul)
     lines += kernel_lines(profiles)
     for b in breakdowns:
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
@@ -252,7 +299,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
             else:
                 lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
                              f"{e['ms']['median']:.1f} | {fmt(e.get('gpu_mib'), 0)} |")
-    all_notes = sorted({n for group in (rows, breakdowns, encoders, attention)
+    all_notes = sorted({n for group in (rows, breakdowns, encoders, attention, matmul)
                         for x in group for n in x.get("notes", [])})
     if all_notes:
         lines += ["", "Notes from Reel's runs:", ""] + [f"- `{n}`" for n in all_notes]
@@ -266,15 +313,16 @@ def main():
     commit = sys.argv[7] if len(sys.argv) > 7 else None
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
-    attention, profiles = attention_of(jobs), kernels_of(jobs)
+    attention, profiles, matmul = attention_of(jobs), kernels_of(jobs), matmul_of(jobs)
     skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
                for j in jobs if j["rc"] == "skipped"]
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
                    budget_s=int(budget) if budget else None,
-                   rows=rows, attention=attention, kernels=profiles, breakdowns=breakdowns,
+                   rows=rows, attention=attention, matmul=matmul, kernels=profiles,
+                   breakdowns=breakdowns,
                    encoders=encoders, skipped=skipped),
               open(out + ".json", "w"), indent=1)
-    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles)
+    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles, matmul)
     if commit:
         md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)

@@ -373,3 +373,78 @@ fn attention_only_times_every_kernel_at_the_presets_shape() {
     );
     assert!(!err.contains("(timed)"), "{err}");
 }
+
+#[test]
+fn matmul_only_times_a_blocks_products_and_names_the_best_kernel() {
+    // Two, four and three patches along frames, height and width: 24 tokens.
+    let cfg = reel_models::WanConfig::preset("wan-quickstart").expect("preset");
+    let [pt, ph, pw] = cfg.patch_size;
+    let shape = [2 * pt, 4 * ph, 3 * pw].map(|n| n.to_string());
+    let (rows, d, f) = (2 * 24, cfg.inner_dim(), cfg.ffn_dim);
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--matmul-only",
+            "--json",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+        ])
+        .args(["--preset", "wan-quickstart", "--batch", "2", "--shape"])
+        .args(&shape)
+        .args(["--matmul-kernel", "double-mma", "--matmul-kernel", "burn"])
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows_json = report["rows"].as_array().expect("rows");
+    // Nine products (three layers, three layouts), each on Burn's matmul and the kernel.
+    assert_eq!(rows_json.len(), 18);
+    let shapes: Vec<Value> = rows_json
+        .iter()
+        .filter(|r| r["kernel"] == "burn")
+        .map(|r| r["product"]["shape"].clone())
+        .collect();
+    let want = [
+        [rows, d, d],
+        [rows, d, d],
+        [d, rows, d],
+        [rows, d, f],
+        [rows, f, d],
+        [f, rows, d],
+        [rows, f, d],
+        [rows, d, f],
+        [d, rows, f],
+    ];
+    assert_eq!(shapes, want.map(|s| serde_json::json!(s)));
+    for r in rows_json {
+        if r["kernel"] == "burn" {
+            assert!(r["ms"]["median"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["tflops"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r["max_error"].as_f64(), Some(0.0), "{r}");
+        } else {
+            // The CPU backend has no cubek kernel: the row says why instead of timing.
+            assert!(r["ms"].is_null(), "{r}");
+            assert!(r["error"].as_str().unwrap().contains("CubeCL"), "{r}");
+        }
+    }
+    assert_eq!(report["best"], "burn");
+    assert_eq!(report["summary"][0]["kernel"], "burn");
+    assert_eq!(report["summary"][0]["vs_burn"].as_f64(), Some(1.0));
+    assert!(report["summary"][1]["block_ms"].is_null());
+    assert!(err.contains("bench: matmul burn attn x·wᵀ"), "{err}");
+
+    // An unknown kernel fails before any timing, naming the flag and the kernels.
+    let out = Command::new(BIN)
+        .args(["bench", "--matmul-only", "--matmul-kernel", "fastest"])
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--matmul-kernel") && err.contains("`fastest`") && err.contains("tma-mma"),
+        "{err}"
+    );
+}

@@ -10,7 +10,8 @@
 //! The GELU computes in float32 and is rounded to the weight's dtype, the product runs in
 //! that dtype (bfloat16 in a bf16 run) and the result keeps it, as the product inside
 //! [`super::linear::Linear::forward`] does; the cast back to the input's dtype, the bias and
-//! any LoRA branch stay with the caller. It runs on Reel's autodiff backends
+//! any LoRA branch stay with the caller. The products run on the pinned matmul kernel
+//! (`REEL_MATMUL`, [`super::matmul`]) when there is one. It runs on Reel's autodiff backends
 //! (`wan::custom_op`); anywhere else the two steps run one after the other.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -27,6 +28,7 @@ use super::custom_op::{
     dispatch, first_input, next_input, output, register, tensor, CustomBackward,
 };
 use super::gelu::{gelu_tanh, gelu_tanh_backward};
+use super::matmul::{matmul, pinned};
 use super::mem_attention::to_dtype;
 
 /// `GELU_tanh(u) · wᵀ`: `u [rows, in]` (any float dtype), `w [out, in]` -> `[rows, out]`; the
@@ -86,11 +88,11 @@ impl<B: Backend> Backward<B, 2> for GeluMatmulBackward {
         let [pu, pw] = ops.parents.map(|n| n.map(|n| n.id));
         let g = to_dtype(tensor::<B, 2>(grads.consume::<B>(&ops.node)), w.dtype());
         register::<B>(grads, pw, || {
-            let dw = g.clone().transpose().matmul(activation(u.clone(), &w));
+            let dw = matmul(g.clone().transpose(), activation(u.clone(), &w), pinned());
             dw.into_primitive().tensor()
         });
         register::<B>(grads, pu, || {
-            let da = to_dtype(g.matmul(w), u.dtype());
+            let da = to_dtype(matmul(g, w, pinned()), u.dtype());
             gelu_tanh_backward(u, da).into_primitive().tensor()
         });
     }
@@ -104,7 +106,9 @@ pub fn autodiff_gelu_matmul<B: Backend, C: CheckpointStrategy>(
     let (u, w) = (u.into_primitive().tensor(), w.into_primitive().tensor());
     let w_inner = tensor::<B, 2>(w.primitive.clone());
     let a = activation(tensor(u.primitive.clone()), &w_inner);
-    let y = a.matmul(w_inner.transpose()).into_primitive().tensor();
+    let y = matmul(a, w_inner.transpose(), pinned())
+        .into_primitive()
+        .tensor();
     let out = match GeluMatmulBackward
         .prepare::<C>([u.node, w.node])
         .compute_bound()

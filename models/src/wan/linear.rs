@@ -11,7 +11,9 @@ use reel_core::config::Precision;
 use super::bias::add_bias;
 use super::gelu_linear::gelu_matmul;
 use super::init::{join, ParamInit};
+use super::matmul::pinned;
 use super::mem_attention::to_dtype;
+use super::product::linear_product;
 
 /// One LoRA factor: a bare weight matrix, so its key is `<module>.lora_A.weight` (or
 /// `lora_B`), as in PEFT where the factors are bias-free `nn.Linear` layers.
@@ -221,13 +223,14 @@ impl<B: Backend> Linear<B> {
         let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
         // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`;
         // `x` is cast once (the GELU casts its own output).
+        // With a pinned matmul kernel (`REEL_MATMUL`), the products and their gradients run
+        // on it.
         let x = if gelu_input { x } else { compute(x) };
-        let times = |m: Tensor<B, 2>| {
-            if gelu_input {
-                gelu_matmul(x.clone(), compute(m))
-            } else {
-                x.clone().matmul(compute(m).transpose())
-            }
+        let kernel = pinned();
+        let times = |m: Tensor<B, 2>| match (gelu_input, kernel) {
+            (true, _) => gelu_matmul(x.clone(), compute(m)),
+            (false, None) => x.clone().matmul(compute(m).transpose()),
+            (false, Some(_)) => linear_product(x.clone(), compute(m), kernel),
         };
         let mut y = restore(times(w));
         if let Some(b) = &self.bias {

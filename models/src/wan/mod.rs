@@ -15,6 +15,7 @@ pub mod attention_mode;
 pub mod bias;
 pub mod block;
 mod block_kernels;
+pub use block_kernels::matmul;
 pub mod checkpointed;
 pub mod config;
 mod custom_op;
@@ -30,6 +31,7 @@ pub mod model;
 pub mod norm;
 pub mod norm_ops;
 pub mod presets;
+pub mod product;
 pub mod rope;
 pub mod weights;
 

@@ -13,7 +13,8 @@
 //!
 //! `--vae` / `--text-encoder` time the Wan VAE's decode and encode and UMT5's encoding
 //! instead (`encoders.rs`); `--attention-only` the blocks' self-attention alone, every
-//! attention kernel side by side (`attention.rs`).
+//! attention kernel side by side (`attention.rs`); `--matmul-only` the blocks' matrix products
+//! alone, on Burn's matmul and every cubek kernel `REEL_MATMUL` can pin (`matmul.rs`).
 //!
 //! `--lora-rank r` rows train a LoRA adapter instead of every weight: the table shows the
 //! trainable parameters and their gradient + AdamW state (exact), beside the times. Peak RSS
@@ -22,6 +23,7 @@
 mod attention;
 mod breakdown;
 mod encoders;
+mod matmul;
 mod progress;
 mod scaling;
 
@@ -142,6 +144,15 @@ pub struct BenchArgs {
     /// for a training; repeatable. Needs a `cuda` or `wgpu` build.
     #[arg(long = "tiles", value_name = "SPEC", requires = "attention_only")]
     pub tiles: Vec<String>,
+    /// Time the matrix products of the preset's blocks alone at the tokens of `--shape`
+    /// (operands in `--dtype`): the forward and both gradients' layouts of the attention and
+    /// FFN projections, on Burn's matmul and on each cubek kernel that `REEL_MATMUL` can pin,
+    /// with the fastest correct kernel over a block.
+    #[arg(long, conflicts_with_all = ["breakdown", "devices", "vae", "text_encoder", "attention_only"])]
+    pub matmul_only: bool,
+    /// With `--matmul-only`: time this kernel (repeatable; default: every kernel).
+    #[arg(long = "matmul-kernel", value_name = "NAME", requires = "matmul_only")]
+    pub matmul_kernels: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -416,6 +427,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
     if args.attention_only {
         return attention::run(args);
+    }
+    if args.matmul_only {
+        return matmul::run(args);
     }
     if args.vae.is_some() || args.text_encoder.is_some() {
         anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");

@@ -28,7 +28,7 @@ pub(super) fn is<B: Backend, R: CubeRuntime, BT: BoolElement>() -> bool {
 }
 
 /// `t`'s primitive, `B` being `Cube<R, BT>` ([`is`]).
-fn prim<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+pub(super) fn prim<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     t: Tensor<B, D>,
 ) -> CubeTensor<R> {
     let t = downcast_tensor::<B, Cube<R, BT>, D>(t)
@@ -37,7 +37,7 @@ fn prim<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
 }
 
 /// `t` as a tensor of `B`, `B` being `Cube<R, BT>`.
-fn wrap<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+pub(super) fn wrap<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     t: CubeTensor<R>,
 ) -> Tensor<B, D> {
     let t = Tensor::<Cube<R, BT>, D>::from_primitive(TensorPrimitive::Float(t));
@@ -79,7 +79,11 @@ pub(super) fn sum_rows<B: Backend, R: CubeRuntime, BT: BoolElement>(
 }
 
 /// An uninitialized tensor of `dims` and `dtype` on `like`'s device.
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, dims: &[usize], dtype: DType) -> CubeTensor<R> {
+pub(super) fn empty<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    dims: &[usize],
+    dtype: DType,
+) -> CubeTensor<R> {
     let shape = Shape::from(dims.to_vec());
     empty_device_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }

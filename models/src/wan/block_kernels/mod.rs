@@ -1,6 +1,7 @@
 //! Reel's fused CubeCL kernels for the rest of a Wan block (attention has its own,
 //! [`super::fused_attention`]): the norms forward and backward and the column sums of a
-//! bias's gradient ([`norms`]), and the tanh GELU and its gradient ([`gelu`]).
+//! bias's gradient ([`norms`]), and the tanh GELU and its gradient ([`gelu`]); and the linear
+//! layers' products on a pinned cubek matmul kernel ([`matmul`], `REEL_MATMUL`).
 //!
 //! Every entry point runs its kernels where the backend is a plain CubeCL one (`Cuda`, `Wgpu`
 //! without Burn's fusion layer, with or without autodiff underneath: the entry points take
@@ -8,25 +9,21 @@
 //! (the CPU backends; Burn's fusion layer, which fuses those operations itself). All
 //! arithmetic is float32 whatever the tensors' dtype.
 //!
-//! `REEL_BLOCK_KERNELS=off` turns the kernels off for the process, for side-by-side
-//! measurements (`bench/gpu.sh`).
+//! `REEL_BLOCK_KERNELS=off` turns the norm, bias and GELU kernels off for the process, for
+//! side-by-side measurements (`bench/gpu.sh`); the matmul pin has its own variable.
 
 /// `return $call` with the type aliases `$r` (the CubeCL runtime) and `$bt` (the bool
-/// element) of the plain CubeCL backend `$b` is, when it is one and the kernels are on.
-macro_rules! on_cube {
+/// element) of the plain CubeCL backend `$b` is, when it is one.
+macro_rules! on_cube_backend {
     ($b:ty, |$r:ident, $bt:ident| $call:expr) => {
         #[cfg(feature = "cuda")]
-        if $crate::wan::block_kernels::kernels_on()
-            && $crate::wan::block_kernels::cube::is::<$b, cubecl::cuda::CudaRuntime, u8>()
-        {
+        if $crate::wan::block_kernels::cube::is::<$b, cubecl::cuda::CudaRuntime, u8>() {
             type $r = cubecl::cuda::CudaRuntime;
             type $bt = u8;
             return $call;
         }
         #[cfg(feature = "wgpu")]
-        if $crate::wan::block_kernels::kernels_on()
-            && $crate::wan::block_kernels::cube::is::<$b, cubecl::wgpu::WgpuRuntime, u32>()
-        {
+        if $crate::wan::block_kernels::cube::is::<$b, cubecl::wgpu::WgpuRuntime, u32>() {
             type $r = cubecl::wgpu::WgpuRuntime;
             type $bt = u32;
             return $call;
@@ -34,11 +31,26 @@ macro_rules! on_cube {
     };
 }
 
+/// [`on_cube_backend`] when the kernels are on ([`BLOCK_KERNELS_ENV`]).
+macro_rules! on_cube {
+    ($b:ty, |$r:ident, $bt:ident| $call:expr) => {
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
+        if $crate::wan::block_kernels::kernels_on() {
+            on_cube_backend!($b, |$r, $bt| $call);
+        }
+    };
+}
+
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cube_matmul;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
 pub(crate) mod gelu;
+pub mod matmul;
+#[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
+mod matmul_tests;
 pub(crate) mod norms;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod tests;

@@ -1,0 +1,189 @@
+//! `x · wᵀ`, a linear layer's product, as one autodiff operation whose three products (the
+//! forward, the input's and the weight's gradients) run on a chosen cubek matmul kernel
+//! ([`super::matmul`], `REEL_MATMUL`).
+//!
+//! Written as `x.matmul(w.transpose())`, Burn's autodiff computes the gradients with Burn's
+//! matmul whatever kernel the forward ran on. [`super::linear::Linear`] uses this operation
+//! when a kernel is pinned, and Burn's product otherwise. It runs on Reel's autodiff backends
+//! (`wan::custom_op`); anywhere else (inference) the forward product runs on the kernel alone.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::Tensor;
+
+use super::custom_op::{
+    dispatch, first_input, next_input, output, register, tensor, CustomBackward,
+};
+use super::matmul::{matmul, MatmulKernel};
+use super::mem_attention::to_dtype;
+
+/// `x · wᵀ` for `x [rows, in]` and `w [out, in]` of the same dtype -> `[rows, out]`, its
+/// products on `kernel` (Burn's matmul for `None` or what the kernel refuses).
+pub fn linear_product<B: Backend>(
+    x: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    kernel: Option<MatmulKernel>,
+) -> Tensor<B, 2> {
+    dispatch(Product { x, w, kernel })
+}
+
+/// [`linear_product`] written as Burn's product (`x.matmul(w.transpose())`).
+pub fn linear_product_plain<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    x.matmul(w.transpose())
+}
+
+/// [`linear_product`]'s inputs, for [`dispatch`].
+struct Product<B: Backend> {
+    x: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    kernel: Option<MatmulKernel>,
+}
+
+impl<B: Backend> CustomBackward<B> for Product<B> {
+    type Output = Tensor<B, 2>;
+
+    fn on_autodiff<I: Backend>(self) -> Result<Tensor<B, 2>, Self> {
+        let Self { x, w, kernel } = self;
+        let x = match first_input::<B, I, 2>(x) {
+            Ok(x) => x,
+            Err(x) => return Err(Self { x, w, kernel }),
+        };
+        Ok(output(autodiff_linear_product(
+            x,
+            next_input::<B, I, 2>(w),
+            kernel,
+        )))
+    }
+
+    fn otherwise(self) -> Tensor<B, 2> {
+        matmul(self.x, self.w.transpose(), self.kernel)
+    }
+}
+
+/// The backward of [`linear_product`]: `dx = g · w`, `dw = gᵀ · x`; its state is `x` and `w`.
+#[derive(Debug)]
+struct ProductBackward {
+    kernel: Option<MatmulKernel>,
+}
+
+impl<B: Backend> Backward<B, 2> for ProductBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (x, w) = (tensor::<B, 2>(ops.state.0), tensor::<B, 2>(ops.state.1));
+        let [px, pw] = ops.parents.map(|n| n.map(|n| n.id));
+        let g = to_dtype(tensor::<B, 2>(grads.consume::<B>(&ops.node)), w.dtype());
+        let kernel = self.kernel;
+        register::<B>(grads, pw, || {
+            matmul(g.clone().transpose(), x.clone(), kernel)
+                .into_primitive()
+                .tensor()
+        });
+        register::<B>(grads, px, || {
+            to_dtype(matmul(g, w, kernel), x.dtype())
+                .into_primitive()
+                .tensor()
+        });
+    }
+}
+
+/// [`linear_product`] as one autodiff operation on `Autodiff<B, C>`.
+pub fn autodiff_linear_product<B: Backend, C: CheckpointStrategy>(
+    x: Tensor<Autodiff<B, C>, 2>,
+    w: Tensor<Autodiff<B, C>, 2>,
+    kernel: Option<MatmulKernel>,
+) -> Tensor<Autodiff<B, C>, 2> {
+    let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+    let (x_inner, w_inner) = (
+        tensor::<B, 2>(x.primitive.clone()),
+        tensor::<B, 2>(w.primitive.clone()),
+    );
+    let y = matmul(x_inner, w_inner.transpose(), kernel)
+        .into_primitive()
+        .tensor();
+    let out = match (ProductBackward { kernel })
+        .prepare::<C>([x.node, w.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    tensor(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::TensorData;
+
+    /// Deterministic, irregular values.
+    fn det<B: Backend>(rows: usize, cols: usize, phase: f32) -> Tensor<B, 2> {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.53 + phase).sin() * 1.7)
+            .collect();
+        Tensor::from_data(TensorData::new(v, [rows, cols]), &Default::default())
+    }
+
+    fn values<B: Backend>(t: Tensor<B, 2>) -> Vec<f32> {
+        t.into_data().to_vec::<f32>().expect("float32 data")
+    }
+
+    /// `(y, dx, dw)` of `sum(m ∘ f(x, w))`, `dw` when `w` is tracked.
+    fn case<B: AutodiffBackend>(
+        f: &dyn Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+        track_w: bool,
+    ) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+        let (rows, d_in, d_out) = (9, 6, 4);
+        let x = det::<B>(rows, d_in, 0.3).require_grad();
+        let mut w = det::<B>(d_out, d_in, 1.1);
+        if track_w {
+            w = w.require_grad();
+        }
+        let y = f(x.clone(), w.clone());
+        assert_eq!(y.dims(), [rows, d_out]);
+        let grads = (y.clone() * det::<B>(rows, d_out, 2.6)).sum().backward();
+        let dx = values(x.grad(&grads).expect("x has a gradient"));
+        let dw = w.grad(&grads).map(values);
+        assert_eq!(
+            dw.is_some(),
+            track_w,
+            "w has a gradient exactly when tracked"
+        );
+        (values(y), dx, dw)
+    }
+
+    #[test]
+    fn gradients_are_those_of_burns_product() {
+        type Ad = Autodiff<burn::backend::NdArray>;
+        for track_w in [true, false] {
+            let kernel = Some(MatmulKernel::DoubleMma);
+            let got = case::<Ad>(&|x, w| linear_product(x, w, kernel), track_w);
+            let want = case::<Ad>(&linear_product_plain, track_w);
+            assert_eq!(got.0, want.0, "the same forward product");
+            let close = |a: &[f32], b: &[f32], what: &str| {
+                for (i, (p, q)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (p - q).abs() <= 1e-5 * q.abs().max(1.0),
+                        "{what}[{i}]: {p} vs {q}"
+                    );
+                }
+            };
+            close(&got.1, &want.1, "x gradient");
+            if let (Some(a), Some(b)) = (got.2, want.2) {
+                close(&a, &b, "w gradient");
+            }
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! `reel bench --matmul-only`: the matrix products of a preset's blocks alone, on Burn's
+//! matmul and on every cubek kernel that `REEL_MATMUL` can pin
+//! (`reel_models::wan::matmul`), side by side, in `--dtype`.
+//!
+//! The products, with `rows = batch · tokens`, width `d` and FFN width `f`:
+//! - `attn`: the attention's projections, `[rows, d] · [d, d]ᵀ`, six per block (self
+//!   `q, k, v, o`; cross `q, o`; the cross `k, v` on the text tokens are left out);
+//! - `ffn up`: `[rows, d] · [f, d]ᵀ`, and `ffn down`: `[rows, f] · [d, f]ᵀ`, one each;
+//!
+//! each in the three layouts of training: the forward `x · wᵀ` (transposed right operand),
+//! the input's gradient `g · w`, the weight's gradient `gᵀ · x` (transposed left operand,
+//! summing over the rows). Every timing runs the product [`REPEATS`] times between device
+//! syncs. Each result is checked once against Burn's matmul in float32 on the same values
+//! (`max_error`, relative to the largest magnitude); one beyond [`TOLERANCE`] says so in its
+//! `error`.
+//!
+//! The summary adds up, per kernel, a block's products (each timing times its count): the
+//! kernel that runs them all, correct, in the least time is `best`, the name to pin with
+//! `REEL_MATMUL` (`bench/gpu.sh` does).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, ElementConversion, Tensor};
+use reel_core::backend::ReelBackend;
+use reel_core::config::Precision;
+use reel_core::rng::StreamRng;
+use reel_core::with_backend;
+use reel_models::wan::matmul::{matmul_on, MatmulKernel, BURN_MATMUL, MATMUL_KERNELS};
+use reel_models::wan::mem_attention::to_dtype;
+use serde::Serialize;
+
+use super::{preset_tokens, stats, BenchArgs, Stats};
+
+/// Launches of a product per timed step.
+pub const REPEATS: usize = 10;
+
+/// Largest difference from the float32 product, relative to its largest magnitude, that a
+/// kernel may show: the attention rows' bar for bf16 inputs.
+pub const TOLERANCE: f64 = 3e-2;
+
+/// One product of a block.
+#[derive(Debug, Clone, Serialize)]
+pub struct Product {
+    /// `attn`, `ffn up` or `ffn down`, and the layout: `x·wᵀ`, `g·w` or `gᵀ·x`.
+    pub name: String,
+    /// `[m, k, n]` of `[m, k] · [k, n]`.
+    pub shape: [usize; 3],
+    /// Whether the left operand is transposed (`gᵀ·x`) and the right one (`x·wᵀ`).
+    pub transposed: [bool; 2],
+    /// How many times a block runs it.
+    pub per_block: usize,
+}
+
+/// One kernel on one product.
+#[derive(Debug, Clone, Serialize)]
+pub struct MatmulRow {
+    /// `burn` or a kernel's name.
+    pub kernel: String,
+    /// The product.
+    pub product: Product,
+    /// Milliseconds per product.
+    pub ms: Option<Stats>,
+    /// TFLOP/s at the median.
+    pub tflops: Option<f64>,
+    /// Largest difference from the float32 product, relative to its largest magnitude.
+    pub max_error: Option<f64>,
+    /// Why the kernel did not run the product, or that its result is beyond [`TOLERANCE`].
+    pub error: Option<String>,
+}
+
+/// One kernel over a whole block.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelSummary {
+    /// `burn` or a kernel's name.
+    pub kernel: String,
+    /// Milliseconds of a block's products (medians times counts); `None` unless every
+    /// product ran within the tolerance.
+    pub block_ms: Option<f64>,
+    /// `block_ms` over Burn's.
+    pub vs_burn: Option<f64>,
+}
+
+/// Everything `--matmul-only` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct MatmulReport {
+    /// Precision of the operands.
+    pub dtype: Precision,
+    /// Every kernel on every product.
+    pub rows: Vec<MatmulRow>,
+    /// Every kernel over a block, fastest first (those that did not run everything last).
+    pub summary: Vec<KernelSummary>,
+    /// The fastest kernel that ran every product correctly (`burn` when none beat it).
+    pub best: String,
+}
+
+/// The products of a block of `d` wide, `f` wide FFN, over `rows` tokens.
+pub fn products(rows: usize, d: usize, f: usize) -> Vec<Product> {
+    let mut out = vec![];
+    for (layer, d_in, d_out, per_block) in [
+        ("attn", d, d, 6),
+        ("ffn up", d, f, 1),
+        ("ffn down", f, d, 1),
+    ] {
+        let layouts = [
+            ("x·wᵀ", [rows, d_in, d_out], [false, true]),
+            ("g·w", [rows, d_out, d_in], [false, false]),
+            ("gᵀ·x", [d_out, rows, d_in], [true, false]),
+        ];
+        for (layout, shape, transposed) in layouts {
+            out.push(Product {
+                name: format!("{layer} {layout}"),
+                shape,
+                transposed,
+                per_block,
+            });
+        }
+    }
+    out
+}
+
+/// Time the products and print their tables (or JSON).
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let kernels = kernels(&args.matmul_kernels)?;
+    let report = with_backend!(args.backend, |B| report::<B>(args, &kernels))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print_tables(&report);
+    Ok(())
+}
+
+/// `--matmul-kernel`'s names (every kernel when none), `None` standing for Burn's matmul,
+/// which is always timed first.
+fn kernels(names: &[String]) -> anyhow::Result<Vec<Option<MatmulKernel>>> {
+    let mut out = vec![None];
+    if names.is_empty() {
+        out.extend(MATMUL_KERNELS.iter().map(|(k, _)| Some(*k)));
+        return Ok(out);
+    }
+    for name in names {
+        let kernel =
+            MatmulKernel::parse(name).map_err(|e| anyhow::anyhow!("--matmul-kernel: {e}"))?;
+        if kernel.is_some() && !out.contains(&kernel) {
+            out.push(kernel);
+        }
+    }
+    Ok(out)
+}
+
+fn report<B: ReelBackend>(
+    args: &BenchArgs,
+    kernels: &[Option<MatmulKernel>],
+) -> anyhow::Result<MatmulReport> {
+    let preset = args.presets.first().map(String::as_str).unwrap_or("");
+    let (cfg, tokens) = preset_tokens(args, preset)?;
+    let products = products(args.batch * tokens, cfg.inner_dim(), cfg.ffn_dim);
+    let device = B::device_for(0);
+    let mut rows = vec![];
+    for (i, product) in products.iter().enumerate() {
+        let [lhs, rhs] =
+            operands::<B::InnerBackend>(product, args.dtype.dtype(), i as u64, &device);
+        let reference = to_dtype(lhs.clone(), DType::F32).matmul(to_dtype(rhs.clone(), DType::F32));
+        for &kernel in kernels {
+            let row =
+                row::<B::InnerBackend>(args, kernel, product.clone(), [&lhs, &rhs], &reference)?;
+            eprintln!("{}", progress_line(&row));
+            rows.push(row);
+        }
+    }
+    let summary = summarize(kernels, &rows);
+    let best = summary
+        .first()
+        .filter(|s| s.block_ms.is_some())
+        .map_or(BURN_MATMUL.to_string(), |s| s.kernel.clone());
+    Ok(MatmulReport {
+        dtype: args.dtype,
+        rows,
+        summary,
+        best,
+    })
+}
+
+/// The two operands of `product`, normal values in `dtype`, laid out as training has them.
+fn operands<B: Backend>(
+    product: &Product,
+    dtype: DType,
+    seed: u64,
+    device: &B::Device,
+) -> [Tensor<B, 2>; 2] {
+    let [m, k, n] = product.shape;
+    let mut rng = StreamRng::from_seed(seed);
+    let mut make = |[r, c]: [usize; 2], transposed: bool| {
+        let dims = if transposed { [c, r] } else { [r, c] };
+        let t: Tensor<B, 2> = to_dtype(rng.normal_tensor(dims, device), dtype);
+        if transposed {
+            t.transpose()
+        } else {
+            t
+        }
+    };
+    [
+        make([m, k], product.transposed[0]),
+        make([k, n], product.transposed[1]),
+    ]
+}
+
+/// `kernel` on one product: timed, then checked.
+fn row<B: Backend>(
+    args: &BenchArgs,
+    kernel: Option<MatmulKernel>,
+    product: Product,
+    [lhs, rhs]: [&Tensor<B, 2>; 2],
+    reference: &Tensor<B, 2>,
+) -> anyhow::Result<MatmulRow> {
+    let name = kernel.map_or(BURN_MATMUL, MatmulKernel::name).to_string();
+    let mut row = MatmulRow {
+        kernel: name,
+        product,
+        ms: None,
+        tflops: None,
+        max_error: None,
+        error: None,
+    };
+    let run = || match kernel {
+        None => Ok(lhs.clone().matmul(rhs.clone())),
+        Some(k) => matmul_on(lhs.clone(), rhs.clone(), k),
+    };
+    // The first run compiles the kernel, or finds that it cannot run.
+    let out = match run() {
+        Ok(out) => out,
+        Err(e) => {
+            row.error = Some(e.to_string());
+            return Ok(row);
+        }
+    };
+    let device = lhs.device();
+    let mut ms = vec![];
+    for i in 0..args.warmup + args.steps {
+        let _ = B::sync(&device);
+        let t0 = std::time::Instant::now();
+        for _ in 0..REPEATS {
+            let _ = run();
+        }
+        let _ = B::sync(&device);
+        if i >= args.warmup {
+            ms.push(t0.elapsed().as_secs_f64() * 1e3 / REPEATS as f64);
+        }
+    }
+    let ms = stats(ms);
+    let [m, k, n] = row.product.shape;
+    row.tflops = Some(2.0 * (m * k * n) as f64 / (ms.median * 1e9));
+    row.ms = Some(ms);
+    let e = max_error(to_dtype(out, DType::F32), reference.clone());
+    row.max_error = Some(e);
+    if e > TOLERANCE {
+        row.error = Some(format!(
+            "differs from the float32 product by {e:.2e} (tolerance {TOLERANCE:e})"
+        ));
+    }
+    Ok(row)
+}
+
+/// `max |got − want|` over `max(1, max |want|)`; infinite for a NaN.
+fn max_error<B: Backend>(got: Tensor<B, 2>, want: Tensor<B, 2>) -> f64 {
+    let scalar = |t: Tensor<B, 1>| t.into_scalar().elem::<f64>();
+    let scale = scalar(want.clone().abs().max()).max(1.0);
+    let e = scalar((got - want).abs().max()) / scale;
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// Per kernel: a block's milliseconds (when it ran every product within the tolerance),
+/// fastest first.
+pub fn summarize(kernels: &[Option<MatmulKernel>], rows: &[MatmulRow]) -> Vec<KernelSummary> {
+    let name = |k: &Option<MatmulKernel>| k.map_or(BURN_MATMUL, MatmulKernel::name);
+    let block_ms = |kernel: &str| -> Option<f64> {
+        let mine = rows.iter().filter(|r| r.kernel == kernel);
+        mine.map(|r| match (&r.ms, &r.error) {
+            (Some(ms), None) => Some(ms.median * r.product.per_block as f64),
+            _ => None,
+        })
+        .sum()
+    };
+    let burn = block_ms(BURN_MATMUL);
+    let mut out: Vec<KernelSummary> = kernels
+        .iter()
+        .map(|k| {
+            let block_ms = block_ms(name(k));
+            KernelSummary {
+                kernel: name(k).to_string(),
+                block_ms,
+                vs_burn: block_ms.zip(burn).map(|(a, b)| a / b),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        let key = |s: &KernelSummary| s.block_ms.unwrap_or(f64::INFINITY);
+        key(a).total_cmp(&key(b))
+    });
+    out
+}
+
+/// The line on stderr for a row just measured.
+fn progress_line(r: &MatmulRow) -> String {
+    let what = format!(
+        "bench: matmul {} {} {:?}",
+        r.kernel, r.product.name, r.product.shape
+    );
+    match (&r.ms, &r.error) {
+        (_, Some(e)) => format!("{what}: {e}"),
+        (Some(ms), None) => format!("{what}: {:.3} ms", ms.median),
+        (None, None) => what,
+    }
+}
+
+fn print_tables(report: &MatmulReport) {
+    let w = report
+        .rows
+        .iter()
+        .map(|r| r.kernel.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    println!(
+        "{:<w$} {:<14} {:<22} | {:>9} {:>8} | {:>9}",
+        "kernel", "product", "[m, k, n]", "ms", "TFLOP/s", "max error"
+    );
+    let opt = |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
+    for r in &report.rows {
+        println!(
+            "{:<w$} {:<14} {:<22} | {:>9} {:>8} | {:>9}{}",
+            r.kernel,
+            r.product.name,
+            format!("{:?}", r.product.shape),
+            opt(r.ms.as_ref().map(|s| s.median), 3),
+            opt(r.tflops, 1),
+            r.max_error.map_or("—".to_string(), |e| format!("{e:.1e}")),
+            r.error
+                .as_ref()
+                .map(|e| format!("  ({e})"))
+                .unwrap_or_default()
+        );
+    }
+    println!();
+    println!("{:<w$} | {:>12} {:>8}", "kernel", "block ms", "/ burn");
+    for s in &report.summary {
+        println!(
+            "{:<w$} | {:>12} {:>8}",
+            s.kernel,
+            opt(s.block_ms, 3),
+            opt(s.vs_burn, 2)
+        );
+    }
+    println!("best: {}", report.best);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocks_products_have_the_layers_shapes() {
+        let p = products(10, 4, 16);
+        assert_eq!(p.len(), 9);
+        let shapes: Vec<_> = p
+            .iter()
+            .map(|p| (p.name.as_str(), p.shape, p.per_block))
+            .collect();
+        assert_eq!(shapes[0], ("attn x·wᵀ", [10, 4, 4], 6));
+        assert_eq!(shapes[4], ("ffn up g·w", [10, 16, 4], 1));
+        assert_eq!(shapes[8], ("ffn down gᵀ·x", [4, 10, 16], 1));
+    }
+
+    fn row(kernel: &str, product: Product, ms: Option<f64>, error: Option<&str>) -> MatmulRow {
+        let s = |m| Stats {
+            mean: m,
+            median: m,
+            min: m,
+            max: m,
+        };
+        MatmulRow {
+            kernel: kernel.into(),
+            product,
+            ms: ms.map(s),
+            tflops: None,
+            max_error: None,
+            error: error.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_every_product_and_skips_incomplete_kernels() {
+        let p = products(10, 4, 16);
+        let kernels = [
+            None,
+            Some(MatmulKernel::DoubleMma),
+            Some(MatmulKernel::TmaMma),
+        ];
+        let mut rows = vec![];
+        for q in &p {
+            rows.push(row("burn", q.clone(), Some(1.0), None));
+            rows.push(row("double-mma", q.clone(), Some(0.5), None));
+            let refused = q.name == "ffn up g·w";
+            rows.push(row(
+                "tma-mma",
+                q.clone(),
+                Some(0.1),
+                refused.then_some("refused"),
+            ));
+        }
+        let s = summarize(&kernels, &rows);
+        let names: Vec<_> = s.iter().map(|s| s.kernel.as_str()).collect();
+        assert_eq!(names, ["double-mma", "burn", "tma-mma"]);
+        // 3 attention layouts × 6 + 6 FFN products × 1.
+        assert_eq!(s[1].block_ms, Some(24.0));
+        assert_eq!(s[0].block_ms, Some(12.0));
+        assert_eq!(s[0].vs_burn, Some(0.5));
+        assert_eq!(
+            s[2].block_ms, None,
+            "a kernel that skipped a product has no total"
+        );
+    }
+}
