@@ -1,6 +1,7 @@
 //! Command-line rough edges a new user meets: `reel check` reads the weight headers a config
 //! names and reports what `reel train` would (naming `models.<role>.weights`), and
-//! `reel export` accepts `<run>/checkpoints/latest`, the name `--resume` uses.
+//! `reel export` accepts `<run>/checkpoints/latest`, the name `--resume` uses; `reel train`
+//! names the kernels chosen by the environment.
 
 mod common;
 
@@ -159,4 +160,53 @@ fn export_accepts_checkpoints_latest() {
     let o = reel(dir, &["export", "clean/checkpoints/nowhere", "--out", "x"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("nowhere"), "{err}");
+}
+
+/// A kernel pinned by `REEL_MATMUL` is named in `reel train`'s first lines (a run config does
+/// not record it); where it cannot run (the CPU backend) the run says so and trains on.
+#[test]
+fn train_names_the_kernels_chosen_by_the_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    let args = [
+        "train",
+        "run.toml",
+        "--output",
+        "out",
+        "--set",
+        "training.max_steps=1",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_reel"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("REEL_FAULT")
+        .env("REEL_MATMUL", "double-mma")
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("reel: kernels chosen by the environment: REEL_MATMUL=double-mma"),
+        "{err}"
+    );
+    assert!(
+        err.contains("matmul kernel double-mma") && err.contains("Burn's matmul runs"),
+        "{err}"
+    );
+    // Without the variable, no such line.
+    let out = reel(
+        dir,
+        &[
+            "train",
+            "run.toml",
+            "--output",
+            "out2",
+            "--set",
+            "training.max_steps=1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("kernels chosen by the environment"), "{err}");
 }

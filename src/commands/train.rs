@@ -42,6 +42,13 @@ pub fn run(
     let process = job.processes.as_ref().map(|p| (p.rank(), p.size()));
     if process.is_none_or(|(rank, _)| rank == 0) {
         eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
+        let kernels = reel_models::wan::kernel_settings();
+        if !kernels.is_empty() {
+            eprintln!(
+                "reel: kernels chosen by the environment: {}",
+                kernels.join(", ")
+            );
+        }
     }
     if let Some((rank, size)) = process {
         let here = loaded.config.runtime.worker_devices().len();

@@ -7,7 +7,8 @@
 //! mode in [`attention_mode`]),
 //! [`block`], [`model`], [`checkpointed`] (block-level activation checkpointing) and
 //! [`weights`] (safetensors I/O in the diffusers layout); [`arch`] registers it as `arch = "wan"`. Module field names equal the
-//! diffusers state-dict keys.
+//! diffusers state-dict keys. [`product`] and [`matmul`] run the linear layers' products on a
+//! pinned cubek kernel (`REEL_MATMUL`).
 
 pub mod arch;
 pub mod attention;
@@ -41,3 +42,37 @@ pub use config::{RopeSplit, WanConfig, WanConfigError};
 pub use linear::Linear;
 pub use model::{Captured, Intermediates, WanModel};
 pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};
+
+/// The environment variables that choose GPU kernels in this build (`REEL_MATMUL`; with
+/// `cuda` or `wgpu`, `REEL_TILED_TILES` and `REEL_BLOCK_KERNELS` too) that are set, as
+/// `NAME=value`, for a run's log: they change which kernels run, and a run config does not
+/// record them.
+pub fn kernel_settings() -> Vec<String> {
+    kernel_settings_from(|name| std::env::var(name).ok())
+}
+
+/// [`kernel_settings`] with the variables read by `get`.
+fn kernel_settings_from(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let names = [
+        matmul::MATMUL_ENV,
+        fused_attention::tiles::TILES_ENV,
+        block_kernels::BLOCK_KERNELS_ENV,
+    ];
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    let names = [matmul::MATMUL_ENV];
+    names
+        .into_iter()
+        .filter_map(|name| get(name).map(|v| format!("{name}={v}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernel_settings_list_the_variables_that_are_set() {
+        let get = |name: &str| (name == "REEL_MATMUL").then(|| "double-mma".to_string());
+        assert_eq!(super::kernel_settings_from(get), ["REEL_MATMUL=double-mma"]);
+        assert!(super::kernel_settings_from(|_| None).is_empty());
+    }
+}
