@@ -5,7 +5,8 @@
 //! Written as `x.matmul(w.transpose())`, Burn's autodiff computes the gradients with Burn's
 //! matmul whatever kernel the forward ran on. [`super::linear::Linear`] uses this operation
 //! when a kernel is pinned, and Burn's product otherwise. It runs on Reel's autodiff backends
-//! (`wan::custom_op`); anywhere else (inference) the forward product runs on the kernel alone.
+//! (`wan::custom_op`); anywhere else (inference) the forward product runs through
+//! [`matmul`] alone (the kernel where its check passed, Burn's matmul otherwise).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -14,11 +15,9 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 
-use super::custom_op::{
-    dispatch, first_input, next_input, output, register, tensor, CustomBackward,
-};
+use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
 use super::matmul::{matmul, MatmulKernel};
 use super::mem_attention::to_dtype;
 
@@ -65,14 +64,16 @@ impl<B: Backend> CustomBackward<B> for Product<B> {
     }
 }
 
-/// The backward of [`linear_product`]: `dx = g · w`, `dw = gᵀ · x`; its state is `x` and `w`.
+/// The backward of [`linear_product`]: `dx = g · w`, `dw = gᵀ · x`. Its state is `x` when
+/// `w` needs a gradient and `w` when `x` does (as Burn's matmul keeps them: a frozen weight's
+/// input is not kept), and the dtype of `x`.
 #[derive(Debug)]
 struct ProductBackward {
     kernel: Option<MatmulKernel>,
 }
 
 impl<B: Backend> Backward<B, 2> for ProductBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
+    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>, DType);
 
     fn backward(
         self,
@@ -80,20 +81,22 @@ impl<B: Backend> Backward<B, 2> for ProductBackward {
         grads: &mut Gradients,
         _checkpointer: &mut Checkpointer,
     ) {
-        let (x, w) = (tensor::<B, 2>(ops.state.0), tensor::<B, 2>(ops.state.1));
+        let (x, w, x_dtype) = ops.state;
         let [px, pw] = ops.parents.map(|n| n.map(|n| n.id));
-        let g = to_dtype(tensor::<B, 2>(grads.consume::<B>(&ops.node)), w.dtype());
+        let g = tensor::<B, 2>(grads.consume::<B>(&ops.node));
         let kernel = self.kernel;
-        register::<B>(grads, pw, || {
-            matmul(g.clone().transpose(), x.clone(), kernel)
-                .into_primitive()
-                .tensor()
-        });
-        register::<B>(grads, px, || {
-            to_dtype(matmul(g, w, kernel), x.dtype())
-                .into_primitive()
-                .tensor()
-        });
+        if let (Some(pw), Some(x)) = (pw, x) {
+            let x = tensor::<B, 2>(x);
+            let g = to_dtype(g.clone(), x.dtype());
+            let dw = matmul(g.transpose(), x, kernel);
+            grads.register::<B>(pw, dw.into_primitive().tensor());
+        }
+        if let (Some(px), Some(w)) = (px, w) {
+            let w = tensor::<B, 2>(w);
+            let g = to_dtype(g, w.dtype());
+            let dx = to_dtype(matmul(g, w, kernel), x_dtype);
+            grads.register::<B>(px, dx.into_primitive().tensor());
+        }
     }
 }
 
@@ -103,7 +106,9 @@ pub fn autodiff_linear_product<B: Backend, C: CheckpointStrategy>(
     w: Tensor<Autodiff<B, C>, 2>,
     kernel: Option<MatmulKernel>,
 ) -> Tensor<Autodiff<B, C>, 2> {
+    let x_dtype = x.dtype();
     let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
+    let (x_tracked, w_tracked) = (x.is_tracked(), w.is_tracked());
     let (x_inner, w_inner) = (
         tensor::<B, 2>(x.primitive.clone()),
         tensor::<B, 2>(w.primitive.clone()),
@@ -116,7 +121,11 @@ pub fn autodiff_linear_product<B: Backend, C: CheckpointStrategy>(
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive), y),
+        OpsKind::Tracked(prep) => {
+            let keep_x = w_tracked.then_some(x.primitive);
+            let keep_w = x_tracked.then_some(w.primitive);
+            prep.finish((keep_x, keep_w, x_dtype), y)
+        }
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
     tensor(out)
@@ -140,22 +149,28 @@ mod tests {
         t.into_data().to_vec::<f32>().expect("float32 data")
     }
 
-    /// `(y, dx, dw)` of `sum(m ∘ f(x, w))`, `dw` when `w` is tracked.
+    /// `(y, dx, dw)` of `sum(m ∘ f(x, w))`, each gradient when its input is tracked.
     fn case<B: AutodiffBackend>(
         f: &dyn Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
-        track_w: bool,
-    ) -> (Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+        [track_x, track_w]: [bool; 2],
+    ) -> (Vec<f32>, Option<Vec<f32>>, Option<Vec<f32>>) {
         let (rows, d_in, d_out) = (9, 6, 4);
-        let x = det::<B>(rows, d_in, 0.3).require_grad();
-        let mut w = det::<B>(d_out, d_in, 1.1);
-        if track_w {
-            w = w.require_grad();
-        }
+        let track = |t: Tensor<B, 2>, on: bool| if on { t.require_grad() } else { t };
+        let x = track(det::<B>(rows, d_in, 0.3), track_x);
+        let w = track(det::<B>(d_out, d_in, 1.1), track_w);
         let y = f(x.clone(), w.clone());
         assert_eq!(y.dims(), [rows, d_out]);
+        if !(track_x || track_w) {
+            return (values(y), None, None);
+        }
         let grads = (y.clone() * det::<B>(rows, d_out, 2.6)).sum().backward();
-        let dx = values(x.grad(&grads).expect("x has a gradient"));
+        let dx = x.grad(&grads).map(values);
         let dw = w.grad(&grads).map(values);
+        assert_eq!(
+            dx.is_some(),
+            track_x,
+            "x has a gradient exactly when tracked"
+        );
         assert_eq!(
             dw.is_some(),
             track_w,
@@ -164,26 +179,32 @@ mod tests {
         (values(y), dx, dw)
     }
 
+    /// With either input frozen the operation keeps only what the other's gradient needs (as
+    /// Burn's matmul does); every gradient asked for is Burn's.
     #[test]
     fn gradients_are_those_of_burns_product() {
         type Ad = Autodiff<burn::backend::NdArray>;
-        for track_w in [true, false] {
-            let kernel = Some(MatmulKernel::DoubleMma);
-            let got = case::<Ad>(&|x, w| linear_product(x, w, kernel), track_w);
-            let want = case::<Ad>(&linear_product_plain, track_w);
-            assert_eq!(got.0, want.0, "the same forward product");
-            let close = |a: &[f32], b: &[f32], what: &str| {
-                for (i, (p, q)) in a.iter().zip(b).enumerate() {
-                    assert!(
-                        (p - q).abs() <= 1e-5 * q.abs().max(1.0),
-                        "{what}[{i}]: {p} vs {q}"
-                    );
-                }
-            };
-            close(&got.1, &want.1, "x gradient");
-            if let (Some(a), Some(b)) = (got.2, want.2) {
-                close(&a, &b, "w gradient");
+        let close = |a: Option<Vec<f32>>, b: Option<Vec<f32>>, what: &str| {
+            assert_eq!(a.is_some(), b.is_some(), "{what}");
+            for (i, (p, q)) in a
+                .unwrap_or_default()
+                .iter()
+                .zip(b.unwrap_or_default())
+                .enumerate()
+            {
+                assert!(
+                    (p - q).abs() <= 1e-5 * q.abs().max(1.0),
+                    "{what}[{i}]: {p} vs {q}"
+                );
             }
+        };
+        for tracked in [[true, true], [true, false], [false, true], [false, false]] {
+            let kernel = Some(MatmulKernel::DoubleMma);
+            let got = case::<Ad>(&|x, w| linear_product(x, w, kernel), tracked);
+            let want = case::<Ad>(&linear_product_plain, tracked);
+            assert_eq!(got.0, want.0, "{tracked:?}: the same forward product");
+            close(got.1, want.1, &format!("{tracked:?}: x gradient"));
+            close(got.2, want.2, &format!("{tracked:?}: w gradient"));
         }
     }
 }

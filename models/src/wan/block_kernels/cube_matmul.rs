@@ -1,6 +1,7 @@
 //! [`super::matmul`]'s kernels launched through cubek on a plain CubeCL backend: each
 //! [`MatmulKernel`] is the cubek `Strategy` that Burn's autotuning builds for that candidate.
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -25,11 +26,14 @@ use super::matmul::{MatmulError, MatmulKernel, CHECK_TOLERANCE};
 /// A kind of product, for [`checked`]'s verdicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Kind {
+    /// The CubeCL runtime (a build may hold both CUDA and wgpu).
+    pub runtime: TypeId,
     /// The kernel.
     pub kernel: MatmulKernel,
     /// `[m, k, n]`.
     pub shape: [usize; 3],
-    /// Whether each operand is stored transposed (column-major).
+    /// Whether each operand is stored transposed (column-major: its row stride below its
+    /// column stride, cubek's rule).
     pub transposed: [bool; 2],
     /// The operands' dtype.
     pub dtype: DType,
@@ -47,6 +51,7 @@ pub(super) fn checked<B: Backend, R: CubeRuntime, BT: BoolElement>(
 ) -> Tensor<B, 2> {
     let ([m, k], [_, n]) = (lhs.dims(), rhs.dims());
     let kind = Kind {
+        runtime: TypeId::of::<R>(),
         kernel,
         shape: [m, k, n],
         transposed: [transposed::<B, R, BT>(&lhs), transposed::<B, R, BT>(&rhs)],
@@ -59,7 +64,13 @@ pub(super) fn checked<B: Backend, R: CubeRuntime, BT: BoolElement>(
         }
         Some(false) => lhs.matmul(rhs),
         None => {
-            let got = matmul::<B, R, BT>(lhs.clone(), rhs.clone(), kernel);
+            let device = lhs.device();
+            // A launch or compilation that fails after cubek returns surfaces at the sync.
+            let got = matmul::<B, R, BT>(lhs.clone(), rhs.clone(), kernel).and_then(|out| {
+                B::sync(&device)
+                    .map(|_| out)
+                    .map_err(|e| MatmulError::Refused(one_line(&format!("{e:?}"))))
+            });
             let want = lhs.matmul(rhs);
             let (ok, out) = judge(&kind, got, want);
             verdicts(|v| v.insert(kind, ok));
@@ -101,11 +112,11 @@ fn verdicts<T>(f: impl FnOnce(&mut HashMap<Kind, bool>) -> T) -> T {
     f(guard.get_or_insert_with(HashMap::new))
 }
 
-/// Whether `t` is stored column-major (a transposed view).
+/// Whether `t` is stored column-major (a transposed view), as cubek sees it: its row stride
+/// below its column stride.
 fn transposed<B: Backend, R: CubeRuntime, BT: BoolElement>(t: &Tensor<B, 2>) -> bool {
-    let [rows, cols] = t.dims();
     let strides = prim::<B, R, BT, 2>(t.clone()).meta.strides().clone();
-    rows > 1 && cols > 1 && strides[0] == 1
+    strides[0] < strides[1]
 }
 
 /// `lhs · rhs` on `kernel`, `B` being the plain CubeCL backend over `R`.

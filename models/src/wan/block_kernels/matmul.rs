@@ -6,9 +6,10 @@
 //! specialized, TMA loaders; `cmma` or manual `mma` tile products) that only `autotune` reaches,
 //! by timing every candidate once per shape, at run time, with a choice that can differ from
 //! run to run. Here a kernel is pinned by name:
-//! - `REEL_MATMUL=<name>` ([`MATMUL_ENV`]) makes the DiT's linear layers (forward and both
-//!   gradients, the FFN's fused GELU product included) run on that kernel on the plain CubeCL
-//!   backends (`cuda`, `wgpu` without `fusion`); unset, or `burn`, keeps Burn's own matmul;
+//! - `REEL_MATMUL=<name>` ([`MATMUL_ENV`]) makes the products of the DiT's linear layers
+//!   (forward and both gradients, the FFN's fused GELU product included; a LoRA adapter's
+//!   small up projection stays on Burn's) run on that kernel on the plain CubeCL backends
+//!   (`cuda`, `wgpu` without `fusion`); unset, or `burn`, keeps Burn's own matmul;
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
@@ -198,7 +199,9 @@ pub fn matmul_on<B: Backend>(
 /// (kernel, shape, which operands are transposed, dtype) also runs on Burn's matmul, and
 /// the kernel's result is used, then and for every later product of that kind, only when it
 /// is within [`CHECK_TOLERANCE`] of Burn's (relative to the largest magnitude). A kind that the
-/// kernel refuses or gets wrong runs on Burn's matmul, with one line on stderr. (cubek's
+/// kernel refuses or gets wrong (or whose first reference holds a NaN) runs on Burn's matmul,
+/// with one line on stderr. The check is against gross errors, one bar for every dtype;
+/// `reel bench --matmul-only` applies it too. (cubek's
 /// `double-unit` kernel gives wrong products for some shapes with a transposed right operand
 /// on wgpu; `block_kernels::matmul_tests` shows it.)
 pub fn matmul<B: Backend>(
@@ -209,12 +212,18 @@ pub fn matmul<B: Backend>(
     let Some(kernel) = kernel else {
         return lhs.matmul(rhs);
     };
-    if lhs.dtype() == rhs.dtype() {
-        on_cube_backend!(B, |R, BT| super::cube_matmul::checked::<B, R, BT>(
-            lhs, rhs, kernel
-        ));
+    if lhs.dtype() != rhs.dtype() {
+        let (a, b) = (lhs.dtype(), rhs.dtype());
+        warn_once(
+            kernel,
+            MatmulError::MixedDtypes(format!("{a:?}"), format!("{b:?}")),
+        );
+        return lhs.matmul(rhs);
     }
-    warn_once(kernel);
+    on_cube_backend!(B, |R, BT| super::cube_matmul::checked::<B, R, BT>(
+        lhs, rhs, kernel
+    ));
+    warn_once(kernel, MatmulError::NotCubeBackend);
     lhs.matmul(rhs)
 }
 
@@ -222,15 +231,13 @@ pub fn matmul<B: Backend>(
 /// [`matmul`] to use it: a few units in the last place of a bf16 result.
 pub const CHECK_TOLERANCE: f32 = 2e-2;
 
-/// One line on stderr the first time a pinned kernel cannot run here at all.
-fn warn_once(kernel: MatmulKernel) {
+/// One line on stderr the first time a pinned kernel cannot run here at all (the backend or
+/// mixed dtypes; kinds it refuses on a CubeCL backend are reported by the check).
+fn warn_once(kernel: MatmulKernel, why: MatmulError) {
     use std::sync::atomic::{AtomicBool, Ordering};
     static WARNED: AtomicBool = AtomicBool::new(false);
     if !WARNED.swap(true, Ordering::Relaxed) {
-        eprintln!(
-            "reel: matmul kernel {kernel}: {}; Burn's matmul runs the products",
-            MatmulError::NotCubeBackend
-        );
+        eprintln!("reel: matmul kernel {kernel}: {why}; Burn's matmul runs these products");
     }
 }
 

@@ -115,6 +115,7 @@ pub(super) fn check_kernels<B: Backend>(dtype: FloatDType, tol: f32) {
 pub(super) fn check_judge<B: Backend>() {
     let want = rand::<B>([6, 5], 10, FloatDType::F32);
     let kind = Kind {
+        runtime: std::any::TypeId::of::<()>(),
         kernel: MatmulKernel::DoubleMma,
         shape: [6, 4, 5],
         transposed: [false, true],
