@@ -150,6 +150,29 @@ fn reference_update<B: Backend>(
     )
 }
 
+/// The sum of the squares of every value of `tensors` (a role's gradients, for its global
+/// norm), `[1]` float32; `None` for no tensors. With `fused` and float32 tensors on a
+/// CubeCL backend, one kernel per tensor and one sum (`optim::fused`); otherwise a square
+/// and a sum per tensor and a sum of those.
+pub fn squared_norm<B: Backend>(fused: bool, tensors: Vec<Tensor<B, 1>>) -> Option<Tensor<B, 1>> {
+    if tensors.is_empty() {
+        return None;
+    }
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let tensors = if fused {
+        match super::fused::try_sum_squares(tensors) {
+            Ok(out) => return Some(out),
+            Err(tensors) => tensors,
+        }
+    } else {
+        tensors
+    };
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    let _ = fused;
+    let parts = tensors.into_iter().map(|t| t.square().sum()).collect();
+    Some(Tensor::cat(parts, 0).sum())
+}
+
 /// One EMA step of a flattened parameter's shadow: `shadow·decay + param·(1 − decay)`; one
 /// kernel with `fused` on a CubeCL backend (see [`adamw_update`]).
 pub fn ema_update<B: Backend>(

@@ -10,7 +10,9 @@ use super::module::{ParamValues, RoleModule};
 use super::state::{check_keys, flat_from_data, to_data};
 use super::{GradMap, RoleHandle, RoleStateError};
 use crate::model::{DiffusionModel, DynModel, LossFn};
-use crate::optim::{adamw_update, ema_update, AdamWScalars, AdamWState, Moments, OptimizerConfig};
+use crate::optim::{
+    adamw_update, ema_update, squared_norm, AdamWScalars, AdamWState, Moments, OptimizerConfig,
+};
 use crate::parallel::ParallelError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -224,16 +226,8 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
     }
 
     fn grad_norm_sq(&self) -> Option<Tensor<Inner<B>, 1>> {
-        let parts: Vec<Tensor<Inner<B>, 1>> = self
-            .grads
-            .values()
-            .map(|g| g.clone().square().sum())
-            .collect();
-        if parts.is_empty() {
-            None
-        } else {
-            Some(Tensor::cat(parts, 0).sum())
-        }
+        let grads = self.grads.values().cloned().collect();
+        squared_norm(self.optimizer.fused, grads)
     }
 
     fn apply_update(&mut self, step: u64, grad_scale: f64) {

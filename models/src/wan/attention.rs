@@ -95,11 +95,12 @@ impl<B: Backend> WanAttention<B> {
         let mut q = q.reshape([b, s, h, hd]);
         let mut k = k.reshape([b, l, h, hd]);
         let v = v.reshape([b, l, h, hd]);
+        // RoPE computes in float32 and writes the attention's dtype directly.
         if let Some(rope) = rope {
-            q = rope.apply(q);
-            k = rope.apply(k);
+            q = rope.apply(q, self.precision.dtype());
+            k = rope.apply(k, self.precision.dtype());
         }
-        // Cast, then see `[B, S, H, hd]` as `[B, H, S, hd]`: the fused kernels return the
+        // Cast (where RoPE did not), then see `[B, S, H, hd]` as `[B, H, S, hd]`: the fused kernels return the
         // output (and the gradients) stored `[B, S, H, hd]` like their inputs, so merging the
         // heads below is a view, not a copy.
         let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype()).swap_dims(1, 2);

@@ -4,10 +4,10 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::attention::WanAttention;
+use super::gate::gated_residual;
 use super::gelu::gelu_tanh;
 use super::init::{join, ParamInit};
 use super::linear::Linear;
-use super::mem_attention::to_dtype;
 use super::norm::{layer_norm_affine, LayerNorm};
 use super::rope::RopeTables;
 
@@ -153,9 +153,9 @@ impl<B: Backend> WanBlock<B> {
         let [shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate]: [Tensor<B, 3>; 6] =
             m.try_into().expect("six modulation chunks");
 
-        // The hidden states keep their dtype (bfloat16 activations in a bf16 run); norms and
-        // modulation compute in float32, as diffusers' `FP32LayerNorm` and `.float()` do.
-        let dtype = x.dtype();
+        // The hidden states keep their dtype (bfloat16 activations in a bf16 run); norms,
+        // modulation and the gated residuals compute in float32, as diffusers'
+        // `FP32LayerNorm` and `.float()` do.
         let modulate = |x: Tensor<B, 3>, scale: Tensor<B, 3>, shift: Tensor<B, 3>| {
             layer_norm_affine(x, scale + 1.0, shift, self.eps)
         };
@@ -163,7 +163,7 @@ impl<B: Backend> WanBlock<B> {
         // 1. self-attention: LN(x) * (1 + scale) + shift, residual gated.
         let h = modulate(x.clone(), scale_msa, shift_msa);
         let attn1_out = self.attn1.forward(h, None, Some(rope));
-        let x = x + attn1_out.clone() * to_dtype(gate_msa, dtype);
+        let x = gated_residual(x, attn1_out.clone(), gate_msa);
 
         // 2. cross-attention: affine LN (or identity), no modulation, no gate.
         let h = match &self.norm2 {
@@ -176,7 +176,7 @@ impl<B: Backend> WanBlock<B> {
         // 3. feed-forward: LN(x) * (1 + c_scale) + c_shift, residual gated.
         let h = modulate(x.clone(), c_scale, c_shift);
         let ffn_out = self.ffn.forward(h);
-        let x = x + ffn_out.clone() * to_dtype(c_gate, dtype);
+        let x = gated_residual(x, ffn_out.clone(), c_gate);
 
         BlockOutput {
             hidden_states: x,

@@ -23,6 +23,7 @@ mod custom_op;
 pub mod embeddings;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod fused_attention;
+pub mod gate;
 pub mod gelu;
 pub mod gelu_linear;
 pub mod init;

@@ -4,8 +4,19 @@
 //! its own frequencies `10000^(-2j / axis_dim)` and the token's integer grid position on that
 //! axis. Angles are computed in f64 on the host, cos/sin stored as f32, and channels rotate
 //! in interleaved pairs `(x[2j], x[2j+1])`.
+//!
+//! [`RopeTables::apply`] is one autodiff operation whose backward is the rotation back, one
+//! kernel each way on the plain CubeCL backends (`block_kernels::elementwise`).
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
+
+use super::block_kernels::elementwise;
+use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
 
 use super::config::WanConfig;
 
@@ -101,18 +112,43 @@ impl<B: Backend> RopeTables<B> {
         }
     }
 
-    /// Rotate `x [B, S, H, D]` (S = N tokens of the grid): for each pair `(x1, x2) =
-    /// (x[2j], x[2j+1])`, `out[2j] = x1 cos - x2 sin`, `out[2j+1] = x1 sin + x2 cos`.
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, s, h, d] = x.dims();
-        let half = d / 2;
+    /// Panics unless the tables fit `x [B, S, H, D]` (`S` = the grid's `N` tokens, `D` =
+    /// `head_dim`).
+    pub(crate) fn check(&self, [_, s, _, d]: [usize; 4]) {
         let [n, hd] = self.cos.dims();
         assert_eq!(
             (n, hd),
             (s, d),
             "RoPE tables [{n}, {hd}] do not fit x [.., {s}, .., {d}]"
         );
-        let (cos, sin) = (self.cos_pair.clone(), self.sin_pair.clone());
+    }
+
+    /// Rotate `x [B, S, H, D]` (S = N tokens of the grid) -> `[B, S, H, D]` in `out`,
+    /// computed in float32: for each pair `(x1, x2) = (x[2j], x[2j+1])`, `out[2j] = x1 cos −
+    /// x2 sin`, `out[2j+1] = x1 sin + x2 cos`.
+    ///
+    /// One operation with its own backward (the rotation back) on Reel's autodiff backends,
+    /// which keeps nothing of `x`; on the plain CubeCL backends the forward and the gradient
+    /// are one kernel each (`block_kernels::elementwise`), elsewhere [`Self::rotate_plain`].
+    pub fn apply(&self, x: Tensor<B, 4>, out: DType) -> Tensor<B, 4> {
+        dispatch(Rope {
+            x,
+            tables: self.clone(),
+            out,
+        })
+    }
+
+    /// The rotation of [`Self::apply`] in Burn tensor operations, in `x`'s dtype; with
+    /// `inverse`, the rotation back (`sin` negated).
+    pub fn rotate_plain(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
+        self.check(x.dims());
+        let [b, s, h, d] = x.dims();
+        let half = d / 2;
+        let cos = self.cos_pair.clone();
+        let sin = match inverse {
+            true => self.sin_pair.clone().neg(),
+            false => self.sin_pair.clone(),
+        };
         let x = x.reshape([b, s, h, half, 2]);
         let x1 = x.clone().narrow(4, 0, 1);
         let x2 = x.narrow(4, 1, 1);
@@ -120,6 +156,85 @@ impl<B: Backend> RopeTables<B> {
         let o2 = x1 * sin + x2 * cos;
         Tensor::cat(vec![o1, o2], 4).reshape([b, s, h, d])
     }
+
+    /// The tables as tensors of the backend inside `Autodiff<I>` (`B` being that backend).
+    fn inner<I: Backend>(self) -> RopeTables<I> {
+        RopeTables {
+            cos: next_input::<B, I, 2>(self.cos).inner(),
+            sin: next_input::<B, I, 2>(self.sin).inner(),
+            cos_pair: next_input::<B, I, 5>(self.cos_pair).inner(),
+            sin_pair: next_input::<B, I, 5>(self.sin_pair).inner(),
+        }
+    }
+}
+
+/// [`RopeTables::apply`]'s inputs, for [`dispatch`].
+struct Rope<B: Backend> {
+    x: Tensor<B, 4>,
+    tables: RopeTables<B>,
+    out: DType,
+}
+
+impl<B: Backend> CustomBackward<B> for Rope<B> {
+    type Output = Tensor<B, 4>;
+
+    fn on_autodiff<I: Backend>(self) -> Result<Tensor<B, 4>, Self> {
+        let Self { x, tables, out } = self;
+        let x = match first_input::<B, I, 4>(x) {
+            Ok(x) => x,
+            Err(x) => return Err(Self { x, tables, out }),
+        };
+        Ok(output(autodiff_rope(x, tables.inner::<I>(), out)))
+    }
+
+    fn otherwise(self) -> Tensor<B, 4> {
+        elementwise::rope(self.x, &self.tables, self.out, false)
+    }
+}
+
+/// The backward of [`RopeTables::apply`]: the output gradient rotated back. Its state is the
+/// tables and the input's dtype.
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: Backend> Backward<B, 1> for RopeBackward {
+    type State = (RopeTables<B>, DType);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (tables, x_dtype) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            elementwise::rope(tensor::<B, 4>(grad), &tables, x_dtype, true)
+                .into_primitive()
+                .tensor()
+        });
+    }
+}
+
+/// [`RopeTables::apply`] as one autodiff operation on `Autodiff<B, C>`, with `tables` on `B`.
+pub(crate) fn autodiff_rope<B: Backend, C: CheckpointStrategy>(
+    x: Tensor<Autodiff<B, C>, 4>,
+    tables: RopeTables<B>,
+    out: DType,
+) -> Tensor<Autodiff<B, C>, 4> {
+    let x_dtype = x.dtype();
+    let x = x.into_primitive().tensor();
+    let y = elementwise::rope(tensor::<B, 4>(x.primitive), &tables, out, false)
+        .into_primitive()
+        .tensor();
+    let y = match RopeBackward
+        .prepare::<C>([x.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((tables, x_dtype), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    tensor(y)
 }
 
 #[cfg(test)]
@@ -154,7 +269,11 @@ mod tests {
         let rope = RopeTables::<B>::new(&cfg, [1, 1, 2], &dev);
         let vals: Vec<f32> = (0..2 * 16).map(|i| i as f32 * 0.1).collect();
         let x = Tensor::<B, 4>::from_data(TensorData::new(vals.clone(), [1, 2, 1, 16]), &dev);
-        let y = rope.apply(x).into_data().to_vec::<f32>().unwrap();
+        let y = rope
+            .apply(x, DType::F32)
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
         let cos = rope.cos.into_data().to_vec::<f32>().unwrap();
         let sin = rope.sin.into_data().to_vec::<f32>().unwrap();
         for i in 0..16 {
@@ -173,5 +292,41 @@ mod tests {
             assert_eq!(y[i], vals[i]);
         }
         assert_ne!(y[28], vals[28]);
+    }
+
+    #[test]
+    fn the_operation_matches_the_plain_rotation_and_its_gradient() {
+        type Ad = burn::backend::Autodiff<B>;
+        let dev = Default::default();
+        let cfg = WanConfig::preset("wan-tiny").unwrap();
+        let rope = RopeTables::<Ad>::new(&cfg, [2, 2, 3], &dev);
+        let hd = cfg.attention_head_dim;
+        let n = 2 * 12 * 3 * hd;
+        let vals = |phase: f32| (0..n).map(|i| (i as f32 * 0.37 + phase).sin()).collect();
+        let data = |phase| TensorData::new::<f32, _>(vals(phase), [2, 12, 3, hd]);
+        let w = Tensor::<Ad, 4>::from_data(data(1.3), &dev);
+        let run = |f: &dyn Fn(Tensor<Ad, 4>) -> Tensor<Ad, 4>| {
+            let x = Tensor::<Ad, 4>::from_data(data(0.2), &dev).require_grad();
+            let y = f(x.clone());
+            let grads = (y.clone() * w.clone()).sum().backward();
+            let g = x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+            (y.into_data().to_vec::<f32>().unwrap(), g)
+        };
+        let (y, g) = run(&|x| rope.apply(x, DType::F32));
+        let (y_ref, g_ref) = run(&|x| rope.rotate_plain(x, false));
+        assert_eq!(y, y_ref, "the same float32 rotation");
+        for (a, b) in g.iter().zip(&g_ref) {
+            assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+        }
+        // bf16 out: the float32 rotation rounded once.
+        let x = Tensor::<B, 4>::from_data(data(0.2), &dev);
+        let tables = RopeTables::<B>::new(&cfg, [2, 2, 3], &dev);
+        let y16 = tables.apply(x.clone(), DType::BF16);
+        assert_eq!(y16.dtype(), DType::BF16);
+        let want = tables.rotate_plain(x, false).cast(DType::BF16);
+        assert_eq!(
+            y16.into_data().convert::<f32>().to_vec::<f32>().unwrap(),
+            want.into_data().convert::<f32>().to_vec::<f32>().unwrap()
+        );
     }
 }

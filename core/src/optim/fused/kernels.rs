@@ -1,5 +1,6 @@
 //! CubeCL kernels of the fused optimizer updates: one AdamW step and one EMA step per
-//! parameter tensor, each a single pass over flat, contiguous float32 buffers.
+//! parameter tensor, each a single pass over flat, contiguous float32 buffers; and the
+//! squared L2 norm of a gradient (for clipping) in one pass, summed within each cube.
 //!
 //! Each unit walks the buffer with a grid stride (`units · cubes` elements apart), so one
 //! launch of at most [`super::MAX_CUBES`] cubes covers any length within the cube-count limits
@@ -76,5 +77,51 @@ pub fn ema_step(
     while i < len {
         out[i] = shadow[i] * decay + param[i] * one_minus_decay;
         i += stride;
+    }
+}
+
+/// The sum of every unit's `value` in the cube, through the shared `buf` of `units` (a power
+/// of two, the cube's size) values. Every unit gets the sum; `buf` is free again on return.
+#[cube]
+pub fn cube_sum(value: f32, buf: &mut SharedMemory<f32>, #[comptime] units: usize) -> f32 {
+    let u = UNIT_POS_X as usize;
+    buf[u] = value;
+    sync_cube();
+    let mut active = units.runtime();
+    while active > 1 {
+        active /= 2;
+        if u < active {
+            let s = buf[u] + buf[u + active];
+            buf[u] = s;
+        }
+        sync_cube();
+    }
+    let total = buf[0];
+    sync_cube();
+    total
+}
+
+/// Partial sums of squares of a flat float32 buffer: each cube sums `t[i]²` over its units'
+/// grid-stride elements and writes the total to `out[offset + cube]` (so one buffer holds
+/// the partial sums of many tensors, each at its own offset).
+#[cube(launch)]
+pub fn sum_squares(
+    t: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    offset: usize,
+    #[comptime] units: usize,
+) {
+    let stride = units * CUBE_COUNT_X as usize;
+    let mut i = CUBE_POS_X as usize * units + UNIT_POS_X as usize;
+    let mut s = 0.0f32;
+    while i < t.len() {
+        let v = t[i];
+        s += v * v;
+        i += stride;
+    }
+    let mut buf = SharedMemory::<f32>::new(units);
+    let total = cube_sum(s, &mut buf, units);
+    if UNIT_POS_X == 0 {
+        out[offset + CUBE_POS_X as usize] = total;
     }
 }

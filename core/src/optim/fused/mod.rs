@@ -1,6 +1,7 @@
 //! Fused optimizer updates on Burn's CubeCL backends (`cuda`, `wgpu`): one kernel per
 //! parameter tensor for the AdamW step (gradient scaling for clipping, both moments, decoupled
-//! weight decay and the update) and one for the EMA step ([`kernels`]), where the tensor
+//! weight decay and the update), one for the EMA step, and one per gradient for the squared
+//! norm that clipping and logging take ([`kernels`]), where the tensor
 //! operations of [`crate::optim::adamw_update`] launch about fifteen element-wise kernels per
 //! tensor and stream the parameter's buffers through memory as often.
 //!
@@ -41,6 +42,11 @@ pub trait FusedOptim: Backend {
         s: &AdamWScalars,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// The sum of the squares of every value of `tensors` (flat, float32, at least one),
+    /// `[1]` float32: one kernel per tensor writing partial sums into one buffer, and one
+    /// sum of that buffer.
+    fn fused_sum_squares(tensors: Vec<FloatTensor<Self>>) -> FloatTensor<Self>;
+
     /// One EMA step of a flat float32 shadow: `shadow·decay + param·(1 − decay)`.
     fn fused_ema(
         shadow: FloatTensor<Self>,
@@ -68,6 +74,9 @@ fn empty_like<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
         DType::F32,
     )
 }
+
+/// Most partial sums (cubes) of one tensor's sum of squares.
+const NORM_CUBES: usize = 1024;
 
 /// Cube count and dimension covering `len` elements with grid-stride units.
 fn grid(len: usize) -> (CubeCount, CubeDim) {
@@ -131,6 +140,42 @@ where
             first,
         );
         (out_p, out_m, out_v)
+    }
+
+    fn fused_sum_squares(tensors: Vec<CubeTensor<R>>) -> CubeTensor<R> {
+        let Some(first) = tensors.first() else {
+            panic!("fused sum of squares: no tensors");
+        };
+        let cubes: Vec<usize> = tensors
+            .iter()
+            .map(|t| {
+                t.meta
+                    .num_elements()
+                    .div_ceil(UNITS as usize)
+                    .clamp(1, NORM_CUBES)
+            })
+            .collect();
+        let partial = empty_device_dtype(
+            first.client.clone(),
+            first.device.clone(),
+            [cubes.iter().sum::<usize>()].into(),
+            DType::F32,
+        );
+        let client = first.client.clone();
+        let mut offset = 0;
+        for (t, n) in tensors.into_iter().zip(cubes) {
+            kernels::sum_squares::launch::<R>(
+                &client,
+                CubeCount::Static(n as u32, 1, 1),
+                CubeDim::new_1d(UNITS),
+                contiguous(t).into_tensor_arg(),
+                partial.clone().into_tensor_arg(),
+                offset,
+                UNITS as usize,
+            );
+            offset += n;
+        }
+        float(tensor::<Self>(partial).sum())
     }
 
     fn fused_ema(shadow: CubeTensor<R>, param: CubeTensor<R>, decay: f64) -> CubeTensor<R> {
@@ -219,6 +264,21 @@ fn ema_on<B: Backend, K: FusedOptim>(
     Ok(same(tensor::<K>(out)))
 }
 
+/// The fused sum of squares when `B` is `K` and every tensor is float32.
+fn sum_squares_on<B: Backend, K: FusedOptim>(
+    tensors: Vec<Tensor<B, 1>>,
+) -> Result<Tensor<B, 1>, Vec<Tensor<B, 1>>> {
+    let f32_only = tensors.iter().all(|t| t.dtype() == DType::F32);
+    if tensors.is_empty() || !f32_only || downcast_tensor::<B, K, 1>(tensors[0].clone()).is_err() {
+        return Err(tensors);
+    }
+    let prims = tensors
+        .into_iter()
+        .map(|t| float(same::<B, K>(t)))
+        .collect();
+    Ok(same(tensor::<K>(K::fused_sum_squares(prims))))
+}
+
 /// The CubeCL backends compiled in, as [`CubeBackend`] types.
 #[cfg(feature = "cuda")]
 type CudaCube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
@@ -242,6 +302,24 @@ pub fn try_adamw<B: Backend>(
         Err(inputs) => inputs,
     };
     Err(inputs)
+}
+
+/// The sum of the squares of every value of `tensors`, `[1]` float32, fused when `B` is a
+/// compiled CubeCL backend and the tensors are float32; otherwise the tensors come back.
+pub fn try_sum_squares<B: Backend>(
+    tensors: Vec<Tensor<B, 1>>,
+) -> Result<Tensor<B, 1>, Vec<Tensor<B, 1>>> {
+    #[cfg(feature = "cuda")]
+    let tensors = match sum_squares_on::<B, CudaCube>(tensors) {
+        Ok(out) => return Ok(out),
+        Err(tensors) => tensors,
+    };
+    #[cfg(feature = "wgpu")]
+    let tensors = match sum_squares_on::<B, WgpuCube>(tensors) {
+        Ok(out) => return Ok(out),
+        Err(tensors) => tensors,
+    };
+    Err(tensors)
 }
 
 /// One fused EMA step when `B` is a compiled CubeCL backend and the tensors are float32;

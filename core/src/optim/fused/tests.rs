@@ -1,6 +1,7 @@
 //! The fused update kernels against the tensor-operation updates on the CPU: AdamW over
-//! several steps (first step without moments, weight decay, gradient scaling) and the EMA, on
-//! uneven lengths, one longer than a single launch's units (grid stride). Run on the wgpu
+//! several steps (first step without moments, weight decay, gradient scaling), the EMA and
+//! the sum of squares of many gradients, on uneven lengths, some longer than a single
+//! launch's units (grid stride). Run on the wgpu
 //! backend (`--features wgpu`; on a machine without a GPU, Mesa's lavapipe) and on CUDA
 //! (`--features cuda`).
 
@@ -75,6 +76,40 @@ fn check_ema<B: Backend>(len: usize, device: &B::Device) {
     assert!(err < 1e-6, "len {len}: EMA off by {err:.2e}");
 }
 
+/// The fused sum of squares of tensors of `lens` on `B` against the tensor operations on the
+/// CPU and against the float64 sum of the same values.
+fn check_sum_squares<B: Backend>(lens: &[usize], device: &B::Device) {
+    let data: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random(n, 20 + i as u64))
+        .collect();
+    let on_b = data.iter().map(|v| on::<B>(v, device)).collect();
+    let got = values(try_sum_squares(on_b).unwrap_or_else(|_| panic!("no fused kernel")));
+    let cpu = Default::default();
+    let want = crate::optim::squared_norm(false, data.iter().map(|v| on::<Cpu>(v, &cpu)).collect());
+    let want = values(want.expect("tensors were given"));
+    let exact: f64 = data
+        .iter()
+        .flatten()
+        .map(|&v| (v as f64) * (v as f64))
+        .sum();
+    assert_eq!(got.len(), 1, "{lens:?}: one value");
+    // The kernel's tree of short sums is closer to the exact sum than a long float32 sum.
+    let checks = [
+        ("float64", exact, 1e-6),
+        ("tensor operations", want[0] as f64, 1e-4),
+    ];
+    for (what, other, tol) in checks {
+        let e = (got[0] as f64 - other).abs() / other.max(1.0);
+        assert!(
+            e < tol,
+            "{lens:?}: {} vs {other} ({what}), off by {e:.2e}",
+            got[0]
+        );
+    }
+}
+
 #[test]
 fn cpu_backends_get_no_fused_kernel() {
     let dev = Default::default();
@@ -82,6 +117,7 @@ fn cpu_backends_get_no_fused_kernel() {
     let t = || on::<Cpu>(&[1.0, 2.0], &dev);
     assert!(try_adamw((t(), t(), None), &s).is_err());
     assert!(try_ema(t(), t(), 0.5).is_err());
+    assert!(try_sum_squares(vec![t(), t()]).is_err());
 }
 
 macro_rules! backend_tests {
@@ -103,6 +139,17 @@ macro_rules! backend_tests {
                 let len = (UNITS * MAX_CUBES) as usize + 1003;
                 check_adamw::<$backend>(len, &device);
                 check_ema::<$backend>(len, &device);
+            }
+
+            #[test]
+            fn fused_sum_of_squares_matches_the_tensor_operations() {
+                let device = Default::default();
+                check_sum_squares::<$backend>(&[1], &device);
+                check_sum_squares::<$backend>(&[2, 255, 1000, 3], &device);
+                // More values than its cubes' units cover (grid stride), and many tensors.
+                let long = (UNITS as usize) * NORM_CUBES * 3 + 77;
+                check_sum_squares::<$backend>(&[long, 5, 4099], &device);
+                check_sum_squares::<$backend>(&[17; 300], &device);
             }
 
             #[test]

@@ -20,7 +20,7 @@ type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
 /// Most cubes in one grid dimension (Vulkan's limit, and CUDA's for the second and third);
 /// the row kernels stride over the rest.
-const MAX_CUBES: usize = 65_535;
+pub(super) const MAX_CUBES: usize = 65_535;
 
 /// Whether `B` is [`CubeBackend`] over `R` (with bool element `BT`).
 pub(super) fn is<B: Backend, R: CubeRuntime, BT: BoolElement>() -> bool {
@@ -184,6 +184,27 @@ pub(super) fn norm_backward<B: Backend, R: CubeRuntime, BT: BoolElement>(
     }
 }
 
+/// [`super::elementwise::gate_dgate`] on the kernels: `Σ_p a·b` of `a, b [G, P, dim]`, float32
+/// `[G, 1, dim]`. This is the scale gradient of an RMSNorm whose rows have `rstd = 1`
+/// (`grad = a`, `x = b`), so it runs [`affine_grads`] with unit statistics.
+pub(super) fn column_dots<B: Backend, R: CubeRuntime, BT: BoolElement>(
+    a: Tensor<B, 3>,
+    b: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let [g, p, _] = a.dims();
+    // The kernel's grid has one cube layer per group.
+    if g > MAX_CUBES {
+        return super::elementwise::gate_dgate_ops(a, b);
+    }
+    let ones = Tensor::<B, 1>::ones([g * p], &a.device());
+    let (a, b) = (prim::<B, R, BT, 3>(a), prim::<B, R, BT, 3>(b));
+    let rstd = prim::<B, R, BT, 1>(ones);
+    let unused_mean = empty(&rstd, &[1], DType::F32);
+    let (sums, _) = affine_grads(&a, &b, (&unused_mean, &rstd), false, false);
+    let sums = sums.expect("the scale sums are always computed");
+    wrap::<B, R, BT, 3>(sums).sum_dim(1)
+}
+
 /// `dx` in `x`'s dtype ([`kernels::norm_backward_x()`]); `mean`, `rstd` flat.
 fn input_grad<R: CubeRuntime>(
     grad: &CubeTensor<R>,
@@ -249,7 +270,7 @@ fn affine_grads<R: CubeRuntime>(
 }
 
 /// Cubes and units of an element-wise grid-stride launch over `len` values.
-fn flat_grid(len: usize) -> (CubeCount, CubeDim) {
+pub(super) fn flat_grid(len: usize) -> (CubeCount, CubeDim) {
     const UNITS: usize = 256;
     let cubes = len.div_ceil(UNITS).clamp(1, MAX_CUBES);
     (
@@ -259,7 +280,7 @@ fn flat_grid(len: usize) -> (CubeCount, CubeDim) {
 }
 
 /// `t` as a flat, contiguous primitive (a copy when it is not contiguous).
-fn flat<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+pub(super) fn flat<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     t: Tensor<B, D>,
 ) -> CubeTensor<R> {
     let n = t.shape().num_elements();

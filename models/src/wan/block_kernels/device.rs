@@ -10,32 +10,13 @@
 #![allow(missing_docs)]
 
 use cubecl::prelude::*;
+// The cube-wide tree sum of the optimizer's norm kernel serves the rows here too.
+use reel_core::optim::fused::kernels::cube_sum;
 
 /// Offset of element `(g, p, c)` of a `[G, P, C]` tensor.
 #[cube]
 fn at<E: CubePrimitive>(t: &Tensor<E>, g: usize, p: usize, c: usize) -> usize {
     g * t.stride(0) + p * t.stride(1) + c * t.stride(2)
-}
-
-/// The sum of every unit's `value` in the cube, through the shared `buf` of `units` (a power
-/// of two, the cube's size) values. Every unit gets the sum; `buf` is free again on return.
-#[cube]
-fn cube_sum(value: f32, buf: &mut SharedMemory<f32>, #[comptime] units: usize) -> f32 {
-    let u = UNIT_POS_X as usize;
-    buf[u] = value;
-    sync_cube();
-    let mut active = units.runtime();
-    while active > 1 {
-        active /= 2;
-        if u < active {
-            let s = buf[u] + buf[u + active];
-            buf[u] = s;
-        }
-        sync_cube();
-    }
-    let total = buf[0];
-    sync_cube();
-    total
 }
 
 /// Forward, one cube per row (grid-stride over rows): `xhat = (x − mean)·rstd` (LayerNorm,

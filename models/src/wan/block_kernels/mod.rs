@@ -1,6 +1,7 @@
 //! Reel's fused CubeCL kernels for the rest of a Wan block (attention has its own,
 //! [`super::fused_attention`]): the norms forward and backward and the column sums of a
-//! bias's gradient ([`norms`]), and the tanh GELU and its gradient ([`gelu`]); and the linear
+//! bias's gradient ([`norms`]), the tanh GELU and its gradient ([`gelu`]), the gated residual
+//! and the rotary embedding ([`elementwise`]); and the linear
 //! layers' products on a pinned cubek matmul kernel ([`matmul`], `REEL_MATMUL`).
 //!
 //! Every entry point runs its kernels where the backend is a plain CubeCL one (`Cuda`, `Wgpu`
@@ -9,7 +10,7 @@
 //! (the CPU backends; Burn's fusion layer, which fuses those operations itself). All
 //! arithmetic is float32 whatever the tensors' dtype.
 //!
-//! `REEL_BLOCK_KERNELS=off` turns the norm, bias and GELU kernels off for the process, for
+//! `REEL_BLOCK_KERNELS=off` turns the norm, bias, GELU, gate and RoPE kernels off for the process, for
 //! side-by-side measurements (`bench/gpu.sh`); the matmul pin has its own variable.
 
 /// `return $call` with the type aliases `$r` (the CubeCL runtime) and `$bt` (the bool
@@ -44,9 +45,14 @@ macro_rules! on_cube {
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod cube_elementwise;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube_matmul;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod device_elementwise;
+pub(crate) mod elementwise;
 pub(crate) mod gelu;
 pub mod matmul;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
@@ -54,6 +60,8 @@ mod matmul_tests;
 pub(crate) mod norms;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod tests;
+#[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
+mod tests_elementwise;
 
 /// The environment variable that turns the kernels off (`off` or `0`).
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
