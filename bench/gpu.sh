@@ -273,7 +273,7 @@ attention_job() { # VARIANT SHAPE
 
 # The blocks' matrix products alone at SHAPE in bf16 (`reel bench --matmul-only`): Burn's
 # matmul and each kernel of MATMUL_KERNELS, checked against float32, with the fastest correct
-# kernel over a block (`best`).
+# kernel over a block (`best`) and per layout (`best_pin`).
 matmul_job() { # VARIANT SHAPE
   local f h w kernels=() k; read -r f h w <<<"${2//,/ }"
   for k in $MATMUL_KERNELS; do kernels+=(--matmul-kernel "$k"); done
@@ -282,8 +282,8 @@ matmul_job() { # VARIANT SHAPE
     --warmup "$WARMUP" --dtype bf16 "${kernels[@]}" --json
 }
 
-# The kernel the matmul-alone run at SHAPE found fastest over a block; empty when that is
-# Burn's own matmul or the run failed.
+# The kernels the matmul-alone run at SHAPE found fastest over a block, per layout (a
+# REEL_MATMUL value); empty when that is Burn's own matmul or the run failed.
 fastest_matmul() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
 import json, sys
@@ -293,7 +293,8 @@ for line in open(manifest):
     j = json.loads(line)
     if j["kind"] == "matmul" and j["shape"] == shape and j["rc"] == "0":
         try:
-            best = json.load(open(j["file"]))["best"]
+            report = json.load(open(j["file"]))
+            best = report.get("best_pin", report["best"])
         except Exception:
             pass
 print("" if best == "burn" else best)
@@ -392,7 +393,7 @@ if [[ $PLAN == session ]]; then
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
-    echo "fastest matmul kernel over a block at 8190 tokens: ${pinned:-burn}" >&2
+    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-burn}" >&2
   fi
   if [[ $ATTENTION == pick ]]; then
     pick=$(fastest_attention 21,30,52)
@@ -408,7 +409,7 @@ if [[ $PLAN == session ]]; then
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
   # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
   REEL_BLOCK_KERNELS=off reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
-  # The linear layers on the fastest kernel of the matmul-alone run, pinned.
+  # The linear layers on the fastest kernels of the matmul-alone run, pinned per layout.
   if [[ -n ${pinned:-} ]]; then REEL_MATMUL=$pinned reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   best=$(fastest_variant 21,30,52)
   if [[ -z $best && $ATTENTION != fused ]]; then

@@ -149,8 +149,12 @@ def matmul_lines(reports):
         lines += ["", "| kernel | block ms | / burn |", "|---|---|---|"]
         lines += [f"| {s['kernel']} | {fmt(s['block_ms'], 3)} | {fmt(s['vs_burn'], 2)} |"
                   for s in rep["summary"]]
-        lines += ["", f"Best over a block: `{rep['best']}`. Per product, Burn's matmul and the "
-                  "fastest correct kernel:", "",
+        per_layout = rep.get("best_pin")
+        if per_layout:
+            per_layout = (f" Best per layout: `{per_layout}` "
+                          f"({fmt(rep.get('best_pin_block_ms'), 3)} ms per block).")
+        lines += ["", f"Best over a block: `{rep['best']}`.{per_layout or ''} Per product, "
+                  "Burn's matmul and the fastest correct kernel:", "",
                   "| product | [m, k, n] | per block | burn ms | TFLOP/s | fastest | ms | TFLOP/s |",
                   "|---|---|---|---|---|---|---|---|"]
         products = []

@@ -431,6 +431,14 @@ fn matmul_only_times_a_blocks_products_and_names_the_best_kernel() {
         }
     }
     assert_eq!(report["best"], "burn");
+    // Per layout too: Burn's matmul for all three, with the block's total.
+    assert_eq!(report["best_pin"], "burn");
+    let total = report["summary"][0]["block_ms"].as_f64().unwrap();
+    let per_layout = report["best_pin_block_ms"].as_f64().unwrap();
+    assert!(
+        (per_layout - total).abs() <= 1e-9 * total,
+        "{per_layout} vs {total}"
+    );
     assert_eq!(report["summary"][0]["kernel"], "burn");
     assert_eq!(report["summary"][0]["vs_burn"].as_f64(), Some(1.0));
     assert!(report["summary"][1]["block_ms"].is_null());

@@ -28,7 +28,7 @@ use super::custom_op::{
     dispatch, first_input, next_input, output, register, tensor, CustomBackward,
 };
 use super::gelu::{gelu_tanh, gelu_tanh_backward};
-use super::matmul::{matmul, pinned};
+use super::matmul::{matmul, pin};
 use super::mem_attention::to_dtype;
 
 /// `GELU_tanh(u) · wᵀ`: `u [rows, in]` (any float dtype), `w [out, in]` -> `[rows, out]`; the
@@ -64,7 +64,7 @@ impl<B: Backend> CustomBackward<B> for GeluMatmul<B> {
     fn otherwise(self) -> Tensor<B, 2> {
         // `gelu_matmul_plain`, its product on the pinned kernel (if any).
         let a = to_dtype(gelu_tanh(self.u), self.w.dtype());
-        matmul(a, self.w.transpose(), pinned())
+        matmul(a, self.w.transpose(), pin().forward)
     }
 }
 
@@ -90,11 +90,15 @@ impl<B: Backend> Backward<B, 2> for GeluMatmulBackward {
         let [pu, pw] = ops.parents.map(|n| n.map(|n| n.id));
         let g = to_dtype(tensor::<B, 2>(grads.consume::<B>(&ops.node)), w.dtype());
         register::<B>(grads, pw, || {
-            let dw = matmul(g.clone().transpose(), activation(u.clone(), &w), pinned());
+            let dw = matmul(
+                g.clone().transpose(),
+                activation(u.clone(), &w),
+                pin().weight_grad,
+            );
             dw.into_primitive().tensor()
         });
         register::<B>(grads, pu, || {
-            let da = to_dtype(matmul(g, w, pinned()), u.dtype());
+            let da = to_dtype(matmul(g, w, pin().input_grad), u.dtype());
             gelu_tanh_backward(u, da).into_primitive().tensor()
         });
     }
@@ -108,7 +112,7 @@ pub fn autodiff_gelu_matmul<B: Backend, C: CheckpointStrategy>(
     let (u, w) = (u.into_primitive().tensor(), w.into_primitive().tensor());
     let w_inner = tensor::<B, 2>(w.primitive.clone());
     let a = activation(tensor(u.primitive.clone()), &w_inner);
-    let y = matmul(a, w_inner.transpose(), pinned())
+    let y = matmul(a, w_inner.transpose(), pin().forward)
         .into_primitive()
         .tensor();
     let out = match GeluMatmulBackward

@@ -11,7 +11,7 @@ use reel_core::config::Precision;
 use super::bias::add_bias;
 use super::gelu_linear::gelu_matmul;
 use super::init::{join, ParamInit};
-use super::matmul::pinned;
+use super::matmul::pin;
 use super::mem_attention::to_dtype;
 use super::product::linear_product;
 
@@ -223,14 +223,14 @@ impl<B: Backend> Linear<B> {
         let restore = |t: Tensor<B, 2>| to_dtype(t, dtype);
         // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`;
         // `x` is cast once (the GELU casts its own output).
-        // With a pinned matmul kernel (`REEL_MATMUL`), the products and their gradients run
-        // on it.
+        // With matmul kernels pinned (`REEL_MATMUL`), the products and their gradients run
+        // on the kernels pinned for their layouts.
         let x = if gelu_input { x } else { compute(x) };
-        let kernel = pinned();
-        let times = |m: Tensor<B, 2>| match (gelu_input, kernel) {
+        let pinned = pin();
+        let times = |m: Tensor<B, 2>| match (gelu_input, pinned.any()) {
             (true, _) => gelu_matmul(x.clone(), compute(m)),
-            (false, None) => x.clone().matmul(compute(m).transpose()),
-            (false, Some(_)) => linear_product(x.clone(), compute(m), kernel),
+            (false, false) => x.clone().matmul(compute(m).transpose()),
+            (false, true) => linear_product(x.clone(), compute(m), pinned),
         };
         let mut y = restore(times(w));
         if let Some(b) = &self.bias {

@@ -1,6 +1,6 @@
 //! `x · wᵀ`, a linear layer's product, as one autodiff operation whose three products (the
-//! forward, the input's and the weight's gradients) run on a chosen cubek matmul kernel
-//! ([`super::matmul`], `REEL_MATMUL`).
+//! forward, the input's and the weight's gradients) run on the cubek matmul kernels pinned for
+//! their layouts ([`super::matmul`], `REEL_MATMUL`).
 //!
 //! Written as `x.matmul(w.transpose())`, Burn's autodiff computes the gradients with Burn's
 //! matmul whatever kernel the forward ran on. [`super::linear::Linear`] uses this operation
@@ -18,17 +18,18 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
 
 use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
-use super::matmul::{matmul, MatmulKernel};
+use super::matmul::{matmul, MatmulPin};
 use super::mem_attention::to_dtype;
 
-/// `x · wᵀ` for `x [rows, in]` and `w [out, in]` of the same dtype -> `[rows, out]`, its
-/// products on `kernel` (Burn's matmul for `None` or what the kernel refuses).
+/// `x · wᵀ` for `x [rows, in]` and `w [out, in]` of the same dtype -> `[rows, out]`, each of
+/// its products on the kernel `pin` names for its layout (Burn's matmul for `None` or what the
+/// kernel refuses).
 pub fn linear_product<B: Backend>(
     x: Tensor<B, 2>,
     w: Tensor<B, 2>,
-    kernel: Option<MatmulKernel>,
+    pin: MatmulPin,
 ) -> Tensor<B, 2> {
-    dispatch(Product { x, w, kernel })
+    dispatch(Product { x, w, pin })
 }
 
 /// [`linear_product`] written as Burn's product (`x.matmul(w.transpose())`).
@@ -40,27 +41,27 @@ pub fn linear_product_plain<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Ten
 struct Product<B: Backend> {
     x: Tensor<B, 2>,
     w: Tensor<B, 2>,
-    kernel: Option<MatmulKernel>,
+    pin: MatmulPin,
 }
 
 impl<B: Backend> CustomBackward<B> for Product<B> {
     type Output = Tensor<B, 2>;
 
     fn on_autodiff<I: Backend>(self) -> Result<Tensor<B, 2>, Self> {
-        let Self { x, w, kernel } = self;
+        let Self { x, w, pin } = self;
         let x = match first_input::<B, I, 2>(x) {
             Ok(x) => x,
-            Err(x) => return Err(Self { x, w, kernel }),
+            Err(x) => return Err(Self { x, w, pin }),
         };
         Ok(output(autodiff_linear_product(
             x,
             next_input::<B, I, 2>(w),
-            kernel,
+            pin,
         )))
     }
 
     fn otherwise(self) -> Tensor<B, 2> {
-        matmul(self.x, self.w.transpose(), self.kernel)
+        matmul(self.x, self.w.transpose(), self.pin.forward)
     }
 }
 
@@ -69,7 +70,7 @@ impl<B: Backend> CustomBackward<B> for Product<B> {
 /// input is not kept), and the dtype of `x`.
 #[derive(Debug)]
 struct ProductBackward {
-    kernel: Option<MatmulKernel>,
+    pin: MatmulPin,
 }
 
 impl<B: Backend> Backward<B, 2> for ProductBackward {
@@ -84,17 +85,16 @@ impl<B: Backend> Backward<B, 2> for ProductBackward {
         let (x, w, x_dtype) = ops.state;
         let [px, pw] = ops.parents.map(|n| n.map(|n| n.id));
         let g = tensor::<B, 2>(grads.consume::<B>(&ops.node));
-        let kernel = self.kernel;
         if let (Some(pw), Some(x)) = (pw, x) {
             let x = tensor::<B, 2>(x);
             let g = to_dtype(g.clone(), x.dtype());
-            let dw = matmul(g.transpose(), x, kernel);
+            let dw = matmul(g.transpose(), x, self.pin.weight_grad);
             grads.register::<B>(pw, dw.into_primitive().tensor());
         }
         if let (Some(px), Some(w)) = (px, w) {
             let w = tensor::<B, 2>(w);
             let g = to_dtype(g, w.dtype());
-            let dx = to_dtype(matmul(g, w, kernel), x_dtype);
+            let dx = to_dtype(matmul(g, w, self.pin.input_grad), x_dtype);
             grads.register::<B>(px, dx.into_primitive().tensor());
         }
     }
@@ -104,7 +104,7 @@ impl<B: Backend> Backward<B, 2> for ProductBackward {
 pub fn autodiff_linear_product<B: Backend, C: CheckpointStrategy>(
     x: Tensor<Autodiff<B, C>, 2>,
     w: Tensor<Autodiff<B, C>, 2>,
-    kernel: Option<MatmulKernel>,
+    pin: MatmulPin,
 ) -> Tensor<Autodiff<B, C>, 2> {
     let x_dtype = x.dtype();
     let (x, w) = (x.into_primitive().tensor(), w.into_primitive().tensor());
@@ -113,10 +113,10 @@ pub fn autodiff_linear_product<B: Backend, C: CheckpointStrategy>(
         tensor::<B, 2>(x.primitive.clone()),
         tensor::<B, 2>(w.primitive.clone()),
     );
-    let y = matmul(x_inner, w_inner.transpose(), kernel)
+    let y = matmul(x_inner, w_inner.transpose(), pin.forward)
         .into_primitive()
         .tensor();
-    let out = match (ProductBackward { kernel })
+    let out = match (ProductBackward { pin })
         .prepare::<C>([x.node, w.node])
         .compute_bound()
         .stateful()
@@ -199,8 +199,8 @@ mod tests {
             }
         };
         for tracked in [[true, true], [true, false], [false, true], [false, false]] {
-            let kernel = Some(MatmulKernel::DoubleMma);
-            let got = case::<Ad>(&|x, w| linear_product(x, w, kernel), tracked);
+            let pin = MatmulPin::parse("forward=double-mma,weight-grad=simple-unit").unwrap();
+            let got = case::<Ad>(&|x, w| linear_product(x, w, pin), tracked);
             let want = case::<Ad>(&linear_product_plain, tracked);
             assert_eq!(got.0, want.0, "{tracked:?}: the same forward product");
             close(got.1, want.1, &format!("{tracked:?}: x gradient"));

@@ -17,8 +17,10 @@
 //! `error`.
 //!
 //! The summary adds up, per kernel, a block's products (each timing times its count): the
-//! kernel that runs them all, correct, in the least time is `best`, the name to pin with
-//! `REEL_MATMUL` (`bench/gpu.sh` does).
+//! kernel that runs them all, correct, in the least time is `best`, a name to pin with
+//! `REEL_MATMUL`. The same sums per layout give `best_pin`, the fastest correct kernel for each
+//! of the three layouts (a `REEL_MATMUL` value: one name when one kernel wins all three);
+//! `bench/gpu.sh` pins it.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, ElementConversion, Tensor};
@@ -27,7 +29,7 @@ use reel_core::config::Precision;
 use reel_core::rng::StreamRng;
 use reel_core::with_backend;
 use reel_models::wan::matmul::{
-    matmul_on, MatmulKernel, BURN_MATMUL, CHECK_TOLERANCE, MATMUL_KERNELS,
+    matmul_on, Layout, MatmulKernel, MatmulPin, BURN_MATMUL, CHECK_TOLERANCE, MATMUL_KERNELS,
 };
 use reel_models::wan::mem_attention::to_dtype;
 use serde::Serialize;
@@ -46,6 +48,8 @@ pub const TOLERANCE: f64 = 3e-2;
 pub struct Product {
     /// `attn`, `ffn up` or `ffn down`, and the layout: `x·wᵀ`, `g·w` or `gᵀ·x`.
     pub name: String,
+    /// The layout's name in a pin: `forward`, `input-grad` or `weight-grad`.
+    pub layout: &'static str,
     /// `[m, k, n]` of `[m, k] · [k, n]`.
     pub shape: [usize; 3],
     /// Whether the left operand is transposed (`gᵀ·x`) and the right one (`x·wᵀ`).
@@ -94,6 +98,10 @@ pub struct MatmulReport {
     pub summary: Vec<KernelSummary>,
     /// The fastest kernel that ran every product correctly (`burn` when none beat it).
     pub best: String,
+    /// The fastest correct kernel per layout, as a `REEL_MATMUL` value (`burn` for Burn's).
+    pub best_pin: String,
+    /// Milliseconds of a block's products with `best_pin`.
+    pub best_pin_block_ms: Option<f64>,
 }
 
 /// The products of a block of `d` wide, `f` wide FFN, over `rows` tokens.
@@ -105,13 +113,24 @@ pub fn products(rows: usize, d: usize, f: usize) -> Vec<Product> {
         ("ffn down", f, d, 1),
     ] {
         let layouts = [
-            ("x·wᵀ", [rows, d_in, d_out], [false, true]),
-            ("g·w", [rows, d_out, d_in], [false, false]),
-            ("gᵀ·x", [d_out, rows, d_in], [true, false]),
+            ("x·wᵀ", Layout::Forward, [rows, d_in, d_out], [false, true]),
+            (
+                "g·w",
+                Layout::InputGrad,
+                [rows, d_out, d_in],
+                [false, false],
+            ),
+            (
+                "gᵀ·x",
+                Layout::WeightGrad,
+                [d_out, rows, d_in],
+                [true, false],
+            ),
         ];
-        for (layout, shape, transposed) in layouts {
+        for (product, layout, shape, transposed) in layouts {
             out.push(Product {
-                name: format!("{layer} {layout}"),
+                name: format!("{layer} {product}"),
+                layout: layout.name(),
                 shape,
                 transposed,
                 per_block,
@@ -180,11 +199,14 @@ fn report<B: ReelBackend>(
         .first()
         .filter(|s| s.block_ms.is_some())
         .map_or(BURN_MATMUL.to_string(), |s| s.kernel.clone());
+    let (pin, best_pin_block_ms) = best_per_layout(kernels, &rows);
     Ok(MatmulReport {
         dtype: args.dtype,
         rows,
         summary,
         best,
+        best_pin: pin.to_string(),
+        best_pin_block_ms,
     })
 }
 
@@ -331,6 +353,42 @@ pub fn summarize(kernels: &[Option<MatmulKernel>], rows: &[MatmulRow]) -> Vec<Ke
     out
 }
 
+/// Per layout, the kernel whose products of that layout (medians times counts) take the
+/// least time, among those that ran all of them within the tolerance; with the block's total.
+/// A layout no kernel ran completely stays on Burn's matmul, and the total is `None`.
+pub fn best_per_layout(
+    kernels: &[Option<MatmulKernel>],
+    rows: &[MatmulRow],
+) -> (MatmulPin, Option<f64>) {
+    let name = |k: &Option<MatmulKernel>| k.map_or(BURN_MATMUL, MatmulKernel::name);
+    let layout_ms = |kernel: &str, layout: &str| -> Option<f64> {
+        let mine = rows
+            .iter()
+            .filter(|r| r.kernel == kernel && r.product.layout == layout);
+        mine.map(|r| match (&r.ms, &r.error) {
+            (Some(ms), None) => Some(ms.median * r.product.per_block as f64),
+            _ => None,
+        })
+        .sum()
+    };
+    let mut pin = MatmulPin::default();
+    let mut total = Some(0.0);
+    for (layout, layout_name) in reel_models::wan::matmul::LAYOUTS {
+        let fastest = kernels
+            .iter()
+            .filter_map(|k| layout_ms(name(k), layout_name).map(|ms| (ms, *k)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let kernel = fastest.and_then(|(_, k)| k);
+        match layout {
+            Layout::Forward => pin.forward = kernel,
+            Layout::InputGrad => pin.input_grad = kernel,
+            Layout::WeightGrad => pin.weight_grad = kernel,
+        }
+        total = total.zip(fastest).map(|(t, (ms, _))| t + ms);
+    }
+    (pin, total)
+}
+
 /// The line on stderr for a row just measured.
 fn progress_line(r: &MatmulRow) -> String {
     let what = format!(
@@ -383,6 +441,11 @@ fn print_tables(report: &MatmulReport) {
         );
     }
     println!("best: {}", report.best);
+    println!(
+        "best per layout: {} ({} ms per block)",
+        report.best_pin,
+        opt(report.best_pin_block_ms, 3)
+    );
 }
 
 #[cfg(test)]
@@ -449,6 +512,19 @@ mod tests {
         assert_eq!(
             s[2].block_ms, None,
             "a kernel that skipped a product has no total"
+        );
+        // Per layout, `tma-mma` wins the two layouts it ran completely; the input gradient
+        // (whose FFN product it refused) goes to `double-mma`.
+        let (pin, ms) = best_per_layout(&kernels, &rows);
+        assert_eq!(
+            pin.to_string(),
+            "forward=tma-mma,input-grad=double-mma,weight-grad=tma-mma"
+        );
+        // Each layout: 6 attention products and 2 FFN products.
+        let ms = ms.expect("every layout ran on some kernel");
+        assert!(
+            (ms - (8.0 * 0.1 + 8.0 * 0.5 + 8.0 * 0.1)).abs() < 1e-9,
+            "{ms}"
         );
     }
 }

@@ -10,6 +10,8 @@
 //!   (forward and both gradients, the FFN's fused GELU product included; a LoRA adapter's
 //!   small up projection stays on Burn's) run on that kernel on the plain CubeCL backends
 //!   (`cuda`, `wgpu` without `fusion`); unset, or `burn`, keeps Burn's own matmul;
+//!   `REEL_MATMUL=forward=<name>,input-grad=<name>,weight-grad=<name>` pins one kernel per
+//!   product layout ([`MatmulPin`]);
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
@@ -20,6 +22,8 @@ use std::fmt;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+
+pub use super::matmul_pin::{pin, Layout, MatmulPin, PinError, LAYOUTS};
 
 /// The environment variable that pins the kernel of the linear layers' products.
 pub const MATMUL_ENV: &str = "REEL_MATMUL";
@@ -143,20 +147,6 @@ pub fn kernel_names() -> String {
         .map(|(_, n)| *n)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The kernel [`MATMUL_ENV`] pins, read once; `None` when unset, `burn`, or unknown (with one
-/// line on stderr: Burn's matmul runs).
-pub fn pinned() -> Option<MatmulKernel> {
-    use std::sync::OnceLock;
-    static PINNED: OnceLock<Option<MatmulKernel>> = OnceLock::new();
-    *PINNED.get_or_init(|| match std::env::var(MATMUL_ENV) {
-        Err(_) => None,
-        Ok(v) => MatmulKernel::parse(&v).unwrap_or_else(|e| {
-            eprintln!("reel: {MATMUL_ENV}: {e}; using Burn's matmul");
-            None
-        }),
-    })
 }
 
 /// Why [`matmul_on`] did not run a product on its kernel.

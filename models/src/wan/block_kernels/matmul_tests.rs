@@ -8,7 +8,7 @@
 //! Run on wgpu (`--features wgpu`, lavapipe without a GPU) and on CUDA (`--features cuda`).
 
 use super::cube_matmul::{judge, Kind};
-use super::matmul::{matmul, matmul_on, MatmulError, MatmulKernel, MATMUL_KERNELS};
+use super::matmul::{matmul, matmul_on, MatmulError, MatmulKernel, MatmulPin, MATMUL_KERNELS};
 use crate::wan::mem_attention::to_f32;
 use crate::wan::product::{linear_product, linear_product_plain};
 use burn::backend::Autodiff;
@@ -145,7 +145,7 @@ pub(super) fn check_product<B: Backend>(kernel: MatmulKernel, tol: f32) {
         let dw = w.grad(&grads).expect("w's gradient");
         [y.inner(), dx, dw]
     };
-    let got = run(&|x, w| linear_product(x, w, Some(kernel)));
+    let got = run(&|x, w| linear_product(x, w, MatmulPin::all(Some(kernel))));
     let want = run(&linear_product_plain);
     for ((g, w), what) in got
         .into_iter()

@@ -55,6 +55,7 @@ mod device_elementwise;
 pub(crate) mod elementwise;
 pub(crate) mod gelu;
 pub mod matmul;
+mod matmul_pin;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod matmul_tests;
 pub(crate) mod norms;
