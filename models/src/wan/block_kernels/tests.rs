@@ -35,7 +35,7 @@ const CASES: [[usize; 3]; 5] = [
 const EPS: f64 = 1e-6;
 
 /// Normal values of `shape` plus `offset`, from `seed`, on `device`.
-fn rand<B: Backend, const D: usize>(
+pub(super) fn rand<B: Backend, const D: usize>(
     shape: [usize; D],
     seed: u64,
     offset: f32,
@@ -46,12 +46,12 @@ fn rand<B: Backend, const D: usize>(
     Tensor::from_data((cpu + offset).into_data(), device)
 }
 
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+pub(super) fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     to_f32(t).into_data().to_vec::<f32>().expect("float32 data")
 }
 
 /// `max |a − b|` relative to `max(1, max |b|)`.
-fn assert_close<B: Backend, const D: usize>(
+pub(super) fn assert_close<B: Backend, const D: usize>(
     a: Tensor<B, D>,
     b: Tensor<B, D>,
     tol: f32,

@@ -7,6 +7,7 @@
 //! (`--features cuda`).
 
 use super::elementwise::*;
+use super::tests::{assert_close, rand};
 use super::{cube, kernels_on, BLOCK_KERNELS_ENV};
 use crate::wan::config::WanConfig;
 use crate::wan::gate::{autodiff_gated_residual, gated_residual_plain};
@@ -16,43 +17,6 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, FloatDType, Tensor};
 use burn_cubecl::CubeBackend;
-use reel_core::rng::StreamRng;
-
-/// Normal values of `shape` from `seed` on `device`.
-fn rand<B: Backend, const D: usize>(
-    shape: [usize; D],
-    seed: u64,
-    device: &B::Device,
-) -> Tensor<B, D> {
-    let cpu: Tensor<burn::backend::NdArray, D> =
-        StreamRng::from_seed(seed).normal_tensor(shape, &Default::default());
-    Tensor::from_data(cpu.into_data(), device)
-}
-
-fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    to_f32(t).into_data().to_vec::<f32>().expect("float32 data")
-}
-
-/// Same dims and dtype, and `max |a − b| ≤ tol · max(1, max |b|)`.
-fn assert_close<B: Backend, const D: usize>(
-    a: Tensor<B, D>,
-    b: Tensor<B, D>,
-    tol: f32,
-    what: &str,
-) {
-    assert_eq!(a.dims(), b.dims(), "{what}: dims");
-    assert_eq!(a.dtype(), b.dtype(), "{what}: dtype");
-    let (a, b) = (values(a), values(b));
-    let scale = b.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let err = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(
-        err <= tol * scale,
-        "{what}: max error {err} > {tol} of {scale}"
-    );
-}
 
 /// `[G, P, dim]`: one value, groups of many rows with a partial column block, more rows
 /// than a chunk holds, many groups of one row.
@@ -68,21 +32,23 @@ fn check_gate<Cube: Backend>(kernels_run: bool) {
     for dims in GATE_CASES {
         let [g, _, dim] = dims;
         // The gate as the block takes it: one chunk of a `[G, 6, dim]` modulation (strided).
-        let gate = rand::<Cube, 3>([g, 6, dim], 1, &device).narrow(1, 2, 1);
+        let gate = rand::<Cube, 3>([g, 6, dim], 1, 0.0, &device).narrow(1, 2, 1);
         for (dtype, grad_dtype, tol) in [
             (FloatDType::F32, FloatDType::F32, 1e-5),
             (FloatDType::F16, FloatDType::F16, 2e-3),
             (FloatDType::F16, FloatDType::F32, 2e-3),
         ] {
             let what = format!("{dims:?} {dtype:?}, gradient {grad_dtype:?}");
-            let x = rand::<Cube, 3>(dims, 2, &device).cast(dtype);
-            let y = rand::<Cube, 3>(dims, 3, &device).cast(dtype);
-            let grad = rand::<Cube, 3>(dims, 4, &device).cast(grad_dtype);
+            let x = rand::<Cube, 3>(dims, 2, 0.0, &device).cast(dtype);
+            let y = rand::<Cube, 3>(dims, 3, 0.0, &device).cast(dtype);
+            let grad = rand::<Cube, 3>(dims, 4, 0.0, &device).cast(grad_dtype);
             let out = gated_residual(x.clone(), y.clone(), gate.clone());
             let want = gated_residual_ops(x, y.clone(), gate.clone());
+            assert_eq!(out.dtype(), want.dtype(), "{what}: output dtype");
             assert_close(out, want, tol, &format!("{what}: output"));
             let y_dtype = y.dtype();
             let dy = gate_dy(grad.clone(), gate.clone(), y_dtype);
+            assert_eq!(dy.dtype(), y_dtype, "{what}: y's gradient's dtype");
             let want = gate_dy_ops(grad.clone(), gate.clone(), y_dtype);
             assert_close(dy, want, tol, &format!("{what}: y's gradient"));
             let dgate = gate_dgate(grad.clone(), y.clone());
@@ -103,13 +69,13 @@ fn check_gate<Cube: Backend>(kernels_run: bool) {
     type Ad<C> = Autodiff<C>;
     for gate_dims in [[2, 1, 24], [1, 1, 24]] {
         let run = |f: fn(_, _, _) -> Tensor<Ad<Cube>, 3>| {
-            let leaf = |dims, seed| rand::<Ad<Cube>, 3>(dims, seed, &device).require_grad();
+            let leaf = |dims, seed| rand::<Ad<Cube>, 3>(dims, seed, 0.0, &device).require_grad();
             let (x, y, gate) = (
                 leaf([2, 50, 24], 5),
                 leaf([2, 50, 24], 6),
                 leaf(gate_dims, 7),
             );
-            let w = rand::<Ad<Cube>, 3>([2, 50, 24], 8, &device);
+            let w = rand::<Ad<Cube>, 3>([2, 50, 24], 8, 0.0, &device);
             let out = f(x.clone(), y.clone(), gate.clone());
             let grads = (out.clone() * w).sum().backward();
             let g = |t: &Tensor<Ad<Cube>, 3>| t.grad(&grads).expect("a gradient");
@@ -132,7 +98,7 @@ fn check_rope<Cube: Backend>(kernels_run: bool) {
     for (grid, b, heads) in [([1, 1, 1], 1, 1), ([2, 3, 5], 2, 3), ([3, 4, 7], 1, 2)] {
         let tables = RopeTables::<Cube>::new(&cfg, grid, &device);
         let s = grid.iter().product::<usize>();
-        let x = rand::<Cube, 4>([b, s, heads, hd], 9, &device) * 2.0;
+        let x = rand::<Cube, 4>([b, s, heads, hd], 9, 0.0, &device) * 2.0;
         for (input, out, tol) in [
             (FloatDType::F32, DType::F32, 1e-5),
             (FloatDType::F32, DType::F16, 2e-3),
@@ -142,6 +108,7 @@ fn check_rope<Cube: Backend>(kernels_run: bool) {
             for inverse in [false, true] {
                 let what = format!("grid {grid:?}, {input:?} -> {out:?}, inverse {inverse}");
                 let got = rope(x.clone(), &tables, out, inverse);
+                assert_eq!(got.dtype(), out, "{what}: output dtype");
                 let want = rope_ops(x.clone(), &tables, out, inverse);
                 assert_close(got, want, tol, &what);
             }
@@ -164,8 +131,8 @@ fn check_rope<Cube: Backend>(kernels_run: bool) {
     let grid = [2, 3, 4];
     let tables = RopeTables::<Ad<Cube>>::new(&cfg, grid, &device);
     let inner_tables = RopeTables::<Cube>::new(&cfg, grid, &device);
-    let x = rand::<Ad<Cube>, 4>([2, 24, 2, hd], 10, &device);
-    let w = rand::<Ad<Cube>, 4>([2, 24, 2, hd], 11, &device);
+    let x = rand::<Ad<Cube>, 4>([2, 24, 2, hd], 10, 0.0, &device);
+    let w = rand::<Ad<Cube>, 4>([2, 24, 2, hd], 11, 0.0, &device);
     let run = |f: &dyn Fn(Tensor<Ad<Cube>, 4>) -> Tensor<Ad<Cube>, 4>| {
         let x = x.clone().require_grad();
         let y = f(x.clone());
