@@ -21,7 +21,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Tensor};
 
-use super::block_kernels::elementwise::{gate_dgate, gate_dy, gated_residual as forward};
+use super::block_kernels::elementwise::{
+    gate_dgate, gate_dy, gated_residual as forward, gated_residual_ops,
+};
 use super::custom_op::{
     dispatch, first_input, next_input, output, register, tensor, CustomBackward,
 };
@@ -43,8 +45,7 @@ pub fn gated_residual_plain<B: Backend>(
     y: Tensor<B, 3>,
     gate: Tensor<B, 3>,
 ) -> Tensor<B, 3> {
-    let dtype = x.dtype();
-    to_dtype(to_f32(x) + to_f32(y) * to_f32(gate), dtype)
+    gated_residual_ops(x, y, to_f32(gate))
 }
 
 /// `gate` as float32 `[B, 1, dim]` for `x [B, N, dim]`; panics unless it broadcasts so.

@@ -322,18 +322,23 @@ fn max_error<B: Backend>(got: Tensor<B, 2>, want: Tensor<B, 2>) -> f64 {
     }
 }
 
-/// Per kernel: a block's milliseconds (when it ran every product within the tolerance),
-/// fastest first.
-pub fn summarize(kernels: &[Option<MatmulKernel>], rows: &[MatmulRow]) -> Vec<KernelSummary> {
-    let name = |k: &Option<MatmulKernel>| k.map_or(BURN_MATMUL, MatmulKernel::name);
-    let block_ms = |kernel: &str| -> Option<f64> {
-        let mine = rows.iter().filter(|r| r.kernel == kernel);
-        mine.map(|r| match (&r.ms, &r.error) {
+/// The milliseconds of a block's products among the `rows` that `keep` takes (medians times
+/// counts); `None` unless every one of them ran within the tolerance.
+fn total_ms(rows: &[MatmulRow], keep: impl Fn(&MatmulRow) -> bool) -> Option<f64> {
+    rows.iter()
+        .filter(|r| keep(r))
+        .map(|r| match (&r.ms, &r.error) {
             (Some(ms), None) => Some(ms.median * r.product.per_block as f64),
             _ => None,
         })
         .sum()
-    };
+}
+
+/// Per kernel: a block's milliseconds (when it ran every product within the tolerance),
+/// fastest first.
+pub fn summarize(kernels: &[Option<MatmulKernel>], rows: &[MatmulRow]) -> Vec<KernelSummary> {
+    let name = |k: &Option<MatmulKernel>| k.map_or(BURN_MATMUL, MatmulKernel::name);
+    let block_ms = |kernel: &str| total_ms(rows, |r| r.kernel == kernel);
     let burn = block_ms(BURN_MATMUL);
     let mut out: Vec<KernelSummary> = kernels
         .iter()
@@ -361,15 +366,8 @@ pub fn best_per_layout(
     rows: &[MatmulRow],
 ) -> (MatmulPin, Option<f64>) {
     let name = |k: &Option<MatmulKernel>| k.map_or(BURN_MATMUL, MatmulKernel::name);
-    let layout_ms = |kernel: &str, layout: &str| -> Option<f64> {
-        let mine = rows
-            .iter()
-            .filter(|r| r.kernel == kernel && r.product.layout == layout);
-        mine.map(|r| match (&r.ms, &r.error) {
-            (Some(ms), None) => Some(ms.median * r.product.per_block as f64),
-            _ => None,
-        })
-        .sum()
+    let layout_ms = |kernel: &str, layout: &str| {
+        total_ms(rows, |r| r.kernel == kernel && r.product.layout == layout)
     };
     let mut pin = MatmulPin::default();
     let mut total = Some(0.0);
