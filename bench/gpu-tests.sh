@@ -59,6 +59,8 @@ if [[ ! -d $TEST_DIR && -f $BIN_DIR/reel-cuda-tests.tar.xz ]]; then
   tar -C "$BIN_DIR" -xJf "$BIN_DIR/reel-cuda-tests.tar.xz"
 fi
 [[ -d $TEST_DIR ]] || { echo "missing $TEST_DIR: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
+# shellcheck source=bench/cuda-libs.sh
+source bench/cuda-libs.sh
 # The fixtures travel with the working tree; the binaries' built-in paths point at the
 # machine that built them.
 export REEL_WAN_FIXTURES=${REEL_WAN_FIXTURES:-$PWD/tests/fixtures/wan_tiny}

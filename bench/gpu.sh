@@ -79,10 +79,11 @@ case $PLAN in
     # with it, tiles streamed by asynchronous copies; tiles.rs): the 4- and 8-warp `mp` sets,
     # `m` without copies, and the old 64x64x128 default.
     TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m 64x64x128"}
-    # The cubek kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
-    # default (the single-buffered `simple-cmma`): every double-buffered, specialized and TMA
-    # routine on manual `mma`, and the `cmma` ones of the likeliest winners.
-    MATMUL_KERNELS=${MATMUL_KERNELS-"simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
+    # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
+    # default (cubek's single-buffered `simple-cmma`): NVIDIA's cuBLAS, and every
+    # double-buffered, specialized and TMA cubek routine on manual `mma`, and the `cmma` ones of
+    # the likeliest winners.
+    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -130,6 +131,8 @@ done
 # The commit the binaries were built from (bench/variants.sh writes it beside each).
 rev=$(cat "$BIN_DIR/reel-cuda-${VARIANTS%% *}.rev" 2>/dev/null || echo unknown)
 echo "binaries built from commit $rev" >&2
+# shellcheck source=bench/cuda-libs.sh
+source bench/cuda-libs.sh
 # diffusers from the carried wheel when the machine lacks it.
 if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import diffusers" 2>/dev/null && compgen -G "$BIN_DIR/wheels/*.whl" >/dev/null; then
   site=$(cd "$BIN_DIR" && pwd)/site

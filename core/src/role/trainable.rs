@@ -85,7 +85,9 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
     /// Accumulate gradients from [`Self::collect_grads`], multiplied by `scale`.
     pub fn add_grads(&mut self, grads: ParamValues<B>, scale: f64) {
         for (key, g) in grads {
-            let g = g.mul_scalar(scale);
+            // One pass over every gradient saved in the common case of one micro-batch
+            // (multiplying by 1 changes no bit).
+            let g = if scale == 1.0 { g } else { g.mul_scalar(scale) };
             let acc = match self.grads.remove(&key) {
                 Some(prev) => prev.add(g),
                 None => g,

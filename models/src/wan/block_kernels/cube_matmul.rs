@@ -125,6 +125,9 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
     rhs: Tensor<B, 2>,
     kernel: MatmulKernel,
 ) -> Result<Tensor<B, 2>, MatmulError> {
+    if kernel == MatmulKernel::Cublas {
+        return cublas::<B, R, BT>(lhs, rhs);
+    }
     let [m, _] = lhs.dims();
     let [_, n] = rhs.dims();
     let (lhs, rhs) = (prim::<B, R, BT, 2>(lhs), prim::<B, R, BT, 2>(rhs));
@@ -146,6 +149,21 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
     )
     .map_err(|e| MatmulError::Refused(one_line(&format!("{e:?}"))))?;
     Ok(wrap::<B, R, BT, 2>(out))
+}
+
+/// `lhs · rhs` by cuBLAS where `R` is CUDA; refused elsewhere.
+fn cublas<B: Backend, R: CubeRuntime, BT: BoolElement>(
+    lhs: Tensor<B, 2>,
+    rhs: Tensor<B, 2>,
+) -> Result<Tensor<B, 2>, MatmulError> {
+    #[cfg(feature = "cuda")]
+    if TypeId::of::<R>() == TypeId::of::<cubecl::cuda::CudaRuntime>() {
+        return super::cublas::matmul::<B, BT>(lhs, rhs);
+    }
+    let _ = (lhs, rhs);
+    Err(MatmulError::Refused(
+        "cuBLAS runs on the cuda backend only".into(),
+    ))
 }
 
 /// `s` on one line (cubek's messages span several).
@@ -211,5 +229,6 @@ fn strategy(kernel: MatmulKernel) -> Strategy {
             Strategy::SpecializedTmaCmma(BlueprintStrategy::Inferred(().into()))
         }
         K::SpecializedTmaMma => Strategy::SpecializedTmaMma(BlueprintStrategy::Inferred(().into())),
+        K::Cublas => unreachable!("cuBLAS products are not launched through cubek"),
     }
 }

@@ -15,6 +15,9 @@
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
+//! Besides cubek's kernels, `cublas` runs the products on NVIDIA's cuBLAS, on the `cuda`
+//! backend (`block_kernels/cublas.rs`).
+//!
 //! A product that the pinned kernel cannot run (a kernel without hardware support, a shape it
 //! rejects) runs on Burn's matmul, with one line on stderr the first time.
 
@@ -73,10 +76,13 @@ pub enum MatmulKernel {
     SpecializedTmaCmma,
     /// The specialized routine with TMA loads, manual `mma`.
     SpecializedTmaMma,
+    /// NVIDIA's cuBLAS (`cublasGemmEx`, float32 accumulation), not a cubek kernel: CUDA only,
+    /// with `libcublas` on the loader's path ([`super::cublas`](self) explains the syncs).
+    Cublas,
 }
 
 /// Every kernel with its name, in the order `reel bench --matmul-only` times them.
-pub const MATMUL_KERNELS: [(MatmulKernel, &str); 20] = [
+pub const MATMUL_KERNELS: [(MatmulKernel, &str); 21] = [
     (MatmulKernel::SimpleUnit, "simple-unit"),
     (MatmulKernel::DoubleUnit, "double-unit"),
     (MatmulKernel::SimpleCmma, "simple-cmma"),
@@ -100,6 +106,7 @@ pub const MATMUL_KERNELS: [(MatmulKernel, &str); 20] = [
     (MatmulKernel::TmaMma, "tma-mma"),
     (MatmulKernel::SpecializedTmaCmma, "specialized-tma-cmma"),
     (MatmulKernel::SpecializedTmaMma, "specialized-tma-mma"),
+    (MatmulKernel::Cublas, "cublas"),
 ];
 
 /// The name that stands for Burn's own matmul.

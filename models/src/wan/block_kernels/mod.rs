@@ -48,6 +48,8 @@ mod cube;
 mod cube_elementwise;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube_matmul;
+#[cfg(feature = "cuda")]
+mod cublas;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

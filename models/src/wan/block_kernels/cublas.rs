@@ -1,0 +1,285 @@
+//! [`MatmulKernel::Cublas`](super::matmul::MatmulKernel::Cublas): a product by NVIDIA's
+//! cuBLAS (`cublasGemmEx`) on the buffers of the CUDA backend's tensors.
+//!
+//! cuBLAS is the library PyTorch's linear layers run on; cubek's matmul kernels, which Burn
+//! runs, reached about 40 TFLOP/s on the H100's bf16 products of a Wan block (2026-11-27), where
+//! cuBLAS reaches several hundred. It is loaded at run time through `cudarc` (the CUDA bindings
+//! CubeCL's CUDA runtime uses): `libcublas.so.13` (or `.12`) must be on the loader's path. Without
+//! it, the product is refused, and [`super::matmul::matmul`] runs Burn's.
+//!
+//! CubeCL keeps its CUDA streams to itself, so cuBLAS runs on a stream of its own, ordered with
+//! CubeCL's by two host syncs: the device before the product (its operands are written), cuBLAS's
+//! stream after it (its operands and output are then free for CubeCL to reuse). Each sync
+//! drains the GPU's queue once, tens of microseconds a product.
+//!
+//! Row-major `C [m, n] = A [m, k] · B [k, n]` is column-major `Cᵀ = Bᵀ · Aᵀ`: a row-major
+//! operand is its own transpose in cuBLAS's column-major view, and a transposed view (a weight
+//! `wᵀ`) is a plain column-major matrix, so neither is copied. Operands with other strides are
+//! made contiguous first.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::element::BoolElement;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::CudaRuntime;
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
+};
+use cudarc::driver::result as driver;
+use cudarc::driver::sys::{CUcontext, CUstream};
+
+use super::cube::{empty, prim, wrap};
+use super::matmul::MatmulError;
+
+/// One operand as cuBLAS reads it in the column-major view of `Cᵀ = Bᵀ · Aᵀ`: whether to
+/// transpose it there, and its leading dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Operand {
+    /// `CUBLAS_OP_T` (a transposed view) rather than `CUBLAS_OP_N` (row-major).
+    pub transpose: bool,
+    /// Elements between consecutive columns of the column-major view.
+    pub ld: usize,
+}
+
+/// How cuBLAS reads a `[rows, cols]` operand with `strides`, or `None` when it must be made
+/// contiguous first: row-major (column stride 1, row stride at least `cols`) is read as is,
+/// column-major (a transposed view: row stride 1, column stride at least `rows`) transposed.
+pub(super) fn operand([rows, cols]: [usize; 2], [s0, s1]: [usize; 2]) -> Option<Operand> {
+    if s1 == 1 && s0 >= cols.max(1) {
+        Some(Operand {
+            transpose: false,
+            ld: s0,
+        })
+    } else if s0 == 1 && s1 >= rows.max(1) {
+        Some(Operand {
+            transpose: true,
+            ld: s1,
+        })
+    } else {
+        None
+    }
+}
+
+/// `lhs · rhs` by cuBLAS, `B` being the plain CubeCL backend over CUDA.
+pub(super) fn matmul<B: Backend, BT: BoolElement>(
+    lhs: Tensor<B, 2>,
+    rhs: Tensor<B, 2>,
+) -> Result<Tensor<B, 2>, MatmulError> {
+    let ([m, k], [_, n]) = (lhs.dims(), rhs.dims());
+    if m * k * n == 0 || [m, k, n].iter().any(|&d| d > i32::MAX as usize) {
+        return Err(refused(format!("shape [{m}, {k}] · [{k}, {n}]")));
+    }
+    let (a_type, compute) = types(lhs.dtype())?;
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Err(refused(
+            "libcublas was not found (put the CUDA toolkit's lib64, or the nvidia-cublas \
+             wheel's lib, on LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    let device = lhs.device();
+    let (a, a_op) = readable::<B, BT>(lhs);
+    let (b, b_op) = readable::<B, BT>(rhs);
+    let c = empty(&a, &[m, n], a.dtype);
+    // Taking the buffers orders this thread's CubeCL stream after any other stream that
+    // wrote them; the sync then waits for that stream.
+    let (pa, pb, pc) = (pointer(&a)?, pointer(&b)?, pointer(&c)?);
+    B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
+    let index = a.device.index;
+    let (alpha, beta) = (1f32, 0f32);
+    with_blas(index, |handle, stream| unsafe {
+        blas::gemm_ex(
+            handle,
+            op(b_op),
+            op(a_op),
+            n as i32,
+            m as i32,
+            k as i32,
+            (&alpha as *const f32).cast(),
+            pb.ptr,
+            a_type,
+            b_op.ld as i32,
+            pa.ptr,
+            a_type,
+            a_op.ld as i32,
+            (&beta as *const f32).cast(),
+            pc.ptr as *mut c_void,
+            a_type,
+            n as i32,
+            compute,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+        .map_err(|e| refused(format!("cublasGemmEx: {e}")))?;
+        // CubeCL may reuse the operands' and the output's memory once this returns.
+        driver::stream::synchronize(stream).map_err(|e| refused(format!("stream sync: {e}")))
+    })?;
+    drop((pa, pb, pc));
+    Ok(wrap::<B, CudaRuntime, BT, 2>(c))
+}
+
+/// The cuBLAS element type and compute type of `dtype`: float32 accumulation, on tensor cores
+/// (TF32 for float32 operands, as cubek's tensor-core kernels compute them).
+fn types(dtype: DType) -> Result<(cudaDataType, cublasComputeType_t), MatmulError> {
+    use cublasComputeType_t::{CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
+    match dtype {
+        DType::BF16 => Ok((cudaDataType::CUDA_R_16BF, CUBLAS_COMPUTE_32F)),
+        DType::F16 => Ok((cudaDataType::CUDA_R_16F, CUBLAS_COMPUTE_32F)),
+        DType::F32 => Ok((cudaDataType::CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32)),
+        other => Err(refused(format!("dtype {other:?}"))),
+    }
+}
+
+/// `t`'s primitive in a layout cuBLAS reads ([`operand`]), copied to row-major if needed.
+fn readable<B: Backend, BT: BoolElement>(t: Tensor<B, 2>) -> (CubeTensor<CudaRuntime>, Operand) {
+    let t = prim::<B, CudaRuntime, BT, 2>(t);
+    let dims: [usize; 2] = [t.meta.shape()[0], t.meta.shape()[1]];
+    let strides: [usize; 2] = [t.meta.strides()[0], t.meta.strides()[1]];
+    match operand(dims, strides) {
+        Some(op) => (t, op),
+        None => {
+            let t = into_contiguous(t);
+            let op = Operand {
+                transpose: false,
+                ld: dims[1].max(1),
+            };
+            (t, op)
+        }
+    }
+}
+
+fn op(o: Operand) -> cublasOperation_t {
+    if o.transpose {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// A tensor's device address, with the allocation kept alive while this lives.
+struct Pointer {
+    ptr: *const c_void,
+    _keep: Box<dyn Any>,
+}
+
+/// The device address of `t`'s first element.
+fn pointer(t: &CubeTensor<CudaRuntime>) -> Result<Pointer, MatmulError> {
+    let managed = t
+        .client
+        .get_resource(t.handle.clone())
+        .map_err(|e| refused(format!("the tensor's buffer: {e:?}")))?;
+    let ptr = managed.resource().ptr as *const c_void;
+    Ok(Pointer {
+        ptr,
+        _keep: Box::new(managed),
+    })
+}
+
+/// A cuBLAS handle on a stream of its own, in the device's primary context (CubeCL's).
+struct Blas {
+    context: CUcontext,
+    handle: cublasHandle_t,
+    stream: CUstream,
+}
+
+thread_local! {
+    /// This thread's cuBLAS handles, by device ordinal (a handle is not to be shared between
+    /// threads; each training worker has its thread and device). They live as long as the
+    /// thread, like CubeCL's own state.
+    static HANDLES: RefCell<HashMap<usize, Blas>> = RefCell::new(HashMap::new());
+}
+
+/// `f` with this thread's cuBLAS handle and stream for device `index`, its context current.
+fn with_blas<T>(
+    index: usize,
+    f: impl FnOnce(cublasHandle_t, CUstream) -> Result<T, MatmulError>,
+) -> Result<T, MatmulError> {
+    HANDLES.with(|handles| {
+        let mut handles = handles.borrow_mut();
+        if let Some(blas) = handles.get(&index) {
+            // SAFETY: the primary context of a device that CubeCL runs on, retained below.
+            unsafe { driver::ctx::set_current(blas.context) }
+                .map_err(|e| refused(format!("cuCtxSetCurrent: {e}")))?;
+        } else {
+            handles.insert(index, new_blas(index)?);
+        }
+        let blas = &handles[&index];
+        f(blas.handle, blas.stream)
+    })
+}
+
+/// A cuBLAS handle bound to a new non-blocking stream, in the primary context of device
+/// `index` (the one CubeCL runs in), which it makes current.
+fn new_blas(index: usize) -> Result<Blas, MatmulError> {
+    driver::init().map_err(|e| refused(format!("cuInit: {e}")))?;
+    let device =
+        driver::device::get(index as i32).map_err(|e| refused(format!("device {index}: {e}")))?;
+    // SAFETY: `device` is a valid device handle; its primary context is made current on this
+    // thread before anything is created in it.
+    let context = unsafe {
+        let context = driver::primary_ctx::retain(device)
+            .map_err(|e| refused(format!("the primary context of device {index}: {e}")))?;
+        driver::ctx::set_current(context).map_err(|e| refused(format!("cuCtxSetCurrent: {e}")))?;
+        context
+    };
+    let stream = driver::stream::create(driver::stream::StreamKind::NonBlocking)
+        .map_err(|e| refused(format!("cuStreamCreate: {e}")))?;
+    let handle = blas::create_handle().map_err(|e| refused(format!("cublasCreate: {e}")))?;
+    // SAFETY: a live handle and stream of the current context.
+    unsafe { blas::set_stream(handle, stream as _) }
+        .map_err(|e| refused(format!("cublasSetStream: {e}")))?;
+    Ok(Blas {
+        context,
+        handle,
+        stream,
+    })
+}
+
+fn refused(why: String) -> MatmulError {
+    MatmulError::Refused(format!("cuBLAS: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_major_operands_are_read_as_they_are() {
+        let op = operand([37, 24], [24, 1]).unwrap();
+        assert_eq!(
+            op,
+            Operand {
+                transpose: false,
+                ld: 24
+            }
+        );
+        // A column slice of a wider matrix: the row stride is the leading dimension.
+        assert_eq!(operand([37, 24], [40, 1]).unwrap().ld, 40);
+    }
+
+    #[test]
+    fn transposed_views_are_read_transposed() {
+        // `wᵀ` of a row-major `w [20, 24]`: `[24, 20]` with strides `[1, 24]`.
+        let op = operand([24, 20], [1, 24]).unwrap();
+        assert_eq!(
+            op,
+            Operand {
+                transpose: true,
+                ld: 24
+            }
+        );
+    }
+
+    #[test]
+    fn other_strides_are_made_contiguous() {
+        assert_eq!(operand([4, 3], [0, 1]), None, "broadcast rows");
+        assert_eq!(operand([4, 3], [6, 2]), None, "every other column");
+        assert_eq!(operand([4, 3], [1, 2]), None, "overlapping columns");
+    }
+}
