@@ -80,10 +80,11 @@ case $PLAN in
     # `m` without copies, and the old 64x64x128 default.
     TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m 64x64x128"}
     # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
-    # default (cubek's single-buffered `simple-cmma`): NVIDIA's cuBLAS, and every
+    # default (cubek's single-buffered `simple-cmma`): NVIDIA's cuBLAS (host- and
+    # device-ordered), and every
     # double-buffered, specialized and TMA cubek routine on manual `mma`, and the `cmma` ones of
     # the likeliest winners.
-    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
+    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.

@@ -125,8 +125,8 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
     rhs: Tensor<B, 2>,
     kernel: MatmulKernel,
 ) -> Result<Tensor<B, 2>, MatmulError> {
-    if kernel == MatmulKernel::Cublas {
-        return cublas::<B, R, BT>(lhs, rhs);
+    if matches!(kernel, MatmulKernel::Cublas | MatmulKernel::CublasAsync) {
+        return cublas::<B, R, BT>(lhs, rhs, kernel);
     }
     let [m, _] = lhs.dims();
     let [_, n] = rhs.dims();
@@ -151,16 +151,23 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
     Ok(wrap::<B, R, BT, 2>(out))
 }
 
-/// `lhs · rhs` by cuBLAS where `R` is CUDA; refused elsewhere.
+/// `lhs · rhs` by cuBLAS (`kernel` says how it is ordered) where `R` is CUDA; refused
+/// elsewhere.
 fn cublas<B: Backend, R: CubeRuntime, BT: BoolElement>(
     lhs: Tensor<B, 2>,
     rhs: Tensor<B, 2>,
+    kernel: MatmulKernel,
 ) -> Result<Tensor<B, 2>, MatmulError> {
     #[cfg(feature = "cuda")]
     if TypeId::of::<R>() == TypeId::of::<cubecl::cuda::CudaRuntime>() {
-        return super::cublas::matmul::<B, BT>(lhs, rhs);
+        use super::cublas::Order;
+        let order = match kernel {
+            MatmulKernel::CublasAsync => Order::Device,
+            _ => Order::Host,
+        };
+        return super::cublas::matmul::<B, BT>(lhs, rhs, order);
     }
-    let _ = (lhs, rhs);
+    let _ = (lhs, rhs, kernel);
     Err(MatmulError::Refused(
         "cuBLAS runs on the cuda backend only".into(),
     ))
@@ -229,6 +236,8 @@ fn strategy(kernel: MatmulKernel) -> Strategy {
             Strategy::SpecializedTmaCmma(BlueprintStrategy::Inferred(().into()))
         }
         K::SpecializedTmaMma => Strategy::SpecializedTmaMma(BlueprintStrategy::Inferred(().into())),
-        K::Cublas => unreachable!("cuBLAS products are not launched through cubek"),
+        K::Cublas | K::CublasAsync => {
+            unreachable!("cuBLAS products are not launched through cubek")
+        }
     }
 }

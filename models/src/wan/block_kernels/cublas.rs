@@ -10,7 +10,9 @@
 //! CubeCL keeps its CUDA streams to itself, so cuBLAS runs on a stream of its own, ordered with
 //! CubeCL's by two host syncs: the device before the product (its operands are written), cuBLAS's
 //! stream after it (its operands and output are then free for CubeCL to reuse). Each sync
-//! drains the GPU's queue once, tens of microseconds a product.
+//! drains the GPU's queue once, tens of microseconds a product. `cublas-async`
+//! ([`Order::Device`]) orders the streams on the device instead, through flags in memory
+//! ([`super::cublas_order`]), with no host sync.
 //!
 //! Row-major `C [m, n] = A [m, k] · B [k, n]` is column-major `Cᵀ = Bᵀ · Aᵀ`: a row-major
 //! operand is its own transpose in cuBLAS's column-major view, and a transposed view (a weight
@@ -21,6 +23,7 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
@@ -36,6 +39,7 @@ use cudarc::driver::result as driver;
 use cudarc::driver::sys::{CUcontext, CUstream};
 
 use super::cube::{empty, prim, wrap};
+use super::cublas_order::Flags;
 use super::matmul::MatmulError;
 
 /// One operand as cuBLAS reads it in the column-major view of `Cᵀ = Bᵀ · Aᵀ`: whether to
@@ -67,10 +71,24 @@ pub(super) fn operand([rows, cols]: [usize; 2], [s0, s1]: [usize; 2]) -> Option<
     }
 }
 
-/// `lhs · rhs` by cuBLAS, `B` being the plain CubeCL backend over CUDA.
+/// How a product on cuBLAS's stream is ordered with CubeCL's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Order {
+    /// A device sync before the product, a sync of cuBLAS's stream after it (`cublas`).
+    Host,
+    /// Flags in device memory, no host sync (`cublas-async`, [`super::cublas_order`]).
+    Device,
+}
+
+/// Set when a device-ordered product's wait gave up: the rest of the process syncs on the
+/// host.
+static DEVICE_ORDER_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// `lhs · rhs` by cuBLAS, `B` being the plain CubeCL backend over CUDA, ordered by `order`.
 pub(super) fn matmul<B: Backend, BT: BoolElement>(
     lhs: Tensor<B, 2>,
     rhs: Tensor<B, 2>,
+    order: Order,
 ) -> Result<Tensor<B, 2>, MatmulError> {
     let ([m, k], [_, n]) = (lhs.dims(), rhs.dims());
     if m * k * n == 0 || [m, k, n].iter().any(|&d| d > i32::MAX as usize) {
@@ -91,12 +109,21 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
     // Taking the buffers orders this thread's CubeCL stream after any other stream that
     // wrote them; the sync then waits for that stream.
     let (pa, pb, pc) = (pointer(&a)?, pointer(&b)?, pointer(&c)?);
-    B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
-    let index = a.device.index;
+    let order = match order {
+        Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Order::Host,
+        other => other,
+    };
+    if order == Order::Host {
+        B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
+    }
     let (alpha, beta) = (1f32, 0f32);
-    with_blas(index, |handle, stream| unsafe {
+    with_blas(a.device.index, |blas| unsafe {
+        let number = match order {
+            Order::Device => Some(blas.ordered_before(&c)?),
+            Order::Host => None,
+        };
         blas::gemm_ex(
-            handle,
+            blas.handle,
             op(b_op),
             op(a_op),
             n as i32,
@@ -117,8 +144,12 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
         .map_err(|e| refused(format!("cublasGemmEx: {e}")))?;
-        // CubeCL may reuse the operands' and the output's memory once this returns.
-        driver::stream::synchronize(stream).map_err(|e| refused(format!("stream sync: {e}")))
+        match number {
+            Some(number) => blas.ordered_after(number),
+            // CubeCL may reuse the operands' and the output's memory once this returns.
+            None => driver::stream::synchronize(blas.stream)
+                .map_err(|e| refused(format!("stream sync: {e}"))),
+        }
     })?;
     drop((pa, pb, pc));
     Ok(wrap::<B, CudaRuntime, BT, 2>(c))
@@ -186,6 +217,35 @@ struct Blas {
     context: CUcontext,
     handle: cublasHandle_t,
     stream: CUstream,
+    /// The device-ordering flags, made on the first device-ordered product.
+    flags: Option<Flags>,
+}
+
+impl Blas {
+    /// Starts a device-ordered product (the flags made on `like`'s device the first time);
+    /// returns its number, for [`Self::ordered_after`].
+    fn ordered_before(&mut self, like: &CubeTensor<CudaRuntime>) -> Result<u32, MatmulError> {
+        if self.flags.is_none() {
+            self.flags = Some(Flags::new(like)?);
+        }
+        let stream = self.stream;
+        self.flags.as_mut().expect("made above").before(stream)
+    }
+
+    /// Ends device-ordered product `n`; on the first wait found expired, host syncs for the
+    /// rest of the process.
+    fn ordered_after(&mut self, n: u32) -> Result<(), MatmulError> {
+        let stream = self.stream;
+        let flags = self.flags.as_mut().expect("made before the product");
+        flags.after(stream, n)?;
+        if flags.expired() && !DEVICE_ORDER_FAILED.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "reel: cublas-async: a CubeCL kernel stopped waiting for a cuBLAS product \
+                 (products since the last check may be wrong); host syncs from now on"
+            );
+        }
+        Ok(())
+    }
 }
 
 thread_local! {
@@ -198,7 +258,7 @@ thread_local! {
 /// `f` with this thread's cuBLAS handle and stream for device `index`, its context current.
 fn with_blas<T>(
     index: usize,
-    f: impl FnOnce(cublasHandle_t, CUstream) -> Result<T, MatmulError>,
+    f: impl FnOnce(&mut Blas) -> Result<T, MatmulError>,
 ) -> Result<T, MatmulError> {
     HANDLES.with(|handles| {
         let mut handles = handles.borrow_mut();
@@ -209,8 +269,8 @@ fn with_blas<T>(
         } else {
             handles.insert(index, new_blas(index)?);
         }
-        let blas = &handles[&index];
-        f(blas.handle, blas.stream)
+        let blas = handles.get_mut(&index).expect("inserted above");
+        f(blas)
     })
 }
 
@@ -238,6 +298,7 @@ fn new_blas(index: usize) -> Result<Blas, MatmulError> {
         context,
         handle,
         stream,
+        flags: None,
     })
 }
 

@@ -15,8 +15,8 @@
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
-//! Besides cubek's kernels, `cublas` runs the products on NVIDIA's cuBLAS, on the `cuda`
-//! backend (`block_kernels/cublas.rs`).
+//! Besides cubek's kernels, `cublas` and `cublas-async` run the products on NVIDIA's cuBLAS,
+//! on the `cuda` backend (`block_kernels/cublas.rs`).
 //!
 //! A product that the pinned kernel cannot run (a kernel without hardware support, a shape it
 //! rejects) runs on Burn's matmul, with one line on stderr the first time.
@@ -77,12 +77,15 @@ pub enum MatmulKernel {
     /// The specialized routine with TMA loads, manual `mma`.
     SpecializedTmaMma,
     /// NVIDIA's cuBLAS (`cublasGemmEx`, float32 accumulation), not a cubek kernel: CUDA only,
-    /// with `libcublas` on the loader's path ([`super::cublas`](self) explains the syncs).
+    /// with `libcublas` on the loader's path; ordered with CubeCL's streams by host syncs.
     Cublas,
+    /// cuBLAS ordered with CubeCL's streams on the device, through flags in memory, with no
+    /// host sync (`block_kernels/cublas_order.rs`).
+    CublasAsync,
 }
 
 /// Every kernel with its name, in the order `reel bench --matmul-only` times them.
-pub const MATMUL_KERNELS: [(MatmulKernel, &str); 21] = [
+pub const MATMUL_KERNELS: [(MatmulKernel, &str); 22] = [
     (MatmulKernel::SimpleUnit, "simple-unit"),
     (MatmulKernel::DoubleUnit, "double-unit"),
     (MatmulKernel::SimpleCmma, "simple-cmma"),
@@ -107,6 +110,7 @@ pub const MATMUL_KERNELS: [(MatmulKernel, &str); 21] = [
     (MatmulKernel::SpecializedTmaCmma, "specialized-tma-cmma"),
     (MatmulKernel::SpecializedTmaMma, "specialized-tma-mma"),
     (MatmulKernel::Cublas, "cublas"),
+    (MatmulKernel::CublasAsync, "cublas-async"),
 ];
 
 /// The name that stands for Burn's own matmul.

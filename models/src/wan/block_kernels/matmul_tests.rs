@@ -202,43 +202,59 @@ fn cuda_matmul_kernels_in_bf16() {
     check_product::<Cube>(MatmulKernel::DoubleMma, 5e-3);
 }
 
-/// cuBLAS on CUDA runs every problem (a missing `libcublas` fails here rather than falling
-/// back quietly) in float32 (TF32), float16 and bf16; operands inside wider buffers (a column
-/// slice's leading dimension, rows from an offset) and the linear product's autodiff
-/// operation on it.
+/// cuBLAS on CUDA, ordered by host syncs and on the device, runs every problem (a missing
+/// `libcublas` fails here rather than falling back quietly) in float32 (TF32), float16 and
+/// bf16; operands inside wider buffers (a column slice's leading dimension, rows from an
+/// offset); the linear product's autodiff operation on it; and a chain of products, each
+/// consuming the last one's output with no host sync between them, which gives garbage if
+/// the streams are not ordered.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_runs_every_problem() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-    let check = |what: &str, lhs: Tensor<Cube, 2>, rhs: Tensor<Cube, 2>, tol: f32| {
-        let want = lhs.clone().matmul(rhs.clone());
-        let got = matmul_on(lhs, rhs, MatmulKernel::Cublas)
-            .unwrap_or_else(|e| panic!("cublas {what}: {e}"));
-        assert_eq!(got.dims(), want.dims(), "cublas {what}: dims");
-        assert_eq!(got.dtype(), want.dtype(), "cublas {what}: dtype");
-        let err = rel_error(got, want);
-        assert!(err <= tol, "cublas {what}: error {err}");
-    };
-    for (dtype, tol) in [
-        (FloatDType::F32, 5e-3),
-        (FloatDType::F16, 1e-2),
-        (FloatDType::BF16, 2e-2),
-    ] {
-        for shape in SHAPES {
-            for (what, lhs, rhs) in problems::<Cube>(shape, dtype) {
-                check(&format!("{what} {shape:?} {dtype:?}"), lhs, rhs, tol);
+    for kernel in [MatmulKernel::Cublas, MatmulKernel::CublasAsync] {
+        let check = |what: &str, lhs: Tensor<Cube, 2>, rhs: Tensor<Cube, 2>, tol: f32| {
+            let want = lhs.clone().matmul(rhs.clone());
+            let got =
+                matmul_on(lhs, rhs, kernel).unwrap_or_else(|e| panic!("{kernel} {what}: {e}"));
+            assert_eq!(got.dims(), want.dims(), "{kernel} {what}: dims");
+            assert_eq!(got.dtype(), want.dtype(), "{kernel} {what}: dtype");
+            let err = rel_error(got, want);
+            assert!(err <= tol, "{kernel} {what}: error {err}");
+        };
+        for (dtype, tol) in [
+            (FloatDType::F32, 5e-3),
+            (FloatDType::F16, 1e-2),
+            (FloatDType::BF16, 2e-2),
+        ] {
+            for shape in SHAPES {
+                for (what, lhs, rhs) in problems::<Cube>(shape, dtype) {
+                    check(&format!("{what} {shape:?} {dtype:?}"), lhs, rhs, tol);
+                }
             }
         }
+        let wide = rand::<Cube>([50, 40], 11, FloatDType::BF16);
+        let lhs = wide.clone().slice([3..40, 5..29]);
+        let rhs = wide.slice([10..34, 0..20]);
+        check("slices of a wider matrix", lhs.clone(), rhs.clone(), 2e-2);
+        let rhs = lhs.clone().transpose().slice([0..24, 0..20]);
+        check("a slice by a transposed slice", lhs, rhs, 2e-2);
+        check_product::<Cube>(kernel, 5e-3);
+        check_chain::<Cube>(kernel);
     }
-    let wide = rand::<Cube>([50, 40], 11, FloatDType::BF16);
-    let lhs = wide.clone().slice([3..40, 5..29]);
-    let rhs = wide.slice([10..34, 0..20]);
-    check("slices of a wider matrix", lhs.clone(), rhs.clone(), 2e-2);
-    check(
-        "a slice by a transposed slice",
-        lhs.clone(),
-        lhs.transpose().slice([0..24, 0..20]),
-        2e-2,
-    );
-    check_product::<Cube>(MatmulKernel::Cublas, 5e-3);
+}
+
+/// 64 products `x ← x · w` (`w` scaled so that `x` keeps its size), each on the last one's
+/// output, on `kernel` and on Burn's matmul, compared once at the end (no sync in between).
+#[cfg(feature = "cuda")]
+fn check_chain<B: Backend>(kernel: MatmulKernel) {
+    let w = rand::<B>([256, 256], 12, FloatDType::F32).mul_scalar(1.0 / 16.0);
+    let x0 = rand::<B>([300, 256], 13, FloatDType::F32);
+    let (mut got, mut want) = (x0.clone(), x0);
+    for _ in 0..64 {
+        got = matmul_on(got, w.clone(), kernel).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+        want = want.matmul(w.clone());
+    }
+    let err = rel_error(got, want);
+    assert!(err <= 5e-2, "{kernel}: a chain of 64 products: error {err}");
 }

@@ -50,6 +50,8 @@ mod cube_elementwise;
 mod cube_matmul;
 #[cfg(feature = "cuda")]
 mod cublas;
+#[cfg(feature = "cuda")]
+mod cublas_order;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
