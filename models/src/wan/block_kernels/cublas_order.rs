@@ -78,6 +78,10 @@ impl Flags {
     pub fn new(like: &CubeTensor<CudaRuntime>) -> Result<Self, MatmulError> {
         let client = like.client.clone();
         let handle = client.create_from_slice(&[0u8; 16]);
+        // cuBLAS's stream reads the flags outside CubeCL's stream order: they must be zero
+        // before the first product.
+        cubecl::future::block_on(client.sync())
+            .map_err(|e| refused(format!("sync after zeroing the flags: {e:?}")))?;
         let tensor = CubeTensor::new_contiguous(
             client,
             like.device.clone(),
