@@ -153,6 +153,7 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
 
 /// `lhs · rhs` by cuBLAS (`kernel` says how it is ordered) where `R` is CUDA; refused
 /// elsewhere.
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn cublas<B: Backend, R: CubeRuntime, BT: BoolElement>(
     lhs: Tensor<B, 2>,
     rhs: Tensor<B, 2>,
