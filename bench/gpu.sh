@@ -18,14 +18,13 @@
 # PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
 # 10-minute command holds it): first the self-attention alone at 8190 tokens (every Reel
 # kernel and PyTorch's, `reel bench --attention-only`) and the blocks' matrix products alone
-# (Burn's matmul and each cubek kernel of MATMUL_KERNELS, `reel bench --matmul-only`); then
-# bf16 with ATTENTION (default
-# `pick`: the mode fastest in that run; or name one), in this order, each
+# (Burn's matmul and each kernel of MATMUL_KERNELS, `reel bench --matmul-only`); then bf16 with
+# ATTENTION (default `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
-# VARIANTS="plain autotune"), the first variant again with REEL_BLOCK_KERNELS=off, and again
-# with REEL_MATMUL pinning the matmul-alone run's fastest kernel (when that is not Burn's);
-# then, with the variant (and pin) that was fastest there, one step profiled
-# per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged too),
+# VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
+# (when they are not the `cuda` default, cuBLAS); then, with the variant (and pin) that was
+# fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
+# autotune, its choices are logged too), the 8190-token step with REEL_BLOCK_KERNELS=off,
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
 # configs/finetune_wan.toml, and last UMT5 on 512 tokens and the VAE decode/encode of
@@ -68,23 +67,21 @@ ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --vid
 case $PLAN in
   session)
     # `fusion` trained 4x slower than `plain` on an H200 (2026-11-26, 8190 tokens); it stays in
-    # the matrix. `autotune`: Burn's matmul autotuning, against `plain`'s single-buffered
-    # cubek matmul, which took 36 % of a profiled H100 step at about 40 TFLOP/s (2026-11-27).
-    VARIANTS=${VARIANTS:-"plain autotune"}
+    # the matrix. `autotune` tunes Burn's matmul, which the linear layers no longer use on
+    # `cuda` (cuBLAS is the default since the H100 run of 2026-11-27); it stays in the matrix.
+    VARIANTS=${VARIANTS:-"plain"}
     # `pick`: the attention mode the attention-alone run found fastest (flash if none ran).
     ATTENTION=${ATTENTION:-pick}
     # Launch shapes beside the defaults (tiles.rs: on CUDA, forward=128x64x256mp,
-    # backward_q=64x32x128mp, backward_kv=64x32x128mp, the fastest of 2026-11-27's H100 run),
-    # from bench/cuda-compile.sh's candidates (`m`: manual mma, everything in registers; `p`:
-    # with it, tiles streamed by asynchronous copies; tiles.rs): the 4- and 8-warp `mp` sets,
-    # `m` without copies, and the old 64x64x128 default.
-    TILES=${TILES-"forward=64x64x128mp,backward_q=64x32x128mp,backward_kv=64x32x128mp forward=128x64x256mp,backward_q=128x32x256mp,backward_kv=128x32x256mp forward=64x64x128m,backward_q=64x32x128m,backward_kv=64x32x128m 64x64x128"}
+    # backward_q=64x32x128mp, backward_kv=64x32x128mp, the fastest of 2026-11-27's H100 runs,
+    # twice): none by default now; bench/cuda-compile.sh lists candidates (`m`: manual mma,
+    # everything in registers; `p`: with it, tiles streamed by asynchronous copies).
+    TILES=${TILES-""}
     # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
-    # default (cubek's single-buffered `simple-cmma`): NVIDIA's cuBLAS (host- and
-    # device-ordered), and every
-    # double-buffered, specialized and TMA cubek routine on manual `mma`, and the `cmma` ones of
-    # the likeliest winners.
-    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async simple-mma simple-multirow-mma ordered-mma double-mma double-cmma double-specialized-mma specialized-mma specialized-cmma tma-mma specialized-tma-mma specialized-tma-cmma"}
+    # matmul: NVIDIA's cuBLAS, host- and device-ordered (`cublas` is the `cuda` default), and
+    # the fastest cubek kernel of the H100 run of 2026-11-27 for reference. When the fastest is
+    # not the default, the 8190-token step runs again pinned to it.
+    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async specialized-tma-mma"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -301,7 +298,8 @@ for line in open(manifest):
             best = report.get("best_pin", report["best"])
         except Exception:
             pass
-print("" if best == "burn" else best)
+# The `cuda` default (wan::matmul::default_pin) needs no pin.
+print("" if best == "cublas" else best)
 PY
 }
 
@@ -411,8 +409,6 @@ if [[ $PLAN == session ]]; then
   fi
   torch_job 21,30,52 bf16 1
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
-  # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
-  REEL_BLOCK_KERNELS=off reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
   # The linear layers on the fastest kernels of the matmul-alone run, pinned per layout.
   if [[ -n ${pinned:-} ]]; then REEL_MATMUL=$pinned reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   best=$(fastest_variant 21,30,52)
@@ -431,6 +427,8 @@ if [[ $PLAN == session ]]; then
   if [[ -n ${best_matmul:-} ]]; then export REEL_MATMUL=$best_matmul; fi
   echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}" >&2
   profile_job "$best" "$ATTENTION" 21,30,52
+  # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
+  REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   # Five steps: the config updates the generator every fifth step.

@@ -64,7 +64,7 @@ impl<B: Backend> CustomBackward<B> for GeluMatmul<B> {
     fn otherwise(self) -> Tensor<B, 2> {
         // `gelu_matmul_plain`, its product on the pinned kernel (if any).
         let a = to_dtype(gelu_tanh(self.u), self.w.dtype());
-        matmul(a, self.w.transpose(), pin().forward)
+        matmul(a, self.w.transpose(), pin::<B>().forward)
     }
 }
 
@@ -93,12 +93,12 @@ impl<B: Backend> Backward<B, 2> for GeluMatmulBackward {
             let dw = matmul(
                 g.clone().transpose(),
                 activation(u.clone(), &w),
-                pin().weight_grad,
+                pin::<B>().weight_grad,
             );
             dw.into_primitive().tensor()
         });
         register::<B>(grads, pu, || {
-            let da = to_dtype(matmul(g, w, pin().input_grad), u.dtype());
+            let da = to_dtype(matmul(g, w, pin::<B>().input_grad), u.dtype());
             gelu_tanh_backward(u, da).into_primitive().tensor()
         });
     }
@@ -112,7 +112,7 @@ pub fn autodiff_gelu_matmul<B: Backend, C: CheckpointStrategy>(
     let (u, w) = (u.into_primitive().tensor(), w.into_primitive().tensor());
     let w_inner = tensor::<B, 2>(w.primitive.clone());
     let a = activation(tensor(u.primitive.clone()), &w_inner);
-    let y = matmul(a, w_inner.transpose(), pin().forward)
+    let y = matmul(a, w_inner.transpose(), pin::<B>().forward)
         .into_primitive()
         .tensor();
     let out = match GeluMatmulBackward

@@ -226,7 +226,7 @@ impl<B: Backend> Linear<B> {
         // With matmul kernels pinned (`REEL_MATMUL`), the products and their gradients run
         // on the kernels pinned for their layouts.
         let x = if gelu_input { x } else { compute(x) };
-        let pinned = pin();
+        let pinned = pin::<B>();
         let times = |m: Tensor<B, 2>| match (gelu_input, pinned.any()) {
             (true, _) => gelu_matmul(x.clone(), compute(m)),
             (false, false) => x.clone().matmul(compute(m).transpose()),

@@ -183,6 +183,9 @@ pub struct BenchRow {
     dtype: Precision,
     /// Attention implementation used (`naive` / `memory_efficient`).
     attention: String,
+    /// The linear layers' matmul kernels (`REEL_MATMUL`'s form: `burn`, `cublas`, ...), as
+    /// set or by default on this backend.
+    matmul: String,
     /// Block-level activation checkpointing in the training step.
     gradient_checkpointing: bool,
     batch: usize,
@@ -365,6 +368,7 @@ fn run_one<B: AutodiffBackend>(
         } else {
             "naive".into()
         },
+        matmul: reel_models::wan::matmul::pin::<B>().to_string(),
         gradient_checkpointing: args.gradient_checkpointing,
         batch: b,
         tokens,

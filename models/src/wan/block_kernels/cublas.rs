@@ -84,6 +84,30 @@ pub(super) enum Order {
 /// host.
 static DEVICE_ORDER_FAILED: AtomicBool = AtomicBool::new(false);
 
+/// Whether `libcublas` loads (looked for once).
+pub(super) fn present() -> bool {
+    use std::sync::OnceLock;
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| unsafe { cudarc::cublas::sys::is_culib_present() })
+}
+
+/// Whether cuBLAS runs the linear layers' products by default on `B`
+/// ([`super::matmul_pin::default_pin`]): `B` is the plain CUDA backend, under autodiff or
+/// not, and `libcublas` loads.
+pub(super) fn default_on<B: Backend>() -> bool {
+    use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
+    use burn::backend::Autodiff;
+    use std::any::TypeId;
+    type Cuda = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
+    let b = TypeId::of::<B>();
+    let cuda = [
+        TypeId::of::<Cuda>(),
+        TypeId::of::<Autodiff<Cuda, NoCheckpointing>>(),
+        TypeId::of::<Autodiff<Cuda, BalancedCheckpointing>>(),
+    ];
+    cuda.contains(&b) && present()
+}
+
 /// `lhs · rhs` by cuBLAS, `B` being the plain CubeCL backend over CUDA, ordered by `order`.
 pub(super) fn matmul<B: Backend, BT: BoolElement>(
     lhs: Tensor<B, 2>,
@@ -95,7 +119,7 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
         return Err(refused(format!("shape [{m}, {k}] · [{k}, {n}]")));
     }
     let (a_type, compute) = types(lhs.dtype())?;
-    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+    if !present() {
         return Err(refused(
             "libcublas was not found (put the CUDA toolkit's lib64, or the nvidia-cublas \
              wheel's lib, on LD_LIBRARY_PATH)"

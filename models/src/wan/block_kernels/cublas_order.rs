@@ -2,31 +2,39 @@
 //! kernel of [`super::matmul`]).
 //!
 //! CubeCL keeps its CUDA streams private, so neither stream can wait on an event of the other.
-//! Both can wait on memory, though:
-//! 1. a one-unit CubeCL kernel ([`signal`]) writes the product's number `n` into a flag after
-//!    everything CubeCL queued before it (the operands' producers);
-//! 2. cuBLAS's stream waits for that value (`cuStreamWaitValue32`), runs the product, and
-//!    writes `n` into a second flag (`cuStreamWriteValue32`, after the product's writes);
-//! 3. a one-unit CubeCL kernel ([`wait`]) spins until it reads `n` there, so that nothing CubeCL
-//!    queues later (the product's consumers, and kernels reusing the operands' memory) starts
-//!    before the product ends.
+//! Both can wait on memory, though, through one-unit kernels on each side:
+//! 1. a CubeCL kernel ([`signal`]) writes the product's number `n` into a flag after everything
+//!    CubeCL queued before it (the operands' producers);
+//! 2. on cuBLAS's stream, a kernel of [`STREAM_KERNELS`] spins until it reads `n` there; the
+//!    product runs; another kernel writes `n` into a second flag (after the product's writes);
+//! 3. a CubeCL kernel ([`wait`]) spins until it reads `n` there, so that nothing CubeCL queues
+//!    later (the product's consumers, and kernels reusing the operands' memory) starts before
+//!    the product ends.
+//!
+//! cuBLAS's side is two small CUDA kernels compiled once by NVRTC (which CubeCL's CUDA runtime
+//! compiles its own kernels with) and launched through `cudarc`. CUDA's stream memory
+//! operations (`cuStreamWaitValue32`, `cuStreamWriteValue32`) would do the same without
+//! kernels, but the H100 of 2026-11-27 refused them on CubeCL's buffers (which come from
+//! `cuMemAllocAsync`'s pool) with `CUDA_ERROR_INVALID_VALUE`.
 //!
 //! The flags count products, and both streams move in lock step, so a flag never runs ahead
-//! of the value awaited and equality is enough (the count may wrap). The spin is bounded (about
-//! a second of loads); past the bound it marks the third flag, which the host reads every
-//! [`CHECK_EVERY`] products: then device ordering is off for the process, with one line on
-//! stderr, and the products go back to host syncs.
+//! of the value awaited and equality is enough (the count may wrap). The spins are bounded
+//! (about a second of loads); past the bound they mark the third flag, which the host reads
+//! every [`CHECK_EVERY`] products: then device ordering is off for the process, with one line
+//! on stderr, and the products go back to host syncs.
 
 // The `#[cube(launch)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
 
 use std::any::Any;
+use std::ffi::{c_void, CString};
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
-use cudarc::driver::sys::{self as cu, CUstream};
+use cudarc::driver::result as driver;
+use cudarc::driver::sys::{CUfunction, CUstream};
 
 use super::matmul::MatmulError;
 
@@ -64,11 +72,78 @@ pub fn wait(flags: &Tensor<Atomic<u32>>, value: u32, max_polls: u32) {
     }
 }
 
+/// cuBLAS's side of the ordering, in CUDA C: `reel_wait_flag` spins until `*flag == value` (at
+/// most `max_polls` loads, then marks `*expired`); `reel_set_flag` writes `value` after every
+/// earlier write of its stream.
+pub(super) const STREAM_KERNELS: &str = r#"
+extern "C" __global__ void reel_wait_flag(const volatile unsigned int* flag, unsigned int value,
+                                          unsigned int max_polls, unsigned int* expired) {
+    unsigned int polls = 0;
+    while (*flag != value) {
+        if (++polls >= max_polls) {
+            atomicExch(expired, 1u);
+            break;
+        }
+    }
+    __threadfence();
+}
+
+extern "C" __global__ void reel_set_flag(unsigned int* flag, unsigned int value) {
+    __threadfence();
+    atomicExch(flag, value);
+}
+"#;
+
+/// [`STREAM_KERNELS`] loaded in the current context.
+struct StreamKernels {
+    wait: CUfunction,
+    set: CUfunction,
+}
+
+impl StreamKernels {
+    /// Compiles [`STREAM_KERNELS`] and loads them in the current context.
+    fn load() -> Result<Self, MatmulError> {
+        let ptx = cudarc::nvrtc::compile_ptx(STREAM_KERNELS)
+            .map_err(|e| refused(format!("NVRTC: {e:?}")))?;
+        let image = CString::new(ptx.to_src())
+            .map_err(|e| refused(format!("the PTX holds a NUL byte: {e}")))?;
+        let name = |n: &str| CString::new(n).expect("a kernel name without NUL bytes");
+        // SAFETY: NUL-terminated PTX, loaded in the current context (the caller's); the module
+        // lives as long as the process, like the flags.
+        unsafe {
+            let module = driver::module::load_data(image.as_ptr().cast())
+                .map_err(|e| refused(format!("cuModuleLoadData: {e}")))?;
+            let function = |n: &str| {
+                driver::module::get_function(module, name(n))
+                    .map_err(|e| refused(format!("cuModuleGetFunction {n}: {e}")))
+            };
+            Ok(Self {
+                wait: function("reel_wait_flag")?,
+                set: function("reel_set_flag")?,
+            })
+        }
+    }
+
+    /// `function` on one thread of `stream` with `args` (pointers to the values).
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters; `stream` is live in the current context.
+    unsafe fn launch(
+        function: CUfunction,
+        stream: CUstream,
+        args: &mut [*mut c_void],
+    ) -> Result<(), MatmulError> {
+        unsafe { driver::launch_kernel(function, (1, 1, 1), (1, 1, 1), 0, stream, args) }
+            .map_err(|e| refused(format!("cuLaunchKernel: {e}")))
+    }
+}
+
 /// The flags of one thread's products on one device: `[ready, done, expired, unused]`.
 pub(super) struct Flags {
     tensor: CubeTensor<CudaRuntime>,
     address: u64,
     _keep: Box<dyn Any>,
+    kernels: StreamKernels,
     count: u32,
     since_check: u32,
 }
@@ -98,6 +173,7 @@ impl Flags {
             tensor,
             address,
             _keep: Box::new(managed),
+            kernels: StreamKernels::load()?,
             count: 0,
             since_check: 0,
         })
@@ -116,20 +192,30 @@ impl Flags {
             self.tensor.clone().into_tensor_arg(),
             n,
         );
-        let eq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-        // SAFETY: a live stream of the current context and the flags' live device address.
-        unsafe { cu::cuStreamWaitValue32_v2(stream, self.address, n, eq) }
-            .result()
-            .map_err(|e| refused(format!("cuStreamWaitValue32: {e}")))?;
+        let (mut flag, mut value, mut polls) = (self.address, n, MAX_POLLS);
+        let mut expired = self.address + 8;
+        let mut args = [
+            (&mut flag as *mut u64).cast(),
+            (&mut value as *mut u32).cast(),
+            (&mut polls as *mut u32).cast(),
+            (&mut expired as *mut u64).cast(),
+        ];
+        // SAFETY: `reel_wait_flag(const unsigned*, unsigned, unsigned, unsigned*)` with the
+        // flags' live device addresses, on a live stream of the current context.
+        unsafe { StreamKernels::launch(self.kernels.wait, stream, &mut args) }?;
         Ok(n)
     }
 
     /// After product `n` on `stream`: `stream` writes `n`, CubeCL waits for it.
     pub fn after(&mut self, stream: CUstream, n: u32) -> Result<(), MatmulError> {
-        // SAFETY: as in `before`; the default flags order the write after the product's.
-        unsafe { cu::cuStreamWriteValue32_v2(stream, self.address + 4, n, 0) }
-            .result()
-            .map_err(|e| refused(format!("cuStreamWriteValue32: {e}")))?;
+        let (mut flag, mut value) = (self.address + 4, n);
+        let mut args = [
+            (&mut flag as *mut u64).cast(),
+            (&mut value as *mut u32).cast(),
+        ];
+        // SAFETY: `reel_set_flag(unsigned*, unsigned)` with the done flag's live device
+        // address, on a live stream of the current context (after the product).
+        unsafe { StreamKernels::launch(self.kernels.set, stream, &mut args) }?;
         wait::launch::<CudaRuntime>(
             &self.tensor.client,
             CubeCount::Static(1, 1, 1),

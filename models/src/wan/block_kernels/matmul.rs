@@ -26,7 +26,7 @@ use std::fmt;
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-pub use super::matmul_pin::{pin, Layout, MatmulPin, PinError, LAYOUTS};
+pub use super::matmul_pin::{default_pin, pin, Layout, MatmulPin, PinError, LAYOUTS};
 
 /// The environment variable that pins the kernel of the linear layers' products.
 pub const MATMUL_ENV: &str = "REEL_MATMUL";
