@@ -17,14 +17,16 @@
 #
 # PLAN=session (for a session with 15 device minutes; BUDGET_S defaults to 500 seconds, so one
 # 10-minute command holds it): first the self-attention alone at 8190 tokens (every Reel
-# kernel and PyTorch's, `reel bench --attention-only`) and the blocks' matrix products alone
+# kernel and PyTorch's, `reel bench --attention-only`; only when ATTENTION is `pick` or TILES
+# lists launch shapes) and the blocks' matrix products alone
 # (Burn's matmul and each kernel of MATMUL_KERNELS, `reel bench --matmul-only`); then bf16 with
 # ATTENTION (default `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
 # (when they are not the `cuda` default, cuBLAS); then, with the variant (and pin) that was
 # fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
-# autotune, its choices are logged too), the 8190-token step with REEL_BLOCK_KERNELS=off,
+# autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
+# phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
 # configs/finetune_wan.toml, and last UMT5 on 512 tokens and the VAE decode/encode of
@@ -391,7 +393,9 @@ summarize() {
 }
 
 if [[ $PLAN == session ]]; then
-  attention_job "${VARIANTS%% *}" 21,30,52
+  # With the attention named and no launch shapes to try, the attention-alone run decides
+  # nothing: it is skipped.
+  if [[ $ATTENTION == pick || -n $TILES ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
@@ -427,6 +431,10 @@ if [[ $PLAN == session ]]; then
   if [[ -n ${best_matmul:-} ]]; then export REEL_MATMUL=$best_matmul; fi
   echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}" >&2
   profile_job "$best" "$ATTENTION" 21,30,52
+  # The fine-tuning step's phases, each with its host time (whether the GPU or the host sets
+  # the pace; a breakdown run's attention follows its RUN name: `-flash` for flash).
+  if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash "$best" 21,30,52
+  else breakdown_job finetune "$best" 21,30,52; fi
   # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
   REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
   torch_job 20,56,104 bf16 1

@@ -289,11 +289,15 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
             lines.append(failed(b["error"]))
             continue
         ms = lambda s: f"{s.get('mean', s['median']):.1f} | {s['median']:.1f}"
-        lines += ["", "| phase | mean ms | median ms | share |", "|---|---|---|---|"]
-        lines += [f"| {p['phase']} | {ms(p['ms'])} | {100 * p['share']:.1f} % |"
+        # host: until the phase's code returned, before its closing sync (near the phase's
+        # time: the GPU kept up with the host; well below: the GPU set the pace).
+        host = lambda p: f"{p['host_ms']['median']:.1f}" if "host_ms" in p else "—"
+        lines += ["", "| phase | mean ms | median ms | share | host median ms |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {p['phase']} | {ms(p['ms'])} | {100 * p['share']:.1f} % | {host(p)} |"
                   for p in b["phases"]]
-        lines.append(f"| step, profiled | {ms(b['profiled_step_ms'])} | |")
-        lines.append(f"| step, unprofiled | {ms(b['step_ms'])} | |")
+        lines.append(f"| step, profiled | {ms(b['profiled_step_ms'])} | | |")
+        lines.append(f"| step, unprofiled | {ms(b['step_ms'])} | | |")
     if encoders:
         lines += ["", "| encoder run | op | input | output | median ms | GPU MiB (process peak) |",
                   "|---|---|---|---|---|---|"]

@@ -10,15 +10,31 @@
 //!
 //! The syncs themselves cost time and stall the launch queue, so a profiled step is slower
 //! than an unprofiled one; `reel bench` reports both.
+//!
+//! Each phase also records its **host** time: until its code returned, before the closing
+//! sync. Close to the phase's time, the GPU kept up with the host (the host's launches, or
+//! host syncs inside the phase, set the pace); well below it, the host ran ahead and the GPU
+//! set the pace.
 
 use std::cell::RefCell;
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 
-/// The phases of one step: `(name, milliseconds)` in first-seen order, each the sum over
-/// every entry of that phase during the step, exclusive of nested phases.
-pub type StepPhases = Vec<(String, f64)>;
+/// One phase's time in a step, summed over every entry of the phase during the step,
+/// exclusive of nested phases.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseTime {
+    /// The phase's name.
+    pub name: String,
+    /// Milliseconds, from the sync before the phase to the sync after it.
+    pub ms: f64,
+    /// Milliseconds until the phase's code returned (before the closing sync).
+    pub host_ms: f64,
+}
+
+/// The phases of one step, in first-seen order.
+pub type StepPhases = Vec<PhaseTime>;
 
 #[derive(Default)]
 struct Recorder {
@@ -94,28 +110,39 @@ impl<B: Backend> Drop for PhaseGuard<'_, B> {
         if !self.on {
             return;
         }
+        let returned = Instant::now();
         sync::<B>(self.device);
         RECORDER.with(|r| {
             if let Some(rec) = r.borrow_mut().as_mut() {
-                rec.close();
+                rec.close(returned);
             }
         });
     }
 }
 
 impl Recorder {
-    fn close(&mut self) {
+    /// Closes the innermost phase, whose code returned at `returned`.
+    fn close(&mut self, returned: Instant) {
         let Some((name, t0, nested)) = self.stack.pop() else {
             return;
         };
-        let total = t0.elapsed().as_secs_f64() * 1e3;
+        let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
+        let (total, host) = (ms(Instant::now()), ms(returned));
         if let Some(parent) = self.stack.last_mut() {
             parent.2 += total;
         }
         let own = (total - nested).max(0.0);
-        match self.current.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, ms)) => *ms += own,
-            None => self.current.push((name, own)),
+        let own_host = (host - nested).clamp(0.0, own);
+        match self.current.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.ms += own;
+                p.host_ms += own_host;
+            }
+            None => self.current.push(PhaseTime {
+                name,
+                ms: own,
+                host_ms: own_host,
+            }),
         }
     }
 }
@@ -150,9 +177,9 @@ mod tests {
         end_step();
         let steps = finish();
         assert_eq!(steps.len(), 2);
-        let names: Vec<&str> = steps[0].iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = steps[0].iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["inner", "outer"], "inner closes first: {steps:?}");
-        let (inner, outer) = (steps[0][0].1, steps[0][1].1);
+        let (inner, outer) = (steps[0][0].ms, steps[0][1].ms);
         assert!(inner >= 60.0, "two inner phases summed: {inner}");
         assert!(
             outer >= 20.0 && outer < inner,
@@ -184,6 +211,29 @@ mod tests {
         end_step();
         let steps = finish();
         assert_eq!(steps[0].len(), 1);
-        assert_eq!(steps[0][0].0, "fails");
+        assert_eq!(steps[0][0].name, "fails");
+    }
+
+    #[test]
+    fn host_time_is_the_phases_own_code_before_its_closing_sync() {
+        let dev = Default::default();
+        start();
+        phase::<TestBackend, _>("outer", &dev, || {
+            busy(10);
+            phase::<TestBackend, _>("inner", &dev, || busy(25));
+        });
+        end_step();
+        let steps = finish();
+        for p in &steps[0] {
+            // On the CPU the sync waits for nothing: the host time is nearly all of it.
+            assert!(p.host_ms <= p.ms, "{p:?}");
+            assert!(p.ms - p.host_ms < 5.0, "{p:?}");
+        }
+        let (inner, outer) = (&steps[0][0], &steps[0][1]);
+        assert!(inner.host_ms >= 25.0, "{inner:?}");
+        assert!(
+            outer.host_ms >= 10.0 && outer.host_ms < inner.host_ms,
+            "the outer phase's host time excludes the inner phase: {outer:?}"
+        );
     }
 }

@@ -33,6 +33,9 @@ pub struct PhaseRow {
     pub phase: String,
     /// Milliseconds per step over the timed steps.
     pub ms: Stats,
+    /// Of those, the milliseconds until the phase's code returned, before its closing sync
+    /// (close to `ms`: the GPU kept up with the host; well below: the GPU set the pace).
+    pub host_ms: Stats,
     /// Share of the profiled step's mean (the phases' means add up to it).
     pub share: f64,
 }
@@ -254,31 +257,29 @@ fn summarize(
 ) -> Breakdown {
     let mut names: Vec<String> = vec![];
     for step in steps {
-        for (n, _) in step {
-            if !names.contains(n) {
-                names.push(n.clone());
+        for p in step {
+            if !names.contains(&p.name) {
+                names.push(p.name.clone());
             }
         }
     }
-    let totals: Vec<f64> = steps
-        .iter()
-        .map(|s| s.iter().map(|(_, ms)| ms).sum())
-        .collect();
+    let totals: Vec<f64> = steps.iter().map(|s| s.iter().map(|p| p.ms).sum()).collect();
     let profiled = stats(totals);
+    // The phase's time per step by `field` (0 in a step where it did not run).
+    let per_step = |name: &str, field: fn(&profile::PhaseTime) -> f64| {
+        let times = steps
+            .iter()
+            .map(|s| s.iter().find(|p| p.name == name).map_or(0.0, field))
+            .collect();
+        stats(times)
+    };
     let phases = names
         .into_iter()
         .map(|name| {
-            let per_step: Vec<f64> = steps
-                .iter()
-                .map(|s| {
-                    s.iter()
-                        .find(|(n, _)| *n == name)
-                        .map_or(0.0, |(_, ms)| *ms)
-                })
-                .collect();
-            let ms = stats(per_step);
+            let ms = per_step(&name, |p| p.ms);
             PhaseRow {
                 share: ms.mean / profiled.mean.max(1e-9),
+                host_ms: per_step(&name, |p| p.host_ms),
                 phase: name,
                 ms,
             }
@@ -301,8 +302,8 @@ fn print_table(b: &Breakdown) {
         b.label, b.backend, b.samples_per_step, b.tokens
     );
     println!(
-        "  {:<44} {:>10} {:>10} {:>10} {:>10} {:>7}",
-        "phase", "mean ms", "median ms", "min ms", "max ms", "share"
+        "  {:<44} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}",
+        "phase", "mean ms", "median ms", "min ms", "max ms", "share", "host med ms"
     );
     let row = |name: &str, ms: &Stats| {
         format!(
@@ -311,7 +312,12 @@ fn print_table(b: &Breakdown) {
         )
     };
     for p in &b.phases {
-        println!("{} {:>6.1}%", row(&p.phase, &p.ms), 100.0 * p.share);
+        println!(
+            "{} {:>6.1}% {:>12.1}",
+            row(&p.phase, &p.ms),
+            100.0 * p.share,
+            p.host_ms.median
+        );
     }
     println!(
         "{}",
