@@ -20,7 +20,7 @@
 //! The flags count products, and both streams move in lock step, so a flag never runs ahead
 //! of the value awaited and equality is enough (the count may wrap). The spins are bounded
 //! (about a second of loads); past the bound they mark the third flag, which the host reads
-//! every [`CHECK_EVERY`] products: then device ordering is off for the process, with one line
+//! after the first product and every [`CHECK_EVERY`] products: then device ordering is off for the process, with one line
 //! on stderr, and the products go back to host syncs.
 
 // The `#[cube(launch)]` macro generates undocumented launch modules and structs.
@@ -42,7 +42,7 @@ use super::matmul::MatmulError;
 /// nanoseconds a load: far above any product's time).
 const MAX_POLLS: u32 = 1 << 22;
 
-/// Products between two host reads of the expired flag.
+/// Products between two host reads of the expired flag (the first product is read too).
 pub(super) const CHECK_EVERY: u32 = 1024;
 
 /// Writes `value` into `flags[0]` (one unit).
@@ -175,7 +175,9 @@ impl Flags {
             _keep: Box::new(managed),
             kernels: StreamKernels::load()?,
             count: 0,
-            since_check: 0,
+            // The first product is read back at once: an ordering that never works costs one
+            // spin's bound, not 1024 of them.
+            since_check: CHECK_EVERY - 1,
         })
     }
 
@@ -227,8 +229,8 @@ impl Flags {
         Ok(())
     }
 
-    /// Whether a [`wait`] gave up, read from the device every [`CHECK_EVERY`] calls (a host
-    /// sync then) and `false` in between.
+    /// Whether a [`wait`] gave up, read from the device on the first call and every
+    /// [`CHECK_EVERY`] calls after it (a host sync then), `false` in between.
     pub fn expired(&mut self) -> bool {
         self.since_check += 1;
         if self.since_check < CHECK_EVERY {
