@@ -18,10 +18,12 @@
 //! `cuMemAllocAsync`'s pool) with `CUDA_ERROR_INVALID_VALUE`.
 //!
 //! The flags count products, and both streams move in lock step, so a flag never runs ahead
-//! of the value awaited and equality is enough (the count may wrap). The spins are bounded
-//! (about a second of loads); past the bound they mark the third flag, which the host reads
-//! after the first product and every [`CHECK_EVERY`] products: then device ordering is off for the process, with one line
-//! on stderr, and the products go back to host syncs.
+//! of the value awaited and equality is enough (the count may wrap). The spins are bounded:
+//! cuBLAS's side by [`WAIT_NS`] of the GPU's timer (it waits for everything CubeCL queued
+//! before the product), CubeCL's by [`MAX_POLLS`] loads (it waits for one product). Past the
+//! bound they mark the third flag, which the host reads after the first product and every
+//! [`CHECK_EVERY`] products: then device ordering is off for the process, with one line on
+//! stderr, and the products go back to host syncs.
 
 // The `#[cube(launch)]` macro generates undocumented launch modules and structs.
 #![allow(missing_docs)]
@@ -39,8 +41,14 @@ use cudarc::driver::sys::{CUfunction, CUstream};
 use super::matmul::MatmulError;
 
 /// Loads of the done flag before [`wait`] gives up (about a second at a few hundred
-/// nanoseconds a load: far above any product's time).
+/// nanoseconds a load: far above any product's time, which is all it waits for).
 const MAX_POLLS: u32 = 1 << 22;
+
+/// Nanoseconds cuBLAS's side waits for CubeCL's signal before it gives up (`reel_wait_flag`).
+/// It waits for everything CubeCL queued before the product, which can be a long way behind the
+/// host: far more than the spin above, and a wait given up too early runs the product on
+/// operands not yet written.
+const WAIT_NS: u64 = 20_000_000_000;
 
 /// Products between two host reads of the expired flag (the first product is read too).
 pub(super) const CHECK_EVERY: u32 = 1024;
@@ -72,15 +80,21 @@ pub fn wait(flags: &Tensor<Atomic<u32>>, value: u32, max_polls: u32) {
     }
 }
 
-/// cuBLAS's side of the ordering, in CUDA C: `reel_wait_flag` spins until `*flag == value` (at
-/// most `max_polls` loads, then marks `*expired`); `reel_set_flag` writes `value` after every
-/// earlier write of its stream.
+/// cuBLAS's side of the ordering, in CUDA C: `reel_wait_flag` spins until `*flag == value` (for
+/// at most `max_ns` nanoseconds of the GPU's global timer, then marks `*expired`);
+/// `reel_set_flag` writes `value` after every earlier write of its stream.
 pub(super) const STREAM_KERNELS: &str = r#"
+__device__ unsigned long long reel_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 extern "C" __global__ void reel_wait_flag(const volatile unsigned int* flag, unsigned int value,
-                                          unsigned int max_polls, unsigned int* expired) {
-    unsigned int polls = 0;
+                                          unsigned long long max_ns, unsigned int* expired) {
+    unsigned long long start = reel_now();
     while (*flag != value) {
-        if (++polls >= max_polls) {
+        if (reel_now() - start > max_ns) {
             atomicExch(expired, 1u);
             break;
         }
@@ -194,16 +208,16 @@ impl Flags {
             self.tensor.clone().into_tensor_arg(),
             n,
         );
-        let (mut flag, mut value, mut polls) = (self.address, n, MAX_POLLS);
+        let (mut flag, mut value, mut max_ns) = (self.address, n, WAIT_NS);
         let mut expired = self.address + 8;
         let mut args = [
             (&mut flag as *mut u64).cast(),
             (&mut value as *mut u32).cast(),
-            (&mut polls as *mut u32).cast(),
+            (&mut max_ns as *mut u64).cast(),
             (&mut expired as *mut u64).cast(),
         ];
-        // SAFETY: `reel_wait_flag(const unsigned*, unsigned, unsigned, unsigned*)` with the
-        // flags' live device addresses, on a live stream of the current context.
+        // SAFETY: `reel_wait_flag(const unsigned*, unsigned, unsigned long long, unsigned*)`
+        // with the flags' live device addresses, on a live stream of the current context.
         unsafe { StreamKernels::launch(self.kernels.wait, stream, &mut args) }?;
         Ok(n)
     }
