@@ -16,7 +16,7 @@ use super::device as kernels;
 use super::norms::{self, Grads, Rows, Stats, Wanted};
 
 /// The CubeCL backend over `R` as Reel builds it.
-type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
+pub(super) type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
 /// Most cubes in one grid dimension (Vulkan's limit, and CUDA's for the second and third);
 /// the row kernels stride over the rest.

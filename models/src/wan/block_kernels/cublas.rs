@@ -98,14 +98,14 @@ pub(super) fn default_on<B: Backend>() -> bool {
     use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, NoCheckpointing};
     use burn::backend::Autodiff;
     use std::any::TypeId;
-    type Cuda = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
-    let b = TypeId::of::<B>();
-    let cuda = [
-        TypeId::of::<Cuda>(),
+    // Reel's CUDA backend, as the block kernels recognise it (`super::cube::is`).
+    type Cuda = super::cube::Cube<CudaRuntime, u8>;
+    let autodiff = [
         TypeId::of::<Autodiff<Cuda, NoCheckpointing>>(),
         TypeId::of::<Autodiff<Cuda, BalancedCheckpointing>>(),
     ];
-    cuda.contains(&b) && present()
+    let cuda = super::cube::is::<B, CudaRuntime, u8>() || autodiff.contains(&TypeId::of::<B>());
+    cuda && present()
 }
 
 /// `lhs · rhs` by cuBLAS, `B` being the plain CubeCL backend over CUDA, ordered by `order`.

@@ -247,8 +247,8 @@ fn cuda_cublas_runs_every_problem() {
     // With libcublas loadable (the test fails above otherwise), cuBLAS is the default on the
     // plain CUDA backend, under autodiff too; Burn's matmul under Burn's fusion layer.
     let cublas = MatmulPin::all(Some(MatmulKernel::Cublas));
-    assert_eq!(super::matmul_pin::default_pin::<Cube>(), cublas);
-    assert_eq!(super::matmul_pin::default_pin::<Autodiff<Cube>>(), cublas);
+    assert_eq!(super::matmul::default_pin::<Cube>(), cublas);
+    assert_eq!(super::matmul::default_pin::<Autodiff<Cube>>(), cublas);
 }
 
 /// 64 products `x ← x · w` (`w` scaled so that `x` keeps its size), each on the last one's
