@@ -1,22 +1,29 @@
-# Sourced by bench/gpu.sh and bench/gpu-tests.sh on the GPU machine: makes NVIDIA's cuBLAS
-# loadable for `REEL_MATMUL=cublas` (Reel loads `libcublas.so.*` at run time, as CubeCL loads
-# NVRTC). The loader's own path first; else the CUDA toolkit's lib64; else the `nvidia-*`
-# wheels of the Python that holds PyTorch (`nvidia/cublas/lib`, or `nvidia/cu13/lib`).
+# Sourced by bench/gpu.sh and bench/gpu-tests.sh on the GPU machine: makes the NVIDIA
+# libraries that Reel loads at run time (as CubeCL loads NVRTC) loadable:
+# - `libcublas.so.*`, for the `cublas*` matmul kernels (the `cuda` default);
+# - `libcupti.so.*`, with which `cublas-stream` finds CubeCL's stream.
+# For each: the loader's own path first; else the CUDA toolkit's lib64 (and CUPTI's
+# extras/CUPTI/lib64); else the `nvidia-*` wheels of the Python that holds PyTorch
+# (`nvidia/cublas/lib`, `nvidia/cuda_cupti/lib`, or `nvidia/cu13/lib`).
 cuda_libs() {
-  local d dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib)
-  if ldconfig -p 2>/dev/null | grep -q 'libcublas\.so'; then return 0; fi
+  local lib d dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
+    /usr/local/cuda/extras/CUPTI/lib64)
   mapfile -t -O ${#dirs[@]} dirs < <("${PYTHON:-python3}" -c '
 import os, nvidia
 for p in nvidia.__path__:
     for s in sorted(os.listdir(p)):
         print(os.path.join(p, s, "lib"))' 2>/dev/null)
-  for d in "${dirs[@]}"; do
-    if compgen -G "$d/libcublas.so*" >/dev/null; then
-      export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-      echo "cuBLAS from $d" >&2
-      return 0
-    fi
+  for lib in libcublas libcupti; do
+    if ldconfig -p 2>/dev/null | grep -q "$lib\.so"; then continue; fi
+    for d in "${dirs[@]}" ""; do
+      if [[ -z $d ]]; then
+        echo "no $lib.so found: Reel falls back without it" >&2
+      elif compgen -G "$d/$lib.so*" >/dev/null; then
+        export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        echo "$lib from $d" >&2
+        break
+      fi
+    done
   done
-  echo "no libcublas found: REEL_MATMUL=cublas falls back to Burn's matmul" >&2
 }
 cuda_libs

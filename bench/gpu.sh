@@ -80,10 +80,11 @@ case $PLAN in
     # everything in registers; `p`: with it, tiles streamed by asynchronous copies).
     TILES=${TILES-""}
     # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
-    # matmul: NVIDIA's cuBLAS, host- and device-ordered (`cublas` is the `cuda` default), and
+    # matmul: NVIDIA's cuBLAS, ordered by host syncs (`cublas`, the `cuda` default), by flags
+    # on the device (`cublas-async`) and on CubeCL's own stream (`cublas-stream`), and
     # the fastest cubek kernel of the H100 run of 2026-11-27 for reference. When the fastest is
     # not the default, the 8190-token step runs again pinned to it.
-    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async specialized-tma-mma"}
+    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async cublas-stream specialized-tma-mma"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.

@@ -125,7 +125,10 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
     rhs: Tensor<B, 2>,
     kernel: MatmulKernel,
 ) -> Result<Tensor<B, 2>, MatmulError> {
-    if matches!(kernel, MatmulKernel::Cublas | MatmulKernel::CublasAsync) {
+    if matches!(
+        kernel,
+        MatmulKernel::Cublas | MatmulKernel::CublasAsync | MatmulKernel::CublasStream
+    ) {
         return cublas::<B, R, BT>(lhs, rhs, kernel);
     }
     let [m, _] = lhs.dims();
@@ -164,6 +167,7 @@ fn cublas<B: Backend, R: CubeRuntime, BT: BoolElement>(
         use super::cublas::Order;
         let order = match kernel {
             MatmulKernel::CublasAsync => Order::Device,
+            MatmulKernel::CublasStream => Order::Stream,
             _ => Order::Host,
         };
         return super::cublas::matmul::<B, BT>(lhs, rhs, order);
@@ -237,7 +241,7 @@ fn strategy(kernel: MatmulKernel) -> Strategy {
             Strategy::SpecializedTmaCmma(BlueprintStrategy::Inferred(().into()))
         }
         K::SpecializedTmaMma => Strategy::SpecializedTmaMma(BlueprintStrategy::Inferred(().into())),
-        K::Cublas | K::CublasAsync => {
+        K::Cublas | K::CublasAsync | K::CublasStream => {
             unreachable!("cuBLAS products are not launched through cubek")
         }
     }

@@ -7,12 +7,15 @@
 //! CubeCL's CUDA runtime uses): `libcublas.so.13` (or `.12`) must be on the loader's path. Without
 //! it, the product is refused, and [`super::matmul::matmul`] runs Burn's.
 //!
-//! CubeCL keeps its CUDA streams to itself, so cuBLAS runs on a stream of its own, ordered with
-//! CubeCL's by two host syncs: the device before the product (its operands are written), cuBLAS's
-//! stream after it (its operands and output are then free for CubeCL to reuse). Each sync
-//! drains the GPU's queue once, tens of microseconds a product. `cublas-async`
-//! ([`Order::Device`]) orders the streams on the device instead, through flags in memory
-//! ([`super::cublas_order`]), with no host sync.
+//! CubeCL keeps its CUDA streams to itself, so `cublas` runs cuBLAS on a stream of its own,
+//! ordered with CubeCL's by two host syncs: the device before the product (its operands are
+//! written), cuBLAS's stream after it (its operands and output are then free for CubeCL to
+//! reuse). Each sync drains the GPU's queue once, tens of microseconds a product. Two orderings
+//! need no host sync ([`Order`]):
+//! - `cublas-async` ([`Order::Device`]) orders the two streams on the device, through flags in
+//!   memory ([`super::cublas_order`]);
+//! - `cublas-stream` ([`Order::Stream`]) runs cuBLAS on CubeCL's own stream, whose handle is
+//!   learned through CUPTI ([`super::cublas_stream`]), so nothing needs ordering.
 //!
 //! Row-major `C [m, n] = A [m, k] · B [k, n]` is column-major `Cᵀ = Bᵀ · Aᵀ`: a row-major
 //! operand is its own transpose in cuBLAS's column-major view, and a transposed view (a weight
@@ -78,6 +81,9 @@ pub(super) enum Order {
     Host,
     /// Flags in device memory, no host sync (`cublas-async`, [`super::cublas_order`]).
     Device,
+    /// On CubeCL's own stream, which needs no ordering (`cublas-stream`,
+    /// [`super::cublas_stream`]).
+    Stream,
 }
 
 /// Set when a device-ordered product's wait gave up: the rest of the process syncs on the
@@ -131,52 +137,117 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
     let (b, b_op) = readable::<B, BT>(rhs);
     let c = empty(&a, &[m, n], a.dtype);
     // Taking the buffers orders this thread's CubeCL stream after any other stream that
-    // wrote them; the sync then waits for that stream.
+    // wrote them (and, the call being answered by CubeCL's server, after every kernel this
+    // thread queued before); the sync then waits for that stream.
     let (pa, pb, pc) = (pointer(&a)?, pointer(&b)?, pointer(&c)?);
-    let order = match order {
-        Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Order::Host,
-        other => other,
-    };
-    if order == Order::Host {
+    let plan = plan(order, &c);
+    if let Plan::Host = plan {
         B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
     }
-    let (alpha, beta) = (1f32, 0f32);
+    let gemm = Gemm {
+        dims: [m, n, k],
+        a: (pa.ptr, a_op),
+        b: (pb.ptr, b_op),
+        c: pc.ptr as *mut c_void,
+        a_type,
+        compute,
+    };
     with_blas(a.device.index, |blas| unsafe {
-        let number = match order {
-            Order::Device => Some(blas.ordered_before(&c)?),
-            Order::Host => None,
-        };
-        blas::gemm_ex(
-            blas.handle,
-            op(b_op),
-            op(a_op),
-            n as i32,
-            m as i32,
-            k as i32,
-            (&alpha as *const f32).cast(),
-            pb.ptr,
-            a_type,
-            b_op.ld as i32,
-            pa.ptr,
-            a_type,
-            a_op.ld as i32,
-            (&beta as *const f32).cast(),
-            pc.ptr as *mut c_void,
-            a_type,
-            n as i32,
-            compute,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-        .map_err(|e| refused(format!("cublasGemmEx: {e}")))?;
-        match number {
-            Some(number) => blas.ordered_after(number),
-            // CubeCL may reuse the operands' and the output's memory once this returns.
-            None => driver::stream::synchronize(blas.stream)
-                .map_err(|e| refused(format!("stream sync: {e}"))),
+        match plan {
+            Plan::Host => {
+                gemm.run(blas.handle)?;
+                // CubeCL may reuse the operands' and the output's memory once this returns.
+                driver::stream::synchronize(blas.stream)
+                    .map_err(|e| refused(format!("stream sync: {e}")))
+            }
+            Plan::Device => {
+                let number = blas.ordered_before(&c)?;
+                gemm.run(blas.handle)?;
+                blas.ordered_after(number)
+            }
+            Plan::Stream(stream) => gemm.run(blas.on(stream)?),
         }
     })?;
     drop((pa, pb, pc));
     Ok(wrap::<B, CudaRuntime, BT, 2>(c))
+}
+
+/// How one product is ordered, once the failures of earlier ones are taken into account.
+#[derive(Clone, Copy)]
+enum Plan {
+    Host,
+    Device,
+    /// On CubeCL's own stream, this one.
+    Stream(CUstream),
+}
+
+/// The plan for `order` on `like`'s device and stream: host syncs where device ordering has
+/// failed before, or where CubeCL's stream is not found (one line on stderr the first time).
+fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
+    match order {
+        Order::Host => Plan::Host,
+        Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Plan::Host,
+        Order::Device => Plan::Device,
+        Order::Stream => match super::cublas_stream::cubecl_stream(like) {
+            Ok(stream) => Plan::Stream(stream),
+            Err(why) => {
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    eprintln!("reel: {why}; cuBLAS's products are ordered by host syncs");
+                }
+                Plan::Host
+            }
+        },
+    }
+}
+
+/// One `cublasGemmEx` call: row-major `C [m, n] = A [m, k] · B [k, n]` as column-major
+/// `Cᵀ = Bᵀ · Aᵀ`, float32 scalars.
+struct Gemm {
+    /// `[m, n, k]`.
+    dims: [usize; 3],
+    a: (*const c_void, Operand),
+    b: (*const c_void, Operand),
+    c: *mut c_void,
+    a_type: cudaDataType,
+    compute: cublasComputeType_t,
+}
+
+impl Gemm {
+    /// Queues the product on `handle`'s stream.
+    ///
+    /// # Safety
+    /// The pointers are live device buffers of the handle's context, large enough for the
+    /// dimensions and leading dimensions.
+    unsafe fn run(&self, handle: cublasHandle_t) -> Result<(), MatmulError> {
+        let [m, n, k] = self.dims.map(|d| d as i32);
+        let ((pa, a_op), (pb, b_op)) = (self.a, self.b);
+        let (alpha, beta) = (1f32, 0f32);
+        unsafe {
+            blas::gemm_ex(
+                handle,
+                op(b_op),
+                op(a_op),
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                pb,
+                self.a_type,
+                b_op.ld as i32,
+                pa,
+                self.a_type,
+                a_op.ld as i32,
+                (&beta as *const f32).cast(),
+                self.c,
+                self.a_type,
+                n,
+                self.compute,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| refused(format!("cublasGemmEx: {e}")))
+    }
 }
 
 /// The cuBLAS element type and compute type of `dtype`: float32 accumulation, on tensor cores
@@ -243,9 +314,24 @@ struct Blas {
     stream: CUstream,
     /// The device-ordering flags, made on the first device-ordered product.
     flags: Option<Flags>,
+    /// Handles bound to CubeCL's streams (`cublas-stream`), by stream address.
+    shared: HashMap<usize, cublasHandle_t>,
 }
 
 impl Blas {
+    /// A handle of this context bound to `stream` (one of CubeCL's), made the first time.
+    fn on(&mut self, stream: CUstream) -> Result<cublasHandle_t, MatmulError> {
+        if let Some(handle) = self.shared.get(&(stream as usize)) {
+            return Ok(*handle);
+        }
+        let handle = blas::create_handle().map_err(|e| refused(format!("cublasCreate: {e}")))?;
+        // SAFETY: a live handle; CubeCL's stream lives as long as its server, the process.
+        unsafe { blas::set_stream(handle, stream as _) }
+            .map_err(|e| refused(format!("cublasSetStream: {e}")))?;
+        self.shared.insert(stream as usize, handle);
+        Ok(handle)
+    }
+
     /// Starts a device-ordered product (the flags made on `like`'s device the first time);
     /// returns its number, for [`Self::ordered_after`].
     fn ordered_before(&mut self, like: &CubeTensor<CudaRuntime>) -> Result<u32, MatmulError> {
@@ -323,6 +409,7 @@ fn new_blas(index: usize) -> Result<Blas, MatmulError> {
         handle,
         stream,
         flags: None,
+        shared: HashMap::new(),
     })
 }
 

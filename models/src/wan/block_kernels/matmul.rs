@@ -16,8 +16,9 @@
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
-//! Besides cubek's kernels, `cublas` and `cublas-async` run the products on NVIDIA's cuBLAS,
-//! on the `cuda` backend (`block_kernels/cublas.rs`).
+//! Besides cubek's kernels, `cublas`, `cublas-async` and `cublas-stream` run the products on
+//! NVIDIA's cuBLAS, on the `cuda` backend (`block_kernels/cublas.rs`); they differ in how
+//! cuBLAS's work is ordered with CubeCL's.
 //!
 //! A product that the pinned kernel cannot run (a kernel without hardware support, a shape it
 //! rejects) runs on Burn's matmul, with one line on stderr the first time.
@@ -83,10 +84,13 @@ pub enum MatmulKernel {
     /// cuBLAS ordered with CubeCL's streams on the device, through flags in memory, with no
     /// host sync (`block_kernels/cublas_order.rs`).
     CublasAsync,
+    /// cuBLAS on CubeCL's own stream, found through CUPTI (`block_kernels/cublas_stream.rs`):
+    /// no ordering needed; host syncs where the stream is not found.
+    CublasStream,
 }
 
 /// Every kernel with its name, in the order `reel bench --matmul-only` times them.
-pub const MATMUL_KERNELS: [(MatmulKernel, &str); 22] = [
+pub const MATMUL_KERNELS: [(MatmulKernel, &str); 23] = [
     (MatmulKernel::SimpleUnit, "simple-unit"),
     (MatmulKernel::DoubleUnit, "double-unit"),
     (MatmulKernel::SimpleCmma, "simple-cmma"),
@@ -112,6 +116,7 @@ pub const MATMUL_KERNELS: [(MatmulKernel, &str); 22] = [
     (MatmulKernel::SpecializedTmaMma, "specialized-tma-mma"),
     (MatmulKernel::Cublas, "cublas"),
     (MatmulKernel::CublasAsync, "cublas-async"),
+    (MatmulKernel::CublasStream, "cublas-stream"),
 ];
 
 /// The name that stands for Burn's own matmul.

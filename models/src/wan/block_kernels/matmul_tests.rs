@@ -204,17 +204,22 @@ fn cuda_matmul_kernels_in_bf16() {
     check_product::<Cube>(MatmulKernel::DoubleMma, 5e-3);
 }
 
-/// cuBLAS on CUDA, ordered by host syncs and on the device, runs every problem (a missing
-/// `libcublas` fails here rather than falling back quietly) in float32 (TF32), float16 and
-/// bf16; operands inside wider buffers (a column slice's leading dimension, rows from an
-/// offset); the linear product's autodiff operation on it; and a chain of products, each
-/// consuming the last one's output with no host sync between them, which gives garbage if
-/// the streams are not ordered.
+/// cuBLAS on CUDA, in each of its orderings (host syncs, flags on the device, CubeCL's own
+/// stream), runs every problem (a missing `libcublas` fails here rather than falling back
+/// quietly) in float32 (TF32), float16 and bf16; operands inside wider buffers (a column
+/// slice's leading dimension, rows from an offset); the linear product's autodiff operation
+/// on it; and a chain of products and CubeCL additions, each consuming the last one's output
+/// with no host sync between them, which gives garbage if the streams are not ordered.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_runs_every_problem() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-    for kernel in [MatmulKernel::Cublas, MatmulKernel::CublasAsync] {
+    let orderings = [
+        MatmulKernel::Cublas,
+        MatmulKernel::CublasAsync,
+        MatmulKernel::CublasStream,
+    ];
+    for kernel in orderings {
         let check = |what: &str, lhs: Tensor<Cube, 2>, rhs: Tensor<Cube, 2>, tol: f32| {
             let want = lhs.clone().matmul(rhs.clone());
             let got =
@@ -251,16 +256,18 @@ fn cuda_cublas_runs_every_problem() {
     assert_eq!(super::matmul::default_pin::<Autodiff<Cube>>(), cublas);
 }
 
-/// 64 products `x ← x · w` (`w` scaled so that `x` keeps its size), each on the last one's
-/// output, on `kernel` and on Burn's matmul, compared once at the end (no sync in between).
+/// 64 steps `x ← x · w + x0` (`w` scaled so that `x` keeps its size), each product on the
+/// last addition's output and each addition (a CubeCL kernel) on the last product's, on
+/// `kernel` and on Burn's matmul, compared once at the end (no sync in between).
 #[cfg(feature = "cuda")]
 fn check_chain<B: Backend>(kernel: MatmulKernel) {
-    let w = rand::<B>([256, 256], 12, FloatDType::F32).mul_scalar(1.0 / 16.0);
+    let w = rand::<B>([256, 256], 12, FloatDType::F32).mul_scalar(1.0 / 32.0);
     let x0 = rand::<B>([300, 256], 13, FloatDType::F32);
-    let (mut got, mut want) = (x0.clone(), x0);
+    let (mut got, mut want) = (x0.clone(), x0.clone());
     for _ in 0..64 {
         got = matmul_on(got, w.clone(), kernel).unwrap_or_else(|e| panic!("{kernel}: {e}"));
-        want = want.matmul(w.clone());
+        got = got + x0.clone();
+        want = want.matmul(w.clone()) + x0.clone();
     }
     let err = rel_error(got, want);
     assert!(err <= 5e-2, "{kernel}: a chain of 64 products: error {err}");

@@ -52,6 +52,8 @@ mod cube_matmul;
 mod cublas;
 #[cfg(feature = "cuda")]
 mod cublas_order;
+#[cfg(feature = "cuda")]
+mod cublas_stream;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
