@@ -23,7 +23,8 @@
 # ATTENTION (default `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
-# (when they are not the `cuda` default, cuBLAS); then, with the variant (and pin) that was
+# (when they are not the `cuda` default, cuBLAS), and with each pin of STEP_PINS (default
+# "cublas-stream cublas-async": cuBLAS without host syncs); then, with the variant (and pin) that was
 # fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
 # autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
 # phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
@@ -85,6 +86,9 @@ case $PLAN in
     # the fastest cubek kernel of the H100 run of 2026-11-27 for reference. When the fastest is
     # not the default, the 8190-token step runs again pinned to it.
     MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async cublas-stream specialized-tma-mma"}
+    # The 8190-token step again with each of these pins: the orderings without host syncs,
+    # which the matmul-alone run cannot tell apart from `cublas` (it times each product alone).
+    STEP_PINS=${STEP_PINS-"cublas-stream cublas-async"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -416,6 +420,9 @@ if [[ $PLAN == session ]]; then
   for v in $VARIANTS; do reel_job "$v" "$ATTENTION" 21,30,52 bf16 1; done
   # The linear layers on the fastest kernels of the matmul-alone run, pinned per layout.
   if [[ -n ${pinned:-} ]]; then REEL_MATMUL=$pinned reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
+  for pin in $STEP_PINS; do
+    if [[ $pin != "${pinned:-}" ]]; then REEL_MATMUL=$pin reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
+  done
   best=$(fastest_variant 21,30,52)
   if [[ -z $best && $ATTENTION != fused ]]; then
     # The tensor-core kernels failed on this GPU (their rows say why): the rest of the plan

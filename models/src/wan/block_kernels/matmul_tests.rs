@@ -256,6 +256,32 @@ fn cuda_cublas_runs_every_problem() {
     assert_eq!(super::matmul::default_pin::<Autodiff<Cube>>(), cublas);
 }
 
+/// CUPTI finds the CUDA stream CubeCL runs a thread's kernels on (`cublas-stream` does not
+/// fall back to host syncs here), the same handle each time; another thread, with a CubeCL
+/// stream id of its own, finds its own and its products and additions stay in order.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_cublas_stream_is_cubecls() {
+    use cubecl::cuda::CudaRuntime;
+    type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
+    let found = || {
+        let t = rand::<Cube>([4, 4], 1, FloatDType::F32);
+        let t = super::cube::prim::<Cube, CudaRuntime, u8, 2>(t);
+        super::cublas_stream::cubecl_stream(&t).unwrap_or_else(|e| panic!("{e}")) as usize
+    };
+    let stream = found();
+    assert_ne!(stream, 0);
+    assert_eq!(found(), stream, "found again");
+    let other = std::thread::spawn(move || {
+        check_chain::<Cube>(MatmulKernel::CublasStream);
+        found()
+    })
+    .join()
+    .expect("the other thread's chain");
+    assert_ne!(other, 0);
+    eprintln!("CubeCL's streams: {stream:#x} here, {other:#x} on another thread");
+}
+
 /// 64 steps `x ← x · w + x0` (`w` scaled so that `x` keeps its size), each product on the
 /// last addition's output and each addition (a CubeCL kernel) on the last product's, on
 /// `kernel` and on Burn's matmul, compared once at the end (no sync in between).
