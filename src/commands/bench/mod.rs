@@ -24,6 +24,7 @@ mod attention;
 mod breakdown;
 mod encoders;
 mod matmul;
+mod matmul_summary;
 mod progress;
 mod scaling;
 
