@@ -100,12 +100,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     // `flash <tiles>` rows can be long.
-    let w = rows
-        .iter()
-        .map(|r| r.kernel.len())
-        .max()
-        .unwrap_or(0)
-        .max(6);
+    let w = super::kernel_width(rows.iter().map(|r| r.kernel.as_str()));
     println!(
         "{:<w$} {:<22} {:<5} | {:>12} {:>9} | {:>14} {:>9} | {:>9}",
         "kernel",

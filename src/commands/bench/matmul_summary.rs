@@ -72,13 +72,7 @@ pub fn best_per_layout(
 
 /// The rows, the per-kernel summary and the fastest kernels, as tables on stdout.
 pub fn print_tables(report: &MatmulReport) {
-    let w = report
-        .rows
-        .iter()
-        .map(|r| r.kernel.len())
-        .max()
-        .unwrap_or(0)
-        .max(6);
+    let w = super::kernel_width(report.rows.iter().map(|r| r.kernel.as_str()));
     println!(
         "{:<w$} {:<14} {:<22} | {:>9} {:>8} | {:>9}",
         "kernel", "product", "[m, k, n]", "ms", "TFLOP/s", "max error"

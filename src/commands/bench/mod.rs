@@ -474,3 +474,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The width of a table's `kernel` column: its longest name, and at least the header's.
+fn kernel_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names.map(str::len).max().unwrap_or(0).max("kernel".len())
+}

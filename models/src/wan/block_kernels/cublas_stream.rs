@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use burn::tensor::{DType, Shape};
+use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::*;
@@ -77,24 +77,16 @@ fn find(like: &CubeTensor<CudaRuntime>) -> Result<usize, String> {
     static SEEN: AtomicUsize = AtomicUsize::new(0);
     SEEN.store(0, Ordering::SeqCst);
     let subscriber = Subscription::new(&SEEN)?;
-    let client = like.client.clone();
-    let handle = client.create_from_slice(&[0u8; 4]);
-    let out = CubeTensor::new_contiguous(
-        client.clone(),
-        like.device.clone(),
-        Shape::new([1]),
-        handle,
-        DType::U32,
-    );
+    let out = super::cube::empty(like, &[1], DType::U32);
     let (x, y, z) = PROBE_GRID;
     probe::launch::<CudaRuntime>(
-        &client,
+        &like.client,
         CubeCount::Static(x, y, z),
         CubeDim::new_1d(1),
         out.into_tensor_arg(),
     );
     // The sync returns after CubeCL's server has launched everything queued before it.
-    let synced = cubecl::future::block_on(client.sync());
+    let synced = cubecl::future::block_on(like.client.sync());
     drop(subscriber);
     synced.map_err(|e| format!("sync after the probe: {e:?}"))?;
     match SEEN.load(Ordering::SeqCst) {
