@@ -1,10 +1,12 @@
 # Sourced by bench/gpu.sh and bench/gpu-tests.sh on the GPU machine: makes the NVIDIA
 # libraries that Reel loads at run time (as CubeCL loads NVRTC) loadable:
 # - `libcublas.so.*`, for the `cublas*` matmul kernels (the `cuda` default);
-# - `libcupti.so.*`, with which `cublas-stream` finds CubeCL's stream.
+# - `libcupti.so.*`, with which `cublas-stream` finds CubeCL's stream;
+# - `libcudnn.so.*`, for the attention forward on cuDNN (`REEL_FLASH=cudnn`; cuDNN 9 loads
+#   its engine libraries from the same directory).
 # For each: the loader's own path first; else the CUDA toolkit's lib64 (and CUPTI's
 # extras/CUPTI/lib64); else the `nvidia-*` wheels of the Python that holds PyTorch
-# (`nvidia/cublas/lib`, `nvidia/cuda_cupti/lib`, or `nvidia/cu13/lib`).
+# (`nvidia/cublas/lib`, `nvidia/cuda_cupti/lib`, `nvidia/cudnn/lib`, or `nvidia/cu13/lib`).
 cuda_libs() {
   local lib d dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
     /usr/local/cuda/extras/CUPTI/lib64)
@@ -13,7 +15,7 @@ import os, nvidia
 for p in nvidia.__path__:
     for s in sorted(os.listdir(p)):
         print(os.path.join(p, s, "lib"))' 2>/dev/null)
-  for lib in libcublas libcupti; do
+  for lib in libcublas libcupti libcudnn; do
     if ldconfig -p 2>/dev/null | grep -q "$lib\.so"; then continue; fi
     for d in "${dirs[@]}" ""; do
       if [[ -z $d ]]; then

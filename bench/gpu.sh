@@ -24,8 +24,9 @@
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
 # (when they are not the `cuda` default, cuBLAS), and with each pin of STEP_PINS (default
-# "cublas-stream cublas-async": cuBLAS without host syncs); then, with the variant (and pin) that was
-# fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
+# "cublas-stream cublas-async": cuBLAS without host syncs), and, with ATTENTION flash, once with
+# each value of REEL_FLASH in FLASH_PINS (default "cudnn": attention on cuDNN) and the fastest
+# matmul pin so far; then, with the variant (and pins) that was fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
 # autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
 # phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
@@ -89,6 +90,10 @@ case $PLAN in
     # The 8190-token step again with each of these pins: the orderings without host syncs,
     # which the matmul-alone run cannot tell apart from `cublas` (it times each product alone).
     STEP_PINS=${STEP_PINS-"cublas-stream cublas-async"}
+    # The 8190-token step again with each of these REEL_FLASH values (`flash` attention only):
+    # the attention on cuDNN's fused engines, PyTorch's on Hopper. The attention-alone run (a
+    # `flash cudnn` row) then runs whatever ATTENTION is.
+    FLASH_PINS=${FLASH_PINS-"cudnn"}
     STEPS=${STEPS:-2}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
@@ -313,9 +318,9 @@ PY
 # The attention mode for the manifest: with REEL_TILED_TILES set, its launch shapes too.
 # With REEL_BLOCK_KERNELS set (`off`: the norms, bias gradients and GELU as Burn tensor
 # operations), that too.
-# With REEL_MATMUL set (a pinned cubek matmul kernel), that too.
+# With REEL_MATMUL set (a pinned cubek matmul kernel), that too, and REEL_FLASH (`cudnn`).
 attention_label() {
-  echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}${REEL_MATMUL:+ (matmul $REEL_MATMUL)}"
+  echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}${REEL_MATMUL:+ (matmul $REEL_MATMUL)}${REEL_FLASH:+ (flash $REEL_FLASH)}"
 }
 
 encoder_job() { # VARIANT "<reel bench args>"
@@ -324,8 +329,9 @@ encoder_job() { # VARIANT "<reel bench args>"
     --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
 }
 
-# The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step, and the
-# matmul kernel that row pinned (none: Burn's); empty when no Reel row there succeeded.
+# The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step, the
+# matmul kernel that row pinned and its REEL_FLASH (each `-` when unset); empty when no Reel
+# row there succeeded.
 fastest_variant() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
 import json, re, sys
@@ -335,10 +341,10 @@ for line in open(manifest):
     j = json.loads(line)
     # Rows with the block kernels switched off are measurements, not candidates.
     if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and "block kernels" not in j["attention"]:
-        pinned = re.search(r"\(matmul ([^)]+)\)", j["attention"])
+        pin = lambda name: (re.search(rf"\({name} ([^)]+)\)", j["attention"]) or [None, "-"])[1]
         try:
             ms = json.load(open(j["file"]))[0]["train_step_ms"]["median"]
-            best = min(best, (ms, f"{j['variant']} {pinned.group(1) if pinned else ''}".strip()))
+            best = min(best, (ms, f"{j['variant']} {pin('matmul')} {pin('flash')}"))
         except Exception:
             pass
 print(best[1])
@@ -373,7 +379,9 @@ for line in open(manifest):
             for r in json.load(open(j["file"])):
                 # A row whose results are wrong (`error`: beyond the tolerance) never wins.
                 ok = not r.get("error")
-                if ok and r["kernel"] != "cubek" and r.get("forward_ms") and r.get("train_ms"):
+                # cuDNN's row is tried as a whole step (FLASH_PINS), not as launch shapes.
+                other = r["kernel"] in ("cubek", "flash cudnn")
+                if ok and not other and r.get("forward_ms") and r.get("train_ms"):
                     fwd, train = r["forward_ms"]["median"], r["train_ms"]["median"]
                     rows.append((fwd, train - fwd, r["kernel"]))
         except Exception:
@@ -400,7 +408,7 @@ summarize() {
 if [[ $PLAN == session ]]; then
   # With the attention named and no launch shapes to try, the attention-alone run decides
   # nothing: it is skipped.
-  if [[ $ATTENTION == pick || -n $TILES ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
+  if [[ $ATTENTION == pick || -n $TILES || -n $FLASH_PINS ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
@@ -423,6 +431,18 @@ if [[ $PLAN == session ]]; then
   for pin in $STEP_PINS; do
     if [[ $pin != "${pinned:-}" ]]; then REEL_MATMUL=$pin reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   done
+  # The attention on cuDNN, with the fastest matmul pin so far.
+  if [[ $ATTENTION == flash && -n $FLASH_PINS ]]; then
+    read -r _ so_far _ <<<"$(fastest_variant 21,30,52)"
+    [[ ${so_far:--} == - ]] && so_far=
+    for flash in $FLASH_PINS; do
+      if [[ -n $so_far ]]; then
+        REEL_FLASH=$flash REEL_MATMUL=$so_far reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
+      else
+        REEL_FLASH=$flash reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1
+      fi
+    done
+  fi
   best=$(fastest_variant 21,30,52)
   if [[ -z $best && $ATTENTION != fused ]]; then
     # The tensor-core kernels failed on this GPU (their rows say why): the rest of the plan
@@ -433,11 +453,13 @@ if [[ $PLAN == session ]]; then
     reel_job "${VARIANTS%% *}" fused 21,30,52 bf16 1
     best=$(fastest_variant 21,30,52)
   fi
-  read -r best best_matmul <<<"$best"
+  read -r best best_matmul best_flash <<<"$best"
   best=${best:-${VARIANTS%% *}}
-  # The rest of the plan pins the matmul kernel when that row was the fastest.
-  if [[ -n ${best_matmul:-} ]]; then export REEL_MATMUL=$best_matmul; fi
-  echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}" >&2
+  # The rest of the plan pins the matmul kernel and the flash forward when that row was the
+  # fastest.
+  if [[ ${best_matmul:--} != - ]]; then export REEL_MATMUL=$best_matmul; fi
+  if [[ ${best_flash:--} != - ]]; then export REEL_FLASH=$best_flash; fi
+  echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}${REEL_FLASH:+ REEL_FLASH=$REEL_FLASH}" >&2
   profile_job "$best" "$ATTENTION" 21,30,52
   # The fine-tuning step's phases, each with its host time (whether the GPU or the host sets
   # the pace; a breakdown run's attention follows its RUN name: `-flash` for flash).

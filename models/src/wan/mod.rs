@@ -45,7 +45,8 @@ pub use model::{Captured, Intermediates, WanModel};
 pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};
 
 /// The environment variables that choose GPU kernels in this build (`REEL_MATMUL`; with
-/// `cuda` or `wgpu`, `REEL_TILED_TILES` and `REEL_BLOCK_KERNELS` too) that are set, as
+/// `cuda` or `wgpu`, `REEL_TILED_TILES` and `REEL_BLOCK_KERNELS` too; with `cuda`,
+/// `REEL_FLASH`) that are set, as
 /// `NAME=value`, for a run's log: they change which kernels run, and a run config does not
 /// record them.
 pub fn kernel_settings() -> Vec<String> {
@@ -54,14 +55,15 @@ pub fn kernel_settings() -> Vec<String> {
 
 /// [`kernel_settings`] with the variables read by `get`.
 fn kernel_settings_from(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    #[allow(unused_mut)]
+    let mut names = vec![matmul::MATMUL_ENV];
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let names = [
-        matmul::MATMUL_ENV,
+    names.extend([
         fused_attention::tiles::TILES_ENV,
         block_kernels::BLOCK_KERNELS_ENV,
-    ];
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
-    let names = [matmul::MATMUL_ENV];
+    ]);
+    #[cfg(feature = "cuda")]
+    names.push(fused_attention::cudnn::FLASH_ENV);
     names
         .into_iter()
         .filter_map(|name| get(name).map(|v| format!("{name}={v}")))

@@ -3,8 +3,9 @@
 //! `[B, N, heads, head_dim]` as the Wan blocks pass them. One row per attention mode
 //! (`memory_efficient`, `fused`, `flash`; `--attention <mode>` times that one alone) with the
 //! forward without gradients and the forward plus backward, and with `flash` one row of
-//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only); `--tiles SPEC`
-//! adds a `flash` row per launch shape of the tiled kernels. A GPU session learns in seconds
+//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only) and, in a
+//! `cuda` build, one of `flash` on cuDNN (`flash cudnn`, `REEL_FLASH`);
+//! `--tiles SPEC` adds a `flash` row per launch shape of the tiled kernels. A GPU session learns in seconds
 //! which kernel (and which shape) is slow, without the minutes
 //! of a full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
 //! `scaled_dot_product_attention` on the same shapes.
@@ -189,6 +190,8 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     if modes.contains(&AttentionMode::Flash) {
         let row = cubek_row::<B::InnerBackend>(args, [&q, &k, &v], shape, &device, &check)?;
         rows.push(row);
+        #[cfg(feature = "cuda")]
+        rows.push(cudnn_row::<B>(args, [&q, &k, &v], shape, &check)?);
     }
     Ok(rows)
 }
@@ -380,6 +383,42 @@ fn train_time<B: AutodiffBackend>(
         },
     )?;
     Ok(ms)
+}
+
+/// The `flash` row on cuDNN (`REEL_FLASH=cudnn`), or, where one untimed forward finds that
+/// cuDNN does not run (another backend, no `libcudnn`, a shape it refuses: the reason is on
+/// stderr), a row saying so; a row whose backward fell back to Reel's kernels says that too.
+#[cfg(feature = "cuda")]
+fn cudnn_row<B: ReelBackend>(
+    args: &BenchArgs,
+    [q, k, v]: [&Tensor<B::InnerBackend, 4>; 3],
+    shape: [usize; 4],
+    check: &Check<B::InnerBackend>,
+) -> anyhow::Result<AttentionRow> {
+    use reel_models::wan::fused_attention::cudnn;
+    let kernel = "flash cudnn".to_string();
+    cudnn::choose(Some(true));
+    let before = cudnn::runs();
+    let _ = attention(q.clone(), k.clone(), v.clone(), AttentionMode::Flash);
+    let row = if cudnn::runs().0 > before.0 {
+        mode_row::<B>(args, AttentionMode::Flash, kernel, [q, k, v], shape, check).map(|row| {
+            let backward = cudnn::runs().1 > before.1;
+            let error = (!backward).then(|| {
+                "cuDNN's backward did not run (stderr says why): the train time has Reel's".into()
+            });
+            AttentionRow {
+                error: row.error.or(error),
+                ..row
+            }
+        })
+    } else {
+        Ok(AttentionRow {
+            error: Some("cuDNN did not run (stderr says why)".into()),
+            ..AttentionRow::untimed(kernel, shape, args.dtype)
+        })
+    };
+    cudnn::choose(None);
+    row
 }
 
 /// cubek's tensor-core flash forward alone, or why it does not run here.

@@ -289,13 +289,14 @@ fn op(o: Operand) -> cublasOperation_t {
 }
 
 /// A tensor's device address, with the allocation kept alive while this lives.
-struct Pointer {
-    ptr: *const c_void,
+pub(crate) struct Pointer {
+    /// The address of the tensor's first element.
+    pub(crate) ptr: *const c_void,
     _keep: Box<dyn Any>,
 }
 
 /// The device address of `t`'s first element.
-fn pointer(t: &CubeTensor<CudaRuntime>) -> Result<Pointer, MatmulError> {
+pub(crate) fn pointer(t: &CubeTensor<CudaRuntime>) -> Result<Pointer, MatmulError> {
     let managed = t
         .client
         .get_resource(t.handle.clone())
@@ -387,17 +388,7 @@ fn with_blas<T>(
 /// A cuBLAS handle bound to a new non-blocking stream, in the primary context of device
 /// `index` (the one CubeCL runs in), which it makes current.
 fn new_blas(index: usize) -> Result<Blas, MatmulError> {
-    driver::init().map_err(|e| refused(format!("cuInit: {e}")))?;
-    let device =
-        driver::device::get(index as i32).map_err(|e| refused(format!("device {index}: {e}")))?;
-    // SAFETY: `device` is a valid device handle; its primary context is made current on this
-    // thread before anything is created in it.
-    let context = unsafe {
-        let context = driver::primary_ctx::retain(device)
-            .map_err(|e| refused(format!("the primary context of device {index}: {e}")))?;
-        driver::ctx::set_current(context).map_err(|e| refused(format!("cuCtxSetCurrent: {e}")))?;
-        context
-    };
+    let context = primary_context(index).map_err(refused)?;
     let stream = driver::stream::create(driver::stream::StreamKind::NonBlocking)
         .map_err(|e| refused(format!("cuStreamCreate: {e}")))?;
     let handle = blas::create_handle().map_err(|e| refused(format!("cublasCreate: {e}")))?;
@@ -411,6 +402,21 @@ fn new_blas(index: usize) -> Result<Blas, MatmulError> {
         flags: None,
         shared: HashMap::new(),
     })
+}
+
+/// The primary context of device `index` (the one CubeCL runs in), retained and made current
+/// on this thread.
+pub(crate) fn primary_context(index: usize) -> Result<CUcontext, String> {
+    driver::init().map_err(|e| format!("cuInit: {e}"))?;
+    let device = driver::device::get(index as i32).map_err(|e| format!("device {index}: {e}"))?;
+    // SAFETY: `device` is a valid device handle; its primary context is made current on this
+    // thread before anything is created in it.
+    unsafe {
+        let context = driver::primary_ctx::retain(device)
+            .map_err(|e| format!("the primary context of device {index}: {e}"))?;
+        driver::ctx::set_current(context).map_err(|e| format!("cuCtxSetCurrent: {e}"))?;
+        Ok(context)
+    }
 }
 
 fn refused(why: String) -> MatmulError {

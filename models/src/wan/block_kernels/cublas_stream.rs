@@ -53,7 +53,7 @@ static FOUND: Mutex<Option<Found>> = Mutex::new(None);
 
 /// The CUDA stream that CubeCL runs this thread's kernels on, on `like`'s device: found once
 /// per device and CubeCL stream id, then remembered (a failure too).
-pub(super) fn cubecl_stream(like: &CubeTensor<CudaRuntime>) -> Result<CUstream, MatmulError> {
+pub(crate) fn cubecl_stream(like: &CubeTensor<CudaRuntime>) -> Result<CUstream, MatmulError> {
     let key = (
         like.device.index,
         cubecl::stream_id::StreamId::current().value,

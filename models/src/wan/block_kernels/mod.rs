@@ -49,11 +49,11 @@ mod cube_elementwise;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod cube_matmul;
 #[cfg(feature = "cuda")]
-mod cublas;
+pub(crate) mod cublas;
 #[cfg(feature = "cuda")]
 mod cublas_order;
 #[cfg(feature = "cuda")]
-mod cublas_stream;
+pub(crate) mod cublas_stream;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

@@ -34,7 +34,8 @@ pub trait FusedKernels: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The forward's output alone, for a forward that is not differentiated; with `flash`,
-    /// the tiled tensor-core forward where it runs ([`tiled`], bf16/f16: the kernel the
+    /// cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`, [`super::cudnn`]), else the
+    /// tiled tensor-core forward where it runs ([`tiled`], bf16/f16: the kernel the
     /// training forward runs), else the tensor-core flash kernel where it runs ([`flash`]),
     /// else [`Self::fused_forward`].
     fn fused_forward_output(
@@ -48,7 +49,8 @@ pub trait FusedKernels: Backend {
     }
 
     /// The tiled forward of [`tiled`] (`(o, lse)`, same contract as [`Self::fused_forward`])
-    /// with `products`, or `None` where it cannot run (then the fused kernels do).
+    /// with `products`, or `None` where it cannot run (then the fused kernels do); with
+    /// tensor-core products, cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`).
     fn tiled_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -56,7 +58,8 @@ pub trait FusedKernels: Backend {
         products: Products,
     ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 
-    /// The tiled backward of [`tiled`] (`(dq, dk, dv)`), or `None` where it cannot run.
+    /// The tiled backward of [`tiled`] (`(dq, dk, dv)`), or `None` where it cannot run; with
+    /// tensor-core products, cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`).
     fn tiled_backward(
         qkv: (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>),
         o: FloatTensor<Self>,
@@ -118,6 +121,10 @@ where
             // The training kernels first, so that a forward without a graph (a checkpointed
             // run's first pass) computes what their recomputation with a graph does.
             check_shapes(&q, &k, &v);
+            #[cfg(feature = "cuda")]
+            if let Some((o, _lse)) = super::cudnn::forward_if_chosen(&q, &k, &v) {
+                return o;
+            }
             match tiled::forward(q.clone(), k.clone(), v.clone(), Products::TensorCores) {
                 Ok((o, _lse)) => return o,
                 Err(tiled) => {
@@ -137,6 +144,12 @@ where
         products: Products,
     ) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
         check_shapes(&q, &k, &v);
+        #[cfg(feature = "cuda")]
+        if products == Products::TensorCores {
+            if let Some(result) = super::cudnn::forward_if_chosen(&q, &k, &v) {
+                return Some(result);
+            }
+        }
         let shape = q.meta.shape().dims();
         tiled_or_note(tiled::forward(q, k, v, products), shape)
     }
@@ -149,6 +162,13 @@ where
         products: Products,
     ) -> Option<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
         check_shapes(&qkv.0, &qkv.1, &qkv.2);
+        #[cfg(feature = "cuda")]
+        if products == Products::TensorCores {
+            let inputs = [&qkv.0, &qkv.1, &qkv.2];
+            if let Some(grads) = super::cudnn::backward_if_chosen(inputs, &o, &lse, &d_out) {
+                return Some(grads);
+            }
+        }
         let shape = qkv.0.meta.shape().dims();
         tiled_or_note(tiled::backward(qkv, o, lse, d_out, products), shape)
     }

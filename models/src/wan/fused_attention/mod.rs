@@ -12,6 +12,8 @@
 
 mod autodiff;
 mod backend;
+#[cfg(feature = "cuda")]
+pub mod cudnn;
 pub mod flash;
 mod fragments;
 #[cfg(feature = "fusion")]

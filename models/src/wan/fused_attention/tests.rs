@@ -701,3 +701,48 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     }
     tiles::set_tiles(tiles::TileChoice::default());
 }
+
+/// cuDNN's attention (`REEL_FLASH=cudnn`), forward and backward, against the naive attention:
+/// bf16 and f16, contiguous and strided. cuDNN runs the shapes whose head dims are multiples
+/// of 8 (Wan's 128 among them) and Reel's tiled kernels the others; a missing `libcudnn`, or a
+/// graph no cuDNN engine takes, fails the first calls with cuDNN's reason.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_cudnn_attention_matches_naive() {
+    type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    let device = Default::default();
+    let (bf16, f16) = (
+        burn::tensor::FloatDType::BF16,
+        burn::tensor::FloatDType::F16,
+    );
+    let t = |s: [usize; 4]| {
+        Tensor::<Cube, 4>::zeros(s, &device)
+            .cast(bf16)
+            .into_primitive()
+            .tensor()
+    };
+    let qkv = [0; 3].map(|_| t([1, 12, 256, 128]));
+    let (o, lse) = cudnn::forward(qkv[0].clone(), qkv[1].clone(), qkv[2].clone())
+        .unwrap_or_else(|e| panic!("cuDNN's forward cannot run a Wan-shaped attention: {e}"));
+    if let Err(e) = cudnn::backward(qkv, o.clone(), lse, o) {
+        panic!("cuDNN's backward cannot run a Wan-shaped attention: {e}");
+    }
+    let wan = [(200, 150, 128, 128), (64, 300, 64, 64)];
+    cudnn::choose(Some(true));
+    let before = cudnn::runs();
+    check_tiled::<Cube>(&device, Products::TensorCores, bf16, 3e-2, &wan);
+    check_tiled::<Cube>(&device, Products::TensorCores, f16, 1e-2, &wan);
+    let after = cudnn::runs();
+    cudnn::choose(None);
+    // Each extra shape: one forward and backward alone, then contiguous and strided, in two
+    // dtypes.
+    let ran = (after.0 - before.0, after.1 - before.1);
+    let want = 6 * wan.len();
+    assert!(
+        ran.0 >= want && ran.1 >= want,
+        "cuDNN ran {} forwards and {} backwards of at least {want} each; the rest fell back to \
+         Reel's kernels",
+        ran.0,
+        ran.1
+    );
+}

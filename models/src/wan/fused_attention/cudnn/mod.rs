@@ -1,0 +1,196 @@
+//! Attention on NVIDIA's cuDNN (`REEL_FLASH=cudnn`): the fused flash-attention engines
+//! PyTorch's `scaled_dot_product_attention` runs on Hopper, through cuDNN's graph API.
+//!
+//! With `attention = "flash"`, the bf16/f16 forwards (tracked or not) and backwards run here
+//! when the variable is set. cuDNN's saved statistics are Reel's log-sum-exp (both
+//! `max + ln Σ exp` of the scaled scores, float32, `[B, H, Sq]`), so a forward on one and a
+//! backward on the other agree. Where cuDNN cannot run a call (no `libcudnn`, another dtype,
+//! a head dim cuDNN does not take, no engine), one line on stderr says why and Reel's tiled
+//! kernels ([`super::tiled`]) run it.
+//!
+//! The graphs follow the pattern cuDNN's frontend builds for attention (`sdpa.rs`); cuDNN's
+//! heuristics pick the fused engine, and plans are made once per shape and layout, per thread
+//! and device (`run.rs`). Ordering with CubeCL's kernels as for cuBLAS
+//! (`block_kernels/cublas.rs`): on CubeCL's own stream where CUPTI finds it, else host syncs
+//! around the call.
+
+mod graph;
+mod ops;
+mod run;
+mod sdpa;
+
+use std::cell::Cell;
+use std::sync::{Mutex, OnceLock};
+
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::cuda::CudaRuntime;
+use cudarc::cudnn::sys as dnn;
+
+/// The environment variable that picks the `flash` kernels' library: `cudnn`, or `reel` (the
+/// default).
+pub const FLASH_ENV: &str = "REEL_FLASH";
+
+/// Why cuDNN did not run an attention call.
+#[derive(Debug, thiserror::Error)]
+pub enum CudnnError {
+    /// `libcudnn` did not load.
+    #[error(
+        "libcudnn was not found (put the CUDA toolkit's lib64, or the nvidia-cudnn wheel's lib, \
+         on LD_LIBRARY_PATH)"
+    )]
+    Missing,
+    /// The `libcudnn` found is older than cuDNN 9 (its version number, e.g. 8906 for 8.9.6).
+    #[error("the libcudnn found is version {0}; Reel's attention graphs need cuDNN 9")]
+    Version(usize),
+    /// The inputs are outside what the graph takes.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A cuDNN or CUDA call failed.
+    #[error("{0}")]
+    Call(String),
+    /// No engine of cuDNN's heuristics runs the graph (each one's reason).
+    #[error("no cuDNN engine runs the attention graph: {0}")]
+    NoEngine(String),
+}
+
+thread_local! {
+    /// This thread's override of [`FLASH_ENV`] (the tests' choice).
+    static CHOSEN: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Forwards cuDNN ran on this thread.
+    static RUNS: Cell<usize> = const { Cell::new(0) };
+    /// Backwards cuDNN ran on this thread.
+    static BACKWARD_RUNS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the `flash` forward runs on cuDNN: this thread's [`choose`], else [`FLASH_ENV`]
+/// (read once; another value than `cudnn` or `reel` is named on stderr and means `reel`).
+pub fn chosen() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    CHOSEN.with(Cell::get).unwrap_or_else(|| {
+        *ENV.get_or_init(|| match std::env::var(FLASH_ENV).as_deref() {
+            Ok("cudnn") => true,
+            Ok("reel") | Err(_) => false,
+            Ok(other) => {
+                eprintln!(
+                    "reel: {FLASH_ENV}={other:?} is neither \"cudnn\" nor \"reel\"; using reel"
+                );
+                false
+            }
+        })
+    })
+}
+
+/// Sets this thread's choice (`None`: back to [`FLASH_ENV`]).
+pub fn choose(cudnn: Option<bool>) {
+    CHOSEN.with(|c| c.set(cudnn));
+}
+
+/// How many forwards and backwards cuDNN has run on this thread.
+pub fn runs() -> (usize, usize) {
+    (RUNS.with(Cell::get), BACKWARD_RUNS.with(Cell::get))
+}
+
+/// [`forward`] when cuDNN is [`chosen`] and `R` is CUDA: `None` when it is not, or when
+/// cuDNN could not run the call (each distinct reason is named once on stderr).
+pub(super) fn forward_if_chosen<R: CubeRuntime>(
+    q: &CubeTensor<R>,
+    k: &CubeTensor<R>,
+    v: &CubeTensor<R>,
+) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
+    if !chosen() {
+        return None;
+    }
+    let [q, k, v] = [q, k, v].map(|t| as_cuda(t.clone()));
+    let (o, lse) = noted(forward(q?, k?, v?))?;
+    Some((from_cuda(o), from_cuda(lse)))
+}
+
+/// [`backward`] when cuDNN is [`chosen`] and `R` is CUDA, as [`forward_if_chosen`].
+pub(super) fn backward_if_chosen<R: CubeRuntime>(
+    qkv: [&CubeTensor<R>; 3],
+    o: &CubeTensor<R>,
+    lse: &CubeTensor<R>,
+    d_out: &CubeTensor<R>,
+) -> Option<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
+    if !chosen() {
+        return None;
+    }
+    let [q, k, v] = qkv.map(|t| as_cuda(t.clone()));
+    let [o, lse, d_out] = [o, lse, d_out].map(|t| as_cuda(t.clone()));
+    let [dq, dk, dv] = noted(backward([q?, k?, v?], o?, lse?, d_out?))?;
+    Some((from_cuda(dq), from_cuda(dk), from_cuda(dv)))
+}
+
+/// `result`'s value, or `None` after naming its error on stderr (each distinct one once: a run
+/// can hold calls cuDNN takes and calls it refuses).
+fn noted<T>(result: Result<T, CudnnError>) -> Option<T> {
+    static NOTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    result
+        .map_err(|e| {
+            let why = e.to_string();
+            let mut noted = NOTED.lock().unwrap_or_else(|e| e.into_inner());
+            if !noted.contains(&why) {
+                eprintln!("reel: {FLASH_ENV}=cudnn: {why}; Reel's attention kernels run instead");
+                noted.push(why);
+            }
+        })
+        .ok()
+}
+
+/// `t` as a CUDA tensor when `R` is CUDA.
+fn as_cuda<R: CubeRuntime>(t: CubeTensor<R>) -> Option<CubeTensor<CudaRuntime>> {
+    let any: Box<dyn std::any::Any> = Box::new(t);
+    any.downcast::<CubeTensor<CudaRuntime>>().ok().map(|t| *t)
+}
+
+/// Back from [`as_cuda`] (`R` is CUDA there).
+fn from_cuda<R: CubeRuntime>(t: CubeTensor<CudaRuntime>) -> CubeTensor<R> {
+    let any: Box<dyn std::any::Any> = Box::new(t);
+    *any.downcast::<CubeTensor<R>>()
+        .unwrap_or_else(|_| panic!("from_cuda: {} is not CUDA", std::any::type_name::<R>()))
+}
+
+/// `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` of `q [B, H, Sq, D]`, `k [B, H, Sk, D]`,
+/// `v [B, H, Sk, Dv]` (bf16 or f16, any strides with a contiguous head dim) on cuDNN; `o` is
+/// laid out as `q` is.
+pub fn forward(
+    q: CubeTensor<CudaRuntime>,
+    k: CubeTensor<CudaRuntime>,
+    v: CubeTensor<CudaRuntime>,
+) -> Result<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>), CudnnError> {
+    present()?;
+    let result = sdpa::forward(q, k, v)?;
+    RUNS.with(|r| r.set(r.get() + 1));
+    Ok(result)
+}
+
+/// `[dq, dk, dv]`, laid out like `q, k, v`, from the forward's `o` and `lse` and the output
+/// gradient `d_out [B, H, Sq, Dv]` (cast to the inputs' dtype when it is not), on cuDNN.
+pub fn backward(
+    qkv: [CubeTensor<CudaRuntime>; 3],
+    o: CubeTensor<CudaRuntime>,
+    lse: CubeTensor<CudaRuntime>,
+    d_out: CubeTensor<CudaRuntime>,
+) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
+    present()?;
+    let d_out = super::as_dtype(d_out, qkv[0].dtype);
+    let grads = sdpa::backward(qkv, o, lse, d_out)?;
+    BACKWARD_RUNS.with(|r| r.set(r.get() + 1));
+    Ok(grads)
+}
+
+/// cuDNN's version (e.g. 92800 for 9.28.0) when `libcudnn` loads and is cuDNN 9 or later
+/// (looked for once).
+pub(super) fn present() -> Result<usize, CudnnError> {
+    static VERSION: OnceLock<Option<usize>> = OnceLock::new();
+    // SAFETY: loading the library runs its initialisers (cuDNN's own); `cudnnGetVersion`
+    // exists in every cuDNN.
+    let version =
+        VERSION.get_or_init(|| unsafe { dnn::is_culib_present().then(|| dnn::cudnnGetVersion()) });
+    match *version {
+        None => Err(CudnnError::Missing),
+        Some(v) if v < 90000 => Err(CudnnError::Version(v)),
+        Some(v) => Ok(v),
+    }
+}

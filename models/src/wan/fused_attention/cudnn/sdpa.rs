@@ -1,0 +1,407 @@
+//! The flash-attention graphs in cuDNN's documented pattern (the one its C++ frontend builds for
+//! `sdpa` and `sdpa_backward` without masks or dropout), and the calls that run them on CubeCL
+//! tensors.
+//!
+//! Shapes: `q [B, H, Sq, D]`, `k [B, H, Sk, D]`, `v [B, H, Sk, Dv]`, `o`, `dO [B, H, Sq, Dv]`,
+//! statistics `[B, H, Sq, 1]` float32 (Reel's log-sum-exp `[B, H, Sq]`). The graphs read `k`
+//! (and, backward, `v`) transposed, through their strides.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::ops::numeric::zeros_client;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::CudaRuntime;
+use cudarc::cudnn::sys as dnn;
+use dnn::cudnnPointwiseMode_t as Pw;
+use dnn::cudnnReduceTensorOp_t::{CUDNN_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_MAX};
+
+use super::graph::{Desc, TensorSpec};
+use super::ops;
+use super::run::{self, Call, PlanKey};
+use super::CudnnError;
+use crate::wan::fused_attention::{empty_in_layout_of, empty_rows};
+
+/// What a plan depends on: the dtype, and the dims and strides of `q, k, v` (in that order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Key {
+    dtype: DType,
+    dims: [[i64; 4]; 3],
+    strides: [[i64; 4]; 3],
+    /// The forward's output, or the backward's `o, dO, dq, dk, dv`: their strides.
+    more: [[i64; 4]; 5],
+}
+
+impl Key {
+    /// The key of `q, k, v` (the other strides zero), or why the graphs do not take them.
+    fn of(qkv: [&CubeTensor<CudaRuntime>; 3]) -> Result<Self, CudnnError> {
+        let [q, k, v] = qkv;
+        let unsupported = |why: String| Err(CudnnError::Unsupported(why));
+        if !matches!(q.dtype, DType::BF16 | DType::F16) || k.dtype != q.dtype || v.dtype != q.dtype
+        {
+            return unsupported(format!(
+                "dtypes {:?} {:?} {:?}, not bf16 or f16",
+                q.dtype, k.dtype, v.dtype
+            ));
+        }
+        let dims = qkv.map(|t| {
+            let s = t.meta.shape();
+            [s[0], s[1], s[2], s[3]].map(|d| d as i64)
+        });
+        let strides = qkv.map(strides);
+        let (d, dv) = (dims[0][3], dims[2][3]);
+        if d % 8 != 0 || dv % 8 != 0 || d > 256 || dv > 256 {
+            return unsupported(format!(
+                "head dims {d} and {dv} (cuDNN takes multiples of 8 up to 256)"
+            ));
+        }
+        if strides.iter().any(|s| s[3] != 1) {
+            return unsupported(format!(
+                "strides {strides:?}: the head dim must be contiguous"
+            ));
+        }
+        Ok(Self {
+            dtype: q.dtype,
+            dims,
+            strides,
+            more: [[0; 4]; 5],
+        })
+    }
+
+    fn io(&self) -> dnn::cudnnDataType_t {
+        match self.dtype {
+            DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
+            _ => dnn::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        }
+    }
+
+    /// `[B, H, Sq, Sk, D, Dv]`.
+    fn sizes(&self) -> [i64; 6] {
+        let [q, k, v] = self.dims;
+        [q[0], q[1], q[2], k[2], q[3], v[3]]
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.dims[0][3] as f32).sqrt()
+    }
+}
+
+fn strides(t: &CubeTensor<CudaRuntime>) -> [i64; 4] {
+    let s = t.meta.strides();
+    [s[0], s[1], s[2], s[3]].map(|x| x as i64)
+}
+
+// The tensors' uids in the graphs and variant packs.
+const Q: i64 = 1;
+const K: i64 = 2;
+const V: i64 = 3;
+const O: i64 = 4;
+const STATS: i64 = 5;
+const SCALE: i64 = 6;
+const D_OUT: i64 = 7;
+const DQ: i64 = 8;
+const DK: i64 = 9;
+const DV: i64 = 10;
+const ROW_SUMS: i64 = 11;
+const DQ_SUMS: i64 = 12;
+const ONE: i64 = 13;
+
+/// `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` on cuDNN; `o` is laid out as `q` is.
+pub(super) fn forward(
+    q: CubeTensor<CudaRuntime>,
+    k: CubeTensor<CudaRuntime>,
+    v: CubeTensor<CudaRuntime>,
+) -> Result<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>), CudnnError> {
+    let key = Key::of([&q, &k, &v])?;
+    let [b, h, sq, _, _, dv] = key.sizes().map(|d| d as usize);
+    let out = empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
+    let lse = empty_rows(&q);
+    let mut key = key;
+    key.more[0] = strides(&out);
+    run::execute(Call {
+        key: PlanKey::Forward(key),
+        graph: &|| forward_ops(&key),
+        tensors: &[(Q, &q), (K, &k), (V, &v), (O, &out), (STATS, &lse)],
+        scalars: &[(SCALE, key.scale())],
+    })?;
+    Ok((out, lse))
+}
+
+/// `(dq, dk, dv)` laid out like `q, k, v`, from the saved `o`, `lse` and the output gradient
+/// `d_out` (in the inputs' dtype, contiguous head dims), on cuDNN.
+pub(super) fn backward(
+    [q, k, v]: [CubeTensor<CudaRuntime>; 3],
+    o: CubeTensor<CudaRuntime>,
+    lse: CubeTensor<CudaRuntime>,
+    d_out: CubeTensor<CudaRuntime>,
+) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
+    let key = Key::of([&q, &k, &v])?;
+    if o.dtype != key.dtype || d_out.dtype != key.dtype || lse.dtype != DType::F32 {
+        return Err(CudnnError::Unsupported(format!(
+            "o {:?}, dO {:?}, lse {:?} beside inputs in {:?}",
+            o.dtype, d_out.dtype, lse.dtype, key.dtype
+        )));
+    }
+    let d_out = if d_out.meta.strides()[3] == 1 {
+        d_out
+    } else {
+        burn_cubecl::kernel::into_contiguous(d_out)
+    };
+    let [b, h, sq, _, d, _] = key.sizes().map(|x| x as usize);
+    let like = |t: &CubeTensor<CudaRuntime>| empty_in_layout_of(t, t.meta.shape().dims(), t.dtype);
+    let (dq, dk, dv) = (like(&q), like(&k), like(&v));
+    // Float32 buffers the graph needs: the rows' `Σ dO∘O`, and dq's float32 sums (zeroed:
+    // cuDNN before 9.6 did not clear them itself).
+    let row_sums = empty_rows(&q);
+    let zeros = |shape: [usize; 4]| {
+        zeros_client(
+            q.client.clone(),
+            q.device.clone(),
+            Shape::new(shape),
+            DType::F32,
+        )
+    };
+    let dq_sums = zeros([b, h, sq, d]);
+    let mut key = key;
+    key.more = [&o, &d_out, &dq, &dk, &dv].map(strides);
+    if key.more.iter().any(|s| s[3] != 1) {
+        return Err(CudnnError::Unsupported(format!(
+            "o, dO, dq, dk, dv strides {:?}: the head dim must be contiguous",
+            key.more
+        )));
+    }
+    run::execute(Call {
+        key: PlanKey::Backward(key),
+        graph: &|| backward_ops(&key),
+        tensors: &[
+            (Q, &q),
+            (K, &k),
+            (V, &v),
+            (O, &o),
+            (D_OUT, &d_out),
+            (STATS, &lse),
+            (DQ, &dq),
+            (DK, &dk),
+            (DV, &dv),
+            (ROW_SUMS, &row_sums),
+            (DQ_SUMS, &dq_sums),
+        ],
+        scalars: &[(SCALE, key.scale()), (ONE, 1.0)],
+    })?;
+    Ok([dq, dk, dv])
+}
+
+/// A non-virtual tensor.
+fn real(uid: i64, dtype: dnn::cudnnDataType_t, dims: [i64; 4], strides: [i64; 4]) -> TensorSpec {
+    TensorSpec {
+        uid,
+        dtype,
+        dims,
+        strides,
+        is_virtual: false,
+        by_value: false,
+    }
+}
+
+/// A host scalar (float32), broadcast.
+fn scalar(uid: i64) -> Result<Desc, CudnnError> {
+    TensorSpec {
+        by_value: true,
+        ..real(uid, F32, [1; 4], [1; 4])
+    }
+    .build()
+}
+
+/// `[B, H, rows, cols]` virtual float32, row-major.
+fn virtual_(uid: i64, dims: [i64; 4]) -> Result<Desc, CudnnError> {
+    TensorSpec::virtual_f32(uid, dims).build()
+}
+
+/// `t`'s last two dims (and strides) swapped: the transposed view.
+fn swapped([a, b, c, d]: [i64; 4]) -> [i64; 4] {
+    [a, b, d, c]
+}
+
+const F32: dnn::cudnnDataType_t = dnn::cudnnDataType_t::CUDNN_DATA_FLOAT;
+
+/// The statistics `[B, H, Sq, 1]` (Reel's `[B, H, Sq]` log-sum-exp, or the row sums).
+fn rows(uid: i64, key: &Key) -> TensorSpec {
+    let [b, h, sq, ..] = key.sizes();
+    real(uid, F32, [b, h, sq, 1], [h * sq, sq, 1, 1])
+}
+
+/// The forward: `S = Q·Kᵀ`, scaled; softmax as max, subtract, exp, sum, divide, with the
+/// statistics `max + log(sum)`; `O = P·V`.
+fn forward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
+    let io = key.io();
+    let [b, h, sq, sk, _, dv] = key.sizes();
+    let [qd, kd, vd] = key.dims;
+    let [qs, ks, vs] = key.strides;
+    let q = real(Q, io, qd, qs).build()?;
+    let kt = real(K, io, swapped(kd), swapped(ks)).build()?;
+    let v = real(V, io, vd, vs).build()?;
+    let o = real(O, io, [b, h, sq, dv], key.more[0]).build()?;
+    let stats = rows(STATS, key).build()?;
+    let scale = scalar(SCALE)?;
+    let scores = |uid| virtual_(uid, [b, h, sq, sk]);
+    let row = |uid| virtual_(uid, [b, h, sq, 1]);
+    let (s, scaled, shifted, exp) = (scores(20)?, scores(21)?, scores(22)?, scores(23)?);
+    let (max, sum, log) = (row(24)?, row(25)?, row(26)?);
+    let p = TensorSpec {
+        dtype: io,
+        ..TensorSpec::virtual_f32(27, [b, h, sq, sk])
+    }
+    .build()?;
+    Ok(vec![
+        ops::matmul(&q, &kt, &s)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &s, Some(&scale), &scaled)?,
+        ops::reduction(CUDNN_REDUCE_TENSOR_MAX, &scaled, &max)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_SUB, &scaled, Some(&max), &shifted)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_EXP, &shifted, None, &exp)?,
+        ops::reduction(CUDNN_REDUCE_TENSOR_ADD, &exp, &sum)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_LOG, &sum, None, &log)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_ADD, &max, Some(&log), &stats)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_DIV, &exp, Some(&sum), &p)?,
+        ops::matmul(&p, &v, &o)?,
+    ])
+}
+
+/// The backward, recomputing `P = exp(S·scale − stats)`: `dV = Pᵀ·dO`;
+/// `dS = P ∘ (dO·Vᵀ − Σ dO∘O) · scale`; `dK = dSᵀ·Q`; `dQ = dS·K` summed in float32, then
+/// cast.
+fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
+    let io = key.io();
+    let [b, h, sq, sk, d, dv] = key.sizes();
+    let [qd, kd, vd] = key.dims;
+    let [qs, ks, vs] = key.strides;
+    let [os, dos, dqs, dks, dvs] = key.more;
+    let q = real(Q, io, qd, qs).build()?;
+    let kt = real(K, io, swapped(kd), swapped(ks)).build()?;
+    let vt = real(V, io, swapped(vd), swapped(vs)).build()?;
+    let o = real(O, io, [b, h, sq, dv], os).build()?;
+    let d_out = real(D_OUT, io, [b, h, sq, dv], dos).build()?;
+    let stats = rows(STATS, key).build()?;
+    let dq = real(DQ, io, qd, dqs).build()?;
+    let dk = real(DK, io, kd, dks).build()?;
+    let dv_ = real(DV, io, vd, dvs).build()?;
+    let row_sums = rows(ROW_SUMS, key).build()?;
+    let dq_sums = real(DQ_SUMS, F32, qd, [h * sq * d, sq * d, d, 1]).build()?;
+    let (scale, one) = (scalar(SCALE)?, scalar(ONE)?);
+    // `dO ∘ O`, with the strides cuDNN's own frontend gives this virtual tensor.
+    let d_out_o = TensorSpec {
+        strides: [h * sq * dv, sq * dv, h * dv, 1],
+        ..TensorSpec::virtual_f32(30, [b, h, sq, dv])
+    }
+    .build()?;
+    let row_sum = virtual_(31, [b, h, sq, 1])?;
+    let scores = |uid| virtual_(uid, [b, h, sq, sk]);
+    let (s, scaled, shifted, p) = (scores(32)?, scores(33)?, scores(34)?, scores(35)?);
+    let (dp, dp_centred, dp_p, ds) = (scores(36)?, scores(37)?, scores(38)?, scores(39)?);
+    // `Pᵀ` and `dSᵀ` `[B, H, Sk, Sq]` in the inputs' dtype; `K` seen `[B, H, Sk, D]`.
+    let transposed = |uid| {
+        TensorSpec {
+            dtype: io,
+            dims: [b, h, sk, sq],
+            strides: [h * sq * sk, sq * sk, 1, sk],
+            ..TensorSpec::virtual_f32(uid, [b, h, sk, sq])
+        }
+        .build()
+    };
+    let (pt, dst) = (transposed(40)?, transposed(41)?);
+    let k = TensorSpec {
+        strides: ks,
+        ..TensorSpec::virtual_f32(42, kd)
+    }
+    .build()?;
+    Ok(vec![
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &d_out, Some(&o), &d_out_o)?,
+        ops::reduction(CUDNN_REDUCE_TENSOR_ADD, &d_out_o, &row_sum)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &row_sum, Some(&one), &row_sums)?,
+        ops::matmul(&q, &kt, &s)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &s, Some(&scale), &scaled)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_SUB, &scaled, Some(&stats), &shifted)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_EXP, &shifted, None, &p)?,
+        ops::reshape(&p, &pt)?,
+        ops::matmul(&pt, &d_out, &dv_)?,
+        ops::matmul(&d_out, &vt, &dp)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_SUB, &dp, Some(&row_sums), &dp_centred)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &dp_centred, Some(&p), &dp_p)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &dp_p, Some(&scale), &ds)?,
+        ops::reshape(&ds, &dst)?,
+        ops::matmul(&dst, &q, &dk)?,
+        ops::reshape(&kt, &k)?,
+        ops::matmul(&ds, &k, &dq_sums)?,
+        ops::pointwise(Pw::CUDNN_POINTWISE_IDENTITY, &dq_sums, None, &dq)?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key for `[B, S, H, D]` tensors seen as `[B, H, S, D]`, as the Wan blocks pass them.
+    fn wan_key(dtype: DType, [b, h, sq, sk, d]: [i64; 5]) -> Key {
+        let bshd = |s: i64| [s * h * d, d, h * d, 1];
+        Key {
+            dtype,
+            dims: [[b, h, sq, d], [b, h, sk, d], [b, h, sk, d]],
+            strides: [bshd(sq), bshd(sk), bshd(sk)],
+            more: [bshd(sq), bshd(sq), bshd(sq), bshd(sk), bshd(sk)],
+        }
+    }
+
+    /// An H100 80GB HBM3 as cuDNN's device properties describe it (the values of the
+    /// CUDA device attributes cuDNN reads).
+    const H100: &str = r#"{"deviceVer": 900, "driverVer": 12080, "cudaDeviceId": 0,
+        "totalGlobalMem": 85045968896, "maxGridSize": [2147483647, 65535, 65535],
+        "maxBlockSize": [1024, 1024, 64], "regsPerBlock": 65536, "multiProcessorCount": 132,
+        "smCountOrigin": 0, "warpSize": 32, "maxSharedMemoryPerBlock": 49152,
+        "maxSharedMemoryPerBlockOptin": 232448, "oversizedSharedMemoryPerBlock": 0,
+        "reservedSharedMemoryPerBlock": 1024, "maxRegistersPerSM": 65536, "maxCtasPerSM": 32,
+        "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "pciDeviceId": 9008,
+        "isTccDriver": 0, "supportCoopLaunch": 1, "smClockRateKHz": 1980000,
+        "memClockRateKHz": 2619000, "memoryBusWidth": 5120, "l2CacheSize": 52428800,
+        "deviceName": "NVIDIA H100 80GB HBM3"}"#;
+
+    /// cuDNN's heuristics propose engines for both graphs on an H100 described by its
+    /// properties ([`H100`]), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
+    /// graphs have the pattern of cuDNN's fused attention engines (a graph they do not
+    /// recognise gets none). Needs `libcudnn` and, for its heuristics, `libcublasLt`, not a
+    /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
+    #[test]
+    fn cuda_cudnn_heuristics_take_the_graphs() {
+        use super::super::graph::{described_device, engine_index, Plan, Target};
+        let version =
+            crate::wan::fused_attention::cudnn::present().unwrap_or_else(|e| panic!("{e}"));
+        if version < 90800 {
+            // Describing a device needs cuDNN 9.8; `cuda_cudnn_attention_matches_naive` checks
+            // the graphs on the GPU itself.
+            eprintln!("cuDNN {version} cannot describe a device (9.8 can): not checked here");
+            return;
+        }
+        let device =
+            described_device(H100).unwrap_or_else(|e| panic!("the H100's properties: {e}"));
+        for dtype in [DType::BF16, DType::F16] {
+            for shape in [[1, 12, 8190, 8190, 128], [2, 3, 200, 150, 64]] {
+                let key = wan_key(dtype, shape);
+                for (name, ops) in [
+                    ("forward", forward_ops(&key)),
+                    ("backward", backward_ops(&key)),
+                ] {
+                    let what = format!("{name} {dtype:?} {shape:?}");
+                    let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (_graph, _heuristics, configs) =
+                        Plan::configs(Target::Described(&device), &ops)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let engines: Vec<_> = configs
+                        .iter()
+                        .map(|c| engine_index(c).unwrap_or(-1))
+                        .collect();
+                    eprintln!("{what}: cuDNN's engines {engines:?}");
+                    assert!(
+                        !engines.is_empty(),
+                        "{what}: cuDNN's heuristics propose no engine"
+                    );
+                }
+            }
+        }
+    }
+}
