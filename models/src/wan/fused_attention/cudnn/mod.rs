@@ -63,7 +63,7 @@ thread_local! {
     static BACKWARD_RUNS: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Whether the `flash` forward runs on cuDNN: this thread's [`choose`], else [`FLASH_ENV`]
+/// Whether the `flash` attention runs on cuDNN: this thread's [`choose`], else [`FLASH_ENV`]
 /// (read once; another value than `cudnn` or `reel` is named on stderr and means `reel`).
 pub fn chosen() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();

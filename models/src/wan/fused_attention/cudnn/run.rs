@@ -58,10 +58,10 @@ pub(super) fn execute(call: Call<'_>) -> Result<(), CudnnError> {
         let pointer = |t: &CubeTensor<CudaRuntime>| {
             let p = cublas::pointer(t).map_err(|e| CudnnError::Call(e.to_string()))?;
             if !(p.ptr as usize).is_multiple_of(16) {
-                return Err(CudnnError::Unsupported(format!(
-                    "a tensor at {:p} is not 16-byte aligned",
-                    p.ptr
-                )));
+                // No address in the message: each distinct reason is printed once.
+                return Err(CudnnError::Unsupported(
+                    "a tensor is not 16-byte aligned".into(),
+                ));
             }
             Ok(p)
         };
