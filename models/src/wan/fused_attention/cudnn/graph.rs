@@ -1,6 +1,6 @@
 //! cuDNN's graph ("backend") API in a few safe pieces: descriptors that free themselves
-//! ([`Desc`]), tensors, the three operation kinds the attention graph uses (matmul,
-//! pointwise, reduction), and an execution plan found by cuDNN's heuristics ([`Plan`]).
+//! ([`Desc`]), tensors ([`TensorSpec`]), and an execution plan found by cuDNN's heuristics
+//! ([`Plan`]); the operations are in `ops.rs`.
 //!
 //! Upstream reference: the cuDNN backend API (`cudnnBackendCreateDescriptor`,
 //! `cudnnBackendSetAttribute`, `cudnnBackendFinalize`, `cudnnBackendExecute`; NVIDIA's
@@ -16,6 +16,9 @@ use dnn::cudnnBackendAttributeType_t as Ty;
 use dnn::cudnnBackendDescriptorType_t as Kind;
 
 use super::CudnnError;
+
+/// cuDNN's float32, the graphs' intermediate and compute type.
+pub(super) const F32: dnn::cudnnDataType_t = dnn::cudnnDataType_t::CUDNN_DATA_FLOAT;
 
 /// `Ok` for `CUDNN_STATUS_SUCCESS`; otherwise `what` failed, with cuDNN's name for the status
 /// and its last error message.
@@ -139,7 +142,7 @@ impl TensorSpec {
         let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
         Self {
             uid,
-            dtype: dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+            dtype: F32,
             dims,
             strides,
             is_virtual: true,
@@ -200,7 +203,7 @@ pub(super) struct Plan {
     plan: Desc,
     /// Bytes of device workspace an execution needs.
     pub workspace: usize,
-    /// The name of the engine cuDNN chose, for the log.
+    /// The global index of the engine cuDNN chose, for the log.
     pub engine: i64,
     _keep: Vec<Desc>,
 }
@@ -213,17 +216,6 @@ pub(super) enum Target<'a> {
     /// Only the tests make plans without a GPU.
     #[cfg_attr(not(test), allow(dead_code))]
     Described(&'a Desc),
-}
-
-impl Target<'_> {
-    /// Sets the target on `desc`: its `handle` attribute, or else its `device` one.
-    fn set_on(&self, desc: &Desc, handle: Attr, device: Attr) -> Result<(), CudnnError> {
-        match self {
-            Target::Handle(h) => desc.set(handle, Ty::CUDNN_TYPE_HANDLE, &[*h])?,
-            Target::Described(d) => desc.descs(device, &[d])?,
-        };
-        Ok(())
-    }
 }
 
 /// A device described by cuDNN's device-properties JSON, for [`Target::Described`].
@@ -305,11 +297,16 @@ impl Plan {
     /// A finalized plan of `config` and its workspace size.
     fn with_config(target: Target<'_>, config: &Desc) -> Result<(Desc, usize), CudnnError> {
         let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-        target.set_on(
-            &plan,
-            Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
-            Attr::CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
-        )?;
+        match target {
+            Target::Handle(h) => plan.set(
+                Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+                Ty::CUDNN_TYPE_HANDLE,
+                &[h],
+            )?,
+            Target::Described(device) => {
+                plan.descs(Attr::CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, &[device])?
+            }
+        };
         plan.descs(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
         let plan = plan.finalize()?;
         let mut workspace = 0i64;
@@ -398,19 +395,14 @@ fn engine_configs(heur: &Desc) -> Result<Vec<Desc>, CudnnError> {
 /// The global index of the engine of `config` (for the log).
 pub(super) fn engine_index(config: &Desc) -> Result<i64, CudnnError> {
     let engine = Desc::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
+    // cuDNN fills the engine descriptor created here.
     let mut raw = engine.raw();
-    let mut got = 0i64;
-    // SAFETY: one created engine descriptor for cuDNN to fill.
-    check("the configuration's engine", unsafe {
-        dnn::cudnnBackendGetAttribute(
-            config.raw(),
-            Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
-            Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-            1,
-            &mut got,
-            &mut raw as *mut _ as *mut c_void,
-        )
-    })?;
+    get(
+        config,
+        Attr::CUDNN_ATTR_ENGINECFG_ENGINE,
+        Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        &mut raw,
+    )?;
     let mut index = -1i64;
     get(
         &engine,
@@ -421,7 +413,8 @@ pub(super) fn engine_index(config: &Desc) -> Result<i64, CudnnError> {
     Ok(index)
 }
 
-/// Reads one scalar attribute `attr` of type `ty` into `out`.
+/// Reads one attribute `attr` of type `ty` into `out` (one element: a scalar, or a created
+/// descriptor for cuDNN to fill).
 fn get<T>(desc: &Desc, attr: Attr, ty: Ty, out: &mut T) -> Result<(), CudnnError> {
     let mut got = 0i64;
     // SAFETY: `out` has room for one element of the C type `ty` names.

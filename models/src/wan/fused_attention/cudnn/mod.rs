@@ -174,7 +174,6 @@ pub fn backward(
     d_out: CubeTensor<CudaRuntime>,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
     present()?;
-    let d_out = super::as_dtype(d_out, qkv[0].dtype);
     let grads = sdpa::backward(qkv, o, lse, d_out)?;
     BACKWARD_RUNS.with(|r| r.set(r.get() + 1));
     Ok(grads)

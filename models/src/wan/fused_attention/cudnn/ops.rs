@@ -6,10 +6,8 @@ use dnn::cudnnBackendAttributeName_t as Attr;
 use dnn::cudnnBackendAttributeType_t as Ty;
 use dnn::cudnnBackendDescriptorType_t as Kind;
 
-use super::graph::Desc;
+use super::graph::{Desc, F32};
 use super::CudnnError;
-
-const F32: dnn::cudnnDataType_t = dnn::cudnnDataType_t::CUDNN_DATA_FLOAT;
 
 /// The operation `c = a · b` (batched over the leading dims), float32 accumulation.
 pub(super) fn matmul(a: &Desc, b: &Desc, c: &Desc) -> Result<Desc, CudnnError> {

@@ -14,11 +14,11 @@ use cudarc::cudnn::sys as dnn;
 use dnn::cudnnPointwiseMode_t as Pw;
 use dnn::cudnnReduceTensorOp_t::{CUDNN_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_MAX};
 
-use super::graph::{Desc, TensorSpec};
+use super::graph::{Desc, TensorSpec, F32};
 use super::ops;
 use super::run::{self, Call, PlanKey};
 use super::CudnnError;
-use crate::wan::fused_attention::{empty_in_layout_of, empty_rows};
+use crate::wan::fused_attention::{as_dtype, empty_in_layout_of, empty_rows};
 
 /// What a plan depends on: the dtype, and the dims and strides of `q, k, v` (in that order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,7 +126,8 @@ pub(super) fn forward(
 }
 
 /// `(dq, dk, dv)` laid out like `q, k, v`, from the saved `o`, `lse` and the output gradient
-/// `d_out` (in the inputs' dtype, contiguous head dims), on cuDNN.
+/// `d_out` (cast to the inputs' dtype and given a contiguous head dim where it has not), on
+/// cuDNN.
 pub(super) fn backward(
     [q, k, v]: [CubeTensor<CudaRuntime>; 3],
     o: CubeTensor<CudaRuntime>,
@@ -134,12 +135,13 @@ pub(super) fn backward(
     d_out: CubeTensor<CudaRuntime>,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
     let key = Key::of([&q, &k, &v])?;
-    if o.dtype != key.dtype || d_out.dtype != key.dtype || lse.dtype != DType::F32 {
+    if o.dtype != key.dtype || lse.dtype != DType::F32 {
         return Err(CudnnError::Unsupported(format!(
-            "o {:?}, dO {:?}, lse {:?} beside inputs in {:?}",
-            o.dtype, d_out.dtype, lse.dtype, key.dtype
+            "o {:?}, lse {:?} beside inputs in {:?}",
+            o.dtype, lse.dtype, key.dtype
         )));
     }
+    let d_out = as_dtype(d_out, key.dtype);
     let d_out = if d_out.meta.strides()[3] == 1 {
         d_out
     } else {
@@ -219,8 +221,6 @@ fn virtual_(uid: i64, dims: [i64; 4]) -> Result<Desc, CudnnError> {
 fn swapped([a, b, c, d]: [i64; 4]) -> [i64; 4] {
     [a, b, d, c]
 }
-
-const F32: dnn::cudnnDataType_t = dnn::cudnnDataType_t::CUDNN_DATA_FLOAT;
 
 /// The statistics `[B, H, Sq, 1]` (Reel's `[B, H, Sq]` log-sum-exp, or the row sums).
 fn rows(uid: i64, key: &Key) -> TensorSpec {
