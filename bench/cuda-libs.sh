@@ -3,10 +3,14 @@
 # - `libcublas.so.*`, for the `cublas*` matmul kernels (the `cuda` default);
 # - `libcupti.so.*`, with which `cublas-stream` finds CubeCL's stream;
 # - `libcudnn.so.*`, for the attention forward on cuDNN (`REEL_FLASH=cudnn`; cuDNN 9 loads
-#   its engine libraries from the same directory).
+#   its engine libraries from the same directory);
+# - `libnvrtc.so.*`, with which cuDNN compiles its runtime-fusion engines (the attention
+#   graphs' engines are of that kind); CubeCL finds NVRTC by its own search, cuDNN only
+#   through the loader, so a machine where CubeCL runs can still leave cuDNN without it.
 # For each: the loader's own path first; else the CUDA toolkit's lib64 (and CUPTI's
 # extras/CUPTI/lib64); else the `nvidia-*` wheels of the Python that holds PyTorch
-# (`nvidia/cublas/lib`, `nvidia/cuda_cupti/lib`, `nvidia/cudnn/lib`, or `nvidia/cu13/lib`).
+# (`nvidia/cublas/lib`, `nvidia/cuda_cupti/lib`, `nvidia/cudnn/lib`, `nvidia/cuda_nvrtc/lib`,
+# or `nvidia/cu13/lib`).
 cuda_libs() {
   local lib d dirs=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
     /usr/local/cuda/extras/CUPTI/lib64)
@@ -15,7 +19,7 @@ import os, nvidia
 for p in nvidia.__path__:
     for s in sorted(os.listdir(p)):
         print(os.path.join(p, s, "lib"))' 2>/dev/null)
-  for lib in libcublas libcupti libcudnn; do
+  for lib in libcublas libcupti libcudnn libnvrtc; do
     if ldconfig -p 2>/dev/null | grep -q "$lib\.so"; then continue; fi
     for d in "${dirs[@]}" ""; do
       if [[ -z $d ]]; then

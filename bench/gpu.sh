@@ -3,7 +3,7 @@
 # gradient checkpointing, with PyTorch + diffusers beside each (shape, dtype, checkpointing)
 # in the same run, the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens, and the
 # Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens).
-# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (and a copy under $OUT when it is set)
+# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (RESULTS_DIR; and a copy under $OUT)
 # after every run, so a run cut short still leaves what it measured: one row per Reel run
 # with the device, the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON
 # of every GPU run.
@@ -158,8 +158,9 @@ fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpu=${gpu:-unknown-gpu}
 date=$(date -u +%Y-%m-%d)
-out=bench/results/$date-$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')${TAG:+-$TAG}
-mkdir -p bench/results
+RESULTS_DIR=${RESULTS_DIR:-bench/results}
+out=$RESULTS_DIR/$date-$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')${TAG:+-$TAG}
+mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 manifest=$tmp/manifest.jsonl
 : >"$manifest"
