@@ -17,7 +17,8 @@ reel=${REEL_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/release/reel}
 [[ -x $reel ]] || { echo "no CPU build at $reel: cargo build --release (or set REEL_BIN)" >&2; exit 2; }
 reel=$(realpath "$reel")
 dir=$(mktemp -d)
-variants=${VARIANTS:-plain}
+# Stand-ins for every variant either plan may name.
+variants=${VARIANTS:-plain fusion fusion+autotune}
 
 for v in $variants; do
   cat >"$dir/reel-cuda-$v" <<EOF
@@ -41,6 +42,6 @@ EOF
   bench/source-rev.sh >"$dir/reel-cuda-$v.rev"
 done
 
-PLAN=${PLAN:-session} TORCH=0 BIN_DIR=$dir RESULTS_DIR=$dir/results TAG=dryrun bench/gpu.sh
+PLAN=${PLAN:-session} TORCH=0 BIN_DIR=$dir RESULTS_DIR=$dir/results TAG=${TAG:-dryrun} bench/gpu.sh
 echo "dry run results: $dir/results/" >&2
 ls "$dir/results" >&2

@@ -55,6 +55,8 @@
 #   optimizer.fused = false; -flash: attention = "flash", tensor-core attention in bf16)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
+#   ENCODERS=only runs nothing else: `PLAN=session ENCODERS=only BUDGET_S=150 bench/gpu.sh`
+#   is a short second call on the warm machine when the plan's call ran out before them.
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
 # left, and runs that no longer fit are recorded as skipped.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
@@ -67,7 +69,6 @@ BATCH=${BATCH:-1}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
-ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
 case $PLAN in
   session)
     # `fusion` trained 4x slower than `plain` on an H200 (2026-11-26, 8190 tokens); it stays in
@@ -98,6 +99,8 @@ case $PLAN in
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
     ENCODER_STEPS=${ENCODER_STEPS:-1}
+    # UMT5 first: the VAE decode of 81x480x832 in 256-px tiles takes longer.
+    ENCODER_RUNS=${ENCODER_RUNS:-"--text-encoder umt5-xxl --text-len 512 --batch 1;--vae wan2.1 --video 81 480 832 --vae-tile 256"}
     BUDGET_S=${BUDGET_S-500}
     ;;
   matrix)
@@ -109,6 +112,7 @@ case $PLAN in
     CKPTS=${CKPTS:-"0 1"}
     STEPS=${STEPS:-3}
     WARMUP=${WARMUP:-1}
+    ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832;--vae wan2.1 --video 81 480 832 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
     BUDGET_S=${BUDGET_S-}
     BREAKDOWN_SHAPE=${BREAKDOWN_SHAPE-20,56,104}
     BREAKDOWN_VARIANT=${BREAKDOWN_VARIANT:-${VARIANTS%% *}}
@@ -159,6 +163,8 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpu=${gpu:-unknown-gpu}
 date=$(date -u +%Y-%m-%d)
 RESULTS_DIR=${RESULTS_DIR:-bench/results}
+# The encoder runs alone do not overwrite the plan's results of the same day.
+if [[ ${ENCODERS:-1} == only ]]; then TAG=${TAG:-encoders}; fi
 out=$RESULTS_DIR/$date-$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')${TAG:+-$TAG}
 mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -406,7 +412,11 @@ summarize() {
     if [[ -n ${OUT:-} ]]; then cp "$out.json" "$out.md" "$OUT/"; fi
 }
 
-if [[ $PLAN == session ]]; then
+if [[ ${ENCODERS:-1} == only ]]; then
+  # The VAE and UMT5 runs of ENCODER_RUNS alone (a short call after the plan's).
+  IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
+  for spec in "${encoder_runs[@]}"; do encoder_job "${VARIANTS%% *}" "$spec"; done
+elif [[ $PLAN == session ]]; then
   # With the attention named and no launch shapes to try, the attention-alone run decides
   # nothing: it is skipped.
   if [[ $ATTENTION == pick || -n $TILES || -n $FLASH_PINS ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
@@ -476,8 +486,8 @@ if [[ $PLAN == session ]]; then
   reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
   config_job configs/finetune_wan.toml "$best" "$STEPS"
   if [[ ${ENCODERS:-1} == 1 ]]; then
-    encoder_job "$best" "--text-encoder umt5-xxl --text-len 512 --batch 1"
-    encoder_job "$best" "--vae wan2.1 --video 81 480 832 --vae-tile 256"
+    IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
+    for spec in "${encoder_runs[@]}"; do encoder_job "$best" "$spec"; done
   fi
 else
   for shape in $SHAPES; do attention_job "${VARIANTS%% *}" "$shape"; done
