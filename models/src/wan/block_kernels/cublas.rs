@@ -149,6 +149,9 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
         a: (pa.ptr, a_op),
         b: (pb.ptr, b_op),
         c: pc.ptr as *mut c_void,
+        // CubeCL pads the rows of what it allocates (on CUDA, rows of 512 bytes or more to a
+        // multiple of 512 bytes, shorter ones to a power of two): `c`'s own row stride.
+        ldc: c.meta.strides()[0],
         a_type,
         compute,
     };
@@ -209,6 +212,8 @@ struct Gemm {
     a: (*const c_void, Operand),
     b: (*const c_void, Operand),
     c: *mut c_void,
+    /// `c`'s row stride, in elements (`n` or more).
+    ldc: usize,
     a_type: cudaDataType,
     compute: cublasComputeType_t,
 }
@@ -241,7 +246,7 @@ impl Gemm {
                 (&beta as *const f32).cast(),
                 self.c,
                 self.a_type,
-                n,
+                self.ldc as i32,
                 self.compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )

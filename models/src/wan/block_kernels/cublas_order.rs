@@ -208,6 +208,14 @@ impl Flags {
             self.tensor.clone().into_tensor_arg(),
             n,
         );
+        // CubeCL queues launches for its device thread and sends them to the driver later:
+        // the signal must reach CubeCL's stream before `stream` spins on it (else each product
+        // waits for CubeCL's next flush, or, where the two streams share a hardware queue,
+        // for the spin's bound).
+        self.tensor
+            .client
+            .flush()
+            .map_err(|e| refused(format!("flushing CubeCL's queue: {e:?}")))?;
         let (mut flag, mut value, mut max_ns) = (self.address, n, WAIT_NS);
         let mut expired = self.address + 8;
         let mut args = [

@@ -746,3 +746,88 @@ fn cuda_cudnn_attention_matches_naive() {
         ran.1
     );
 }
+
+/// cuDNN's saved statistics are Reel's: a cuDNN forward followed by Reel's tiled backward, and
+/// Reel's forward followed by cuDNN's backward, give the gradients of Reel's forward and
+/// backward, and both forwards the same log-sum-exp. At 200 queries the statistics' rows are
+/// padded by CubeCL's allocator (strides `[H·256, 256, 1]`), so a layout cuDNN assumed but the
+/// buffer does not have fails here (the halves fall back alone when cuDNN refuses one call).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_cudnn_and_reel_halves_agree() {
+    use burn::tensor::{Distribution, FloatDType};
+    type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    type Prim = burn_cubecl::tensor::CubeTensor<cubecl::cuda::CudaRuntime>;
+    let device = Default::default();
+    let t = |s: [usize; 4]| -> Prim {
+        Tensor::<Cube, 4>::random(s, Distribution::Normal(0.0, 1.0), &device)
+            .cast(FloatDType::BF16)
+            .into_primitive()
+            .tensor()
+    };
+    let (b, h, sq, sk, d) = (2, 3, 200, 150, 128);
+    let (q, k, v, d_out) = (
+        t([b, h, sq, d]),
+        t([b, h, sk, d]),
+        t([b, h, sk, d]),
+        t([b, h, sq, d]),
+    );
+    let tc = Products::TensorCores;
+    let reel_backward = |o: Prim, lse: Prim| {
+        let qkv = (q.clone(), k.clone(), v.clone());
+        tiled::backward(qkv, o, lse, d_out.clone(), tc)
+            .unwrap_or_else(|e| panic!("Reel's tiled backward: {e:?}"))
+    };
+    let cudnn_backward = |o: Prim, lse: Prim| {
+        let [dq, dk, dv] =
+            cudnn::backward([q.clone(), k.clone(), v.clone()], o, lse, d_out.clone())
+                .unwrap_or_else(|e| panic!("cuDNN's backward: {e}"));
+        (dq, dk, dv)
+    };
+    let data = |t: Prim| {
+        Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(t))
+            .cast(FloatDType::F32)
+            .into_data()
+    };
+    let stats = |t: Prim| {
+        let [b, h, s] = t.meta.shape().dims();
+        Tensor::<Cube, 3>::from_primitive(TensorPrimitive::Float(t))
+            .reshape([b, h, s, 1])
+            .into_data()
+    };
+    let (o, lse) = tiled::forward(q.clone(), k.clone(), v.clone(), tc)
+        .unwrap_or_else(|e| panic!("Reel's tiled forward: {e:?}"));
+    let (o_dnn, lse_dnn) = cudnn::forward(q.clone(), k.clone(), v.clone())
+        .unwrap_or_else(|e| panic!("cuDNN's forward: {e}"));
+    let lse_diff = max_abs_diff(stats(lse.clone()), stats(lse_dnn.clone()));
+    assert!(
+        lse_diff < 1e-2,
+        "log-sum-exp: Reel's and cuDNN's differ by {lse_diff}"
+    );
+    let want = reel_backward(o.clone(), lse.clone());
+    let halves = [
+        (
+            "cuDNN's forward, Reel's backward",
+            reel_backward(o_dnn, lse_dnn),
+        ),
+        ("Reel's forward, cuDNN's backward", cudnn_backward(o, lse)),
+    ];
+    for (what, got) in halves {
+        let pairs = [
+            ("dq", &want.0, got.0),
+            ("dk", &want.1, got.1),
+            ("dv", &want.2, got.2),
+        ];
+        for (name, want, got) in pairs {
+            let want = data(want.clone());
+            let scale = Tensor::<Cpu, 4>::from_data(want.clone(), &Default::default())
+                .abs()
+                .max()
+                .into_scalar()
+                .elem::<f32>()
+                .max(1.0);
+            let diff = max_abs_diff(want, data(got)) / scale;
+            assert!(diff < 3e-2, "{what}: {name} differs by {diff} of its max");
+        }
+    }
+}

@@ -45,10 +45,6 @@ pub(super) fn execute(call: Call<'_>) -> Result<(), CudnnError> {
         .map(|(_, t)| *t)
         .ok_or_else(|| CudnnError::Unsupported("a cuDNN call without device tensors".into()))?;
     let stream = cublas_stream::cubecl_stream(like).ok();
-    if stream.is_none() {
-        cubecl::future::block_on(like.client.sync())
-            .map_err(|e| CudnnError::Call(format!("sync before cuDNN: {e:?}")))?;
-    }
     with_state(like.device.index, |state| {
         let plan = state.plan(call.key, call.graph)?;
         let workspace = (plan.workspace > 0).then(|| {
@@ -71,6 +67,12 @@ pub(super) fn execute(call: Call<'_>) -> Result<(), CudnnError> {
             .map(|(_, t)| pointer(t))
             .collect::<Result<Vec<_>, _>>()?;
         let space = workspace.as_ref().map(pointer).transpose()?;
+        if stream.is_none() {
+            // After taking the buffers, as for cuBLAS: that orders this thread's CubeCL stream
+            // after any other stream that wrote them, and the sync then waits for it.
+            cubecl::future::block_on(like.client.sync())
+                .map_err(|e| CudnnError::Call(format!("sync before cuDNN: {e:?}")))?;
+        }
         let mut scalars: Vec<f32> = call.scalars.iter().map(|&(_, x)| x).collect();
         let uids: Vec<i64> = (call.tensors.iter().map(|&(uid, _)| uid))
             .chain(call.scalars.iter().map(|&(uid, _)| uid))
@@ -107,6 +109,9 @@ struct State {
     handle: dnn::cudnnHandle_t,
     stream: CUstream,
     plans: HashMap<PlanKey, Rc<Plan>>,
+    /// Why the keys cuDNN could not plan failed: asked again, they fail at once rather than
+    /// trying every engine (each compiled by NVRTC) on every call.
+    failed: HashMap<PlanKey, String>,
 }
 
 impl State {
@@ -120,7 +125,13 @@ impl State {
         if let Some(plan) = self.plans.get(&key) {
             return Ok(plan.clone());
         }
-        let plan = Rc::new(Plan::new(Target::Handle(self.handle), graph()?)?);
+        if let Some(why) = self.failed.get(&key) {
+            return Err(CudnnError::Call(why.clone()));
+        }
+        let made = graph().and_then(|ops| Plan::new(Target::Handle(self.handle), ops));
+        let plan = Rc::new(made.inspect_err(|e| {
+            self.failed.insert(key, e.to_string());
+        })?);
         eprintln!(
             "reel: cuDNN {key:?}: engine {}, {} bytes of workspace",
             plan.engine, plan.workspace
@@ -166,5 +177,6 @@ fn new_state(index: usize) -> Result<State, CudnnError> {
         handle,
         stream,
         plans: HashMap::new(),
+        failed: HashMap::new(),
     })
 }

@@ -7,7 +7,7 @@
 //! (and, backward, `v`) transposed, through their strides.
 
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::zeros_client;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, zeros_client};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::CudaRuntime;
 use cudarc::cudnn::sys as dnn;
@@ -18,7 +18,7 @@ use super::graph::{Desc, TensorSpec, F32};
 use super::ops;
 use super::run::{self, Call, PlanKey};
 use super::CudnnError;
-use crate::wan::fused_attention::{as_dtype, empty_in_layout_of, empty_rows};
+use crate::wan::fused_attention::{as_dtype, empty_in_layout_of};
 
 /// What a plan depends on: the dtype, and the dims and strides of `q, k, v` (in that order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +28,12 @@ pub(super) struct Key {
     strides: [[i64; 4]; 3],
     /// The forward's output, or the backward's `o, dO, dq, dk, dv`: their strides.
     more: [[i64; 4]; 5],
+    /// The float32 buffers' strides as `[B, H, Sq, ·]`: the statistics, and (backward) the
+    /// row sums and dq's sums, read from each buffer. cuDNN's own are packed
+    /// ([`packed_rows`]), but the statistics of Reel's forward come padded (CubeCL pads the
+    /// rows it allocates: on CUDA a `[B, H, 200]` buffer has strides `[H·256, 256, 1]`), and
+    /// Reel's kernels read a cuDNN forward's by their strides.
+    buffers: [[i64; 4]; 3],
 }
 
 impl Key {
@@ -63,7 +69,24 @@ impl Key {
             dims,
             strides,
             more: [[0; 4]; 5],
+            buffers: [[0; 4]; 3],
         })
+    }
+
+    /// The strides of `rows`, a float32 `[B, H, Sq]` buffer (the statistics or the row sums),
+    /// as `[B, H, Sq, 1]`, or why the graphs do not take it.
+    fn rows_of(&self, name: &str, rows: &CubeTensor<CudaRuntime>) -> Result<[i64; 4], CudnnError> {
+        let [b, h, sq, ..] = self.sizes();
+        let dims: Vec<i64> = rows.meta.shape().iter().map(|&d| d as i64).collect();
+        let s = rows.meta.strides();
+        if rows.dtype != DType::F32 || dims != [b, h, sq] || s[2] != 1 {
+            return Err(CudnnError::Unsupported(format!(
+                "{name}: {:?} {dims:?} with strides {s:?}, not float32 [{b}, {h}, {sq}] with \
+                 contiguous rows",
+                rows.dtype
+            )));
+        }
+        Ok([s[0] as i64, s[1] as i64, 1, 1])
     }
 
     fn io(&self) -> dnn::cudnnDataType_t {
@@ -113,9 +136,10 @@ pub(super) fn forward(
     let key = Key::of([&q, &k, &v])?;
     let [b, h, sq, _, _, dv] = key.sizes().map(|d| d as usize);
     let out = empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
-    let lse = empty_rows(&q);
+    let lse = packed_rows(&q);
     let mut key = key;
     key.more[0] = strides(&out);
+    key.buffers[0] = key.rows_of("the statistics", &lse)?;
     run::execute(Call {
         key: PlanKey::Forward(key),
         graph: &|| forward_ops(&key),
@@ -135,10 +159,10 @@ pub(super) fn backward(
     d_out: CubeTensor<CudaRuntime>,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
     let key = Key::of([&q, &k, &v])?;
-    if o.dtype != key.dtype || lse.dtype != DType::F32 {
+    if o.dtype != key.dtype {
         return Err(CudnnError::Unsupported(format!(
-            "o {:?}, lse {:?} beside inputs in {:?}",
-            o.dtype, lse.dtype, key.dtype
+            "o in {:?} beside inputs in {:?}",
+            o.dtype, key.dtype
         )));
     }
     let d_out = as_dtype(d_out, key.dtype);
@@ -152,7 +176,7 @@ pub(super) fn backward(
     let (dq, dk, dv) = (like(&q), like(&k), like(&v));
     // Float32 buffers the graph needs: the rows' `Σ dO∘O`, and dq's float32 sums (zeroed:
     // cuDNN before 9.6 did not clear them itself).
-    let row_sums = empty_rows(&q);
+    let row_sums = packed_rows(&q);
     let zeros = |shape: [usize; 4]| {
         zeros_client(
             q.client.clone(),
@@ -164,10 +188,16 @@ pub(super) fn backward(
     let dq_sums = zeros([b, h, sq, d]);
     let mut key = key;
     key.more = [&o, &d_out, &dq, &dk, &dv].map(strides);
-    if key.more.iter().any(|s| s[3] != 1) {
+    key.buffers = [
+        key.rows_of("the statistics", &lse)?,
+        key.rows_of("the row sums", &row_sums)?,
+        strides(&dq_sums),
+    ];
+    if key.more.iter().chain(&key.buffers).any(|s| s[3] != 1) {
         return Err(CudnnError::Unsupported(format!(
-            "o, dO, dq, dk, dv strides {:?}: the head dim must be contiguous",
-            key.more
+            "o, dO, dq, dk, dv strides {:?} and float32 buffers' {:?}: the head dim must be \
+             contiguous",
+            key.more, key.buffers
         )));
     }
     run::execute(Call {
@@ -189,6 +219,14 @@ pub(super) fn backward(
         scalars: &[(SCALE, key.scale()), (ONE, 1.0)],
     })?;
     Ok([dq, dk, dv])
+}
+
+/// An uninitialized float32 `[B, H, Sq]` buffer for `q`'s rows, packed (`[H·Sq, Sq, 1]`): the
+/// layout cuDNN's frontend gives its statistics. (Reel's kernels read any row strides.)
+fn packed_rows(q: &CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
+    let s = q.meta.shape();
+    let shape = Shape::new([s[0], s[1], s[2]]);
+    empty_device_contiguous_dtype(q.client.clone(), q.device.clone(), shape, DType::F32)
 }
 
 /// A non-virtual tensor.
@@ -222,10 +260,11 @@ fn swapped([a, b, c, d]: [i64; 4]) -> [i64; 4] {
     [a, b, d, c]
 }
 
-/// The statistics `[B, H, Sq, 1]` (Reel's `[B, H, Sq]` log-sum-exp, or the row sums).
-fn rows(uid: i64, key: &Key) -> TensorSpec {
+/// The float32 rows `[B, H, Sq, 1]` (Reel's `[B, H, Sq]` log-sum-exp, or the row sums), with
+/// the buffer's own `strides`.
+fn rows(uid: i64, key: &Key, strides: [i64; 4]) -> TensorSpec {
     let [b, h, sq, ..] = key.sizes();
-    real(uid, F32, [b, h, sq, 1], [h * sq, sq, 1, 1])
+    real(uid, F32, [b, h, sq, 1], strides)
 }
 
 /// The forward: `S = Q·Kᵀ`, scaled; softmax as max, subtract, exp, sum, divide, with the
@@ -239,7 +278,7 @@ fn forward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
     let kt = real(K, io, swapped(kd), swapped(ks)).build()?;
     let v = real(V, io, vd, vs).build()?;
     let o = real(O, io, [b, h, sq, dv], key.more[0]).build()?;
-    let stats = rows(STATS, key).build()?;
+    let stats = rows(STATS, key, key.buffers[0]).build()?;
     let scale = scalar(SCALE)?;
     let scores = |uid| virtual_(uid, [b, h, sq, sk]);
     let row = |uid| virtual_(uid, [b, h, sq, 1]);
@@ -269,7 +308,7 @@ fn forward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
 /// cast.
 fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
     let io = key.io();
-    let [b, h, sq, sk, d, dv] = key.sizes();
+    let [b, h, sq, sk, _, dv] = key.sizes();
     let [qd, kd, vd] = key.dims;
     let [qs, ks, vs] = key.strides;
     let [os, dos, dqs, dks, dvs] = key.more;
@@ -278,12 +317,13 @@ fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
     let vt = real(V, io, swapped(vd), swapped(vs)).build()?;
     let o = real(O, io, [b, h, sq, dv], os).build()?;
     let d_out = real(D_OUT, io, [b, h, sq, dv], dos).build()?;
-    let stats = rows(STATS, key).build()?;
+    let [stats_s, row_sums_s, dq_sums_s] = key.buffers;
+    let stats = rows(STATS, key, stats_s).build()?;
     let dq = real(DQ, io, qd, dqs).build()?;
     let dk = real(DK, io, kd, dks).build()?;
     let dv_ = real(DV, io, vd, dvs).build()?;
-    let row_sums = rows(ROW_SUMS, key).build()?;
-    let dq_sums = real(DQ_SUMS, F32, qd, [h * sq * d, sq * d, d, 1]).build()?;
+    let row_sums = rows(ROW_SUMS, key, row_sums_s).build()?;
+    let dq_sums = real(DQ_SUMS, F32, qd, dq_sums_s).build()?;
     let (scale, one) = (scalar(SCALE)?, scalar(ONE)?);
     // `dO ∘ O`, with the strides cuDNN's own frontend gives this virtual tensor.
     let d_out_o = TensorSpec {
@@ -338,13 +378,23 @@ mod tests {
     use super::*;
 
     /// A key for `[B, S, H, D]` tensors seen as `[B, H, S, D]`, as the Wan blocks pass them.
-    fn wan_key(dtype: DType, [b, h, sq, sk, d]: [i64; 5]) -> Key {
+    /// With `padded`, the statistics and row sums as CubeCL lays them out on CUDA (rows of 512
+    /// bytes or more padded to a multiple of 512 bytes, 128 values: Reel's forward's
+    /// statistics); else packed, as cuDNN's own calls allocate them.
+    fn wan_key(dtype: DType, [b, h, sq, sk, d]: [i64; 5], padded: bool) -> Key {
         let bshd = |s: i64| [s * h * d, d, h * d, 1];
+        let pitch = if padded {
+            (sq as u64).next_multiple_of(128) as i64
+        } else {
+            sq
+        };
+        let rows = [h * pitch, pitch, 1, 1];
         Key {
             dtype,
             dims: [[b, h, sq, d], [b, h, sk, d], [b, h, sk, d]],
             strides: [bshd(sq), bshd(sk), bshd(sk)],
             more: [bshd(sq), bshd(sq), bshd(sq), bshd(sk), bshd(sk)],
+            buffers: [rows, rows, [h * sq * d, sq * d, d, 1]],
         }
     }
 
@@ -364,7 +414,8 @@ mod tests {
     /// cuDNN's heuristics propose engines for both graphs on an H100 described by its
     /// properties ([`H100`]), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
     /// graphs have the pattern of cuDNN's fused attention engines (a graph they do not
-    /// recognise gets none). Needs `libcudnn` and, for its heuristics, `libcublasLt`, not a
+    /// recognise gets none); the backward also with the padded statistics of Reel's forward.
+    /// Needs `libcudnn` and, for its heuristics, `libcublasLt`, not a
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
     fn cuda_cudnn_heuristics_take_the_graphs() {
@@ -381,10 +432,11 @@ mod tests {
             described_device(H100).unwrap_or_else(|e| panic!("the H100's properties: {e}"));
         for dtype in [DType::BF16, DType::F16] {
             for shape in [[1, 12, 8190, 8190, 128], [2, 3, 200, 150, 64]] {
-                let key = wan_key(dtype, shape);
+                let (packed, padded) = (wan_key(dtype, shape, false), wan_key(dtype, shape, true));
                 for (name, ops) in [
-                    ("forward", forward_ops(&key)),
-                    ("backward", backward_ops(&key)),
+                    ("forward", forward_ops(&packed)),
+                    ("backward", backward_ops(&packed)),
+                    ("backward after Reel's forward", backward_ops(&padded)),
                 ] {
                     let what = format!("{name} {dtype:?} {shape:?}");
                     let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
