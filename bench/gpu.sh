@@ -55,14 +55,30 @@
 #   optimizer.fused = false; -flash: attention = "flash", tensor-core attention in bf16)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
 #   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
-#   ENCODERS=only runs nothing else: `PLAN=session ENCODERS=only BUDGET_S=150 bench/gpu.sh`
-#   is a short second call on the warm machine when the plan's call ran out before them.
+# ONLY (session settings) runs one or more of the plan's last parts alone, in the order given,
+# as a short second call on the warm machine when the plan's call ran out before them; pass
+# the first call's picks as ATTENTION (default flash), REEL_MATMUL and REEL_FLASH:
+#   ONLY=configs: 29120 tokens (PyTorch and Reel), configs/dmd2_wan.toml (DMD2_STEPS, default
+#     5: the config updates the generator every fifth step) and configs/finetune_wan.toml;
+#   ONLY=encoders: UMT5 and the VAE (ENCODER_RUNS); ENCODERS=only is the same.
+#   e.g. `ONLY="configs encoders" BUDGET_S=240 bench/gpu.sh`; results go to
+#   <date>-<gpu>-<ONLY's words joined by '-'> (TAG).
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
 # left, and runs that no longer fit are recorded as skipped.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
 # (out of memory) is recorded with `error` and the list goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# ONLY: the plan's last parts alone (above); ENCODERS=only is ONLY=encoders.
+ONLY=${ONLY:-}
+if [[ ${ENCODERS:-1} == only ]]; then ONLY=${ONLY:-encoders}; fi
+for part in $ONLY; do
+  case $part in
+    configs | encoders) ;;
+    *) echo "ONLY takes 'configs' and/or 'encoders', not '$part'" >&2; exit 2 ;;
+  esac
+done
+if [[ -n $ONLY ]]; then PLAN=session; fi
 PLAN=${PLAN:-matrix}
 PRESET=${PRESET:-wan2.1-t2v-1.3b}
 BATCH=${BATCH:-1}
@@ -99,6 +115,8 @@ case $PLAN in
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
     ENCODER_STEPS=${ENCODER_STEPS:-1}
+    # Five steps of the DMD2 config: it updates the generator every fifth step.
+    DMD2_STEPS=${DMD2_STEPS:-5}
     # UMT5 first: the VAE decode of 81x480x832 in 256-px tiles takes longer.
     ENCODER_RUNS=${ENCODER_RUNS:-"--text-encoder umt5-xxl --text-len 512 --batch 1;--vae wan2.1 --video 81 480 832 --vae-tile 256"}
     BUDGET_S=${BUDGET_S-500}
@@ -163,8 +181,8 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpu=${gpu:-unknown-gpu}
 date=$(date -u +%Y-%m-%d)
 RESULTS_DIR=${RESULTS_DIR:-bench/results}
-# The encoder runs alone do not overwrite the plan's results of the same day.
-if [[ ${ENCODERS:-1} == only ]]; then TAG=${TAG:-encoders}; fi
+# The parts run alone do not overwrite the plan's results of the same day.
+if [[ -n $ONLY ]]; then TAG=${TAG:-$(echo $ONLY | tr ' ' '-')}; fi
 out=$RESULTS_DIR/$date-$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')${TAG:+-$TAG}
 mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -412,10 +430,31 @@ summarize() {
     if [[ -n ${OUT:-} ]]; then cp "$out.json" "$out.md" "$OUT/"; fi
 }
 
-if [[ ${ENCODERS:-1} == only ]]; then
-  # The VAE and UMT5 runs of ENCODER_RUNS alone (a short call after the plan's).
-  IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
-  for spec in "${encoder_runs[@]}"; do encoder_job "${VARIANTS%% *}" "$spec"; done
+# FastVideo's 29120 tokens side by side, then the shipped configs at that shape (ONLY=configs).
+long_runs() { # VARIANT
+  torch_job 20,56,104 bf16 1
+  reel_job "$1" "$ATTENTION" 20,56,104 bf16 1
+  config_job configs/dmd2_wan.toml "$1" "$DMD2_STEPS"
+  config_job configs/finetune_wan.toml "$1" "$STEPS"
+}
+
+# UMT5 and the VAE: each run of ENCODER_RUNS.
+encoder_runs() { # VARIANT
+  local specs spec
+  IFS=';' read -r -a specs <<<"$ENCODER_RUNS"
+  for spec in "${specs[@]}"; do encoder_job "$1" "$spec"; done
+}
+
+if [[ -n $ONLY ]]; then
+  # No attention-alone run to pick from: the caller names the mode (flash by default).
+  if [[ $ATTENTION == pick ]]; then ATTENTION=flash; fi
+  echo "only: $ONLY, attention $(attention_label "$ATTENTION")" >&2
+  for part in $ONLY; do
+    case $part in
+      configs) long_runs "${VARIANTS%% *}" ;;
+      encoders) encoder_runs "${VARIANTS%% *}" ;;
+    esac
+  done
 elif [[ $PLAN == session ]]; then
   # With the attention named and no launch shapes to try, the attention-alone run decides
   # nothing: it is skipped.
@@ -480,15 +519,11 @@ elif [[ $PLAN == session ]]; then
   REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
-  # Five steps: the config updates the generator every fifth step.
-  config_job configs/dmd2_wan.toml "$best" 5
+  config_job configs/dmd2_wan.toml "$best" "$DMD2_STEPS"
   torch_job 8,32,32 bf16 0
   reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
   config_job configs/finetune_wan.toml "$best" "$STEPS"
-  if [[ ${ENCODERS:-1} == 1 ]]; then
-    IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
-    for spec in "${encoder_runs[@]}"; do encoder_job "$best" "$spec"; done
-  fi
+  if [[ ${ENCODERS:-1} == 1 ]]; then encoder_runs "$best"; fi
 else
   for shape in $SHAPES; do attention_job "${VARIANTS%% *}" "$shape"; done
   for shape in $SHAPES; do
@@ -504,10 +539,7 @@ else
   if [[ -n $BREAKDOWN_SHAPE ]]; then
     for run in $BREAKDOWN_RUNS; do breakdown_job "$run" "$BREAKDOWN_VARIANT" "$BREAKDOWN_SHAPE"; done
   fi
-  if [[ ${ENCODERS:-1} == 1 ]]; then
-    IFS=';' read -r -a encoder_runs <<<"$ENCODER_RUNS"
-    for spec in "${encoder_runs[@]}"; do encoder_job "$BREAKDOWN_VARIANT" "$spec"; done
-  fi
+  if [[ ${ENCODERS:-1} == 1 ]]; then encoder_runs "$BREAKDOWN_VARIANT"; fi
 fi
 summarize
 echo "wrote $out.json and $out.md ($((SECONDS - start)) s)" >&2
