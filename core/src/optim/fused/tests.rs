@@ -1,7 +1,8 @@
 //! The fused update kernels against the tensor-operation updates on the CPU: AdamW over
 //! several steps (first step without moments, weight decay, gradient scaling), the EMA and
 //! the sum of squares of many gradients, on uneven lengths, some longer than a single
-//! launch's units (grid stride). Run on the wgpu
+//! launch's units (grid stride), and on parameters flattened from kernel-made rank-3 and
+//! rank-5 tensors (padded rows on CUDA). Run on the wgpu
 //! backend (`--features wgpu`; on a machine without a GPU, Mesa's lavapipe) and on CUDA
 //! (`--features cuda`).
 
@@ -36,21 +37,39 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// `v` as a `shape` tensor that a kernel wrote, flattened as the roles flatten a parameter
+/// and its gradient (`role/module.rs`). On CUDA, CubeCL pitches the rows of the rank ≥ 2
+/// buffers it allocates (a last dimension of 2 float32 values gets a row of 4), and Burn's
+/// `reshape` copies such a tensor into a packed one.
+fn flattened<B: Backend, const D: usize>(
+    v: &[f32],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let t: Tensor<B, D> = on::<B>(v, device).reshape(shape);
+    (t.clone() + t.zeros_like()).reshape([v.len()])
+}
+
 /// Three AdamW steps of a parameter of `len` values on `B` (fused) and on the CPU (tensor
 /// operations): parameter and moments agree after each step.
 fn check_adamw<B: Backend>(len: usize, device: &B::Device) {
+    check_adamw_of::<B>(len, |v| on::<B>(v, device));
+}
+
+/// [`check_adamw`] with the parameter and gradients on `B` made by `make`.
+fn check_adamw_of<B: Backend>(len: usize, make: impl Fn(&[f32]) -> Tensor<B, 1>) {
     let cfg = OptimizerConfig {
         lr: 0.05,
         weight_decay: 0.1,
         ..Default::default()
     };
     let p0 = random(len, 1);
-    let (mut p, mut state) = (on::<B>(&p0, device), None::<Moments<B>>);
+    let (mut p, mut state) = (make(&p0), None::<Moments<B>>);
     let (mut p_cpu, mut state_cpu) = (on::<Cpu>(&p0, &Default::default()), None);
     for k in 1..=3u64 {
         let g = random(len, 10 + k);
         let s = AdamWScalars::new(&cfg, cfg.lr, k, [0.7, 1.0, 0.25][k as usize - 1]);
-        let inputs = (p, on::<B>(&g, device), state);
+        let inputs = (p, make(&g), state);
         let (np, nm) = try_adamw(inputs, &s).unwrap_or_else(|_| panic!("no fused kernel"));
         let (cp, cm) = adamw_update(&s, false, p_cpu, on(&g, &Default::default()), state_cpu);
         let pairs = [
@@ -131,6 +150,15 @@ macro_rules! backend_tests {
                 for len in [1, 255, 1000, 4099] {
                     check_adamw::<$backend>(len, &device);
                 }
+            }
+
+            #[test]
+            fn fused_adamw_takes_flattened_kernel_made_tensors() {
+                let device = Default::default();
+                // Wan's patch embedding, [1536, 16, 1, 2, 2], and an odd small shape.
+                let len = 1536 * 16 * 4;
+                check_adamw_of::<$backend>(len, |v| flattened(v, [1536, 16, 1, 2, 2], &device));
+                check_adamw_of::<$backend>(37 * 3 * 5, |v| flattened(v, [37, 3, 5], &device));
             }
 
             #[test]

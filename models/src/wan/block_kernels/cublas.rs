@@ -275,11 +275,13 @@ fn readable<B: Backend, BT: BoolElement>(t: Tensor<B, 2>) -> (CubeTensor<CudaRun
     match operand(dims, strides) {
         Some(op) => (t, op),
         None => {
+            // The copy's own strides: packed today, and still read right if the copy
+            // ever pitched its rows as CubeCL's allocations do.
             let t = into_contiguous(t);
-            let op = Operand {
-                transpose: false,
-                ld: dims[1].max(1),
-            };
+            let copied = [t.meta.strides()[0], t.meta.strides()[1]];
+            let op = operand(dims, copied).unwrap_or_else(|| {
+                panic!("a row-major copy of {dims:?} has strides {copied:?} cuBLAS cannot read")
+            });
             (t, op)
         }
     }

@@ -29,6 +29,17 @@ fn max_abs_diff(a: TensorData, b: TensorData) -> f32 {
     (a - b).abs().max().into_scalar().elem()
 }
 
+/// `max |want − got|` over `max(1, max |want|)`: the difference relative to the largest value.
+fn rel_diff(want: TensorData, got: TensorData) -> f32 {
+    let scale = Tensor::<Cpu, 4>::from_data(want.clone(), &Default::default())
+        .abs()
+        .max()
+        .into_scalar()
+        .elem::<f32>()
+        .max(1.0);
+    max_abs_diff(want, got) / scale
+}
+
 /// [`rand`] with the keys' rows (seed 2) growing along the sequence (`[B, H, S, D]`, so not
 /// for strided runs): later key tiles score far above the earlier maxima, and the forward's
 /// online softmax must rescale its output (`rows::STALE_MAX`).
@@ -345,13 +356,7 @@ fn check_tiled<K: FusedKernels>(
             .iter()
             .zip(want.into_iter().zip(got))
         {
-            let scale = Tensor::<Cpu, 4>::from_data(a.clone(), &Default::default())
-                .abs()
-                .max()
-                .into_scalar()
-                .elem::<f32>()
-                .max(1.0);
-            let diff = max_abs_diff(a, b) / scale;
+            let diff = rel_diff(a, b);
             worst = worst.max(diff);
             assert!(
                 diff < tol,
@@ -819,14 +824,7 @@ fn cuda_cudnn_and_reel_halves_agree() {
             ("dv", &want.2, got.2),
         ];
         for (name, want, got) in pairs {
-            let want = data(want.clone());
-            let scale = Tensor::<Cpu, 4>::from_data(want.clone(), &Default::default())
-                .abs()
-                .max()
-                .into_scalar()
-                .elem::<f32>()
-                .max(1.0);
-            let diff = max_abs_diff(want, data(got)) / scale;
+            let diff = rel_diff(data(want.clone()), data(got));
             assert!(diff < 3e-2, "{what}: {name} differs by {diff} of its max");
         }
     }
