@@ -214,14 +214,15 @@ job() {
   while [[ $1 != -- ]]; do fields+=("$1"); shift; done
   shift
   n=$((n + 1))
-  local file=$tmp/run.$n.json rc=skipped mem=""
+  local file=$tmp/run.$n.json rc=skipped mem="" began=$SECONDS secs=""
   if (($(left) >= 30)); then
     echo "[$((SECONDS - start)) s] $kind ${fields[*]}" >&2
     read -r rc mem < <(peak_run "$file" "$@")
+    secs=$((SECONDS - began))
   fi
-  "$PYTHON" -c 'import json, sys; k, f, rc, mem, *kv = sys.argv[1:]
-print(json.dumps(dict(kind=k, file=f, rc=rc, mem=mem, **dict(x.split("=", 1) for x in kv))))' \
-    "$kind" "$file" "$rc" "$mem" "${fields[@]}" >>"$manifest"
+  "$PYTHON" -c 'import json, sys; k, f, rc, mem, secs, *kv = sys.argv[1:]
+print(json.dumps(dict(kind=k, file=f, rc=rc, mem=mem, secs=secs, **dict(x.split("=", 1) for x in kv))))' \
+    "$kind" "$file" "$rc" "$mem" "$secs" "${fields[@]}" >>"$manifest"
   summarize >/dev/null
 }
 

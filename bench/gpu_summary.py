@@ -4,7 +4,8 @@
 
 Each manifest line is one job (`kind` reel | torch | breakdown | encoder | attention |
 torch-attention | matmul | kernels, its settings, the `file` holding its `--json` output, the exit status `rc` or
-"skipped", the GPU memory peak `mem`). Reel rows are joined with the PyTorch run of the same
+"skipped", the GPU memory peak `mem`, its wall time `secs`). The run times are listed last
+(JSON `timeline`), so that the next session can plan what fits its budget. Reel rows are joined with the PyTorch run of the same
 shape, dtype and checkpointing. Reel's notes on stderr (`reel: ...`, e.g. a kernel that cannot
 run and what runs instead) are kept with each job's results and listed under the tables.
 """
@@ -262,8 +263,28 @@ def attention_lines(attention):
     return lines
 
 
+# Manifest keys that are not a job's settings.
+BOOKKEEPING = ("kind", "file", "rc", "mem", "secs")
+
+
+def timeline_of(jobs):
+    """Each job that ran: what it was, its exit status and its wall seconds."""
+    return [dict(run=" ".join([j["kind"]] + [f"{k}={v}" for k, v in j.items()
+                                             if k not in BOOKKEEPING and k != "log"]),
+                 rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None)
+            for j in jobs if j["rc"] != "skipped"]
+
+
+def timeline_lines(timeline):
+    if not timeline:
+        return []
+    lines = ["", "Wall time of each run (s; the machine's start and the transfers not counted):",
+             "", "| run | exit | s |", "|---|---|---|"]
+    return lines + [f"| {t['run']} | {t['rc']} | {fmt(t['secs'], 0)} |" for t in timeline]
+
+
 def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profiles=(),
-             matmul=()):
+             matmul=(), timeline=()):
     lines = [f"{gpu}, {date}: medians of the timed steps, batch 1", "",
              "| tokens | variant | attention | dtype | ckpt | Reel step ms | PyTorch step ms | "
              "Reel / PyTorch | Reel fwd ms | PyTorch fwd ms | Reel GPU MiB | PyTorch GPU MiB |",
@@ -313,6 +334,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
         lines += ["", "Notes from Reel's runs:", ""] + [f"- `{n}`" for n in all_notes]
     if skipped:
         lines += ["", "Skipped (time budget): " + "; ".join(skipped)]
+    lines += timeline_lines(timeline)
     return "\n".join(lines) + "\n"
 
 
@@ -322,15 +344,17 @@ def main():
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
     attention, profiles, matmul = attention_of(jobs), kernels_of(jobs), matmul_of(jobs)
-    skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in ("file", "rc", "mem"))
+    skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in BOOKKEEPING[1:])
                for j in jobs if j["rc"] == "skipped"]
+    timeline = timeline_of(jobs)
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
                    budget_s=int(budget) if budget else None,
                    rows=rows, attention=attention, matmul=matmul, kernels=profiles,
                    breakdowns=breakdowns,
-                   encoders=encoders, skipped=skipped),
+                   encoders=encoders, skipped=skipped, timeline=timeline),
               open(out + ".json", "w"), indent=1)
-    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles, matmul)
+    md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles, matmul,
+                  timeline)
     if commit:
         md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)
