@@ -263,15 +263,14 @@ def attention_lines(attention):
     return lines
 
 
-# Manifest keys that are not a job's settings.
-BOOKKEEPING = ("kind", "file", "rc", "mem", "secs")
+def describe(job):
+    """A job as `kind=... key=value...`: its kind and settings, without its results."""
+    return " ".join(f"{k}={v}" for k, v in job.items() if k not in ("file", "rc", "mem", "secs"))
 
 
 def timeline_of(jobs):
     """Each job that ran: what it was, its exit status and its wall seconds."""
-    return [dict(run=" ".join([j["kind"]] + [f"{k}={v}" for k, v in j.items()
-                                             if k not in BOOKKEEPING and k != "log"]),
-                 rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None)
+    return [dict(run=describe(j), rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None)
             for j in jobs if j["rc"] != "skipped"]
 
 
@@ -344,8 +343,7 @@ def main():
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
     attention, profiles, matmul = attention_of(jobs), kernels_of(jobs), matmul_of(jobs)
-    skipped = [" ".join(f"{k}={v}" for k, v in j.items() if k not in BOOKKEEPING[1:])
-               for j in jobs if j["rc"] == "skipped"]
+    skipped = [describe(j) for j in jobs if j["rc"] == "skipped"]
     timeline = timeline_of(jobs)
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
                    budget_s=int(budget) if budget else None,
