@@ -205,7 +205,9 @@ pub struct Stats {
     /// Mean: the figure for runs whose steps differ by design (a DMD2 run that updates the
     /// generator every fifth step).
     pub mean: f64,
-    /// Median (the upper one of an even count).
+    /// Median: the middle time, or the mean of the two middle ones of an even count (as
+    /// Python's `statistics.median` takes PyTorch's side by side). Taking the upper one made
+    /// a two-step run report its slower step.
     pub median: f64,
     /// Fastest.
     pub min: f64,
@@ -215,9 +217,14 @@ pub struct Stats {
 
 fn stats(mut v: Vec<f64>) -> Stats {
     v.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
+    let mid = v.len() / 2;
     Stats {
         mean: v.iter().sum::<f64>() / v.len() as f64,
-        median: v[v.len() / 2],
+        median: if v.len().is_multiple_of(2) {
+            (v[mid - 1] + v[mid]) / 2.0
+        } else {
+            v[mid]
+        },
         min: v[0],
         max: v[v.len() - 1],
     }
@@ -478,4 +485,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 /// The width of a table's `kernel` column: its longest name, and at least the header's.
 fn kernel_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
     names.map(str::len).max().unwrap_or(0).max("kernel".len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stats;
+
+    #[test]
+    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        let s = stats(vec![1626.0, 1500.0]);
+        assert_eq!(s.median, 1563.0);
+        assert_eq!((s.min, s.max, s.mean), (1500.0, 1626.0, 1563.0));
+        assert_eq!(stats(vec![4.0, 1.0, 3.0, 2.0]).median, 2.5);
+    }
+
+    #[test]
+    fn median_of_an_odd_count_is_the_middle_time() {
+        let s = stats(vec![9.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 9.0));
+        assert_eq!(stats(vec![7.0]).median, 7.0);
+    }
 }

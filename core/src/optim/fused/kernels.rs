@@ -18,8 +18,11 @@ use cubecl::prelude::*;
 /// `g ← g·grad_scale; m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
 ///  p ← p·decay − (m / (sqrt(v) / bc2_sqrt + ε))·step_size`
 ///
-/// with `decay = 1 − lr·wd` and `step_size = lr / (1 − β1^k)`. With `first`, the previous
-/// moments are zero and `exp_avg`/`exp_avg_sq` are not read (the caller may pass any buffer).
+/// with `decay = 1 − lr·wd` and `step_size = lr / (1 − β1^k)`. With `first` not 0, the
+/// previous moments are zero and `exp_avg`/`exp_avg_sq` are not read (the caller may pass any
+/// buffer). `first` is a runtime value, not a compile-time one, so that the second step does
+/// not compile a second kernel: a JIT compile there would land in the first timed step of a
+/// benchmark that warms up with one step.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_step(
@@ -39,7 +42,7 @@ pub fn adamw_step(
     bc2_sqrt: f32,
     eps: f32,
     step_size: f32,
-    #[comptime] first: bool,
+    first: u32,
 ) {
     let len = param.len();
     let stride = (CUBE_DIM_X * CUBE_COUNT_X) as usize;
@@ -50,7 +53,7 @@ pub fn adamw_step(
         let new_v = g * g * one_minus_beta2;
         let mut m = new_m;
         let mut v = new_v;
-        if !first {
+        if first == 0 {
             m = exp_avg[i] * beta1 + new_m;
             v = exp_avg_sq[i] * beta2 + new_v;
         }

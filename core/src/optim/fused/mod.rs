@@ -137,7 +137,7 @@ where
             s.bc2_sqrt as f32,
             s.eps as f32,
             s.step_size as f32,
-            first,
+            u32::from(first),
         );
         (out_p, out_m, out_v)
     }
