@@ -31,5 +31,14 @@ for p in nvidia.__path__:
       fi
     done
   done
+  # The versions of the NVIDIA wheels (PyTorch's), cuDNN's above all: which attention calls
+  # Reel hands to cuDNN depends on it (docs/performance.md, "cuDNN versions").
+  "${PYTHON:-python3}" -c '
+import importlib.metadata as m
+names = ("nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "torch")
+for d in m.distributions():
+    n = d.metadata["Name"] or ""
+    if n.startswith(names):
+        print(f"{n} {d.version}")' 2>/dev/null | sort >&2 || true
 }
 cuda_libs

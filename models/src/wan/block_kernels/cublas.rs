@@ -86,9 +86,23 @@ pub(super) enum Order {
     Stream,
 }
 
-/// Set when a device-ordered product's wait gave up: the rest of the process syncs on the
-/// host.
+/// Set when device ordering failed (a wait gave up, the flags or their kernels could not be
+/// made, or a product's closing signal could not be queued): the rest of the process syncs on
+/// the host.
 static DEVICE_ORDER_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `cublas-async` has gone back to host syncs for the rest of the process.
+#[cfg(test)]
+pub(super) fn device_order_failed() -> bool {
+    DEVICE_ORDER_FAILED.load(Ordering::Relaxed)
+}
+
+/// Host syncs for the rest of the process, with `why` on stderr the first time.
+fn device_order_fails(why: &str) {
+    if !DEVICE_ORDER_FAILED.swap(true, Ordering::Relaxed) {
+        eprintln!("reel: cublas-async: {why}; host syncs from now on");
+    }
+}
 
 /// Whether `libcublas` loads (looked for once).
 pub(super) fn present() -> bool {
@@ -120,9 +134,9 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
     rhs: Tensor<B, 2>,
     order: Order,
 ) -> Result<Tensor<B, 2>, MatmulError> {
-    let ([m, k], [_, n]) = (lhs.dims(), rhs.dims());
-    if m * k * n == 0 || [m, k, n].iter().any(|&d| d > i32::MAX as usize) {
-        return Err(refused(format!("shape [{m}, {k}] · [{k}, {n}]")));
+    let ([m, k], [rows, n]) = (lhs.dims(), rhs.dims());
+    if rows != k || [m, k, n].contains(&0) || [m, k, n].iter().any(|&d| d > i32::MAX as usize) {
+        return Err(refused(format!("shape [{m}, {k}] · [{rows}, {n}]")));
     }
     let (a_type, compute) = types(lhs.dtype())?;
     if !present() {
@@ -164,9 +178,16 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
                     .map_err(|e| refused(format!("stream sync: {e}")))
             }
             Plan::Device => {
-                let number = blas.ordered_before(&c)?;
+                let number = blas.ordered_before()?;
                 gemm.run(blas.handle)?;
-                blas.ordered_after(number)
+                let after = blas.ordered_after(number);
+                if let Err(e) = &after {
+                    // The product is queued and nothing holds CubeCL back: it must finish
+                    // before its buffers go back to CubeCL (the fallback may reuse them).
+                    let _ = driver::stream::synchronize(blas.stream);
+                    device_order_fails(&e.to_string());
+                }
+                after
             }
             Plan::Stream(stream) => gemm.run(blas.on(stream)?),
         }
@@ -190,7 +211,15 @@ fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
     match order {
         Order::Host => Plan::Host,
         Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Plan::Host,
-        Order::Device => Plan::Device,
+        // The flags and their kernels are made on the first device-ordered product; where
+        // that fails, the products run host-ordered rather than on Burn's matmul.
+        Order::Device => match with_blas(like.device.index, |blas| blas.make_flags(like)) {
+            Ok(()) => Plan::Device,
+            Err(why) => {
+                device_order_fails(&why.to_string());
+                Plan::Host
+            }
+        },
         Order::Stream => match super::cublas_stream::cubecl_stream(like) {
             Ok(stream) => Plan::Stream(stream),
             Err(why) => {
@@ -340,30 +369,42 @@ impl Blas {
         Ok(handle)
     }
 
-    /// Starts a device-ordered product (the flags made on `like`'s device the first time);
-    /// returns its number, for [`Self::ordered_after`].
-    fn ordered_before(&mut self, like: &CubeTensor<CudaRuntime>) -> Result<u32, MatmulError> {
+    /// Makes the device-ordering flags on `like`'s device, the first time.
+    fn make_flags(&mut self, like: &CubeTensor<CudaRuntime>) -> Result<(), MatmulError> {
         if self.flags.is_none() {
             self.flags = Some(Flags::new(like)?);
         }
+        Ok(())
+    }
+
+    /// Starts a device-ordered product (the flags made by [`Self::make_flags`]); returns its
+    /// number, for [`Self::ordered_after`].
+    fn ordered_before(&mut self) -> Result<u32, MatmulError> {
         let stream = self.stream;
-        self.flags.as_mut().expect("made above").before(stream)
+        let flags = self.flags.as_mut().ok_or_else(no_flags)?;
+        flags.before(stream)
     }
 
     /// Ends device-ordered product `n`; on the first wait found expired, host syncs for the
     /// rest of the process.
     fn ordered_after(&mut self, n: u32) -> Result<(), MatmulError> {
         let stream = self.stream;
-        let flags = self.flags.as_mut().expect("made before the product");
+        let flags = self.flags.as_mut().ok_or_else(no_flags)?;
         flags.after(stream, n)?;
-        if flags.expired() && !DEVICE_ORDER_FAILED.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "reel: cublas-async: a CubeCL kernel stopped waiting for a cuBLAS product \
-                 (products since the last check may be wrong); host syncs from now on"
+        if flags.expired() {
+            device_order_fails(
+                "a CubeCL kernel stopped waiting for a cuBLAS product (products since the \
+                 last check may be wrong)",
             );
         }
         Ok(())
     }
+}
+
+/// A device-ordered product without flags (an internal ordering error, not a panic: the
+/// product falls back).
+fn no_flags() -> MatmulError {
+    refused("device ordering without its flags".into())
 }
 
 thread_local! {

@@ -37,7 +37,7 @@ pub use autodiff::{
 pub use backend::FusedKernels;
 
 use burn::tensor::{DType, Shape};
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::{empty_device_contiguous_dtype, empty_device_dtype};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
@@ -97,11 +97,14 @@ fn cube_count(rows: usize, batch_heads: usize) -> CubeCount {
     CubeCount::Static(rows.div_ceil(UNITS) as u32, batch_heads as u32, 1)
 }
 
-/// An uninitialized float32 `[B, H, S]` tensor (the log-sum-exp or `Δ`) for the rows of `t`.
+/// An uninitialized float32 `[B, H, S]` tensor (the log-sum-exp or `Δ`) for the rows of `t`,
+/// packed (`[H·S, S, 1]`, where CubeCL would pad the rows): the kernels read any row strides,
+/// but cuDNN's frontend always declares the statistics packed, so a cuDNN backward after
+/// Reel's forward (`REEL_FLASH=cudnn`) gets them as cuDNN's own forward writes them.
 fn empty_rows<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
     let s = t.meta.shape();
     let shape = Shape::new([s[0], s[1], s[2]]);
-    empty_device_dtype(t.client.clone(), t.device.clone(), shape, DType::F32)
+    empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape, DType::F32)
 }
 
 /// An uninitialized tensor of `dims` and `dtype` whose dimensions lie in memory in the order

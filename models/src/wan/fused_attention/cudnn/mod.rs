@@ -159,7 +159,7 @@ pub fn forward(
     k: CubeTensor<CudaRuntime>,
     v: CubeTensor<CudaRuntime>,
 ) -> Result<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>), CudnnError> {
-    present()?;
+    refuse(version_refuses(present()?, None))?;
     let result = sdpa::forward(q, k, v)?;
     RUNS.with(|r| r.set(r.get() + 1));
     Ok(result)
@@ -173,8 +173,8 @@ pub fn backward(
     lse: CubeTensor<CudaRuntime>,
     d_out: CubeTensor<CudaRuntime>,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
-    present()?;
-    let grads = sdpa::backward(qkv, o, lse, d_out)?;
+    let version = present()?;
+    let grads = sdpa::backward(qkv, o, lse, d_out, version)?;
     BACKWARD_RUNS.with(|r| r.set(r.get() + 1));
     Ok(grads)
 }
@@ -191,5 +191,76 @@ pub(super) fn present() -> Result<usize, CudnnError> {
         None => Err(CudnnError::Missing),
         Some(v) if v < 90000 => Err(CudnnError::Version(v)),
         Some(v) => Ok(v),
+    }
+}
+
+/// `Err` with `why` when there is one.
+fn refuse(why: Option<String>) -> Result<(), CudnnError> {
+    why.map_or(Ok(()), |why| Err(CudnnError::Unsupported(why)))
+}
+
+/// Why cuDNN `version` (e.g. 91500 for 9.15.0) cannot run a call that cuDNN's C++ frontend
+/// refuses or changes for that version, or `None`. These graphs follow the frontend's pattern
+/// without its per-version changes, so they refuse those calls and Reel's kernels run them.
+/// `backward`: a backward's key count and whether its `dO` is laid out as its `o`.
+///
+/// - 9.10.0 and 9.10.1: the frontend refuses attention on them (known bugs).
+/// - 9.15.0 and older: for a key count not a multiple of 128, the frontend adds a padding
+///   mask to the backward graph (the fused backward reads past the keys otherwise).
+/// - before 9.5.1: the backward assumes `dO` has `o`'s strides (PyTorch copies it so).
+pub(super) fn version_refuses(version: usize, backward: Option<(usize, bool)>) -> Option<String> {
+    let dotted = format!(
+        "{}.{}.{}",
+        version / 10_000,
+        version / 100 % 100,
+        version % 100
+    );
+    if (91_000..91_002).contains(&version) {
+        return Some(format!(
+            "cuDNN {dotted} has known attention bugs (cuDNN's frontend refuses 9.10.0 and 9.10.1)"
+        ));
+    }
+    let (keys, d_out_like_o) = backward?;
+    if version <= 91_500 && keys % 128 != 0 {
+        return Some(format!(
+            "cuDNN {dotted} (9.15.0 or older) runs the backward of {keys} keys, not a multiple \
+             of 128, only behind a padding mask, which this graph does not build"
+        ));
+    }
+    if version < 90_501 && !d_out_like_o {
+        return Some(format!(
+            "cuDNN {dotted} (before 9.5.1) reads dO as laid out like o, and this dO is not"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_refuses;
+
+    #[test]
+    fn versions_the_frontend_refuses_or_patches_are_refused() {
+        // 9.10.0 and 9.10.1, forward and backward.
+        for v in [91_000, 91_001] {
+            assert!(
+                version_refuses(v, None).is_some_and(|w| w.contains("9.10.")),
+                "{v}"
+            );
+            assert!(version_refuses(v, Some((8192, true))).is_some(), "{v}");
+        }
+        assert_eq!(version_refuses(91_002, None), None);
+        // Key counts off the 128 grid: the backward up to 9.15.0 only.
+        let why = version_refuses(91_500, Some((8190, true))).expect("9.15.0, 8190 keys");
+        assert!(why.contains("9.15.0") && why.contains("8190"), "{why}");
+        assert_eq!(version_refuses(91_500, Some((8192, true))), None);
+        assert_eq!(version_refuses(91_500, None), None);
+        assert_eq!(version_refuses(91_501, Some((8190, true))), None);
+        assert_eq!(version_refuses(92_800, Some((150, false))), None);
+        // dO laid out unlike o: refused before 9.5.1 only.
+        let why = version_refuses(90_500, Some((256, false))).expect("9.5.0, dO unlike o");
+        assert!(why.contains("9.5.0"), "{why}");
+        assert_eq!(version_refuses(90_500, Some((256, true))), None);
+        assert_eq!(version_refuses(90_501, Some((256, false))), None);
     }
 }

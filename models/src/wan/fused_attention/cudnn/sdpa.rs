@@ -30,9 +30,9 @@ pub(super) struct Key {
     more: [[i64; 4]; 5],
     /// The float32 buffers' strides as `[B, H, Sq, ·]`: the statistics, and (backward) the
     /// row sums and dq's sums, read from each buffer. cuDNN's own are packed
-    /// ([`packed_rows`]), but the statistics of Reel's forward come padded (CubeCL pads the
-    /// rows it allocates: on CUDA a `[B, H, 200]` buffer has strides `[H·256, 256, 1]`), and
-    /// Reel's kernels read a cuDNN forward's by their strides.
+    /// ([`packed_rows`]), and so are the statistics of Reel's forwards (CubeCL would pad
+    /// the rows: on CUDA a `[B, H, 200]` buffer would have strides `[H·256, 256, 1]`); the
+    /// graphs still declare whatever strides a buffer has.
     buffers: [[i64; 4]; 3],
 }
 
@@ -151,14 +151,19 @@ pub(super) fn forward(
 
 /// `(dq, dk, dv)` laid out like `q, k, v`, from the saved `o`, `lse` and the output gradient
 /// `d_out` (cast to the inputs' dtype and given a contiguous head dim where it has not), on
-/// cuDNN.
+/// cuDNN `version` (what it cannot run there is refused: [`super::version_refuses`]).
 pub(super) fn backward(
     [q, k, v]: [CubeTensor<CudaRuntime>; 3],
     o: CubeTensor<CudaRuntime>,
     lse: CubeTensor<CudaRuntime>,
     d_out: CubeTensor<CudaRuntime>,
+    version: usize,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
     let key = Key::of([&q, &k, &v])?;
+    let keys = key.sizes()[3] as usize;
+    if let Some(why) = super::version_refuses(version, Some((keys, true))) {
+        return Err(CudnnError::Unsupported(why));
+    }
     if o.dtype != key.dtype {
         return Err(CudnnError::Unsupported(format!(
             "o in {:?} beside inputs in {:?}",
@@ -171,6 +176,10 @@ pub(super) fn backward(
     } else {
         burn_cubecl::kernel::into_contiguous(d_out)
     };
+    if let Some(why) = super::version_refuses(version, Some((keys, strides(&d_out) == strides(&o))))
+    {
+        return Err(CudnnError::Unsupported(why));
+    }
     let [b, h, sq, _, d, _] = key.sizes().map(|x| x as usize);
     let like = |t: &CubeTensor<CudaRuntime>| empty_in_layout_of(t, t.meta.shape().dims(), t.dtype);
     let (dq, dk, dv) = (like(&q), like(&k), like(&v));
@@ -378,9 +387,10 @@ mod tests {
     use super::*;
 
     /// A key for `[B, S, H, D]` tensors seen as `[B, H, S, D]`, as the Wan blocks pass them.
-    /// With `padded`, the statistics and row sums as CubeCL lays them out on CUDA (rows of 512
-    /// bytes or more padded to a multiple of 512 bytes, 128 values: Reel's forward's
-    /// statistics); else packed, as cuDNN's own calls allocate them.
+    /// With `padded`, the statistics and row sums as CubeCL lays out a buffer on CUDA unless
+    /// asked for a packed one (rows of 512 bytes or more padded to a multiple of 512 bytes,
+    /// 128 values: Reel's forward's statistics before they were packed); else packed, as
+    /// cuDNN's own calls and Reel's forwards allocate them.
     fn wan_key(dtype: DType, [b, h, sq, sk, d]: [i64; 5], padded: bool) -> Key {
         let bshd = |s: i64| [s * h * d, d, h * d, 1];
         let pitch = if padded {
@@ -414,7 +424,7 @@ mod tests {
     /// cuDNN's heuristics propose engines for both graphs on an H100 described by its
     /// properties ([`H100`]), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
     /// graphs have the pattern of cuDNN's fused attention engines (a graph they do not
-    /// recognise gets none); the backward also with the padded statistics of Reel's forward.
+    /// recognise gets none); the backward also with padded statistics.
     /// Needs `libcudnn` and, for its heuristics, `libcublasLt`, not a
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
@@ -436,7 +446,7 @@ mod tests {
                 for (name, ops) in [
                     ("forward", forward_ops(&packed)),
                     ("backward", backward_ops(&packed)),
-                    ("backward after Reel's forward", backward_ops(&padded)),
+                    ("backward, padded statistics", backward_ops(&padded)),
                 ] {
                     let what = format!("{name} {dtype:?} {shape:?}");
                     let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
