@@ -155,9 +155,6 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
     // thread queued before); the sync then waits for that stream.
     let (pa, pb, pc) = (pointer(&a)?, pointer(&b)?, pointer(&c)?);
     let plan = plan(order, &c);
-    if let Plan::Host = plan {
-        B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
-    }
     let gemm = Gemm {
         dims: [m, n, k],
         a: (pa.ptr, a_op),
@@ -170,8 +167,21 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
         compute,
     };
     with_blas(a.device.index, |blas| unsafe {
+        // The flags and their kernels are made on the first device-ordered product; where
+        // that fails, the products run host-ordered rather than on Burn's matmul.
+        let plan = match plan {
+            Plan::Device => blas.make_flags(&c).map_or_else(
+                |why| {
+                    device_order_fails(&why.to_string());
+                    Plan::Host
+                },
+                |()| Plan::Device,
+            ),
+            plan => plan,
+        };
         match plan {
             Plan::Host => {
+                B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
                 gemm.run(blas.handle)?;
                 // CubeCL may reuse the operands' and the output's memory once this returns.
                 driver::stream::synchronize(blas.stream)
@@ -207,19 +217,12 @@ enum Plan {
 
 /// The plan for `order` on `like`'s device and stream: host syncs where device ordering has
 /// failed before, or where CubeCL's stream is not found (one line on stderr the first time).
+/// (A device-ordered product whose flags cannot be made also syncs on the host: `matmul`.)
 fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
     match order {
         Order::Host => Plan::Host,
         Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Plan::Host,
-        // The flags and their kernels are made on the first device-ordered product; where
-        // that fails, the products run host-ordered rather than on Burn's matmul.
-        Order::Device => match with_blas(like.device.index, |blas| blas.make_flags(like)) {
-            Ok(()) => Plan::Device,
-            Err(why) => {
-                device_order_fails(&why.to_string());
-                Plan::Host
-            }
-        },
+        Order::Device => Plan::Device,
         Order::Stream => match super::cublas_stream::cubecl_stream(like) {
             Ok(stream) => Plan::Stream(stream),
             Err(why) => {

@@ -95,6 +95,13 @@ fn find(like: &CubeTensor<CudaRuntime>) -> Result<usize, String> {
     }
 }
 
+/// The driver calls whose launches the probe is looked for in (the one CubeCL makes, and its
+/// per-thread-stream form); both take `cuLaunchKernel`'s parameters.
+const LAUNCHES: [cupti::CUpti_driver_api_trace_cbid_enum; 2] = [
+    cupti::CUpti_driver_api_trace_cbid_enum::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    cupti::CUpti_driver_api_trace_cbid_enum::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+];
+
 /// A CUPTI subscription to the driver's kernel launches, ended on drop.
 struct Subscription(cupti::CUpti_SubscriberHandle);
 
@@ -108,11 +115,7 @@ impl Subscription {
             cupti::cuptiSubscribe(&mut handle, Some(on_launch), user)
         })?;
         let subscription = Self(handle);
-        use cupti::CUpti_driver_api_trace_cbid_enum as Cbid;
-        for cbid in [
-            Cbid::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
-            Cbid::CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-        ] {
+        for cbid in LAUNCHES {
             // SAFETY: a live subscriber handle.
             check("cuptiEnableCallback", unsafe {
                 cupti::cuptiEnableCallback(
@@ -139,14 +142,18 @@ impl Drop for Subscription {
 unsafe extern "C" fn on_launch(
     user: *mut c_void,
     domain: cupti::CUpti_CallbackDomain,
-    _cbid: cupti::CUpti_CallbackId,
+    cbid: cupti::CUpti_CallbackId,
     data: *const c_void,
 ) {
-    if domain != cupti::CUpti_CallbackDomain::CUPTI_CB_DOMAIN_DRIVER_API || data.is_null() {
+    let launch = LAUNCHES.iter().any(|&c| c as u32 == cbid);
+    if domain != cupti::CUpti_CallbackDomain::CUPTI_CB_DOMAIN_DRIVER_API
+        || !launch
+        || data.is_null()
+    {
         return;
     }
     // SAFETY: for the driver domain, CUPTI passes a `CUpti_CallbackData`; the two launch
-    // callbacks enabled share `cuLaunchKernel`'s parameter layout.
+    // callbacks of `LAUNCHES` share `cuLaunchKernel`'s parameter layout.
     let data = unsafe { &*(data as *const cupti::CUpti_CallbackData) };
     if data.callbackSite != cupti::CUpti_ApiCallbackSite::CUPTI_API_ENTER
         || data.functionParams.is_null()
@@ -192,6 +199,8 @@ fn load_cupti() -> Result<(), String> {
         return Ok(());
     }
     let dirs = cupti_dirs();
+    // Found but not usable: cudarc opens CUPTI again by the sonames its build knows.
+    let mut unusable = vec![];
     for dir in &dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -208,19 +217,31 @@ fn load_cupti() -> Result<(), String> {
                     return Ok(());
                 }
             }
+            unusable.push(entry.path());
         }
     }
+    let unusable = if unusable.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {unusable:?} did not load as a CUPTI this build takes (a CUDA version mismatch?)"
+        )
+    };
     Err(format!(
-        "libcupti was not found on the loader's path nor in {dirs:?} (put the CUDA toolkit's \
-         extras/CUPTI/lib64, or the nvidia-cuda-cupti wheel's lib, on LD_LIBRARY_PATH)"
+        "libcupti was not found on the loader's path nor in {dirs:?}{unusable} (put the CUDA \
+         toolkit's extras/CUPTI/lib64, or the nvidia-cuda-cupti wheel's lib, on LD_LIBRARY_PATH)"
     ))
 }
 
-/// Where a CUDA toolkit keeps `libcupti`.
+/// Where a CUDA toolkit keeps `libcupti` (`extras/CUPTI/lib64`; some releases also in `lib64`
+/// or `targets/x86_64-linux/lib`).
 fn cupti_dirs() -> Vec<PathBuf> {
     let roots = ["CUDA_PATH", "CUDA_HOME"]
         .iter()
         .filter_map(|var| std::env::var_os(var).map(PathBuf::from))
         .chain([PathBuf::from("/usr/local/cuda")]);
-    roots.map(|root| root.join("extras/CUPTI/lib64")).collect()
+    let under = ["extras/CUPTI/lib64", "lib64", "targets/x86_64-linux/lib"];
+    roots
+        .flat_map(|root| under.map(|dir| root.join(dir)))
+        .collect()
 }

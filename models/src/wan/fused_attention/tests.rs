@@ -741,12 +741,12 @@ fn cuda_cudnn_attention_matches_naive() {
     cudnn::choose(None);
     // Each extra shape: one forward and backward alone, then contiguous and strided, in two
     // dtypes; backwards only of the key counts this cuDNN's version takes (the rest are
-    // refused by version: `cudnn::version_refuses`).
+    // refused by version: `cudnn::check_version`).
     let version = cudnn::present().unwrap_or_else(|e| panic!("{e}"));
     let ran = (after.0 - before.0, after.1 - before.1);
     let want = 6 * wan.len();
     let takes = |&&(_, sk, _, _): &&(usize, usize, usize, usize)| {
-        cudnn::version_refuses(version, Some((sk, true))).is_none()
+        cudnn::check_version(version, Some((sk, true))).is_ok()
     };
     let want_backward = 6 * wan.iter().filter(takes).count();
     assert!(
@@ -777,11 +777,11 @@ fn cuda_cudnn_and_reel_halves_agree() {
             .into_primitive()
             .tensor()
     };
-    // 150 keys, unless this cuDNN refuses a backward of them (`cudnn::version_refuses`).
+    // 150 keys, unless this cuDNN refuses a backward of them (`cudnn::check_version`).
     let version = cudnn::present().unwrap_or_else(|e| panic!("{e}"));
-    let sk = match cudnn::version_refuses(version, Some((150, true))) {
-        None => 150,
-        Some(why) => {
+    let sk = match cudnn::check_version(version, Some((150, true))) {
+        Ok(()) => 150,
+        Err(why) => {
             eprintln!("{why}: 256 keys instead");
             256
         }

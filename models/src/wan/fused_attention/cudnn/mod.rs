@@ -159,8 +159,7 @@ pub fn forward(
     k: CubeTensor<CudaRuntime>,
     v: CubeTensor<CudaRuntime>,
 ) -> Result<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>), CudnnError> {
-    refuse(version_refuses(present()?, None))?;
-    let result = sdpa::forward(q, k, v)?;
+    let result = sdpa::forward(q, k, v, present()?)?;
     RUNS.with(|r| r.set(r.get() + 1));
     Ok(result)
 }
@@ -194,21 +193,21 @@ pub(super) fn present() -> Result<usize, CudnnError> {
     }
 }
 
-/// `Err` with `why` when there is one.
-fn refuse(why: Option<String>) -> Result<(), CudnnError> {
-    why.map_or(Ok(()), |why| Err(CudnnError::Unsupported(why)))
-}
-
-/// Why cuDNN `version` (e.g. 91500 for 9.15.0) cannot run a call that cuDNN's C++ frontend
-/// refuses or changes for that version, or `None`. These graphs follow the frontend's pattern
-/// without its per-version changes, so they refuse those calls and Reel's kernels run them.
-/// `backward`: a backward's key count and whether its `dO` is laid out as its `o`.
+/// `Unsupported` with the reason when cuDNN `version` (e.g. 91500 for 9.15.0) cannot run a
+/// call that cuDNN's C++ frontend refuses or changes for that version. These graphs follow the
+/// frontend's pattern without its per-version changes, so they refuse those calls and Reel's
+/// kernels run them. `backward`: a backward's key count and whether its `dO` is laid out as
+/// its `o`.
 ///
 /// - 9.10.0 and 9.10.1: the frontend refuses attention on them (known bugs).
 /// - 9.15.0 and older: for a key count not a multiple of 128, the frontend adds a padding
 ///   mask to the backward graph (the fused backward reads past the keys otherwise).
 /// - before 9.5.1: the backward assumes `dO` has `o`'s strides (PyTorch copies it so).
-pub(super) fn version_refuses(version: usize, backward: Option<(usize, bool)>) -> Option<String> {
+pub(super) fn check_version(
+    version: usize,
+    backward: Option<(usize, bool)>,
+) -> Result<(), CudnnError> {
+    let refuse = |why: String| Err(CudnnError::Unsupported(why));
     let dotted = format!(
         "{}.{}.{}",
         version / 10_000,
@@ -216,28 +215,37 @@ pub(super) fn version_refuses(version: usize, backward: Option<(usize, bool)>) -
         version % 100
     );
     if (91_000..91_002).contains(&version) {
-        return Some(format!(
+        return refuse(format!(
             "cuDNN {dotted} has known attention bugs (cuDNN's frontend refuses 9.10.0 and 9.10.1)"
         ));
     }
-    let (keys, d_out_like_o) = backward?;
+    let Some((keys, d_out_like_o)) = backward else {
+        return Ok(());
+    };
     if version <= 91_500 && keys % 128 != 0 {
-        return Some(format!(
+        return refuse(format!(
             "cuDNN {dotted} (9.15.0 or older) runs the backward of {keys} keys, not a multiple \
              of 128, only behind a padding mask, which this graph does not build"
         ));
     }
     if version < 90_501 && !d_out_like_o {
-        return Some(format!(
+        return refuse(format!(
             "cuDNN {dotted} (before 9.5.1) reads dO as laid out like o, and this dO is not"
         ));
     }
-    None
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::version_refuses;
+    use super::check_version;
+
+    /// The reason `check_version` gives, or `None` when it accepts.
+    fn version_refuses(version: usize, backward: Option<(usize, bool)>) -> Option<String> {
+        check_version(version, backward)
+            .err()
+            .map(|e| e.to_string())
+    }
 
     #[test]
     fn versions_the_frontend_refuses_or_patches_are_refused() {

@@ -127,12 +127,15 @@ const ROW_SUMS: i64 = 11;
 const DQ_SUMS: i64 = 12;
 const ONE: i64 = 13;
 
-/// `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` on cuDNN; `o` is laid out as `q` is.
+/// `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` on cuDNN `version`; `o` is laid out as `q`
+/// is.
 pub(super) fn forward(
     q: CubeTensor<CudaRuntime>,
     k: CubeTensor<CudaRuntime>,
     v: CubeTensor<CudaRuntime>,
+    version: usize,
 ) -> Result<(CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>), CudnnError> {
+    super::check_version(version, None)?;
     let key = Key::of([&q, &k, &v])?;
     let [b, h, sq, _, _, dv] = key.sizes().map(|d| d as usize);
     let out = empty_in_layout_of(&q, [b, h, sq, dv], q.dtype);
@@ -151,7 +154,7 @@ pub(super) fn forward(
 
 /// `(dq, dk, dv)` laid out like `q, k, v`, from the saved `o`, `lse` and the output gradient
 /// `d_out` (cast to the inputs' dtype and given a contiguous head dim where it has not), on
-/// cuDNN `version` (what it cannot run there is refused: [`super::version_refuses`]).
+/// cuDNN `version` (what it cannot run there is refused: [`super::check_version`]).
 pub(super) fn backward(
     [q, k, v]: [CubeTensor<CudaRuntime>; 3],
     o: CubeTensor<CudaRuntime>,
@@ -160,10 +163,6 @@ pub(super) fn backward(
     version: usize,
 ) -> Result<[CubeTensor<CudaRuntime>; 3], CudnnError> {
     let key = Key::of([&q, &k, &v])?;
-    let keys = key.sizes()[3] as usize;
-    if let Some(why) = super::version_refuses(version, Some((keys, true))) {
-        return Err(CudnnError::Unsupported(why));
-    }
     if o.dtype != key.dtype {
         return Err(CudnnError::Unsupported(format!(
             "o in {:?} beside inputs in {:?}",
@@ -176,10 +175,8 @@ pub(super) fn backward(
     } else {
         burn_cubecl::kernel::into_contiguous(d_out)
     };
-    if let Some(why) = super::version_refuses(version, Some((keys, strides(&d_out) == strides(&o))))
-    {
-        return Err(CudnnError::Unsupported(why));
-    }
+    let keys = key.sizes()[3] as usize;
+    super::check_version(version, Some((keys, strides(&d_out) == strides(&o))))?;
     let [b, h, sq, _, d, _] = key.sizes().map(|x| x as usize);
     let like = |t: &CubeTensor<CudaRuntime>| empty_in_layout_of(t, t.meta.shape().dims(), t.dtype);
     let (dq, dk, dv) = (like(&q), like(&k), like(&v));
