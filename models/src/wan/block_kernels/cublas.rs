@@ -87,8 +87,8 @@ pub(super) enum Order {
 }
 
 /// Set when device ordering failed (a wait gave up, the flags or their kernels could not be
-/// made, or a product's closing signal could not be queued): the rest of the process syncs on
-/// the host.
+/// made, or a product's opening or closing signal could not be queued): the rest of the
+/// process syncs on the host.
 static DEVICE_ORDER_FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Whether `cublas-async` has gone back to host syncs for the rest of the process.
@@ -167,28 +167,26 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
         compute,
     };
     with_blas(a.device.index, |blas| unsafe {
-        // The flags and their kernels are made on the first device-ordered product; where
-        // that fails, the products run host-ordered rather than on Burn's matmul.
-        let plan = match plan {
-            Plan::Device => blas.make_flags(&c).map_or_else(
-                |why| {
-                    device_order_fails(&why.to_string());
-                    Plan::Host
-                },
-                |()| Plan::Device,
-            ),
-            plan => plan,
+        let host_ordered = |blas: &mut Blas| {
+            B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
+            gemm.run(blas.handle)?;
+            // CubeCL may reuse the operands' and the output's memory once this returns.
+            driver::stream::synchronize(blas.stream)
+                .map_err(|e| refused(format!("stream sync: {e}")))
         };
         match plan {
-            Plan::Host => {
-                B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
-                gemm.run(blas.handle)?;
-                // CubeCL may reuse the operands' and the output's memory once this returns.
-                driver::stream::synchronize(blas.stream)
-                    .map_err(|e| refused(format!("stream sync: {e}")))
-            }
+            Plan::Host => host_ordered(blas),
             Plan::Device => {
-                let number = blas.ordered_before()?;
+                // The flags and their kernels are made on the first device-ordered product.
+                // Where they cannot be made, or a product's opening signal cannot be queued,
+                // the products run host-ordered rather than on Burn's matmul.
+                let number = match blas.make_flags(&c).and_then(|()| blas.ordered_before()) {
+                    Ok(number) => number,
+                    Err(why) => {
+                        device_order_fails(&why.to_string());
+                        return host_ordered(blas);
+                    }
+                };
                 gemm.run(blas.handle)?;
                 let after = blas.ordered_after(number);
                 if let Err(e) = &after {
@@ -217,7 +215,8 @@ enum Plan {
 
 /// The plan for `order` on `like`'s device and stream: host syncs where device ordering has
 /// failed before, or where CubeCL's stream is not found (one line on stderr the first time).
-/// (A device-ordered product whose flags cannot be made also syncs on the host: `matmul`.)
+/// (A device-ordered product whose flags or opening signal cannot be made also syncs on the
+/// host, as do the products after it: `matmul`.)
 fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
     match order {
         Order::Host => Plan::Host,
