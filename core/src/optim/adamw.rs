@@ -75,36 +75,47 @@ impl AdamWScalars {
     }
 }
 
-/// One AdamW update of a flattened parameter (see [`AdamWScalars`]):
+/// One parameter's AdamW inputs: the flattened parameter, its gradient and its moments
+/// (`None` before its first step).
+pub type AdamWInputs<B> = (Tensor<B, 1>, Tensor<B, 1>, Option<Moments<B>>);
+
+/// One parameter's AdamW result: the updated parameter and its moments.
+pub type AdamWOutput<B> = (Tensor<B, 1>, Moments<B>);
+
+/// One parameter's EMA inputs: its shadow and its current value, both flattened.
+pub type EmaPair<B> = (Tensor<B, 1>, Tensor<B, 1>);
+
+/// One AdamW update of each flattened parameter of `items` (see [`AdamWScalars`]), in order:
 ///
 /// `g ← g·grad_scale; p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
 ///  p ← p − (lr / (1−β1^k)) · m / (sqrt(v) / sqrt(1−β2^k) + ε)`
 ///
-/// With `fused` and a float32 parameter on a CubeCL backend (`cuda`, `wgpu`) the step is
-/// one kernel (`optim::fused`, same operation order); otherwise Burn tensor
-/// operations.
-pub fn adamw_update<B: Backend>(
+/// With `fused` and float32 parameters on a CubeCL backend (`cuda`, `wgpu`) the step is one
+/// kernel launch per group of parameters (`optim::fused`, same operation order); otherwise
+/// Burn tensor operations, parameter by parameter.
+pub fn adamw_updates<B: Backend>(
     s: &AdamWScalars,
     fused: bool,
-    param: Tensor<B, 1>,
-    grad: Tensor<B, 1>,
-    moments: Option<Moments<B>>,
-) -> (Tensor<B, 1>, Moments<B>) {
+    items: Vec<AdamWInputs<B>>,
+) -> Vec<AdamWOutput<B>> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let (param, grad, moments) = if fused {
-        match super::fused::try_adamw((param, grad, moments), s) {
+    let items = if fused {
+        match super::fused::try_adamw(items, s) {
             Ok(out) => return out,
-            Err(inputs) => inputs,
+            Err(items) => items,
         }
     } else {
-        (param, grad, moments)
+        items
     };
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     let _ = fused;
-    reference_update(s, param, grad, moments)
+    items
+        .into_iter()
+        .map(|(param, grad, moments)| reference_update(s, param, grad, moments))
+        .collect()
 }
 
-/// [`adamw_update`] in Burn tensor operations.
+/// One parameter's [`adamw_updates`] in Burn tensor operations.
 fn reference_update<B: Backend>(
     s: &AdamWScalars,
     param: Tensor<B, 1>,
@@ -173,26 +184,29 @@ pub fn squared_norm<B: Backend>(fused: bool, tensors: Vec<Tensor<B, 1>>) -> Opti
     Some(Tensor::cat(parts, 0).sum())
 }
 
-/// One EMA step of a flattened parameter's shadow: `shadow·decay + param·(1 − decay)`; one
-/// kernel with `fused` on a CubeCL backend (see [`adamw_update`]).
-pub fn ema_update<B: Backend>(
+/// One EMA step of each flattened parameter's shadow of `pairs` (`(shadow, param)`), in
+/// order: `shadow·decay + param·(1 − decay)`; one kernel launch per group of parameters with
+/// `fused` on a CubeCL backend (see [`adamw_updates`]).
+pub fn ema_updates<B: Backend>(
     fused: bool,
-    shadow: Tensor<B, 1>,
-    param: Tensor<B, 1>,
+    pairs: Vec<EmaPair<B>>,
     decay: f64,
-) -> Tensor<B, 1> {
+) -> Vec<Tensor<B, 1>> {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let (shadow, param) = if fused {
-        match super::fused::try_ema(shadow, param, decay) {
+    let pairs = if fused {
+        match super::fused::try_ema(pairs, decay) {
             Ok(out) => return out,
-            Err(inputs) => inputs,
+            Err(pairs) => pairs,
         }
     } else {
-        (shadow, param)
+        pairs
     };
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     let _ = fused;
-    shadow.mul_scalar(decay).add(param.mul_scalar(1.0 - decay))
+    pairs
+        .into_iter()
+        .map(|(shadow, param)| shadow.mul_scalar(decay).add(param.mul_scalar(1.0 - decay)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -214,8 +228,12 @@ mod tests {
         let p = Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32, -2.0], [2]), &dev);
         let g = Tensor::<B, 1>::from_data(TensorData::new(vec![0.5f32, 0.25], [2]), &dev);
         let s = |k| AdamWScalars::new(&cfg, 0.1, k, 1.0);
-        let (p1, m1) = adamw_update(&s(1), true, p, g.clone(), None);
-        let (p2, _) = adamw_update(&s(2), true, p1.clone(), g, Some(m1));
+        let step = |s, p, m| {
+            let mut out = adamw_updates(&s, true, vec![(p, g.clone(), m)]);
+            out.pop().expect("one parameter in, one out")
+        };
+        let (p1, m1) = step(s(1), p, None);
+        let (p2, _) = step(s(2), p1.clone(), Some(m1));
         // Hand computation in f64.
         let hand = |p0: f64, g: f64| {
             let (lr, wd, b1, b2, eps) = (0.1, 0.01, 0.9f64, 0.999f64, 1e-8);

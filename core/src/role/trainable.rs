@@ -11,7 +11,7 @@ use super::state::{check_keys, flat_from_data, to_data};
 use super::{GradMap, RoleHandle, RoleStateError};
 use crate::model::{DiffusionModel, DynModel, LossFn};
 use crate::optim::{
-    adamw_update, ema_update, squared_norm, AdamWScalars, AdamWState, Moments, OptimizerConfig,
+    adamw_updates, ema_updates, squared_norm, AdamWScalars, AdamWState, Moments, OptimizerConfig,
 };
 use crate::parallel::ParallelError;
 
@@ -246,7 +246,8 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
             .map(|p| (p.path, p.value))
             .collect();
         let scalars = AdamWScalars::new(&self.optimizer, lr, k, grad_scale);
-        let mut new_values = ParamValues::<B>::new();
+        let mut paths = Vec::with_capacity(grads.len());
+        let mut items = Vec::with_capacity(grads.len());
         for (path, g) in grads {
             let p = params.remove(&path).unwrap_or_else(|| {
                 panic!(
@@ -254,10 +255,14 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
                     self.name
                 )
             });
-            let prev = self.state.moments.remove(&path);
-            let (updated, moments) = adamw_update(&scalars, self.optimizer.fused, p, g, prev);
+            items.push((p, g, self.state.moments.remove(&path)));
+            paths.push(path);
+        }
+        let updated = adamw_updates(&scalars, self.optimizer.fused, items);
+        let mut new_values = ParamValues::<B>::new();
+        for (path, (value, moments)) in paths.into_iter().zip(updated) {
             self.state.moments.insert(path.clone(), moments);
-            new_values.insert(path, updated);
+            new_values.insert(path, value);
         }
         self.state.step = k;
         self.replace(new_values, None);
@@ -373,13 +378,21 @@ impl<B: AutodiffBackend, M: RoleModule<B>> RoleHandle<B> for TrainableRole<B, M>
     fn ema_update(&mut self, decay: f64) {
         let current = self.model.trainable_params();
         let ema = self.ema.get_or_insert_with(BTreeMap::new);
+        // A parameter without a shadow yet starts one at its value.
+        let (mut paths, mut pairs) = (Vec::new(), Vec::new());
         for p in current {
-            let next = match ema.remove(&p.path) {
-                Some(e) => ema_update(self.optimizer.fused, e, p.value, decay),
-                None => p.value,
-            };
-            ema.insert(p.path, next);
+            match ema.remove(&p.path) {
+                Some(e) => {
+                    paths.push(p.path);
+                    pairs.push((e, p.value));
+                }
+                None => {
+                    ema.insert(p.path, p.value);
+                }
+            }
         }
+        let next = ema_updates(self.optimizer.fused, pairs, decay);
+        ema.extend(paths.into_iter().zip(next));
     }
 
     fn has_ema(&self) -> bool {

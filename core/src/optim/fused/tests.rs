@@ -1,14 +1,21 @@
 //! The fused update kernels against the tensor-operation updates on the CPU: AdamW over
 //! several steps (first step without moments, weight decay, gradient scaling), the EMA and
 //! the sum of squares of many gradients, on uneven lengths, some longer than a single
-//! launch's units (grid stride), and on parameters flattened from kernel-made rank-3 and
-//! rank-5 tensors (padded rows on CUDA). Run on the wgpu
+//! launch's units (grid stride), on parameters flattened from kernel-made rank-3 and
+//! rank-5 tensors (padded rows on CUDA), and on more parameters than one launch takes, some
+//! on their first step among others on later ones. Run on the wgpu
 //! backend (`--features wgpu`; on a machine without a GPU, Mesa's lavapipe) and on CUDA
 //! (`--features cuda`).
 
+use std::collections::BTreeMap;
+
+use burn::backend::Autodiff;
+use burn::tensor::TensorData;
+
 use super::*;
-use crate::optim::{adamw_update, ema_update, OptimizerConfig};
+use crate::optim::{adamw_updates, ema_updates, OptimizerConfig};
 use crate::rng::StreamRng;
+use crate::role::RoleHandle;
 
 type Cpu = burn::backend::NdArray;
 
@@ -53,46 +60,109 @@ fn flattened<B: Backend, const D: usize>(
 /// Three AdamW steps of a parameter of `len` values on `B` (fused) and on the CPU (tensor
 /// operations): parameter and moments agree after each step.
 fn check_adamw<B: Backend>(len: usize, device: &B::Device) {
-    check_adamw_of::<B>(len, |v| on::<B>(v, device));
+    check_adamw_of::<B>(&[len], |_| 1, |v| on::<B>(v, device));
 }
 
-/// [`check_adamw`] with the parameter and gradients on `B` made by `make`.
-fn check_adamw_of<B: Backend>(len: usize, make: impl Fn(&[f32]) -> Tensor<B, 1>) {
+/// Three AdamW steps of parameters of `lens` on `B` (made by `make`, fused, all in one
+/// call) and on the CPU (tensor operations); parameter `i` takes its first step at step
+/// `starts(i)`, so a call can hold parameters on their first step among others on later
+/// ones. Parameters and moments agree after each step.
+fn check_adamw_of<B: Backend>(
+    lens: &[usize],
+    starts: impl Fn(usize) -> u64,
+    make: impl Fn(&[f32]) -> Tensor<B, 1>,
+) {
     let cfg = OptimizerConfig {
         lr: 0.05,
         weight_decay: 0.1,
         ..Default::default()
     };
-    let p0 = random(len, 1);
-    let (mut p, mut state) = (make(&p0), None::<Moments<B>>);
-    let (mut p_cpu, mut state_cpu) = (on::<Cpu>(&p0, &Default::default()), None);
+    let p0: Vec<Vec<f32>> = (0..lens.len())
+        .map(|i| random(lens[i], 1 + 100 * i as u64))
+        .collect();
+    let mut fused: Vec<(Tensor<B, 1>, Option<Moments<B>>)> =
+        p0.iter().map(|p| (make(p), None)).collect();
+    let mut cpu: Vec<(Tensor<Cpu, 1>, Option<Moments<Cpu>>)> = p0
+        .iter()
+        .map(|p| (on(p, &Default::default()), None))
+        .collect();
     for k in 1..=3u64 {
-        let g = random(len, 10 + k);
         let s = AdamWScalars::new(&cfg, cfg.lr, k, [0.7, 1.0, 0.25][k as usize - 1]);
-        let inputs = (p, make(&g), state);
-        let (np, nm) = try_adamw(inputs, &s).unwrap_or_else(|_| panic!("no fused kernel"));
-        let (cp, cm) = adamw_update(&s, false, p_cpu, on(&g, &Default::default()), state_cpu);
-        let pairs = [
-            (np.clone(), cp.clone(), "param"),
-            (nm.exp_avg.clone(), cm.exp_avg.clone(), "exp_avg"),
-            (nm.exp_avg_sq.clone(), cm.exp_avg_sq.clone(), "exp_avg_sq"),
-        ];
-        for (got, want, name) in pairs {
-            let e = max_rel(&values(got), &values(want));
-            assert!(e < 2e-6, "len {len}, step {k}: {name} off by {e:.2e}");
+        let stepping: Vec<usize> = (0..lens.len()).filter(|&i| starts(i) <= k).collect();
+        let grads: Vec<Vec<f32>> = stepping
+            .iter()
+            .map(|&i| random(lens[i], 10 + k + 100 * i as u64))
+            .collect();
+        let take = |i: usize, g: &[f32], f: &mut Vec<(Tensor<B, 1>, Option<Moments<B>>)>| {
+            let (p, m) = (f[i].0.clone(), f[i].1.take());
+            (p, make(g), m)
+        };
+        let items = stepping
+            .iter()
+            .zip(&grads)
+            .map(|(&i, g)| take(i, g, &mut fused))
+            .collect();
+        let got = try_adamw(items, &s).unwrap_or_else(|_| panic!("no fused kernel"));
+        assert_eq!(got.len(), stepping.len(), "one update per parameter");
+        let items = stepping
+            .iter()
+            .zip(&grads)
+            .map(|(&i, g)| {
+                (
+                    cpu[i].0.clone(),
+                    on(g, &Default::default()),
+                    cpu[i].1.take(),
+                )
+            })
+            .collect();
+        let want = adamw_updates(&s, false, items);
+        for ((&i, (np, nm)), (cp, cm)) in stepping.iter().zip(got).zip(want) {
+            let pairs = [
+                (np.clone(), cp.clone(), "param"),
+                (nm.exp_avg.clone(), cm.exp_avg.clone(), "exp_avg"),
+                (nm.exp_avg_sq.clone(), cm.exp_avg_sq.clone(), "exp_avg_sq"),
+            ];
+            for (got, want, name) in pairs {
+                let e = max_rel(&values(got), &values(want));
+                let len = lens[i];
+                assert!(
+                    e < 2e-6,
+                    "parameter {i} of {len} values, step {k}: {name} off by {e:.2e}"
+                );
+            }
+            (fused[i], cpu[i]) = ((np, Some(nm)), (cp, Some(cm)));
         }
-        (p, state, p_cpu, state_cpu) = (np, Some(nm), cp, Some(cm));
     }
 }
 
-fn check_ema<B: Backend>(len: usize, device: &B::Device) {
-    let (e, p) = (random(len, 3), random(len, 4));
-    let got = try_ema(on::<B>(&e, device), on::<B>(&p, device), 0.93)
-        .unwrap_or_else(|_| panic!("no fused kernel"));
+/// The fused EMA of shadows and parameters of `lens`, all in one call, against the tensor
+/// operations on the CPU.
+fn check_ema<B: Backend>(lens: &[usize], device: &B::Device) {
+    let data: Vec<(Vec<f32>, Vec<f32>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (random(n, 3 + 100 * i as u64), random(n, 4 + 100 * i as u64)))
+        .collect();
+    let pairs = data
+        .iter()
+        .map(|(e, p)| (on::<B>(e, device), on::<B>(p, device)))
+        .collect();
+    let got = try_ema(pairs, 0.93).unwrap_or_else(|_| panic!("no fused kernel"));
     let cpu = Default::default();
-    let want = ema_update(false, on::<Cpu>(&e, &cpu), on::<Cpu>(&p, &cpu), 0.93);
-    let err = max_rel(&values(got), &values(want));
-    assert!(err < 1e-6, "len {len}: EMA off by {err:.2e}");
+    let pairs = data
+        .iter()
+        .map(|(e, p)| (on::<Cpu>(e, &cpu), on::<Cpu>(p, &cpu)))
+        .collect();
+    let want = ema_updates(false, pairs, 0.93);
+    assert_eq!(got.len(), lens.len(), "one shadow per parameter");
+    for (i, (got, want)) in got.into_iter().zip(want).enumerate() {
+        let err = max_rel(&values(got), &values(want));
+        assert!(
+            err < 1e-6,
+            "parameter {i} of {} values: EMA off by {err:.2e}",
+            lens[i]
+        );
+    }
 }
 
 /// The fused sum of squares of tensors of `lens` on `B` against the tensor operations on the
@@ -129,13 +199,119 @@ fn check_sum_squares<B: Backend>(lens: &[usize], device: &B::Device) {
     }
 }
 
+/// Linear layers of uneven widths: two parameter tensors each.
+#[derive(burn::module::Module, Debug)]
+struct Layers<B: Backend> {
+    layers: Vec<burn::nn::Linear<B>>,
+}
+
+impl<B: Backend> Layers<B> {
+    fn new(count: usize, device: &B::Device) -> Self {
+        let width = |i: usize| 3 + (i * 7) % 11;
+        let layers = (0..count)
+            .map(|i| burn::nn::LinearConfig::new(width(i), width(i + 1)).init(device))
+            .collect();
+        Self { layers }
+    }
+}
+
+type Role<B> = crate::role::TrainableRole<Autodiff<B>, Layers<Autodiff<B>>>;
+
+/// A role of `count` linear layers on `B`, clipping at norm 1, with the weights `values`.
+fn role_with<B: Backend>(
+    values: &BTreeMap<String, TensorData>,
+    count: usize,
+    fused: bool,
+) -> Role<B> {
+    let cfg = OptimizerConfig {
+        lr: 0.05,
+        weight_decay: 0.1,
+        fused,
+        ..Default::default()
+    };
+    let mut role = Role::<B>::new(
+        "student",
+        Layers::new(count, &Default::default()),
+        cfg,
+        Some(1.0),
+        10,
+    );
+    role.load_trainable_tensors(values)
+        .expect("the same module layout");
+    role
+}
+
+/// Every host tensor of a role's state: weights, moments and EMA shadow, by kind and path.
+fn role_state<B: Backend>(role: &Role<B>) -> Vec<(String, Vec<f32>)> {
+    let all = [
+        role.trainable_tensors(),
+        role.optimizer_tensors(),
+        role.ema_tensors(),
+    ];
+    all.into_iter()
+        .zip(["weight", "moment", "ema"])
+        .flat_map(|(list, kind)| {
+            list.into_iter()
+                .map(move |(k, d)| (format!("{kind} {k}"), d))
+        })
+        .map(|(k, d)| (k, d.convert::<f32>().to_vec().expect("float32 data")))
+        .collect()
+}
+
+/// Three steps of a role's update (gradient norm, AdamW with clipping, EMA) on `K` with the
+/// fused kernels against the same role on the CPU with tensor operations: the role hands its
+/// parameters to the grouped launches and must take each result back under its own path.
+/// Both get the same host gradients; the fifth parameter takes its first step at the second
+/// step, and from then on every third parameter gets no gradient (its moments wait).
+fn check_role_update<K: Backend>(count: usize) {
+    let init = Layers::<Autodiff<Cpu>>::new(count, &Default::default());
+    let weights: BTreeMap<String, TensorData> =
+        Role::<Cpu>::new("init", init, OptimizerConfig::default(), None, 1)
+            .trainable_tensors()
+            .into_iter()
+            .collect();
+    let mut cpu = role_with::<Cpu>(&weights, count, false);
+    let mut fused = role_with::<K>(&weights, count, true);
+    for step in 0..3u64 {
+        for (i, (path, d)) in weights.iter().enumerate() {
+            if (step == 0 && i == 4) || (step > 0 && i % 3 == 0) {
+                continue;
+            }
+            let g = random(d.num_elements(), 50 + 1000 * step + i as u64);
+            let (on_cpu, on_k) = (
+                on::<Cpu>(&g, &Default::default()),
+                on::<K>(&g, &Default::default()),
+            );
+            cpu.add_grads(BTreeMap::from([(path.clone(), on_cpu)]), 1.0);
+            fused.add_grads(BTreeMap::from([(path.clone(), on_k)]), 1.0);
+        }
+        let want = values::<Cpu>(cpu.grad_norm_sq().expect("gradients"))[0];
+        let got = values::<K>(fused.grad_norm_sq().expect("gradients"))[0];
+        let e = (got - want).abs() / want;
+        assert!(e < 1e-5, "step {step}: squared norm {got} against {want}");
+        // Clipping to norm 1, as the trainer does from the norm.
+        let scale = (1.0 / f64::from(want).sqrt()).min(1.0);
+        cpu.apply_update(step, scale);
+        fused.apply_update(step, scale);
+        cpu.ema_update(0.9);
+        fused.ema_update(0.9);
+    }
+    let (want, got) = (role_state(&cpu), role_state(&fused));
+    let keys = |s: &[(String, Vec<f32>)]| s.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&got), keys(&want), "the same state tensors");
+    for ((key, got), (_, want)) in got.iter().zip(&want) {
+        let e = max_rel(got, want);
+        assert!(e < 1e-5, "{key}: off by {e:.2e} after three steps");
+    }
+}
+
 #[test]
 fn cpu_backends_get_no_fused_kernel() {
     let dev = Default::default();
     let s = AdamWScalars::new(&OptimizerConfig::default(), 1e-3, 1, 1.0);
     let t = || on::<Cpu>(&[1.0, 2.0], &dev);
-    assert!(try_adamw((t(), t(), None), &s).is_err());
-    assert!(try_ema(t(), t(), 0.5).is_err());
+    assert!(try_adamw(vec![(t(), t(), None)], &s).is_err());
+    assert!(try_ema(vec![(t(), t())], 0.5).is_err());
     assert!(try_sum_squares(vec![t(), t()]).is_err());
 }
 
@@ -157,8 +333,16 @@ macro_rules! backend_tests {
                 let device = Default::default();
                 // Wan's patch embedding, [1536, 16, 1, 2, 2], and an odd small shape.
                 let len = 1536 * 16 * 4;
-                check_adamw_of::<$backend>(len, |v| flattened(v, [1536, 16, 1, 2, 2], &device));
-                check_adamw_of::<$backend>(37 * 3 * 5, |v| flattened(v, [37, 3, 5], &device));
+                check_adamw_of::<$backend>(
+                    &[len],
+                    |_| 1,
+                    |v| flattened(v, [1536, 16, 1, 2, 2], &device),
+                );
+                check_adamw_of::<$backend>(
+                    &[37 * 3 * 5],
+                    |_| 1,
+                    |v| flattened(v, [37, 3, 5], &device),
+                );
             }
 
             #[test]
@@ -166,7 +350,26 @@ macro_rules! backend_tests {
                 let device = Default::default();
                 let len = (UNITS * MAX_CUBES) as usize + 1003;
                 check_adamw::<$backend>(len, &device);
-                check_ema::<$backend>(len, &device);
+                check_ema::<$backend>(&[len, 7], &device);
+            }
+
+            #[test]
+            fn a_roles_fused_update_matches_its_tensor_operations() {
+                // 40 parameter tensors: groups of 4 on lavapipe, 16 on CUDA.
+                check_role_update::<$backend>(20);
+            }
+
+            #[test]
+            fn fused_updates_take_more_parameters_than_one_launch() {
+                let device = Default::default();
+                // Two full groups and a partial one, lengths uneven; the last ten parameters
+                // (and every third) take their first step a step after the others.
+                let n = 2 * MAX_GROUP + 5;
+                let lens: Vec<usize> = (0..n).map(|i| 1 + (i * 37) % 300).collect();
+                let starts = |i| if i >= n - 10 || i % 3 == 2 { 2 } else { 1 };
+                check_adamw_of::<$backend>(&lens, starts, |v| on::<$backend>(v, &device));
+                check_ema::<$backend>(&lens, &device);
+                check_sum_squares::<$backend>(&lens, &device);
             }
 
             #[test]
@@ -183,9 +386,8 @@ macro_rules! backend_tests {
             #[test]
             fn fused_ema_matches_the_tensor_operations() {
                 let device = Default::default();
-                for len in [1, 300, 5000] {
-                    check_ema::<$backend>(len, &device);
-                }
+                check_ema::<$backend>(&[1], &device);
+                check_ema::<$backend>(&[300, 5000, 2], &device);
             }
         }
     };
