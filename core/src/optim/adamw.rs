@@ -163,8 +163,8 @@ fn reference_update<B: Backend>(
 
 /// The sum of the squares of every value of `tensors` (a role's gradients, for its global
 /// norm), `[1]` float32; `None` for no tensors. With `fused` and float32 tensors on a
-/// CubeCL backend, one kernel per tensor and one sum (`optim::fused`); otherwise a square
-/// and a sum per tensor and a sum of those.
+/// CubeCL backend, one kernel launch per group of tensors and one sum (`optim::fused`);
+/// otherwise a square and a sum per tensor and a sum of those.
 pub fn squared_norm<B: Backend>(fused: bool, tensors: Vec<Tensor<B, 1>>) -> Option<Tensor<B, 1>> {
     if tensors.is_empty() {
         return None;

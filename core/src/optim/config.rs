@@ -42,9 +42,10 @@ pub struct OptimizerConfig {
     /// Final learning rate as a fraction of `lr` (linear / cosine schedules).
     #[serde(default)]
     pub min_lr_ratio: f64,
-    /// One kernel per parameter tensor for the AdamW and EMA updates on the CubeCL backends
-    /// (`cuda`, `wgpu`; same results up to fused multiply-adds); `false` runs Burn tensor
-    /// operations. No effect on CPU backends or under Burn's `fusion` feature.
+    /// Fused kernels for the AdamW and EMA updates and the gradient norm on the CubeCL
+    /// backends (`cuda`, `wgpu`): one launch per group of up to 16 parameter tensors, same
+    /// results up to fused multiply-adds; `false` runs Burn tensor operations. No effect on
+    /// CPU backends or under Burn's `fusion` feature.
     #[serde(default = "default_fused")]
     pub fused: bool,
 }
