@@ -102,6 +102,16 @@ fn grid(len: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(cubes, 1, 1), CubeDim::new_1d(UNITS))
 }
 
+/// `items` in order, in groups of `size` (the last one may be shorter).
+fn groups<T>(items: Vec<T>, size: usize) -> Vec<Vec<T>> {
+    let mut items = items.into_iter().peekable();
+    let mut out = Vec::new();
+    while items.peek().is_some() {
+        out.push(items.by_ref().take(size).collect());
+    }
+    out
+}
+
 /// The longest of `tensors`, in values.
 fn longest<R: CubeRuntime>(tensors: &[CubeTensor<R>]) -> usize {
     tensors
@@ -213,13 +223,10 @@ where
         let mut out: Vec<_> = std::iter::repeat_with(|| None)
             .take(firsts.len() + laters.len())
             .collect();
-        for list in [firsts, laters] {
-            let mut list = list.into_iter().peekable();
-            while list.peek().is_some() {
-                let (index, group): (Vec<usize>, Vec<_>) = list.by_ref().take(size).unzip();
-                for (i, updated) in index.into_iter().zip(adamw_group(group, s)) {
-                    out[i] = Some(updated);
-                }
+        for group in groups(firsts, size).into_iter().chain(groups(laters, size)) {
+            let (index, group): (Vec<usize>, Vec<_>) = group.into_iter().unzip();
+            for (i, updated) in index.into_iter().zip(adamw_group(group, s)) {
+                out[i] = Some(updated);
             }
         }
         out.into_iter()
@@ -232,13 +239,8 @@ where
             panic!("fused sum of squares: no tensors");
         };
         let (client, device) = (first.client.clone(), first.device.clone());
-        let groups: Vec<Vec<CubeTensor<R>>> = tensors
-            .into_iter()
-            .map(contiguous)
-            .collect::<Vec<_>>()
-            .chunks(group_size(&client, 1))
-            .map(<[_]>::to_vec)
-            .collect();
+        let tensors = tensors.into_iter().map(contiguous).collect();
+        let groups = groups(tensors, group_size(&client, 1));
         let cubes: Vec<usize> = groups
             .iter()
             .map(|g| longest(g).div_ceil(UNITS as usize).clamp(1, NORM_CUBES))
@@ -269,11 +271,9 @@ where
         // Three buffers a parameter: shadow and parameter in, the new shadow out.
         let size = group_size(&client, 3);
         let mut out = Vec::with_capacity(pairs.len());
-        let mut pairs = pairs.into_iter().peekable();
-        while pairs.peek().is_some() {
-            let (shadows, params): (Vec<_>, Vec<_>) = pairs
-                .by_ref()
-                .take(size)
+        for group in groups(pairs, size) {
+            let (shadows, params): (Vec<_>, Vec<_>) = group
+                .into_iter()
                 .map(|(e, p)| {
                     check_lens("EMA", e.meta.num_elements(), &[&p]);
                     (contiguous(e), contiguous(p))
