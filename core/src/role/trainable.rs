@@ -97,7 +97,8 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
     }
 
     /// Move this role's trainable parameters towards those of `source` (same module layout),
-    /// on the device: `p ← d·p + (1−d)·q`. `decay = 0` copies `source`. For a target network
+    /// on the device: `p ← d·p + (1−d)·q`, the EMA's update (fused when the role's optimizer
+    /// is). `decay = 0` copies `source`. For a target network
     /// that follows another role (consistency distillation's EMA target) without an optimizer
     /// of its own; the optimizer state and any EMA shadow are untouched.
     pub fn follow(&mut self, source: &Self, decay: f64) {
@@ -107,7 +108,7 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
             .into_iter()
             .map(|p| (p.path, p.value))
             .collect();
-        let mut values = ParamValues::<B>::new();
+        let (mut paths, mut pairs) = (Vec::new(), Vec::new());
         for p in self.model.trainable_params() {
             let q = src.remove(&p.path).unwrap_or_else(|| {
                 panic!(
@@ -115,12 +116,8 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
                     self.name, source.name, p.path
                 )
             });
-            let next = if decay == 0.0 {
-                q
-            } else {
-                p.value.mul_scalar(decay).add(q.mul_scalar(1.0 - decay))
-            };
-            values.insert(p.path, next);
+            paths.push(p.path);
+            pairs.push((p.value, q));
         }
         assert!(
             src.is_empty(),
@@ -129,7 +126,13 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
             source.name,
             src.keys().collect::<Vec<_>>()
         );
-        self.replace(values, None);
+        // The EMA's own update (one launch per group of tensors on the fused backends).
+        let next: Vec<_> = if decay == 0.0 {
+            pairs.into_iter().map(|(_, q)| q).collect()
+        } else {
+            ema_updates(self.optimizer.fused, pairs, decay)
+        };
+        self.replace(paths.into_iter().zip(next).collect(), None);
     }
 
     /// `(path, shape)` of every trainable parameter.

@@ -262,7 +262,8 @@ fn role_state<B: Backend>(role: &Role<B>) -> Vec<(String, Vec<f32>)> {
 /// fused kernels against the same role on the CPU with tensor operations: the role hands its
 /// parameters to the grouped launches and must take each result back under its own path.
 /// Both get the same host gradients; the fifth parameter takes its first step at the second
-/// step, and from then on every third parameter gets no gradient (its moments wait).
+/// step, and from then on every third parameter gets no gradient (its moments wait). Then a
+/// second role follows each (`follow`, the EMA's update towards the trained weights).
 fn check_role_update<K: Backend>(count: usize) {
     let init = Layers::<Autodiff<Cpu>>::new(count, &Default::default());
     let weights: BTreeMap<String, TensorData> =
@@ -296,12 +297,35 @@ fn check_role_update<K: Backend>(count: usize) {
         cpu.ema_update(0.9);
         fused.ema_update(0.9);
     }
-    let (want, got) = (role_state(&cpu), role_state(&fused));
+    assert_same_state(&role_state(&fused), &role_state(&cpu), "after three steps");
+    // A target that follows the trained role (consistency distillation's EMA target),
+    // starting from the initial weights: the EMA's update, fused on `K`.
+    let mut cpu_target = role_with::<Cpu>(&weights, count, false);
+    let mut fused_target = role_with::<K>(&weights, count, true);
+    cpu_target.follow(&cpu, 0.7);
+    fused_target.follow(&fused, 0.7);
+    let (want, got) = (role_state(&cpu_target), role_state(&fused_target));
+    assert_same_state(&got, &want, "after following");
+    // And both are 0.7 · initial + 0.3 · trained, by the host.
+    let by_host: Vec<(String, Vec<f32>)> = role_state(&cpu)
+        .into_iter()
+        .filter_map(|(key, trained)| {
+            let init = weights.get(key.strip_prefix("weight ")?)?;
+            let init = init.clone().convert::<f32>().to_vec::<f32>().ok()?;
+            let mixed = init.iter().zip(&trained).map(|(a, b)| 0.7 * a + 0.3 * b);
+            Some((key, mixed.collect()))
+        })
+        .collect();
+    assert_same_state(&want, &by_host, "after following, against the host");
+}
+
+/// Asserts that two role states hold the same tensors within 1e-5 (relative).
+fn assert_same_state(got: &[(String, Vec<f32>)], want: &[(String, Vec<f32>)], when: &str) {
     let keys = |s: &[(String, Vec<f32>)]| s.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
-    assert_eq!(keys(&got), keys(&want), "the same state tensors");
-    for ((key, got), (_, want)) in got.iter().zip(&want) {
+    assert_eq!(keys(got), keys(want), "the same state tensors {when}");
+    for ((key, got), (_, want)) in got.iter().zip(want) {
         let e = max_rel(got, want);
-        assert!(e < 1e-5, "{key}: off by {e:.2e} after three steps");
+        assert!(e < 1e-5, "{key}: off by {e:.2e} {when}");
     }
 }
 
