@@ -128,6 +128,64 @@ fn check_reads_the_weight_headers_a_role_names() {
     );
 }
 
+/// `reel check` opens the data and checks each role's model against it, as building the
+/// roles in `reel train` does: a clip the patch cannot tile and a missing data folder are
+/// errors naming the file and the key, before anything is trained.
+#[test]
+fn check_opens_the_data_and_fits_each_model_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    let out = reel(dir, &["check", "run.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `num_samples = 16` and `height = 12`, `width = 12` in TINY_WAN_RUN.
+    assert!(
+        stdout.contains("data: 16 samples of ") && stdout.contains("×12×12 latents"),
+        "{stdout}"
+    );
+
+    // wan-tiny's spatial patch is 2: an odd height cannot be tiled.
+    let args = ["run.toml", "--set", "data.height=13"];
+    let out = reel(dir, &[&["check"][..], &args].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an odd height passed the check");
+    for want in [
+        "run.toml",
+        "`models.student`",
+        "`data.height` = 13",
+        "patch size 2",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    // `reel train` gives the same error before any step.
+    let out = reel(dir, &[&["train"][..], &args, &["--output", "out"]].concat());
+    let train_err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{train_err}");
+    assert!(train_err.contains(err.trim()), "{train_err} against {err}");
+    assert!(!dir.join("out/checkpoints").exists(), "no step was taken");
+
+    // A parquet data set that is not there.
+    let parquet = "[data]\nkind = \"fastvideo_parquet\"\npath = \"no/such/set\"\nbatch_size = 2\n";
+    let text = TINY_WAN_RUN.replace(
+        "[data]\nkind = \"synthetic\"\nbatch_size = 2\nnum_samples = 16\nframes = 2\nheight = 12\nwidth = 12\n",
+        parquet,
+    );
+    assert!(text.contains("no/such/set"), "the data table was replaced");
+    std::fs::write(dir.join("parquet.toml"), text).unwrap();
+    let out = reel(dir, &["check", "parquet.toml"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing data set passed the check");
+    assert!(
+        err.contains("no/such/set") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
 #[test]
 fn export_accepts_checkpoints_latest() {
     let tmp = tiny_run_with_clean(&[]);

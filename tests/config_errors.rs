@@ -146,6 +146,11 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["runtime.seed"],
         ),
         (
+            "empty output folder",
+            Replace("output_dir = \"runs/quickstart\"", "output_dir = \"\""),
+            &["runtime.output_dir", "empty"],
+        ),
+        (
             "out of range: max_steps 0",
             Set(&["training.max_steps=0"]),
             &["training.max_steps", ">= 1"],

@@ -73,8 +73,8 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
 }
 
 /// The quickstart model's temporal patch is 4 frames: a clip length it cannot tile is a
-/// clear error naming the data key and the role before any step, not a panic in the patch
-/// embedding.
+/// clear error naming the config file, the role's table and the data key before any step, not
+/// a panic in the patch embedding.
 #[test]
 fn clip_length_the_patch_cannot_tile_is_a_config_error() {
     let tmp = tempfile::tempdir().unwrap();
@@ -83,7 +83,12 @@ fn clip_length_the_patch_cannot_tile_is_a_config_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(!err.contains("panicked"), "{err}");
-    for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
+    for want in [
+        "quickstart.toml",
+        "`models.student`",
+        "`data.frames` = 6",
+        "patch size 4",
+    ] {
         assert!(err.contains(want), "missing {want:?} in: {err}");
     }
     assert!(!out.join("checkpoints").exists(), "no step was taken");

@@ -146,6 +146,17 @@ impl RuntimeConfig {
                 ));
             }
         }
+        // An empty path would scatter the run's folders into the working directory.
+        if self
+            .output_dir
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(ConfigError::new(
+                "output_dir",
+                "expected a folder path, got an empty string (leave the key out for runs/<config name>)",
+            ));
+        }
         Ok(())
     }
 }

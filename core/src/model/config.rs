@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::DynModel;
+use super::{DynModel, ModelInfo};
 use crate::backend::BuildModelAll;
 use crate::config::ConfigError;
 use crate::method::BuildContext;
@@ -45,6 +45,18 @@ pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
     ) -> Result<(), ConfigError> {
         let _ = (role, resolve);
         Ok(())
+    }
+    /// The shape facts of `role`'s model (channels, text width, patch) when its config tells
+    /// them without building it, so that `reel check` can compare them with the data. `None`
+    /// (the default) when they are only known once built; the check then waits for
+    /// `reel train`. Errors name the key relative to the role table.
+    fn model_info(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<ModelInfo>, ConfigError> {
+        let _ = (role, resolve);
+        Ok(None)
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`ModelInfo`]: the shape facts of a model that methods and data checks need.
 
+use crate::config::ConfigError;
 use crate::data::DataSpec;
-use crate::method::MethodError;
 
 /// Input/output facts of a diffusion model, independent of its architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,15 +25,11 @@ pub struct ModelInfo {
 impl ModelInfo {
     /// Check that role `role`'s model fits the data: it reads and predicts the data's latent
     /// channels, takes text embeddings as wide as the data's, and its patch tiles the clip.
-    /// The error names the role and the data key to change. Roles that all fit the same data
-    /// therefore agree with each other on channels and text width.
-    pub fn check_data(&self, role: &str, spec: &DataSpec) -> Result<(), MethodError> {
-        let err = |message: String| {
-            Err(MethodError::Model {
-                role: role.to_string(),
-                message,
-            })
-        };
+    /// The error's key is the role's table (`models.<role>`), its message names the data key
+    /// to change. Roles that all fit the same data therefore agree with each other on
+    /// channels and text width.
+    pub fn check_data(&self, role: &str, spec: &DataSpec) -> Result<(), ConfigError> {
+        let err = |message: String| Err(ConfigError::new(format!("models.{role}"), message));
         if self.in_channels != spec.channels {
             return err(format!(
                 "the model takes {} latent channels (in_channels) but the data has {}",
@@ -100,11 +96,11 @@ mod tests {
         num_layers: 2,
     };
 
-    fn check(role: &str, m: &ModelInfo, spec: &DataSpec) -> Result<(), MethodError> {
+    fn check(role: &str, m: &ModelInfo, spec: &DataSpec) -> Result<(), ConfigError> {
         m.check_data(role, spec)
     }
 
-    fn message(r: Result<(), MethodError>) -> String {
+    fn message(r: Result<(), ConfigError>) -> String {
         r.expect_err("should be rejected").to_string()
     }
 
@@ -119,12 +115,12 @@ mod tests {
     fn check_data_names_the_data_key_and_role() {
         let m = INFO;
         let e = message(check("student", &m, &spec(6, 12, 12)));
-        for want in ["role `student`", "`data.frames` = 6", "patch size 4"] {
+        for want in ["`models.student`", "`data.frames` = 6", "patch size 4"] {
             assert!(e.contains(want), "missing {want:?} in: {e}");
         }
         let e = message(check("teacher", &m, &spec(4, 13, 12)));
         assert!(
-            e.contains("role `teacher`") && e.contains("`data.height` = 13"),
+            e.contains("`models.teacher`") && e.contains("`data.height` = 13"),
             "{e}"
         );
         let e = message(check("critic", &m, &spec(4, 12, 15)));
@@ -151,7 +147,7 @@ mod tests {
         let e = info.check_data("critic", &spec(4, 12, 12)).unwrap_err();
         let e = e.to_string();
         assert!(
-            e.contains("role `critic`") && e.contains("out_channels"),
+            e.contains("`models.critic`") && e.contains("out_channels"),
             "{e}"
         );
         INFO.check_data("critic", &spec(4, 12, 12)).unwrap();

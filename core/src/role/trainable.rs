@@ -98,9 +98,10 @@ impl<B: AutodiffBackend, M: RoleModule<B>> TrainableRole<B, M> {
 
     /// Move this role's trainable parameters towards those of `source` (same module layout),
     /// on the device: `p ← d·p + (1−d)·q`, the EMA's update (fused when the role's optimizer
-    /// is). `decay = 0` copies `source`. For a target network
-    /// that follows another role (consistency distillation's EMA target) without an optimizer
-    /// of its own; the optimizer state and any EMA shadow are untouched.
+    /// is). `decay = 0` copies `source`. For a target network that follows another role
+    /// (consistency distillation's EMA target) and is never stepped: its optimizer config only
+    /// decides whether this update is fused; the optimizer state and any EMA shadow are
+    /// untouched.
     pub fn follow(&mut self, source: &Self, decay: f64) {
         let mut src: ParamValues<B> = source
             .model

@@ -165,7 +165,11 @@ pub fn build_method<B: ReelBackend>(
         precision: cfg.runtime.dtype,
         build_model: B::build_model,
     };
-    Ok(B::build_method(&*cfg.method, &ctx)?)
+    B::build_method(&*cfg.method, &ctx).map_err(|e| match e {
+        // Building checks the config against the data and the files it names: say which file.
+        MethodError::Config(c) => TrainError::Config(c.in_file(&loaded.path)),
+        e => e.into(),
+    })
 }
 
 /// Load a checkpoint folder into a freshly built method (for `sample` / `eval`).

@@ -86,6 +86,20 @@ impl WanArch {
     }
 }
 
+impl WanConfig {
+    /// The architecture's shape facts as methods and data checks see them.
+    pub fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            in_channels: self.in_channels,
+            out_channels: self.out_channels,
+            text_dim: self.text_dim,
+            patch_size: self.patch_size,
+            hidden_size: self.inner_dim(),
+            num_layers: self.num_layers,
+        }
+    }
+}
+
 #[reel_core::plugin(
     name = crate::ARCH_NAME,
     summary = "Wan2.1 video DiT (diffusers WanTransformer3DModel layout, safetensors in/out)"
@@ -121,6 +135,15 @@ impl ModelConfig for WanArch {
             .map_err(|e| ConfigError::new("preset", e.to_string()))?;
         super::weights::check_weights(&model, resolve(weights))
             .map_err(|e| ConfigError::new("weights", e.to_string()))
+    }
+
+    /// From the preset or `config.json`; a LoRA adapter changes none of it.
+    fn model_info(
+        &self,
+        _role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<ModelInfo>, ConfigError> {
+        Ok(Some(self.wan_config(resolve)?.model_info()))
     }
 }
 
@@ -173,7 +196,7 @@ pub fn build_wan_role<B: Backend>(
     let model = match &role.weights {
         Some(w) => model
             .load_weights(resolve(w))
-            .map_err(|e| ModelError::Build(e.to_string()))?,
+            .map_err(|e| ConfigError::new("weights", e.to_string()))?,
         None => model,
     };
     let model = match &role.adapter {
@@ -197,15 +220,7 @@ pub fn build_wan_role<B: Backend>(
 
 impl<B: Backend> DiffusionModel<B> for WanModel<B> {
     fn info(&self) -> ModelInfo {
-        let c = &self.config;
-        ModelInfo {
-            in_channels: c.in_channels,
-            out_channels: c.out_channels,
-            text_dim: c.text_dim,
-            patch_size: c.patch_size,
-            hidden_size: c.inner_dim(),
-            num_layers: c.num_layers,
-        }
+        self.config.model_info()
     }
 
     fn forward(

@@ -307,13 +307,14 @@ fn check_role_update<K: Backend>(count: usize) {
     let (want, got) = (role_state(&cpu_target), role_state(&fused_target));
     assert_same_state(&got, &want, "after following");
     // And both are 0.7 · initial + 0.3 · trained, by the host.
-    let by_host: Vec<(String, Vec<f32>)> = role_state(&cpu)
+    let host = |d: TensorData| d.convert::<f32>().to_vec::<f32>().expect("float32 data");
+    let by_host: Vec<(String, Vec<f32>)> = cpu
+        .trainable_tensors()
         .into_iter()
-        .filter_map(|(key, trained)| {
-            let init = weights.get(key.strip_prefix("weight ")?)?;
-            let init = init.clone().convert::<f32>().to_vec::<f32>().ok()?;
+        .map(|(path, trained)| {
+            let (init, trained) = (host(weights[&path].clone()), host(trained));
             let mixed = init.iter().zip(&trained).map(|(a, b)| 0.7 * a + 0.3 * b);
-            Some((key, mixed.collect()))
+            (format!("weight {path}"), mixed.collect())
         })
         .collect();
     assert_same_state(&want, &by_host, "after following, against the host");
