@@ -186,6 +186,37 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
     );
 }
 
+/// A run folder that cannot be made (here a file of that name) is an error naming where its
+/// path came from, `runtime.output_dir` in the config or `--output`, and the file is kept.
+#[test]
+fn train_names_the_key_of_an_output_folder_it_cannot_make() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    std::fs::write(dir.join("taken"), "keep me").unwrap();
+    let from_config = ["train", "run.toml", "--set", "runtime.output_dir=taken"];
+    let from_flag = ["train", "run.toml", "--output", "taken"];
+    for (args, wants) in [
+        (
+            &from_config,
+            &["run.toml", "`runtime.output_dir`", "taken"][..],
+        ),
+        (&from_flag, &["`--output`", "taken"][..]),
+    ] {
+        let out = reel(dir, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} trained into a file");
+        for want in wants {
+            assert!(err.contains(want), "missing {want:?} in: {err}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("taken")).unwrap(),
+            "keep me"
+        );
+    }
+}
+
 #[test]
 fn export_accepts_checkpoints_latest() {
     let tmp = tiny_run_with_clean(&[]);

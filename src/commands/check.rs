@@ -22,21 +22,12 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Open the data source and check every role whose architecture tells its shape facts from
-/// the config alone against it; returns a short description of the data.
+/// Open the data source and check every role's model against it ([`LoadedConfig::check_models`]);
+/// returns a short description of the data.
 fn check_data(loaded: &LoadedConfig) -> anyhow::Result<String> {
     let source = loaded.config.data.build(&loaded.base_dir)?;
     let spec = source.spec();
-    for (name, role) in &loaded.config.models {
-        let in_file = |e: reel_core::config::ConfigError| e.in_file(&loaded.path);
-        let info = role
-            .model
-            .model_info(role, &|p| loaded.resolve(p))
-            .map_err(|e| in_file(e.in_section(&format!("models.{name}"))))?;
-        if let Some(info) = info {
-            info.check_data(name, &spec).map_err(in_file)?;
-        }
-    }
+    loaded.check_models(&spec)?;
     Ok(format!(
         "data: {} samples of {}×{}×{}×{} latents, text {}×{}",
         source.len(),

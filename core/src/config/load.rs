@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{ConfigError, RunConfig};
+use crate::data::DataSpec;
 
 /// A parsed and validated run config with its origin.
 #[derive(Debug)]
@@ -34,9 +35,32 @@ impl LoadedConfig {
         for (name, role) in &self.config.models {
             role.model
                 .check_files(role, &|p| self.resolve(p))
-                .map_err(|e| e.in_section(&format!("models.{name}")).in_file(&self.path))?;
+                .map_err(|e| self.role_error(name, e))?;
         }
         Ok(())
+    }
+
+    /// Check every role whose architecture tells its shape facts from the config alone
+    /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) against the
+    /// data: what building the roles would report, without building them (no weights are
+    /// read). The error names the file and the role (`models.<role>`).
+    pub fn check_models(&self, spec: &DataSpec) -> Result<(), ConfigError> {
+        for (name, role) in &self.config.models {
+            let info = role
+                .model
+                .model_info(role, &|p| self.resolve(p))
+                .map_err(|e| self.role_error(name, e))?;
+            if let Some(info) = info {
+                info.check_data(name, spec)
+                    .map_err(|e| e.in_file(&self.path))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An error from role `name`'s plugin, keyed `models.<name>.<key>` in this config file.
+    fn role_error(&self, name: &str, e: ConfigError) -> ConfigError {
+        e.in_section(&format!("models.{name}")).in_file(&self.path)
     }
 }
 

@@ -196,6 +196,25 @@ pub fn train<B: ReelBackend>(
     }
 }
 
+/// Create the run folder. When it cannot be made (a file of that name, no permission), the
+/// error names where its path came from: `--output` or the config's `runtime.output_dir`.
+fn create_run_dir(
+    loaded: &LoadedConfig,
+    output: Option<&Path>,
+    run_dir: &Path,
+) -> Result<(), TrainError> {
+    std::fs::create_dir_all(run_dir).map_err(|e| {
+        let message = format!("cannot make `{}` the run folder: {e}", run_dir.display());
+        match (output, &loaded.config.runtime.output_dir) {
+            (Some(_), _) => ConfigError::new("--output", message).into(),
+            (None, Some(_)) => ConfigError::new("runtime.output_dir", message)
+                .in_file(&loaded.path)
+                .into(),
+            (None, None) => io_err(run_dir, e),
+        }
+    })
+}
+
 fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Io {
         path: path.to_path_buf(),

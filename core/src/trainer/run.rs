@@ -63,7 +63,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let cfg = &loaded.config;
         let run_dir = super::run_dir_for(loaded, opts.output_dir.as_deref());
         if seat.is_main() {
-            std::fs::create_dir_all(&run_dir).map_err(|e| io_err(&run_dir, e))?;
+            super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
             std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
         }
