@@ -187,7 +187,8 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
 }
 
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
-/// path came from, `runtime.output_dir` in the config or `--output`, and the file is kept.
+/// path came from, `runtime.output_dir` in the config or `--output`, and the file is kept;
+/// `reel check` reports it before training.
 #[test]
 fn train_names_the_key_of_an_output_folder_it_cannot_make() {
     let tmp = tempfile::tempdir().unwrap();
@@ -214,6 +215,16 @@ fn train_names_the_key_of_an_output_folder_it_cannot_make() {
             std::fs::read_to_string(dir.join("taken")).unwrap(),
             "keep me"
         );
+    }
+    // `reel check` finds it first, for the folder and for a folder inside it.
+    for output_dir in ["taken", "taken/run"] {
+        let set = format!("runtime.output_dir={output_dir}");
+        let out = reel(dir, &["check", "run.toml", "--set", &set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "check passed {output_dir}");
+        for want in ["run.toml", "`runtime.output_dir`", "is a file"] {
+            assert!(err.contains(want), "missing {want:?} in: {err}");
+        }
     }
 }
 
