@@ -187,7 +187,8 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
 }
 
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
-/// path came from, `runtime.output_dir` in the config or `--output`, and the file is kept;
+/// path came from, `runtime.output_dir` in the config (or the default it replaces) or
+/// `--output`, and the file is kept;
 /// `reel check` reports it before training.
 #[test]
 fn train_names_the_key_of_an_output_folder_it_cannot_make() {
@@ -197,12 +198,19 @@ fn train_names_the_key_of_an_output_folder_it_cannot_make() {
     std::fs::write(dir.join("taken"), "keep me").unwrap();
     let from_config = ["train", "run.toml", "--set", "runtime.output_dir=taken"];
     let from_flag = ["train", "run.toml", "--output", "taken"];
+    // The default `runs/run` under a file `runs`: the key that replaces it is named.
+    let by_default = ["train", "run.toml"];
+    std::fs::write(dir.join("runs"), "keep me").unwrap();
     for (args, wants) in [
         (
-            &from_config,
+            &from_config[..],
             &["run.toml", "`runtime.output_dir`", "taken"][..],
         ),
-        (&from_flag, &["`--output`", "taken"][..]),
+        (&from_flag[..], &["`--output`", "taken"][..]),
+        (
+            &by_default[..],
+            &["run.toml", "`runtime.output_dir`", "runs"][..],
+        ),
     ] {
         let out = reel(dir, args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -211,10 +219,9 @@ fn train_names_the_key_of_an_output_folder_it_cannot_make() {
             assert!(err.contains(want), "missing {want:?} in: {err}");
         }
         assert!(!err.contains("panicked"), "{err}");
-        assert_eq!(
-            std::fs::read_to_string(dir.join("taken")).unwrap(),
-            "keep me"
-        );
+        for kept in ["taken", "runs"] {
+            assert_eq!(std::fs::read_to_string(dir.join(kept)).unwrap(), "keep me");
+        }
     }
     // `reel check` finds it first, for the folder and for a folder inside it.
     for output_dir in ["taken", "taken/run"] {

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use reel_core::config::{load_run_config, ConfigError, LoadedConfig};
-use reel_core::trainer::run_dir_for;
+use reel_core::trainer::{run_dir_error, run_dir_for};
 
 /// Validate `config` and print a one-line summary.
 pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
@@ -46,15 +46,15 @@ fn check_data(loaded: &LoadedConfig) -> anyhow::Result<String> {
 fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let dir = run_dir_for(loaded, None);
     match dir.ancestors().find(|p| p.exists()) {
-        Some(file) if !file.is_dir() => Err(ConfigError::new(
-            "runtime.output_dir",
+        Some(file) if !file.is_dir() => Err(run_dir_error(
+            loaded,
+            None,
             format!(
                 "the run folder `{}` cannot be made: `{}` is a file",
                 dir.display(),
                 file.display()
             ),
-        )
-        .in_file(&loaded.path)),
+        )),
         _ => Ok(()),
     }
 }

@@ -197,7 +197,7 @@ pub fn train<B: ReelBackend>(
 }
 
 /// Create the run folder. When it cannot be made (a file of that name, no permission), the
-/// error names where its path came from: `--output` or the config's `runtime.output_dir`.
+/// error names where its path came from ([`run_dir_error`]).
 fn create_run_dir(
     loaded: &LoadedConfig,
     output: Option<&Path>,
@@ -205,14 +205,22 @@ fn create_run_dir(
 ) -> Result<(), TrainError> {
     std::fs::create_dir_all(run_dir).map_err(|e| {
         let message = format!("cannot make `{}` the run folder: {e}", run_dir.display());
-        match (output, &loaded.config.runtime.output_dir) {
-            (Some(_), _) => ConfigError::new("--output", message).into(),
-            (None, Some(_)) => ConfigError::new("runtime.output_dir", message)
-                .in_file(&loaded.path)
-                .into(),
-            (None, None) => io_err(run_dir, e),
-        }
+        run_dir_error(loaded, output, message).into()
     })
+}
+
+/// An error about the run folder of [`run_dir_for`], keyed where its path came from:
+/// `--output`, else the config's `runtime.output_dir` (also for the default
+/// `runs/<config name>`, which that key replaces).
+pub fn run_dir_error(
+    loaded: &LoadedConfig,
+    output: Option<&Path>,
+    message: impl Into<String>,
+) -> ConfigError {
+    match output {
+        Some(_) => ConfigError::new("--output", message),
+        None => ConfigError::new("runtime.output_dir", message).in_file(&loaded.path),
+    }
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
