@@ -57,8 +57,28 @@ pub fn load(text: &str, overrides: &[&str]) -> LoadedConfig {
         .unwrap_or_else(|e| panic!("config should load: {e}"))
 }
 
-/// Train in `dir`.
+/// In-process trainings of this test binary take turns through this lock. Burn 0.21's
+/// autodiff graph cleanup is process-wide: a `backward()` on one thread can free graph steps
+/// another thread is still building (tracel-ai/burn#5573), which the staged backward of
+/// gradient checkpointing exposes. Plain runs share the lock (they run side by side, as they
+/// always have); [`run_alone`] takes it whole. (One training per process, as `reel train`
+/// runs, is not affected.)
+static TRAININGS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Train in `dir`, side by side with the binary's other plain runs.
 pub fn run(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSummary {
+    let _shared = TRAININGS.read().unwrap_or_else(|e| e.into_inner());
+    train_in(loaded, dir, resume)
+}
+
+/// Train in `dir` while no other in-process training of this binary runs (for runs with
+/// gradient checkpointing; see [`TRAININGS`]).
+pub fn run_alone(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSummary {
+    let _alone = TRAININGS.write().unwrap_or_else(|e| e.into_inner());
+    train_in(loaded, dir, resume)
+}
+
+fn train_in(loaded: &LoadedConfig, dir: &Path, resume: Option<&str>) -> TrainSummary {
     let opts = TrainOptions {
         resume: resume.map(str::to_string),
         output_dir: Some(dir.to_path_buf()),

@@ -4,7 +4,7 @@
 //! `--resume latest` says which checkpoint it skipped, falls back to the newest intact one,
 //! and ends with exactly the uninterrupted run's weights, optimizer state and EMA.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

@@ -1,7 +1,7 @@
 //! The trainer loop on the toy plugins (example crate): resume, accumulation, cadence,
 //! clipping.
 
-mod common;
+use crate::common;
 
 use common::*;
 

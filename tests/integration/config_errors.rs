@@ -1,8 +1,6 @@
 //! `reel check`-level validation: every shipped config is accepted, and a catalogue of bad
 //! configs is rejected with a one-line error naming the key (and the file), never a panic.
 
-mod common;
-
 use std::path::Path;
 
 use reel_core::config::{load_run_config, parse_run_config};
@@ -10,7 +8,7 @@ use reel_core::config::{load_run_config, parse_run_config};
 use reel_methods as _;
 use reel_plugins as _;
 
-const BASE: &str = include_str!("../configs/quickstart.toml");
+const BASE: &str = include_str!("../../configs/quickstart.toml");
 
 enum Edit {
     /// `--set` overrides.
@@ -379,7 +377,7 @@ fn gradient_checkpointing_is_checked_per_method_and_role() {
         .expect("finetune accepts gradient_checkpointing");
     assert!(cfg.config.models["student"].gradient_checkpointing);
 
-    let dmd2 = include_str!("../configs/dmd2_quickstart.toml");
+    let dmd2 = include_str!("../../configs/dmd2_quickstart.toml");
     let mut both = on.clone();
     both.push("models.critic.gradient_checkpointing=true".into());
     parse_run_config(dmd2, Path::new("dmd2.toml"), &both).expect("dmd2 checkpoints");
@@ -425,9 +423,9 @@ fn gradient_checkpointing_is_checked_per_method_and_role() {
 /// Adversarial options in the shipped configs: bad values name the key under `method`.
 #[test]
 fn distillation_options_name_their_keys() {
-    let adv = include_str!("../configs/adversarial_quickstart.toml");
-    let gan = include_str!("../configs/dmd2_gan_quickstart.toml");
-    let cons = include_str!("../configs/consistency_quickstart.toml");
+    let adv = include_str!("../../configs/adversarial_quickstart.toml");
+    let gan = include_str!("../../configs/dmd2_gan_quickstart.toml");
+    let cons = include_str!("../../configs/consistency_quickstart.toml");
     for (text, file, set, wants) in [
         (
             adv,

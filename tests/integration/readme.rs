@@ -3,7 +3,7 @@
 //! `examples/custom-method/src/minimal.rs`; and a method registered by that third crate is
 //! selected from TOML by its name and trains.
 
-mod common;
+use crate::common;
 
 use common::*;
 

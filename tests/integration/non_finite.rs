@@ -3,7 +3,7 @@
 //! checkpoint of the last good state, exits non-zero, and resuming from it reproduces the
 //! uninterrupted run.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! with the error and the run resumes to the uninterrupted result; `"continue"` warns and
 //! trains on.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! metadata diffusers does. Rank, alpha, targets and counts come from the fixture's adapter
 //! file (its `lora_adapter_metadata` and its keys), so any fixture set made the same way works.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -5,7 +5,7 @@
 //! CPU (and at the TF32 bar on CUDA, under `--features cuda`). Shapes, counts and keys come
 //! from the files.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -205,7 +205,7 @@ fn a_file_with_only_the_tied_embed_tokens_key_loads_the_same() {
 }
 
 /// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test umt5_parity`). Burn's CUDA matmul runs float32 products on TF32 tensor cores, so
+/// --test integration -- umt5_parity::cuda`). Burn's CUDA matmul runs float32 products on TF32 tensor cores, so
 /// the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {

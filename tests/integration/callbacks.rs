@@ -1,7 +1,7 @@
 //! The `ema`, `validation` and `logging` callbacks in real (tiny) fine-tuning runs on the
 //! synthetic data: the files they write, the EMA arithmetic, and resume.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

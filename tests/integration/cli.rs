@@ -3,7 +3,7 @@
 //! `reel export` accepts `<run>/checkpoints/latest`, the name `--resume` uses; `reel train`
 //! names the kernels chosen by the environment.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

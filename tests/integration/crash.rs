@@ -4,7 +4,7 @@
 //! of an uninterrupted run. Ctrl-C writes a checkpoint and a resume continues from it. A
 //! device that runs out of memory ends the run with a hint on what to change.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

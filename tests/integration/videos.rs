@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 use reel_plugins::media::decode::{read_gif, read_png};
 

@@ -2,7 +2,7 @@
 //! fine-tune on the Flex backend (bfloat16 kernels on CPU) trains, and its checkpoints hold
 //! float32 master weights.
 
-mod common;
+use crate::common;
 
 use common::*;
 

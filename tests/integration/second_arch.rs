@@ -2,7 +2,7 @@
 //! the example crate), is trained from TOML by the built-in `finetune` and `dmd2` (with its
 //! GAN terms): the methods reach models only through the model seam.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! equal one worker with the whole batch, stay bitwise identical to each other, resume on
 //! another worker count, and a failed worker stops the run without hanging.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::mpsc::{channel, RecvTimeoutError};

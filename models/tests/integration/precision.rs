@@ -2,7 +2,7 @@
 //! whole model (Flex: Burn's CPU backend with bfloat16 kernels; the same checks on CUDA
 //! under `--features cuda`).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

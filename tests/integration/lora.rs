@@ -3,7 +3,7 @@
 //! that loads back to identical outputs, and a merged diffusers folder; bad adapter configs
 //! fail with one-line errors naming the key.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -425,7 +425,7 @@ fn bad_adapter_configs_name_the_key() {
     let data = Path::new("data");
     let good = lora_config(data, None, "");
     parse_run_config(&good, Path::new("lora.toml"), &[]).unwrap();
-    let shipped = include_str!("../configs/lora_quickstart.toml");
+    let shipped = include_str!("../../configs/lora_quickstart.toml");
     parse_run_config(shipped, Path::new("configs/lora_quickstart.toml"), &[]).unwrap();
 
     let err = config_error(&good.replace(&format!("rank = {}", spec.rank), "rank = 0"));

@@ -4,7 +4,7 @@
 //! Tolerances follow the fixture README: float32 forward to ~1e-5 absolute (scaled by the
 //! reference magnitude when it exceeds 1), gradients to ~1e-4 relative per tensor.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reel_models::{AttentionMode, WanConfig};
@@ -193,7 +193,7 @@ fn training_parity_on<B: burn::tensor::backend::AutodiffBackend>(
 }
 
 /// The same golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test parity`; needs an NVIDIA GPU).
+/// --test integration -- parity::cuda`; needs an NVIDIA GPU).
 ///
 /// Burn 0.21's CUDA matmul runs float32 products on TF32 tensor cores (cubek-matmul switches
 /// f32 operands to tf32 whenever the GPU has them, with no opt-out), so the bar is TF32's:
@@ -248,7 +248,7 @@ mod cuda {
 }
 
 /// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu
-/// --test parity`): the CubeCL code path without an NVIDIA GPU. On a machine without a GPU it
+/// --test integration -- parity::wgpu`): the CubeCL code path without an NVIDIA GPU. On a machine without a GPU it
 /// runs on Mesa's software Vulkan driver (lavapipe, Debian package `mesa-vulkan-drivers`).
 #[cfg(feature = "wgpu")]
 mod wgpu {

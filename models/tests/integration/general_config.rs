@@ -1,7 +1,7 @@
 //! The model beyond the fixture shapes: temporal patches, other head sizes and channel
 //! counts, no cross-attention norm, seeded init, block hooks.
 
-mod common;
+use crate::common;
 
 use burn::tensor::{Distribution, Tensor, TensorData};
 use common::*;

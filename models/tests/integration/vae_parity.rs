@@ -4,7 +4,7 @@
 //! CUDA, under `--features cuda`). Shapes, counts and key lists come from the files, so any
 //! fixture set made the same way passes.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -414,7 +414,7 @@ fn tiled_decode_follows_diffusers_tiling() {
 }
 
 /// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test vae_parity`). Burn's CUDA matmul and convolution run float32 products on TF32
+/// --test integration -- vae_parity::cuda`). Burn's CUDA matmul and convolution run float32 products on TF32
 /// tensor cores, so the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {

@@ -1,7 +1,7 @@
 //! Weight I/O in the diffusers layout: round trips, sharded checkpoints, half precision on
 //! disk, and errors that name every bad key.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -6,7 +6,7 @@
 //! the EMA target (role `target`) follows it by the configured decay without gradients, and a
 //! resume across a change of the phase count is exact.
 
-mod common;
+use crate::common;
 
 use common::*;
 
