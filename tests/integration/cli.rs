@@ -188,8 +188,7 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
 
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
 /// path came from, `runtime.output_dir` in the config (or the default it replaces) or
-/// `--output`, and the file is kept;
-/// `reel check` reports it before training.
+/// `--output`, and the file is kept; `reel check` reports it before training.
 #[test]
 fn train_names_the_key_of_an_output_folder_it_cannot_make() {
     let tmp = tempfile::tempdir().unwrap();

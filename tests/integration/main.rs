@@ -4,9 +4,8 @@
 //! One test binary instead of one per file: each binary links the whole Burn stack and
 //! instantiates the trainer's generic code again (21 binaries took 714 s of compiler time in a
 //! clean build, this one 158 s; docs/architecture.md, "Tests"). Run one file's tests with its
-//! module name:
-//! `cargo test --release --test integration -- lora::`. `tests/multi_process.rs` stays a
-//! binary of its own: it needs the `mpi` feature and runs under `mpirun`.
+//! module name: `cargo test --release --test integration -- lora::`. `tests/multi_process.rs`
+//! stays a binary of its own: it needs the `mpi` feature and runs under `mpirun`.
 
 #[path = "../common/mod.rs"]
 mod common;
