@@ -90,8 +90,72 @@ pub fn run() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `e` and its causes on one line, joined by `: ` as `{e:#}` joins them, but without a cause
+/// whose message already ends the line (after a `: `): many errors print their source in their own
+/// message and also return it as their source, which `{e:#}` then says twice
+/// ("cannot read `x`: no such file: no such file").
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&format!(": {text}")) || line == text {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// An error that prints its source in its message and also returns it as its source.
+    #[derive(Debug)]
+    struct Read {
+        path: String,
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Read {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot read `{}`: {}", self.path, self.source)
+        }
+    }
+
+    impl std::error::Error for Read {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_said_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(Read {
+            path: "a.json".into(),
+            source: io,
+        })
+        .context("loading the VAE");
+        assert_eq!(
+            format!("{e:#}"),
+            "loading the VAE: cannot read `a.json`: no such file: no such file"
+        );
+        assert_eq!(
+            error_line(&e),
+            "loading the VAE: cannot read `a.json`: no such file"
+        );
+        // Causes that add something stay.
+        let e = anyhow::anyhow!("2").context("step 12").context("training");
+        assert_eq!(error_line(&e), "training: step 12: 2");
     }
 }

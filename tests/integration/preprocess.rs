@@ -31,6 +31,11 @@ fn frame(seed: usize) -> Vec<[u8; 3]> {
 
 fn preprocess(input: &Path, out: &Path, extra: &[&str]) -> Output {
     let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    preprocess_with(input, out, &vae, extra)
+}
+
+/// [`preprocess`] with another VAE folder.
+fn preprocess_with(input: &Path, out: &Path, vae: &Path, extra: &[&str]) -> Output {
     let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
     let side = SIDE.to_string();
     let frames = FRAMES.to_string();
@@ -40,7 +45,7 @@ fn preprocess(input: &Path, out: &Path, extra: &[&str]) -> Output {
         .arg("--out")
         .arg(out)
         .arg("--vae")
-        .arg(&vae)
+        .arg(vae)
         .arg("--text-encoder")
         .arg(&t5)
         .arg("--tokenizer")
@@ -168,4 +173,109 @@ fn preprocess_writes_what_the_encoders_compute_and_resumes() {
     let o = preprocess(&images, &tmp.path().join("bad"), &["--frames", "4"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("--frames 4"), "{err}");
+}
+
+/// The file names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn resuming_never_mixes_runs_and_retries_what_failed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("clips");
+    std::fs::create_dir(&input).unwrap();
+    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
+    for name in ["a", "b", "c"] {
+        write_gif(
+            &input.join(format!("{name}.gif")),
+            &frames,
+            SIDE,
+            SIDE,
+            1,
+            10,
+        )
+        .unwrap();
+    }
+    std::fs::write(input.join("a.txt"), "first").unwrap();
+    std::fs::write(input.join("c.txt"), "third").unwrap();
+    // The output folder inside the input folder.
+    let out = input.join("pq");
+
+    // A mistyped model folder stops the run before any shard; the corrected run may use the
+    // folder.
+    let o = preprocess_with(&input, &out, &tmp.path().join("no-such-vae"), &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no-such-vae"), "{err}");
+    // Sizes the VAE cannot encode exactly are refused, naming the flag.
+    let o = preprocess(&input, &out, &["--height", "12"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--height 12"), "{err}");
+
+    // b.gif has no caption: its shard (a, b) is written without it and listed as failed.
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("b.txt") && err.contains("failed.txt"), "{err}");
+    assert_eq!(
+        names(&out),
+        [
+            "data_00000.failed.txt",
+            "data_00000.parquet",
+            "data_00001.parquet",
+            "preprocess.json"
+        ]
+    );
+    let listed = std::fs::read_to_string(out.join("data_00000.failed.txt")).unwrap();
+    assert!(
+        listed.contains("b.gif") && listed.contains("b.txt"),
+        "{listed}"
+    );
+    let second = std::fs::read(out.join("data_00001.parquet")).unwrap();
+
+    // A run after the caption is written redoes shard 0 only, now with b.
+    std::fs::write(input.join("b.txt"), "second").unwrap();
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("redoing") && err.contains("1 already there"),
+        "{err}"
+    );
+    assert!(!out.join("data_00000.failed.txt").exists());
+    assert_eq!(
+        std::fs::read(out.join("data_00001.parquet")).unwrap(),
+        second
+    );
+    let cfg = format!(
+        "kind = \"fastvideo_parquet\"\npath = {out:?}\ntext_len = 24\nnormalize = \"none\""
+    );
+    let data: Box<dyn DataConfig> = toml::from_str(&cfg).unwrap();
+    let source = data.build(tmp.path()).unwrap();
+    let captions: Vec<String> = (0..source.len())
+        .map(|i| source.get(i).unwrap().caption)
+        .collect();
+    assert_eq!(captions, ["first", "second", "third"]);
+
+    // A clip added since would shift the shards: refused, naming it, and nothing changes.
+    write_gif(&input.join("0.gif"), &frames, SIDE, SIDE, 1, 10).unwrap();
+    std::fs::write(input.join("0.txt"), "new").unwrap();
+    let before: Vec<_> = names(&out)
+        .iter()
+        .map(|n| std::fs::read(out.join(n)).unwrap())
+        .collect();
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("clips: 1 added (0.gif)"), "{err}");
+    let after: Vec<_> = names(&out)
+        .iter()
+        .map(|n| std::fs::read(out.join(n)).unwrap())
+        .collect();
+    assert_eq!(before, after);
 }

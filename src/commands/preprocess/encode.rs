@@ -88,9 +88,10 @@ impl<B: Backend> Encoders<B> {
         };
         let src_fps = clip.fps.filter(|_| t.fps.is_some());
         let idx = frame_indices(clip.frames.len(), want, src_fps, t.fps).ok_or_else(|| {
+            let n = clip.frames.len();
             anyhow::anyhow!(
-                "{} frames{}, {want} needed",
-                clip.frames.len(),
+                "{n} frame{}{}, {want} needed",
+                if n == 1 { "" } else { "s" },
                 clip.fps
                     .map_or(String::new(), |f| format!(" at {f:.2} fps"))
             )

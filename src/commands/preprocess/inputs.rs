@@ -4,7 +4,8 @@
 //! or a sub-folder of PNG frames. A caption comes from, in order: the `--captions` list
 //! (JSON or CSV), a sidecar `<name>.txt` beside the item (for a frame folder also
 //! `<folder>/caption.txt`). Items are sorted by path, so shard `k` always holds the same
-//! items and an interrupted run resumes where it stopped.
+//! items and an interrupted run resumes where it stopped. The output folder, when it lies
+//! inside the input folder, is not an item.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,15 +24,21 @@ pub struct Item {
     pub caption: Result<String, String>,
 }
 
-/// The items of `dir`, sorted by path, captioned from `list` (a caption file) or sidecars.
-pub fn discover(dir: &Path, list: Option<&Path>) -> anyhow::Result<Vec<Item>> {
+/// The items of `dir`, sorted by path, captioned from `list` (a caption file) or sidecars;
+/// `out` (the output folder) is left out. Names in `list` that match no item are reported
+/// on one line.
+pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<Vec<Item>> {
     let listed = match list {
         Some(p) => read_caption_list(p)?,
         None => BTreeMap::new(),
     };
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let out = std::fs::canonicalize(out).ok();
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| out.is_none() || std::fs::canonicalize(p).ok() != out)
+        .collect();
     paths.sort();
     let items: Vec<Item> = paths
         .into_iter()
@@ -50,7 +57,29 @@ pub fn discover(dir: &Path, list: Option<&Path>) -> anyhow::Result<Vec<Item>> {
         "{}: no videos, GIFs, PNG images or frame folders found",
         dir.display()
     );
+    let stray = unmatched(&listed, &items);
+    if let (Some(list), Some(first)) = (list, stray.first()) {
+        eprintln!(
+            "reel: {} names in {} match no clip in {} (the first: {first})",
+            stray.len(),
+            list.display(),
+            dir.display()
+        );
+    }
     Ok(items)
+}
+
+/// The names of `listed` that no item has.
+fn unmatched(listed: &BTreeMap<String, String>, items: &[Item]) -> Vec<String> {
+    let names: std::collections::BTreeSet<String> = items
+        .iter()
+        .filter_map(|i| i.path.file_name().map(|n| n.to_string_lossy().to_string()))
+        .collect();
+    listed
+        .keys()
+        .filter(|k| !names.contains(*k))
+        .cloned()
+        .collect()
 }
 
 /// The caption of `path`: from the list (keyed by file name), else a sidecar file.
@@ -69,13 +98,21 @@ fn caption_of(
         sidecars.push(PathBuf::from(format!("{}.txt", path.display())));
     }
     for s in &sidecars {
-        if let Ok(text) = std::fs::read_to_string(s) {
-            let text = text.trim();
-            if text.is_empty() {
-                return Err(format!("{} is empty", s.display()));
-            }
-            return Ok(text.to_string());
+        let bytes = match std::fs::read(s) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // A frame folder's `caption.txt` may be missing in another way (`<folder>.txt`).
+            Err(_) if s.is_dir() => continue,
+            Err(e) => return Err(format!("cannot read {}: {e}", s.display())),
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            return Err(format!("{} is not UTF-8 text", s.display()));
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(format!("{} is empty", s.display()));
         }
+        return Ok(text.to_string());
     }
     Err(format!(
         "no caption: write {} or list it in --captions",
@@ -168,7 +205,7 @@ mod tests {
         std::fs::write(d.join("a.txt"), " a sidecar ").unwrap();
         let list = d.join("list.csv");
         std::fs::write(&list, "path,caption\nsub/b.gif,\"listed, with comma\"\n").unwrap();
-        let items = discover(d, Some(&list)).unwrap();
+        let items = discover(d, Some(&list), &d.join("out")).unwrap();
         let names: Vec<_> = items
             .iter()
             .map(|i| i.path.file_name().unwrap().to_string_lossy().to_string())
@@ -189,5 +226,36 @@ mod tests {
             err.contains("list.json") && err.contains("record 0"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_output_folder_is_no_clip_and_unreadable_captions_are_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        for f in ["a.gif", "b.gif"] {
+            std::fs::write(d.join(f), "x").unwrap();
+        }
+        std::fs::write(d.join("a.txt"), b"\xff\xfe latin-1").unwrap();
+        // The output folder, inside the input and holding a PNG, would be a frame folder.
+        std::fs::create_dir(d.join("out")).unwrap();
+        std::fs::write(d.join("out/x.png"), "x").unwrap();
+        let items = discover(d, None, &d.join("./out")).unwrap();
+        let names: Vec<_> = items.iter().map(|i| i.path.file_name().unwrap()).collect();
+        assert_eq!(names, ["a.gif", "b.gif"]);
+        let err = items[0].caption.as_ref().unwrap_err();
+        assert!(err.contains("a.txt is not UTF-8"), "{err}");
+        assert!(items[1]
+            .caption
+            .as_ref()
+            .unwrap_err()
+            .contains("no caption"));
+        // Without the exclusion it is an item.
+        assert_eq!(discover(d, None, &d.join("elsewhere")).unwrap().len(), 3);
+
+        let listed = BTreeMap::from([
+            ("b.gif".to_string(), "listed".to_string()),
+            ("typo.gif".to_string(), "lost".to_string()),
+        ]);
+        assert_eq!(unmatched(&listed, &items), ["typo.gif"]);
     }
 }

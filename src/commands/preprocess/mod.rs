@@ -4,12 +4,14 @@
 //!
 //! Items (see [`inputs`]) are sorted by path and written in shards of `--rows-per-file`
 //! items, `data_<k>.parquet`, each under a temporary name and renamed when complete. A run
-//! that stops resumes by skipping the shards already there; `preprocess.json` records the
-//! settings, and a resume with other settings is refused. An item that cannot be read or
-//! encoded is reported on one line naming the file and left out; the run goes on.
+//! that stops resumes by skipping the finished shards ([`resume`]: the settings and the clip
+//! list must be those of the run that wrote them). An item that cannot be read or encoded is
+//! reported on one line naming the file and left out; the run goes on, and the next run
+//! redoes its shard.
 
 pub mod encode;
 pub mod inputs;
+pub mod resume;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -21,12 +23,12 @@ use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
 use reel_models::umt5::Umt5TextEncoder;
 use reel_models::vae::{Tiling, WanVae};
-use reel_plugins::data::fastvideo::write_fastvideo_parquet;
+use reel_plugins::data::fastvideo::FastVideoRecord;
 
+use crate::cli::error_line;
 use encode::{Encoders, Target};
-
-/// File recording a preprocessing run's settings, in the output folder.
-pub const SETTINGS_FILE: &str = "preprocess.json";
+use inputs::Item;
+use resume::Shard;
 
 /// `reel preprocess` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,6 +91,11 @@ impl PreprocessArgs {
             self.height > 0 && self.width > 0,
             "--height and --width must be >= 1"
         );
+        anyhow::ensure!(
+            self.fps.is_finite() && self.fps >= 0.0,
+            "--fps {}: a rate in frames per second, or 0 for every frame",
+            self.fps
+        );
         anyhow::ensure!(self.rows_per_file > 0, "--rows-per-file must be >= 1");
         anyhow::ensure!(self.text_len > 0, "--text-len must be >= 1");
         if let Some(t) = self.tile {
@@ -106,13 +113,25 @@ impl PreprocessArgs {
         })
     }
 
-    /// What a resumed run must share with the run that wrote the folder.
-    fn settings(&self) -> serde_json::Value {
+    /// What a resumed run must share with the run that wrote the folder: the settings (paths
+    /// as absolute paths where they exist, so that a resume from another folder matches) and
+    /// the clips' names in shard order.
+    fn settings(&self, items: &[Item]) -> serde_json::Value {
+        let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let names: Vec<String> = items
+            .iter()
+            .map(|i| {
+                i.path
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into())
+            })
+            .collect();
         serde_json::json!({
-            "input": self.input, "captions": self.captions, "vae": self.vae,
-            "text_encoder": self.text_encoder, "tokenizer": self.tokenizer,
-            "frames": self.frames, "height": self.height, "width": self.width,
-            "fps": self.fps, "text_len": self.text_len, "rows_per_file": self.rows_per_file,
+            "input": abs(&self.input), "captions": self.captions.as_deref().map(abs),
+            "vae": abs(&self.vae), "text_encoder": abs(&self.text_encoder),
+            "tokenizer": abs(&self.tokenizer), "frames": self.frames, "height": self.height,
+            "width": self.width, "fps": self.fps, "text_len": self.text_len,
+            "rows_per_file": self.rows_per_file, "items": names,
         })
     }
 }
@@ -120,27 +139,12 @@ impl PreprocessArgs {
 /// Run `reel preprocess`.
 pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
     let target = args.target()?;
-    let items = inputs::discover(&args.input, args.captions.as_deref())?;
-    check_settings(&args.out, &args.settings())?;
-    with_backend!(args.backend, |B| preprocess::<B>(args, &target, &items))
-}
-
-/// Create `out` and record the settings, or check them against a previous run's.
-fn check_settings(out: &Path, settings: &serde_json::Value) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let path = out.join(SETTINGS_FILE);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let before: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-        anyhow::ensure!(
-            &before == settings,
-            "{} was written with other settings ({before}); use another --out folder",
-            path.display()
-        );
-        return Ok(());
-    }
-    std::fs::write(&path, serde_json::to_string_pretty(settings)?)
-        .with_context(|| format!("cannot write {}", path.display()))
+    let items = inputs::discover(&args.input, args.captions.as_deref(), &args.out)?;
+    let settings = args.settings(&items);
+    resume::check(&args.out, &settings)?;
+    with_backend!(args.backend, |B| preprocess::<B>(
+        args, &target, &items, &settings
+    ))
 }
 
 fn load<B: ReelBackend>(args: &PreprocessArgs) -> anyhow::Result<Encoders<B::InnerBackend>> {
@@ -160,48 +164,57 @@ fn load<B: ReelBackend>(args: &PreprocessArgs) -> anyhow::Result<Encoders<B::Inn
 fn preprocess<B: ReelBackend + AutodiffBackend>(
     args: &PreprocessArgs,
     target: &Target,
-    items: &[inputs::Item],
+    items: &[Item],
+    settings: &serde_json::Value,
 ) -> anyhow::Result<()> {
     let enc = load::<B>(args)?;
+    let s = enc.vae.config.spatial_factor();
+    anyhow::ensure!(
+        target.height.is_multiple_of(s) && target.width.is_multiple_of(s),
+        "--height {} and --width {} must be multiples of the VAE's spatial compression, {s} \
+         ({})",
+        target.height,
+        target.width,
+        args.vae.display()
+    );
+    // Only now, with the models loaded, is the folder taken over.
+    resume::record(&args.out, settings)?;
     let start = Instant::now();
     let bar = progress_bar(items.len() as u64);
     let (mut written, mut skipped, mut failed) = (0, 0, 0);
-    for (k, shard) in items.chunks(args.rows_per_file).enumerate() {
-        let path = args.out.join(format!("data_{k:05}.parquet"));
-        if path.is_file() {
-            skipped += shard.len();
-            bar.inc(shard.len() as u64);
+    for (k, chunk) in items.chunks(args.rows_per_file).enumerate() {
+        let shard = Shard::new(&args.out, k);
+        if shard.is_done() {
+            skipped += chunk.len();
+            bar.inc(chunk.len() as u64);
             continue;
         }
-        let mut records = Vec::with_capacity(shard.len());
-        for (i, item) in shard.iter().enumerate() {
-            match enc.record(item, k * args.rows_per_file + i, target) {
-                Ok(r) => records.push(r),
-                Err(e) => {
-                    failed += 1;
-                    let line = format!("reel: skipped {}: {e:#}", item.path.display());
-                    if bar.is_hidden() {
-                        eprintln!("{line}");
-                    } else {
-                        bar.println(line);
-                    }
-                }
-            }
-            bar.inc(1);
+        if shard.path.is_file() {
+            say(
+                &bar,
+                format!(
+                    "reel: redoing {}: some of its clips failed before",
+                    shard.path.display()
+                ),
+            );
         }
-        if records.is_empty() {
-            continue;
-        }
-        let tmp = args.out.join(format!(".data_{k:05}.parquet.tmp"));
-        write_fastvideo_parquet(&tmp, &records, records.len())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+        let (records, failures) = encode_chunk(&enc, chunk, k * args.rows_per_file, target, &bar);
+        shard.save(&records, &failures)?;
+        failed += failures.len();
         written += records.len();
     }
     bar.finish_and_clear();
+    let retry = if failed > 0 {
+        format!(
+            "; they are listed in {}/data_*.failed.txt and the next run retries their shards",
+            args.out.display()
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
         "reel: preprocessed {written} clips into {} in {:.1} s ({skipped} already there, \
-         {failed} skipped with errors)",
+         {failed} skipped with errors{retry})",
         args.out.display(),
         start.elapsed().as_secs_f64()
     );
@@ -210,6 +223,40 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         "no clip could be preprocessed ({failed} failed)"
     );
     Ok(())
+}
+
+/// The rows of `chunk`'s items (the first one's index is `first`), and one line per item
+/// that failed, each also said on stderr.
+fn encode_chunk<B: burn::tensor::backend::Backend>(
+    enc: &Encoders<B>,
+    chunk: &[Item],
+    first: usize,
+    target: &Target,
+    bar: &ProgressBar,
+) -> (Vec<FastVideoRecord>, Vec<String>) {
+    let mut records = Vec::with_capacity(chunk.len());
+    let mut failures = Vec::new();
+    for (i, item) in chunk.iter().enumerate() {
+        match enc.record(item, first + i, target) {
+            Ok(r) => records.push(r),
+            Err(e) => {
+                let line = format!("{}: {}", item.path.display(), error_line(&e));
+                say(bar, format!("reel: skipped {line}"));
+                failures.push(line);
+            }
+        }
+        bar.inc(1);
+    }
+    (records, failures)
+}
+
+/// One line on stderr, above the progress bar when there is one.
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
 /// A progress bar on a terminal, hidden otherwise (errors still print, one per line).

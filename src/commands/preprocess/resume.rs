@@ -1,0 +1,260 @@
+//! What makes `reel preprocess` resumable without mixing runs: `preprocess.json` records the
+//! settings and the clip list of the run that wrote the folder's shards, and a shard written
+//! while some of its clips failed keeps a `data_<k>.failed.txt` beside it naming them.
+//!
+//! - A folder holding shards is resumed only with the same settings and the same clips (shard
+//!   `k` holds the `k`-th run of `--rows-per-file` clips of the sorted list, so a clip added
+//!   or removed would shift every later shard); the refusal names what differs.
+//! - A folder without shards has nothing to protect: a run that stopped before its first
+//!   shard (a mistyped `--vae`, say) does not block the corrected one.
+//! - A shard with a `.failed.txt` is redone by the next run, so a caption written or a file
+//!   repaired since is picked up; a shard without one is finished and skipped.
+//!
+//! Every file is written under a temporary name and renamed, the failure list before its
+//! shard and removed after it, so a crash at any point leaves either the last good shard or
+//! a shard that the next run redoes.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use reel_plugins::data::fastvideo::{write_fastvideo_parquet, FastVideoRecord};
+use serde_json::Value;
+
+/// File recording a preprocessing run's settings and clips, in the output folder.
+pub const SETTINGS_FILE: &str = "preprocess.json";
+
+/// Refuse to resume `out` when it holds shards written with other settings or clips than
+/// `settings`. A folder without shards passes whatever its `preprocess.json` says.
+pub fn check(out: &Path, settings: &Value) -> anyhow::Result<()> {
+    if !has_shards(out) {
+        return Ok(());
+    }
+    let path = out.join(SETTINGS_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{} holds data_*.parquet shards but no readable {SETTINGS_FILE}: use another --out \
+             folder",
+            out.display()
+        )
+    })?;
+    let before: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let diffs = differences(&before, settings);
+    anyhow::ensure!(
+        diffs.is_empty(),
+        "{} was written with other settings ({}); resume with the same ones or use another \
+         --out folder",
+        path.display(),
+        diffs.join("; ")
+    );
+    Ok(())
+}
+
+/// Write `settings` to `out`'s [`SETTINGS_FILE`], creating `out`.
+pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let text = serde_json::to_string_pretty(settings)?;
+    write_atomically(&out.join(SETTINGS_FILE), text.as_bytes())
+}
+
+/// What differs between the recorded settings and this run's, one phrase per key, naming
+/// the command-line flag; the clip lists as the clips added and removed.
+pub fn differences(before: &Value, now: &Value) -> Vec<String> {
+    let keys: BTreeSet<&String> = [before, now]
+        .iter()
+        .filter_map(|v| v.as_object())
+        .flat_map(|o| o.keys())
+        .collect();
+    let none = Value::Null;
+    keys.into_iter()
+        .filter_map(|key| {
+            let (a, b) = (
+                before.get(key).unwrap_or(&none),
+                now.get(key).unwrap_or(&none),
+            );
+            (a != b).then(|| match key.as_str() {
+                "items" => clip_changes(a, b),
+                "input" => format!("the input folder was {a}, now {b}"),
+                _ => format!("--{} was {a}, now {b}", key.replace('_', "-")),
+            })
+        })
+        .collect()
+}
+
+/// "clips: 2 added (x.gif, y.png), 1 removed (z.gif)", at most three names each.
+fn clip_changes(before: &Value, now: &Value) -> String {
+    let names = |v: &Value| -> BTreeSet<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    let (a, b) = (names(before), names(now));
+    let list = |set: Vec<&String>, what: &str| {
+        let shown: Vec<&str> = set.iter().take(3).map(|s| s.as_str()).collect();
+        let more = if set.len() > 3 { ", ..." } else { "" };
+        format!("{} {what} ({}{more})", set.len(), shown.join(", "))
+    };
+    let mut parts = Vec::new();
+    let added: Vec<&String> = b.difference(&a).collect();
+    if !added.is_empty() {
+        parts.push(list(added, "added"));
+    }
+    let removed: Vec<&String> = a.difference(&b).collect();
+    if !removed.is_empty() {
+        parts.push(list(removed, "removed"));
+    }
+    if parts.is_empty() {
+        parts.push("same names, another order".into());
+    }
+    format!("clips: {}", parts.join(", "))
+}
+
+/// Whether `out` holds any finished shard.
+fn has_shards(out: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        let name = e.file_name().to_string_lossy().to_string();
+        name.starts_with("data_") && name.ends_with(".parquet")
+    })
+}
+
+/// Shard `k` of an output folder: its parquet file and the list of its clips that failed.
+pub struct Shard {
+    /// `data_<k>.parquet`.
+    pub path: PathBuf,
+    /// `data_<k>.failed.txt`, present while some of the shard's clips failed.
+    pub failed: PathBuf,
+}
+
+impl Shard {
+    /// Shard `k` of `out`.
+    pub fn new(out: &Path, k: usize) -> Self {
+        Self {
+            path: out.join(format!("data_{k:05}.parquet")),
+            failed: out.join(format!("data_{k:05}.failed.txt")),
+        }
+    }
+
+    /// Written with every one of its clips: the next run skips it.
+    pub fn is_done(&self) -> bool {
+        self.path.is_file() && !self.failed.exists()
+    }
+
+    /// Write the shard's `records` (when there are any) and its `failures` (one line each):
+    /// the failure list first, then the shard; a list left from an earlier run goes last.
+    pub fn save(&self, records: &[FastVideoRecord], failures: &[String]) -> anyhow::Result<()> {
+        if !failures.is_empty() {
+            write_atomically(&self.failed, (failures.join("\n") + "\n").as_bytes())?;
+        }
+        if !records.is_empty() {
+            let tmp = hidden_tmp(&self.path);
+            write_fastvideo_parquet(&tmp, records, records.len())
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &self.path)
+                .with_context(|| format!("writing {}", self.path.display()))?;
+        }
+        if failures.is_empty() {
+            match std::fs::remove_file(&self.failed) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", self.failed.display()))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `.<name>.tmp` beside `path`: hidden, so that no reader takes it for a shard.
+fn hidden_tmp(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or("out".into(), |n| n.to_string_lossy());
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = hidden_tmp(path);
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn differences_name_the_flags_and_the_clips() {
+        let before = json!({"height": 480, "text_len": 512, "input": "/a",
+                            "items": ["a.gif", "b.gif", "c.gif"]});
+        let now = json!({"height": 480, "text_len": 16, "input": "/a",
+                         "items": ["a.gif", "c.gif", "d.png", "e.png", "f.png", "g.png"]});
+        assert!(differences(&before, &before).is_empty());
+        let d = differences(&before, &now);
+        assert_eq!(
+            d,
+            [
+                "clips: 4 added (d.png, e.png, f.png, ...), 1 removed (b.gif)",
+                "--text-len was 512, now 16",
+            ]
+        );
+        let d = differences(
+            &json!({"input": "/a"}),
+            &json!({"input": "/b", "fps": 16.0}),
+        );
+        assert_eq!(
+            d,
+            [
+                "--fps was null, now 16.0",
+                "the input folder was \"/a\", now \"/b\""
+            ]
+        );
+    }
+
+    #[test]
+    fn a_folder_is_checked_only_once_it_holds_shards() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path();
+        record(out, &json!({"height": 480})).unwrap();
+        // No shard yet: other settings may take the folder over.
+        check(out, &json!({"height": 16})).unwrap();
+        std::fs::write(out.join("data_00000.parquet"), b"x").unwrap();
+        check(out, &json!({"height": 480})).unwrap();
+        let err = check(out, &json!({"height": 16})).unwrap_err().to_string();
+        assert!(err.contains("--height was 480, now 16"), "{err}");
+        std::fs::remove_file(out.join(SETTINGS_FILE)).unwrap();
+        let err = check(out, &json!({"height": 480})).unwrap_err().to_string();
+        assert!(err.contains("no readable preprocess.json"), "{err}");
+    }
+
+    #[test]
+    fn a_shard_with_failures_is_not_done_until_saved_without() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shard = Shard::new(tmp.path(), 3);
+        assert!(shard.path.ends_with("data_00003.parquet"));
+        assert!(!shard.is_done());
+        // Every clip failed: the list is written, no shard.
+        shard.save(&[], &["a.gif: broken".into()]).unwrap();
+        assert!(!shard.path.exists() && !shard.is_done());
+        assert_eq!(
+            std::fs::read_to_string(&shard.failed).unwrap(),
+            "a.gif: broken\n"
+        );
+        // A shard written earlier with failures stays until redone.
+        std::fs::write(&shard.path, b"x").unwrap();
+        assert!(!shard.is_done());
+        shard.save(&[], &[]).unwrap();
+        assert!(shard.is_done(), "no failures left: the list is removed");
+        let names: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, ["data_00003.parquet"], "no temporary file is left");
+    }
+}
