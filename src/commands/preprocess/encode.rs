@@ -2,8 +2,6 @@
 //! target size, encode with the Wan VAE (the posterior mean, not normalised: FastVideo
 //! normalises at train time) and the caption with UMT5 (the prompt's own tokens, unpadded).
 
-use std::path::Path;
-
 use anyhow::Context;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -74,7 +72,7 @@ impl<B: Backend> Encoders<B> {
             latent: stored(latent)?,
             text_embedding: stored(text)?,
             caption,
-            media: Some(media_info(&item.path, item.kind, frames, target, clip.fps)),
+            media: Some(media_info(item, frames, target, clip.fps)),
         })
     }
 
@@ -121,19 +119,11 @@ fn stored<B: Backend, const D: usize>(t: Tensor<B, D>) -> anyhow::Result<StoredT
     Ok(StoredTensor::f32(&values, &shape))
 }
 
-fn media_info(
-    path: &Path,
-    kind: MediaKind,
-    frames: usize,
-    t: &Target,
-    fps: Option<f64>,
-) -> MediaInfo {
+fn media_info(item: &Item, frames: usize, t: &Target, fps: Option<f64>) -> MediaInfo {
     let fps = t.fps.or(fps).unwrap_or(0.0);
     MediaInfo {
-        file_name: path
-            .file_name()
-            .map_or(String::new(), |n| n.to_string_lossy().into()),
-        media_type: kind.media_type().into(),
+        file_name: item.name(),
+        media_type: item.kind.media_type().into(),
         width: t.width as i64,
         height: t.height as i64,
         num_frames: frames as i64,

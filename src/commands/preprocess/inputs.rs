@@ -24,6 +24,16 @@ pub struct Item {
     pub caption: Result<String, String>,
 }
 
+impl Item {
+    /// The file or folder name (caption lists, `preprocess.json` and FastVideo's
+    /// `file_name` column key clips by it).
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into())
+    }
+}
+
 /// The items of `dir`, sorted by path, captioned from `list` (a caption file) or sidecars;
 /// `out` (the output folder) is left out. Names in `list` that match no item are reported
 /// on one line.
@@ -71,10 +81,7 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
 
 /// The names of `listed` that no item has.
 fn unmatched(listed: &BTreeMap<String, String>, items: &[Item]) -> Vec<String> {
-    let names: std::collections::BTreeSet<String> = items
-        .iter()
-        .filter_map(|i| i.path.file_name().map(|n| n.to_string_lossy().to_string()))
-        .collect();
+    let names: std::collections::BTreeSet<String> = items.iter().map(Item::name).collect();
     listed
         .keys()
         .filter(|k| !names.contains(*k))

@@ -118,14 +118,7 @@ impl PreprocessArgs {
     /// the clips' names in shard order.
     fn settings(&self, items: &[Item]) -> serde_json::Value {
         let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let names: Vec<String> = items
-            .iter()
-            .map(|i| {
-                i.path
-                    .file_name()
-                    .map_or(String::new(), |n| n.to_string_lossy().into())
-            })
-            .collect();
+        let names: Vec<String> = items.iter().map(Item::name).collect();
         serde_json::json!({
             "input": abs(&self.input), "captions": self.captions.as_deref().map(abs),
             "vae": abs(&self.vae), "text_encoder": abs(&self.text_encoder),
