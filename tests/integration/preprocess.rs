@@ -213,9 +213,12 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no-such-vae"), "{err}");
     // Sizes the VAE cannot encode exactly are refused, naming the flag.
-    let o = preprocess(&input, &out, &["--height", "12"]);
+    // (An odd height: the VAE's spatial compression is a power of two, at least 2.)
+    let odd = (SIDE + 1).to_string();
+    let o = preprocess(&input, &out, &["--height", &odd]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("--height 12"), "{err}");
+    let flag = format!("--height {odd}");
+    assert!(!o.status.success() && err.contains(&flag), "{err}");
 
     // b.gif has no caption: its shard (a, b) is written without it and listed as failed.
     let o = preprocess(&input, &out, &[]);
