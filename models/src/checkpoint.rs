@@ -38,7 +38,7 @@ pub fn resolve(path: &Path, candidates: &[&str]) -> Result<WeightSource, WeightE
     if !path.is_file() {
         return Err(WeightError::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+            error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
         });
     }
     if !path.to_string_lossy().ends_with(".index.json") {

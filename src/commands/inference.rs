@@ -54,6 +54,9 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     if path.join(MANIFEST).is_file() {
         return Ok(path.to_path_buf());
     }
+    if !path.exists() {
+        anyhow::bail!("{}: no such run or checkpoint folder", path.display());
+    }
     let checkpoints = if path.is_file() {
         // `checkpoints/latest` names the newest step folder beside it.
         path.parent().unwrap_or(Path::new(".")).to_path_buf()
@@ -69,9 +72,8 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
         .and_then(|(_, d)| Manifest::read(d).ok())
         .map(|m| m.config_fingerprint)
         .unwrap_or_default();
-    let (dir, _, warnings) = store
-        .resolve("latest", &fingerprint)
-        .with_context(|| format!("no checkpoint under {}", path.display()))?;
+    // Its error names the `checkpoints/` folder it searched.
+    let (dir, _, warnings) = store.resolve("latest", &fingerprint)?;
     for w in warnings {
         eprintln!("reel: warning: {w}");
     }
@@ -93,8 +95,12 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
             return Ok(ck.join(name));
         }
     }
-    let dir = resolve_checkpoint(ck)
-        .with_context(|| format!("{} holds no config.toml: pass --config", ck.display()))?;
+    if !ck.exists() {
+        anyhow::bail!("{}: no such run or checkpoint folder", ck.display());
+    }
+    // The cause names the folder.
+    let dir =
+        resolve_checkpoint(ck).context("cannot find the run's config.toml (pass --config)")?;
     Ok(dir.join("config.toml"))
 }
 

@@ -70,6 +70,10 @@ fn check_reads_the_weight_headers_a_role_names() {
     expect("empty", &["empty", "diffusion_pytorch_model.safetensors"]);
     std::fs::write(dir.join("notes.safetensors"), "not a safetensors file").unwrap();
     expect("notes.safetensors", &["notes.safetensors"]);
+    // An interrupted download: the check reads only the header, and still sees the file is short.
+    let bytes = std::fs::read(dir.join(file)).unwrap();
+    std::fs::write(dir.join("cut.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    expect("cut.safetensors", &["cut.safetensors", "truncated"]);
 
     // One key dropped, one reshaped, one added: all three named in one error.
     let (tensors, _) = read_safetensors(dir.join(file)).unwrap();
@@ -126,6 +130,30 @@ fn check_reads_the_weight_headers_a_role_names() {
         err.contains("models.student.config") && err.contains("missing/config.json"),
         "{err}"
     );
+    assert_eq!(err.matches("config.json").count(), 1, "named once: {err}");
+
+    // A config.json whose values are wrong: the key is `config` and the file is named.
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("good/config.json")).unwrap())
+            .unwrap();
+    cfg["num_attention_heads"] = 0.into();
+    std::fs::create_dir(dir.join("zero")).unwrap();
+    std::fs::write(dir.join("zero/config.json"), cfg.to_string()).unwrap();
+    std::fs::write(
+        dir.join("zero.toml"),
+        TINY_WAN_RUN.replace("preset = \"wan-tiny\"", "config = \"zero/config.json\""),
+    )
+    .unwrap();
+    let out = reel(dir, &["check", "zero.toml"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "zero heads passed the check");
+    for w in [
+        "models.student.config",
+        "zero/config.json",
+        "num_attention_heads",
+    ] {
+        assert!(err.contains(w), "`{w}` not in: {err}");
+    }
 }
 
 /// `reel check` opens the data and checks each role's model against it, as building the
@@ -263,9 +291,38 @@ fn export_accepts_checkpoints_latest() {
     );
     assert_eq!(exported[0], exported[2], "the last checkpoint is step 5");
 
-    let o = reel(dir, &["export", "clean/checkpoints/nowhere", "--out", "x"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("nowhere"), "{err}");
+    // A mistyped folder is called that, once, by every reading command; a run folder
+    // without checkpoints names the folder searched.
+    std::fs::create_dir(dir.join("empty_run")).unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["export", "clean/checkpoints/nowhere", "--out", "x"],
+            "nowhere",
+        ),
+        (
+            &["sample", "nowhere", "--prompt", "a", "--out", "x"],
+            "nowhere",
+        ),
+        (&["eval", "nowhere"], "nowhere"),
+        (&["export", "empty_run", "--out", "x"], "empty_run"),
+    ];
+    for (args, name) in cases {
+        let o = reel(dir, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let want = if name == "nowhere" {
+            "no such run or checkpoint folder"
+        } else {
+            "no intact checkpoint found under empty_run"
+        };
+        assert!(err.contains(want), "{args:?}: `{want}` not in: {err}");
+        assert_eq!(
+            err.matches(name).count(),
+            1,
+            "{args:?} names it once: {err}"
+        );
+        assert!(!dir.join("x").exists(), "{args:?} wrote its output");
+    }
 }
 
 /// A kernel pinned by `REEL_MATMUL` is named in `reel train`'s first lines (a run config does

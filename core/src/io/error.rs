@@ -8,13 +8,12 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
     /// The file could not be read or written.
-    #[error("cannot access `{path}`: {source}")]
+    #[error("cannot access `{path}`: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (printed in the message, so not returned as the source).
+        error: std::io::Error,
     },
     /// The file is not valid safetensors (or a related JSON file is malformed).
     #[error("invalid file `{path}`: {message}")]
@@ -115,10 +114,10 @@ impl fmt::Display for KeyMismatch {
     }
 }
 
-pub(super) fn io_err(path: &Path, source: std::io::Error) -> WeightError {
+pub(super) fn io_err(path: &Path, error: std::io::Error) -> WeightError {
     WeightError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

@@ -72,34 +72,58 @@ pub struct TensorHeader {
 }
 
 /// Key → dtype and shape of every tensor in a safetensors file, reading only the header
-/// (cheap even for multi-gigabyte shards).
+/// (cheap even for multi-gigabyte shards). A file cut short (an interrupted download or copy)
+/// or with bytes after its last tensor is refused here, from its length alone.
 pub fn read_safetensors_header(
     path: impl AsRef<Path>,
 ) -> Result<BTreeMap<String, TensorHeader>, WeightError> {
     use std::io::Read;
     let path = path.as_ref();
     let mut file = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| io_err(path, e))?;
+    let file_len = file.metadata().map_err(|e| io_err(path, e))?.len();
+    let mut prefix = [0u8; 8];
+    let got = (file_len as usize).min(8);
+    file.read_exact(&mut prefix[..got])
+        .map_err(|e| io_err(path, e))?;
+    let n = header_len(path, &prefix[..got], file_len)?;
+    let mut json = vec![0u8; n];
+    file.read_exact(&mut json).map_err(|e| io_err(path, e))?;
+    let (out, data_len) = parse_header(path, &json)?;
+    check_len(path, 8 + n as u64 + data_len, file_len)?;
+    Ok(out)
+}
+
+/// The header length a file's first 8 bytes state (`prefix` holds up to 8 of them), checked
+/// against the file's length.
+fn header_len(path: &Path, prefix: &[u8], file_len: u64) -> Result<usize, WeightError> {
+    let Ok(len) = <[u8; 8]>::try_from(prefix) else {
+        return Err(truncated(path, 8, file_len));
+    };
     let n = u64::from_le_bytes(len);
     if n > 100_000_000 {
         return Err(format_err(
             path,
-            format!("header length {n} is implausible"),
+            format!("header length {n} is implausible: not a safetensors file"),
         ));
     }
-    let mut buf = len.to_vec();
-    buf.resize(8 + n as usize, 0);
-    file.read_exact(&mut buf[8..])
-        .map_err(|e| io_err(path, e))?;
-    // `SafeTensors::read_metadata` also checks that the data section is present, so parse
-    // the JSON header directly.
-    let json: serde_json::Value =
-        serde_json::from_slice(&buf[8..]).map_err(|e| format_err(path, e))?;
+    if 8 + n > file_len {
+        return Err(truncated(path, 8 + n, file_len));
+    }
+    Ok(n as usize)
+}
+
+/// Each tensor's dtype and shape from a JSON header, and the data section's length it
+/// describes (the largest `data_offsets` end).
+fn parse_header(
+    path: &Path,
+    json: &[u8],
+) -> Result<(BTreeMap<String, TensorHeader>, u64), WeightError> {
+    let json: serde_json::Value = serde_json::from_slice(json).map_err(|e| format_err(path, e))?;
     let obj = json
         .as_object()
         .ok_or_else(|| format_err(path, "header is not a JSON object"))?;
     let mut out = BTreeMap::new();
+    let mut data_len = 0;
     for (key, info) in obj {
         if key == "__metadata__" {
             continue;
@@ -110,12 +134,18 @@ pub fn read_safetensors_header(
                 .map(|d| d.as_u64().map(|d| d as usize))
                 .collect::<Option<Vec<usize>>>()
         });
-        let (Some(dtype), Some(shape)) = (dtype, shape) else {
+        let end = info
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .and_then(|o| o.get(1))
+            .and_then(|e| e.as_u64());
+        let (Some(dtype), Some(shape), Some(end)) = (dtype, shape, end) else {
             return Err(format_err(
                 path,
-                format!("header entry `{key}` has no valid dtype / shape"),
+                format!("header entry `{key}` has no valid dtype / shape / data_offsets"),
             ));
         };
+        data_len = data_len.max(end);
         out.insert(
             key.clone(),
             TensorHeader {
@@ -124,7 +154,33 @@ pub fn read_safetensors_header(
             },
         );
     }
-    Ok(out)
+    Ok((out, data_len))
+}
+
+/// Refuse a file whose length is not the `expected` its header describes.
+fn check_len(path: &Path, expected: u64, file_len: u64) -> Result<(), WeightError> {
+    match file_len.cmp(&expected) {
+        std::cmp::Ordering::Less => Err(truncated(path, expected, file_len)),
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Greater => Err(format_err(
+            path,
+            format!(
+                "{} bytes after its last tensor (its header describes {expected} bytes, the \
+                 file has {file_len}): not a complete safetensors file",
+                file_len - expected
+            ),
+        )),
+    }
+}
+
+fn truncated(path: &Path, expected: u64, file_len: u64) -> WeightError {
+    format_err(
+        path,
+        format!(
+            "truncated: {file_len} bytes where its header needs {expected}; copy or download \
+             it again"
+        ),
+    )
 }
 
 /// True for the dtypes [`read_safetensors`] converts to f32.
@@ -147,6 +203,10 @@ pub fn read_safetensors(
 > {
     let path = path.as_ref();
     let bytes = read_file_bytes(path)?;
+    let file_len = bytes.len() as u64;
+    let n = header_len(path, &bytes[..bytes.len().min(8)], file_len)?;
+    let (_, data_len) = parse_header(path, &bytes[8..8 + n])?;
+    check_len(path, 8 + n as u64 + data_len, file_len)?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format_err(path, e))?;
     let metadata = meta.metadata().clone();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| format_err(path, e))?;

@@ -262,6 +262,48 @@ fn unreadable_and_bad_files_name_the_path() {
     assert!(err.to_string().contains("bad.safetensors"), "{err}");
 }
 
+/// An interrupted download or copy: the file cut inside the length prefix, the header and
+/// the data, and one with a byte too many, each refused by both readers with the reason.
+#[test]
+fn cut_or_padded_files_are_refused_by_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.safetensors");
+    let t = TensorData::new(vec![1.0f32, 2.0, 3.0], [3]);
+    write_safetensors(&good, &[("a".into(), t.clone()), ("b".into(), t)], None).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(read_safetensors_header(&good).unwrap().len(), 2);
+    let mut padded = bytes.clone();
+    padded.push(0);
+    let cases = [
+        (bytes[..5].to_vec(), "truncated"),
+        (bytes[..header - 1].to_vec(), "truncated"),
+        (bytes[..bytes.len() - 1].to_vec(), "truncated"),
+        (bytes[..header].to_vec(), "truncated"),
+        (padded, "1 bytes after its last tensor"),
+    ];
+    for (i, (content, reason)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("cut{i}.safetensors"));
+        std::fs::write(&path, &content).unwrap();
+        let len = content.len().to_string();
+        for err in [
+            read_safetensors(&path).unwrap_err(),
+            read_safetensors_header(&path).unwrap_err(),
+        ] {
+            let msg = err.to_string();
+            assert!(matches!(err, WeightError::Format { .. }), "case {i}: {msg}");
+            assert!(
+                msg.contains(&format!("cut{i}.safetensors")),
+                "case {i}: {msg}"
+            );
+            assert!(
+                msg.contains(reason) && msg.contains(&len),
+                "case {i}: {msg}"
+            );
+        }
+    }
+}
+
 #[test]
 fn duplicate_keys_are_rejected_on_write() {
     let dir = tempfile::tempdir().unwrap();

@@ -13,13 +13,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum Umt5ConfigError {
     /// The file could not be read.
-    #[error("cannot read UMT5 config `{path}`: {source}")]
+    #[error("cannot read UMT5 config `{path}`: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (printed in the message, so not returned as the source).
+        error: std::io::Error,
     },
     /// The file is not a valid `config.json`.
     #[error("invalid UMT5 config `{path}`: {message}")]
@@ -152,9 +151,9 @@ impl Umt5Config {
     /// Read and validate a `config.json` file.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, Umt5ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| Umt5ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| Umt5ConfigError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::parse(&text, &path.display().to_string())
     }

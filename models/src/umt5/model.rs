@@ -146,7 +146,7 @@ impl<B: Backend> Umt5Encoder<B> {
         if !path.exists() {
             return Err(Umt5ConfigError::Io {
                 path: path.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+                error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
             }
             .into());
         }

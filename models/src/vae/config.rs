@@ -17,13 +17,12 @@ pub const ENCODE_CHUNK: usize = 4;
 #[derive(Debug, thiserror::Error)]
 pub enum VaeConfigError {
     /// The file could not be read.
-    #[error("cannot read VAE config `{path}`: {source}")]
+    #[error("cannot read VAE config `{path}`: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (printed in the message, so not returned as the source).
+        error: std::io::Error,
     },
     /// The file is not a valid `AutoencoderKLWan` `config.json`.
     #[error("invalid VAE config `{path}`: {message}")]
@@ -164,9 +163,9 @@ impl WanVaeConfig {
     /// Read and validate a diffusers `config.json` file.
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, VaeConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| VaeConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| VaeConfigError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::parse(&text, &path.display().to_string())
     }

@@ -107,7 +107,7 @@ impl<B: Backend> WanVae<B> {
         if !path.exists() {
             return Err(VaeConfigError::Io {
                 path: path.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+                error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
             }
             .into());
         }

@@ -63,9 +63,13 @@ impl WanArch {
                 )
             })?,
             (None, Some(path)) => {
+                // The file's errors name it; its values' problems are prefixed with it.
                 let p = resolve(path);
-                WanConfig::from_json_file(&p)
-                    .map_err(|e| ConfigError::new("config", format!("{}: {e}", p.display())))?
+                let cfg = WanConfig::from_json_file(&p)
+                    .map_err(|e| ConfigError::new("config", e.to_string()))?;
+                cfg.validate()
+                    .map_err(|e| ConfigError::new("config", format!("{}: {e}", p.display())))?;
+                return Ok(cfg);
             }
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(

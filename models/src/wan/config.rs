@@ -9,13 +9,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum WanConfigError {
     /// The file could not be read.
-    #[error("cannot read config `{path}`: {source}")]
+    #[error("cannot read config `{path}`: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (printed in the message, so not returned as the source).
+        error: std::io::Error,
     },
     /// The file is not a valid Wan `config.json`.
     #[error("invalid Wan config `{path}`: {message}")]
@@ -154,9 +153,9 @@ impl WanConfig {
     /// Read a diffusers `config.json` file (values are not validated; see [`Self::validate`]).
     pub fn from_json_file(path: impl AsRef<Path>) -> Result<Self, WanConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| WanConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| WanConfigError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         serde_json::from_str(&text).map_err(|e| WanConfigError::Parse {
             path: path.display().to_string(),

@@ -54,9 +54,9 @@ pub fn resolve_weights(path: impl AsRef<Path>) -> Result<WeightSource, WeightErr
 
 /// The `weight_map` (key -> shard file name) of a shard index file.
 pub fn read_weight_map(index: &Path) -> Result<BTreeMap<String, String>, WeightError> {
-    let text = std::fs::read_to_string(index).map_err(|source| WeightError::Io {
+    let text = std::fs::read_to_string(index).map_err(|error| WeightError::Io {
         path: index.to_path_buf(),
-        source,
+        error,
     })?;
     let bad = |message: String| WeightError::Format {
         path: index.to_path_buf(),
@@ -130,15 +130,15 @@ impl<B: Backend> WanModel<B> {
         dtype: StoreDtype,
     ) -> Result<(), WeightError> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| WeightError::Io {
+        std::fs::create_dir_all(dir).map_err(|error| WeightError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         })?;
         let config_path = dir.join(CONFIG_FILE);
-        std::fs::write(&config_path, self.config.to_json_string() + "\n").map_err(|source| {
+        std::fs::write(&config_path, self.config.to_json_string() + "\n").map_err(|error| {
             WeightError::Io {
                 path: config_path.clone(),
-                source,
+                error,
             }
         })?;
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);

@@ -72,9 +72,9 @@ fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
 fn open(path: &Path) -> Result<BufReader<File>, MediaError> {
     File::open(path)
         .map(BufReader::new)
-        .map_err(|source| MediaError::Io {
+        .map_err(|error| MediaError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })
 }
 
@@ -170,9 +170,9 @@ pub fn read_gif(path: &Path) -> Result<Clip, MediaError> {
 
 /// A folder of PNG frames in file-name order; every frame must have the first one's size.
 pub fn read_frame_folder(dir: &Path) -> Result<Clip, MediaError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| MediaError::Io {
+    let entries = std::fs::read_dir(dir).map_err(|error| MediaError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -280,9 +280,9 @@ fn parse_rate(rate: &str) -> Option<f64> {
 /// Run a command on `path` and return its stdout; a failure is an error naming the file
 /// with FFmpeg's first line of stderr.
 fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
-    let out = cmd.output().map_err(|source| MediaError::Io {
+    let out = cmd.output().map_err(|error| MediaError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     if !out.status.success() {
         let mut err = String::new();

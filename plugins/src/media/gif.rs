@@ -41,9 +41,9 @@ pub fn write_gif(
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    let file = File::create(path).map_err(|source| MediaError::Io {
+    let file = File::create(path).map_err(|error| MediaError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let mut encoder = ::gif::Encoder::new(BufWriter::new(file), gw, gh, &[]).map_err(encode)?;
     encoder

@@ -25,13 +25,12 @@ pub const LABEL: [u8; 3] = [255, 255, 255];
 #[derive(Debug, thiserror::Error)]
 pub enum MediaError {
     /// Creating or writing the file failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (printed in the message, so not returned as the source).
+        error: std::io::Error,
     },
     /// The encoder rejected the image.
     #[error("{path}: encoding failed: {reason}")]

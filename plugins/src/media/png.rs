@@ -31,9 +31,9 @@ pub fn write_png(
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    let file = File::create(path).map_err(|source| MediaError::Io {
+    let file = File::create(path).map_err(|error| MediaError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let mut encoder = ::png::Encoder::new(BufWriter::new(file), pw, ph);
     encoder.set_color(::png::ColorType::Rgb);

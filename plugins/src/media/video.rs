@@ -122,9 +122,9 @@ pub fn write_mp4(path: &Path, clip: &Frames, fps: f64) -> Result<Option<PathBuf>
     if !ffmpeg_available() {
         return Ok(None);
     }
-    let io = |source| MediaError::Io {
+    let io = |error| MediaError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let size = format!("{}x{}", clip.width, clip.height);
     let mut child = Command::new("ffmpeg")
