@@ -179,6 +179,16 @@ pub fn tiny_run_with_clean(extra: &[&str]) -> tempfile::TempDir {
     tmp
 }
 
+/// A `[method]` body for [`distill_config`]: DMD2 on two denoising steps, the student
+/// updated every second step, and the GAN terms with heads on the critic's first block.
+pub const DMD2_GAN_METHOD: &str = r#"kind = "dmd2"
+denoising_steps = [1000, 500]
+generator_update_interval = 2
+gan_generator_weight = 0.5
+gan_discriminator_weight = 0.5
+gan_loss = "non_saturating"
+gan_heads = { blocks = [0], hidden = 16 }"#;
+
 /// A `wan-tiny` run: student, frozen teacher (and a critic when `critic`), the given
 /// `[method]` body, `max_steps` steps with a checkpoint after each and per-step logging.
 pub fn distill_config(method: &str, critic: bool, max_steps: u64) -> String {

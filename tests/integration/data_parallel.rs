@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::time::Duration;
 
-use common::{ckpt, distill_config, load, max_diff, run, tensors};
+use common::{ckpt, distill_config, load, max_diff, run, tensors, DMD2_GAN_METHOD};
 use reel_core::config::LoadedConfig;
 use reel_core::trainer::TrainSummary;
 
@@ -157,17 +157,7 @@ init_seed = 1
 
 #[test]
 fn dmd2_with_gan_terms_and_a_cadence_on_two_and_three_workers_equals_one_worker() {
-    let text = distill_config(
-        r#"kind = "dmd2"
-denoising_steps = [1000, 500]
-generator_update_interval = 2
-gan_generator_weight = 0.5
-gan_discriminator_weight = 0.5
-gan_loss = "hinge"
-gan_heads = { blocks = [0], hidden = 16 }"#,
-        true,
-        3,
-    );
+    let text = distill_config(&DMD2_GAN_METHOD.replace("non_saturating", "hinge"), true, 3);
     one_two_three(
         &text,
         &[

@@ -58,17 +58,7 @@ discriminator_optimizer = { lr = 1e-2 }"#,
 
 #[test]
 fn dmd2_with_gan_trains_heads_on_the_critic_and_resumes_exactly() {
-    let text = distill_config(
-        r#"kind = "dmd2"
-denoising_steps = [1000, 500]
-generator_update_interval = 2
-gan_generator_weight = 0.5
-gan_discriminator_weight = 0.5
-gan_loss = "non_saturating"
-gan_heads = { blocks = [0], hidden = 16 }"#,
-        true,
-        3,
-    );
+    let text = distill_config(DMD2_GAN_METHOD, true, 3);
     let tmp = tempfile::tempdir().unwrap();
     let files = [
         "student.safetensors",

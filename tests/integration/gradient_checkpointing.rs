@@ -76,17 +76,7 @@ fn plain_vs_checkpointed(text: &str, extra: &[&str]) {
 
 #[test]
 fn checkpointed_dmd2_student_and_critic_match_plain_with_gan_terms() {
-    let text = distill_config(
-        r#"kind = "dmd2"
-denoising_steps = [1000, 500]
-generator_update_interval = 2
-gan_generator_weight = 0.5
-gan_discriminator_weight = 0.5
-gan_loss = "non_saturating"
-gan_heads = { blocks = [0], hidden = 16 }"#,
-        true,
-        3,
-    );
+    let text = distill_config(DMD2_GAN_METHOD, true, 3);
     let losses = [
         "generator_loss",
         "critic_loss",
