@@ -79,6 +79,31 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
     Ok(items)
 }
 
+/// Refuse a folder whose items would encode to two latent shapes: a PNG image is one frame,
+/// every other item `frames` frames, and a data set holds one shape (the data sources
+/// refuse a record of another, possibly hours into a run). `dir` names the folder.
+pub fn one_shape(dir: &Path, items: &[Item], frames: usize) -> anyhow::Result<()> {
+    let (images, clips): (Vec<&Item>, Vec<&Item>) =
+        items.iter().partition(|i| i.kind == MediaKind::Image);
+    let (Some(image), Some(clip)) = (images.first(), clips.first()) else {
+        return Ok(());
+    };
+    anyhow::ensure!(
+        frames == 1,
+        "{}: {} PNG image{} (one frame, e.g. {}) and {} clip{} ({frames} frames, e.g. {}) would \
+         make latents of two shapes, and a data set holds one: preprocess them into separate \
+         --out folders, or pass --frames 1 to take one frame of every clip",
+        dir.display(),
+        images.len(),
+        if images.len() == 1 { "" } else { "s" },
+        image.name(),
+        clips.len(),
+        if clips.len() == 1 { "" } else { "s" },
+        clip.name(),
+    );
+    Ok(())
+}
+
 /// The names of `listed` that no item has.
 fn unmatched(listed: &BTreeMap<String, String>, items: &[Item]) -> Vec<String> {
     let names: std::collections::BTreeSet<String> = items.iter().map(Item::name).collect();
@@ -264,5 +289,32 @@ mod tests {
             ("typo.gif".to_string(), "lost".to_string()),
         ]);
         assert_eq!(unmatched(&listed, &items), ["typo.gif"]);
+    }
+
+    #[test]
+    fn images_and_clips_are_not_mixed_in_one_set() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        for f in ["a.png", "b.gif", "c.png"] {
+            std::fs::write(d.join(f), "x").unwrap();
+        }
+        std::fs::create_dir(d.join("frames")).unwrap();
+        std::fs::write(d.join("frames/0.png"), "x").unwrap();
+        let items = discover(d, None, &d.join("out")).unwrap();
+        let err = one_shape(d, &items, 5).unwrap_err().to_string();
+        for want in [
+            "2 PNG images",
+            "a.png",
+            "2 clips (5 frames",
+            "b.gif",
+            "--frames 1",
+        ] {
+            assert!(err.contains(want), "`{want}` not in: {err}");
+        }
+        one_shape(d, &items, 1).unwrap();
+        let (images, clips): (Vec<Item>, Vec<Item>) =
+            items.into_iter().partition(|i| i.kind == MediaKind::Image);
+        one_shape(d, &images, 5).unwrap();
+        one_shape(d, &clips, 5).unwrap();
     }
 }

@@ -133,6 +133,7 @@ impl PreprocessArgs {
 pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
     let target = args.target()?;
     let items = inputs::discover(&args.input, args.captions.as_deref(), &args.out)?;
+    inputs::one_shape(&args.input, &items, target.frames)?;
     let settings = args.settings(&items);
     resume::check(&args.out, &settings)?;
     with_backend!(args.backend, |B| preprocess::<B>(
