@@ -110,6 +110,77 @@ fn validation_and_sample_decode_videos_with_the_vae() {
     assert!(err.contains("callbacks[0].text_encoder"), "{err}");
 }
 
+/// A validation VAE, text encoder or tokenizer that will not open (a mistyped path, weights
+/// cut short) is named with its key by `reel check`, and `reel train` stops before its
+/// first step, not at the first validation.
+#[test]
+fn a_validation_model_that_will_not_open_fails_before_training() {
+    let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let check = |text: &str| {
+        std::fs::write(d.join("run.toml"), text).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_reel"))
+            .current_dir(d)
+            .args(["check", "run.toml"])
+            .output()
+            .unwrap();
+        o.status
+            .success()
+            .then_some(())
+            .ok_or_else(|| String::from_utf8_lossy(&o.stderr).to_string())
+    };
+    let good = config(&vae, &t5);
+    check(&good).unwrap();
+
+    // A copy of the VAE whose weights lost their second half.
+    let cut = d.join("cut_vae");
+    std::fs::create_dir(&cut).unwrap();
+    std::fs::copy(vae.join("config.json"), cut.join("config.json")).unwrap();
+    let bytes = std::fs::read(vae.join("model.safetensors")).unwrap();
+    std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let tok = format!("{:?}", t5.join("tokenizer.json"));
+    let cases = [
+        (
+            good.replace(&format!("{vae:?}"), "\"no_vae\""),
+            "callbacks[0].vae",
+            "no_vae",
+        ),
+        (
+            good.replace(&format!("{vae:?}"), &format!("{cut:?}")),
+            "callbacks[0].vae",
+            "truncated",
+        ),
+        (
+            good.replace(
+                &format!("text_encoder = {t5:?}"),
+                "text_encoder = \"no_t5\"",
+            ),
+            "callbacks[0].text_encoder",
+            "no_t5",
+        ),
+        (
+            good.replace(&tok, "\"no_tokenizer.json\""),
+            "callbacks[0].tokenizer",
+            "no_tokenizer.json",
+        ),
+    ];
+    for (text, key, why) in cases {
+        assert_ne!(text, good, "{key}: the edit applies");
+        let err = check(&text).expect_err(key);
+        assert!(
+            err.contains(key) && err.contains(why),
+            "`{key}`, `{why}` not in: {err}"
+        );
+        let o = common::reel_train(d, "out", &[], None);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(key), "train: {err}");
+        assert!(!err.contains("step 1/"), "a step was taken: {err}");
+        assert!(!d.join("out").exists(), "train made its run folder: {err}");
+    }
+}
+
 /// The tiny real workflow: a folder of clips with captions goes through `reel preprocess`
 /// (tiny VAE + UMT5), a `finetune` run trains on the parquet it wrote, and `reel sample`
 /// decodes clips whose frame count and size are the VAE's compression undone. A VAE that

@@ -156,4 +156,13 @@ pub trait BuildCallback<B: AutodiffBackend> {
 pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
     /// Check values; keys relative to the callback table.
     fn validate(&self) -> Result<(), ConfigError>;
+    /// Check the files the callback will open (a VAE, a text encoder...) from their configs
+    /// and headers, without loading tensors, so that `reel check` and the start of
+    /// `reel train` report a wrong path rather than the first validation, steps later.
+    /// `resolve` maps a config path to a file. Errors name the key relative to the callback
+    /// table. The default has nothing to check.
+    fn check_files(&self, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<(), ConfigError> {
+        let _ = resolve;
+        Ok(())
+    }
 }

@@ -29,13 +29,25 @@ impl LoadedConfig {
     }
 
     /// Check every file the config names for its roles (architecture configs, `weights`)
-    /// from headers only: what building the roles would report, without reading tensor
-    /// data. The error names the file and the key (`models.<role>.weights`).
+    /// and callbacks from headers only: what building the roles would report, without
+    /// reading tensor data. The error names the file and the key (`models.<role>.weights`).
     pub fn check_files(&self) -> Result<(), ConfigError> {
         for (name, role) in &self.config.models {
             role.model
                 .check_files(role, &|p| self.resolve(p))
                 .map_err(|e| self.role_error(name, e))?;
+        }
+        self.check_callback_files()
+    }
+
+    /// Check the files the callbacks will open (a validation VAE, a text encoder), as
+    /// [`CallbackConfig::check_files`](crate::callback::CallbackConfig::check_files) does:
+    /// `reel train` runs this before its first step. The error names the file and the key
+    /// (`callbacks[<i>].vae`).
+    pub fn check_callback_files(&self) -> Result<(), ConfigError> {
+        for (i, cb) in self.config.callbacks.iter().enumerate() {
+            cb.check_files(&|p| self.resolve(p))
+                .map_err(|e| e.in_section(&format!("callbacks[{i}]")).in_file(&self.path))?;
         }
         Ok(())
     }

@@ -63,6 +63,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let cfg = &loaded.config;
         let run_dir = super::run_dir_for(loaded, opts.output_dir.as_deref());
         if seat.is_main() {
+            // A mistyped validation VAE path fails now, not at the first validation.
+            loaded.check_callback_files()?;
             super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
             std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;

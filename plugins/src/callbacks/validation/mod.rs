@@ -30,7 +30,7 @@
 mod models;
 pub mod output;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::callback::{
@@ -166,6 +166,13 @@ impl CallbackConfig for ValidationConfig {
             }
         }
         Ok(())
+    }
+
+    /// `vae`, `text_encoder` and `tokenizer` open as the first validation will open them:
+    /// each folder's `config.json` parses and its weight files' headers read in full (no
+    /// tensors are loaded), and the tokenizer loads.
+    fn check_files(&self, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<(), ConfigError> {
+        models::check_files(self, resolve)
     }
 }
 
