@@ -89,7 +89,7 @@ pub fn read_safetensors_header(
     let mut json = vec![0u8; n];
     file.read_exact(&mut json).map_err(|e| io_err(path, e))?;
     let (out, data_len) = parse_header(path, &json)?;
-    check_len(path, 8 + n as u64 + data_len, file_len)?;
+    check_len(path, data_len.saturating_add(8 + n as u64), file_len)?;
     Ok(out)
 }
 
@@ -206,7 +206,7 @@ pub fn read_safetensors(
     let file_len = bytes.len() as u64;
     let n = header_len(path, &bytes[..bytes.len().min(8)], file_len)?;
     let (_, data_len) = parse_header(path, &bytes[8..8 + n])?;
-    check_len(path, 8 + n as u64 + data_len, file_len)?;
+    check_len(path, data_len.saturating_add(8 + n as u64), file_len)?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format_err(path, e))?;
     let metadata = meta.metadata().clone();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| format_err(path, e))?;

@@ -275,7 +275,13 @@ fn cut_or_padded_files_are_refused_by_length() {
     assert_eq!(read_safetensors_header(&good).unwrap().len(), 2);
     let mut padded = bytes.clone();
     padded.push(0);
+    // A corrupt header whose data offset is the largest number JSON can hold here.
+    let huge = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,18446744073709551615]}}"#;
+    let mut absurd = (huge.len() as u64).to_le_bytes().to_vec();
+    absurd.extend_from_slice(huge);
+    absurd.extend_from_slice(&[0; 4]);
     let cases = [
+        (absurd, "truncated"),
         (bytes[..5].to_vec(), "truncated"),
         (bytes[..header - 1].to_vec(), "truncated"),
         (bytes[..bytes.len() - 1].to_vec(), "truncated"),
