@@ -19,6 +19,26 @@ use reel_core::params::named_param_shapes;
 
 use crate::wan::weights::{read_weight_map, WeightSource};
 
+/// The folder holding the `config.json` of a Hugging Face model given as its folder or as a
+/// weights file inside it (the file's parent); a path that does not exist is refused.
+pub fn config_dir(path: &Path) -> Result<&Path, WeightError> {
+    if !path.exists() {
+        return Err(not_found(path));
+    }
+    Ok(if path.is_dir() {
+        path
+    } else {
+        path.parent().unwrap_or(Path::new("."))
+    })
+}
+
+fn not_found(path: &Path) -> WeightError {
+    WeightError::Io {
+        path: path.to_path_buf(),
+        error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+    }
+}
+
 /// Resolve `path`: a folder (the first of `candidates` present in it; names ending in
 /// `.index.json` are shard indexes), a `.safetensors` file or a `.safetensors.index.json`.
 pub fn resolve(path: &Path, candidates: &[&str]) -> Result<WeightSource, WeightError> {
@@ -36,10 +56,7 @@ pub fn resolve(path: &Path, candidates: &[&str]) -> Result<WeightSource, WeightE
         };
     }
     if !path.is_file() {
-        return Err(WeightError::Io {
-            path: path.to_path_buf(),
-            error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-        });
+        return Err(not_found(path));
     }
     if !path.to_string_lossy().ends_with(".index.json") {
         return Ok(WeightSource::Single(path.to_path_buf()));

@@ -3,33 +3,67 @@
 //! read), and the data: its source opens (a parquet set's footers, a folder's listing) and
 //! every role's model fits its latents (channels, text width, patch), as `reel train` would
 //! find when building the roles; and no file stands where the run folder must be made.
+//!
+//! The values are checked first and the first bad one stops the check (later keys may depend
+//! on it); past them, every problem is listed: a backend this binary lacks, each role's and
+//! callback's files, the data, the run folder — so the shipped real configs name every file
+//! they miss at once.
 
 use std::path::Path;
 
-use reel_core::config::{load_run_config, ConfigError, LoadedConfig};
+use reel_core::config::{load_run_config_any_backend, ConfigError, LoadedConfig};
 use reel_core::trainer::{run_dir_error, run_dir_for};
 
-/// Validate `config` and print a one-line summary.
+/// Validate `config` and print a one-line summary, or every problem found, one per line.
 pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
-    let loaded = load_run_config(config, set)?;
-    loaded.check_files()?;
-    let data = check_data(&loaded)?;
-    check_run_dir(&loaded)?;
-    println!(
-        "ok: {}: {}; {data}",
-        config.display(),
-        super::describe(&loaded)
-    );
-    Ok(())
+    let loaded = load_run_config_any_backend(config, set)?;
+    let mut problems: Vec<String> = Vec::new();
+    let mut note = |e: ConfigError| problems.push(e.to_string());
+    if let Err(e) = loaded.config.runtime.backend.check_compiled() {
+        note(e.in_file(config));
+    }
+    loaded.file_problems().into_iter().for_each(&mut note);
+    let data = check_data(&loaded, &mut note);
+    if let Err(e) = check_run_dir(&loaded) {
+        note(e);
+    }
+    // A role whose `config.json` is missing fails its file check and its model check alike.
+    let mut seen = std::collections::HashSet::new();
+    problems.retain(|p| seen.insert(p.clone()));
+    match problems.len() {
+        0 => {
+            let data = data.unwrap_or_default();
+            println!(
+                "ok: {}: {}; {data}",
+                config.display(),
+                super::describe(&loaded)
+            );
+            Ok(())
+        }
+        1 => anyhow::bail!("{}", problems[0]),
+        n => {
+            for p in &problems {
+                eprintln!("error: {p}");
+            }
+            anyhow::bail!("{}: {n} problems (each on a line above)", config.display())
+        }
+    }
 }
 
-/// Open the data source and check every role's model against it ([`LoadedConfig::check_models`]);
-/// returns a short description of the data.
-fn check_data(loaded: &LoadedConfig) -> anyhow::Result<String> {
-    let source = loaded.config.data.build(&loaded.base_dir)?;
+/// Open the data source and check every role's model against it
+/// ([`LoadedConfig::model_problems`]), noting what is wrong; returns a short description of
+/// the data when it opens.
+fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Option<String> {
+    let source = match loaded.config.data.build(&loaded.base_dir) {
+        Ok(source) => source,
+        Err(e) => {
+            note(ConfigError::new("data", e.to_string()).in_file(&loaded.path));
+            return None;
+        }
+    };
     let spec = source.spec();
-    loaded.check_models(&spec)?;
-    Ok(format!(
+    loaded.model_problems(&spec).into_iter().for_each(note);
+    Some(format!(
         "data: {} samples of {}×{}×{}×{} latents, text {}×{}",
         source.len(),
         spec.channels,

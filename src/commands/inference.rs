@@ -44,6 +44,14 @@ pub struct Loaded<B: ReelBackend> {
     pub ema: bool,
 }
 
+/// `path`, if something is there: a missing run or checkpoint folder is named as one.
+fn existing(path: &Path) -> anyhow::Result<&Path> {
+    if !path.exists() {
+        anyhow::bail!("{}: no such run or checkpoint folder", path.display());
+    }
+    Ok(path)
+}
+
 /// The checkpoint folder a path names, for reading (`sample`, `eval`, `export`): a checkpoint
 /// folder (it has `manifest.json`), the `latest` file of a run's `checkpoints/`, a run's
 /// `checkpoints/` folder, or a run folder. For the last three the newest intact checkpoint
@@ -54,9 +62,7 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     if path.join(MANIFEST).is_file() {
         return Ok(path.to_path_buf());
     }
-    if !path.exists() {
-        anyhow::bail!("{}: no such run or checkpoint folder", path.display());
-    }
+    existing(path)?;
     let checkpoints = if path.is_file() {
         // `checkpoints/latest` names the newest step folder beside it.
         path.parent().unwrap_or(Path::new(".")).to_path_buf()
@@ -95,12 +101,9 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
             return Ok(ck.join(name));
         }
     }
-    if !ck.exists() {
-        anyhow::bail!("{}: no such run or checkpoint folder", ck.display());
-    }
     // The cause names the folder.
-    let dir =
-        resolve_checkpoint(ck).context("cannot find the run's config.toml (pass --config)")?;
+    let dir = resolve_checkpoint(existing(ck)?)
+        .context("cannot find the run's config.toml (pass --config)")?;
     Ok(dir.join("config.toml"))
 }
 

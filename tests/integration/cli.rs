@@ -214,6 +214,61 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
     );
 }
 
+/// `reel check` of a shipped real config on a machine without its files lists every problem
+/// at once, one line each (each role's weights, the data set and, on a build without it, the
+/// backend), then how many there were; the values stay checked first.
+#[test]
+fn check_lists_every_problem_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/dmd2_wan.toml");
+    let table: toml::Table = std::fs::read_to_string(&shipped).unwrap().parse().unwrap();
+    let mut wants: Vec<String> = table["models"]
+        .as_table()
+        .unwrap()
+        .iter()
+        .filter(|(_, role)| role.get("weights").is_some())
+        .map(|(name, _)| format!("`models.{name}.weights`"))
+        .collect();
+    wants.push("`data`".into());
+    if !cfg!(feature = "cuda") {
+        wants.push("`runtime.backend`".into());
+    }
+    let out = reel(dir, &["check", shipped.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines.len(),
+        wants.len() + 1,
+        "one line per problem and a count: {err}"
+    );
+    for want in &wants {
+        let line = lines.iter().find(|l| l.contains(want.as_str()));
+        let line = line.unwrap_or_else(|| panic!("{want} not in: {err}"));
+        assert!(
+            line.starts_with("error: ") && line.contains("dmd2_wan.toml"),
+            "{line}"
+        );
+    }
+    let count = format!("{} problems", wants.len());
+    assert!(lines.last().unwrap().contains(&count), "{err}");
+
+    // A bad value still stops the check at once: later keys may depend on it.
+    let out = reel(
+        dir,
+        &[
+            "check",
+            shipped.to_str().unwrap(),
+            "--set",
+            "optimizer.lr=-1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("optimizer.lr"), "{err}");
+}
+
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
 /// path came from, `runtime.output_dir` in the config (or the default it replaces) or
 /// `--output`, and the file is kept; `reel check` reports it before training.

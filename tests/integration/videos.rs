@@ -110,9 +110,9 @@ fn validation_and_sample_decode_videos_with_the_vae() {
     assert!(err.contains("callbacks[0].text_encoder"), "{err}");
 }
 
-/// A validation VAE, text encoder or tokenizer that will not open (a mistyped path, weights
-/// cut short) is named with its key by `reel check`, and `reel train` stops before its
-/// first step, not at the first validation.
+/// A validation VAE, text encoder or tokenizer that will not open (a mistyped path, weights cut
+/// short or stored under other keys) is named with its key by `reel check`, and `reel train` stops
+/// before its first step, not at the first validation.
 #[test]
 fn a_validation_model_that_will_not_open_fails_before_training() {
     let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
@@ -140,6 +140,16 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
     std::fs::copy(vae.join("config.json"), cut.join("config.json")).unwrap();
     let bytes = std::fs::read(vae.join("model.safetensors")).unwrap();
     std::fs::write(cut.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    // A copy whose weights name one tensor under another key: the keys are checked too.
+    let renamed = d.join("renamed_vae");
+    std::fs::create_dir(&renamed).unwrap();
+    std::fs::copy(vae.join("config.json"), renamed.join("config.json")).unwrap();
+    let (mut tensors, _) = reel_core::io::read_safetensors(vae.join("model.safetensors")).unwrap();
+    let moved = tensors.keys().next().unwrap().clone();
+    let value = tensors.remove(&moved).unwrap();
+    tensors.insert(format!("{moved}_renamed"), value);
+    let tensors: Vec<_> = tensors.into_iter().collect();
+    reel_core::io::write_safetensors(renamed.join("model.safetensors"), &tensors, None).unwrap();
     let tok = format!("{:?}", t5.join("tokenizer.json"));
     let cases = [
         (
@@ -151,6 +161,11 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
             good.replace(&format!("{vae:?}"), &format!("{cut:?}")),
             "callbacks[0].vae",
             "truncated",
+        ),
+        (
+            good.replace(&format!("{vae:?}"), &format!("{renamed:?}")),
+            "callbacks[0].vae",
+            moved.as_str(),
         ),
         (
             good.replace(

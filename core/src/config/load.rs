@@ -28,16 +28,19 @@ impl LoadedConfig {
         self.base_dir.join(p)
     }
 
-    /// Check every file the config names for its roles (architecture configs, `weights`)
-    /// and callbacks from headers only: what building the roles would report, without
-    /// reading tensor data. The error names the file and the key (`models.<role>.weights`).
-    pub fn check_files(&self) -> Result<(), ConfigError> {
-        for (name, role) in &self.config.models {
+    /// Every problem with the files the config names for its roles (architecture configs,
+    /// `weights`) and callbacks, checked from headers only: what building the roles and
+    /// callbacks would report, without reading tensor data. One error per role or callback
+    /// at most, each naming the file and the key (`models.<role>.weights`); empty when all
+    /// open.
+    pub fn file_problems(&self) -> Vec<ConfigError> {
+        let roles = self.config.models.iter().filter_map(|(name, role)| {
             role.model
                 .check_files(role, &|p| self.resolve(p))
-                .map_err(|e| self.role_error(name, e))?;
-        }
-        self.check_callback_files()
+                .err()
+                .map(|e| self.role_error(name, e))
+        });
+        roles.chain(self.callback_problems()).collect()
     }
 
     /// Check the files the callbacks will open (a validation VAE, a text encoder), as
@@ -45,29 +48,43 @@ impl LoadedConfig {
     /// `reel train` runs this before its first step. The error names the file and the key
     /// (`callbacks[<i>].vae`).
     pub fn check_callback_files(&self) -> Result<(), ConfigError> {
-        for (i, cb) in self.config.callbacks.iter().enumerate() {
-            cb.check_files(&|p| self.resolve(p))
-                .map_err(|e| e.in_section(&format!("callbacks[{i}]")).in_file(&self.path))?;
-        }
-        Ok(())
+        self.callback_problems().next().map_or(Ok(()), Err)
     }
 
-    /// Check every role whose architecture tells its shape facts from the config alone
-    /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) against the
-    /// data: what building the roles would report, without building them (no weights are
-    /// read). The error names the file and the role (`models.<role>`).
-    pub fn check_models(&self, spec: &DataSpec) -> Result<(), ConfigError> {
-        for (name, role) in &self.config.models {
+    fn callback_problems(&self) -> impl Iterator<Item = ConfigError> + '_ {
+        self.config
+            .callbacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, cb)| {
+                cb.check_files(&|p| self.resolve(p))
+                    .err()
+                    .map(|e| e.in_section(&format!("callbacks[{i}]")).in_file(&self.path))
+            })
+    }
+
+    /// Every role whose architecture tells its shape facts from the config alone
+    /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) checked against
+    /// the data: what building the roles would report, without building them (no weights are
+    /// read). One error per role at most, naming the file and the role (`models.<role>`).
+    pub fn model_problems(&self, spec: &DataSpec) -> Vec<ConfigError> {
+        let check = |name: &String, role: &crate::role::RoleConfig| -> Result<(), ConfigError> {
             let info = role
                 .model
                 .model_info(role, &|p| self.resolve(p))
                 .map_err(|e| self.role_error(name, e))?;
-            if let Some(info) = info {
-                info.check_data(name, spec)
-                    .map_err(|e| e.in_file(&self.path))?;
+            match info {
+                Some(info) => info
+                    .check_data(name, spec)
+                    .map_err(|e| e.in_file(&self.path)),
+                None => Ok(()),
             }
-        }
-        Ok(())
+        };
+        let models = &self.config.models;
+        models
+            .iter()
+            .filter_map(|(n, r)| check(n, r).err())
+            .collect()
     }
 
     /// An error from role `name`'s plugin, keyed `models.<name>.<key>` in this config file.
@@ -156,9 +173,22 @@ pub fn apply_override(
 
 /// Read, override, deserialize and validate a run config file.
 pub fn load_run_config(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::new("", format!("cannot read config: {e}")).in_file(path))?;
-    parse_run_config(&text, path, overrides)
+    parse(&read_config(path)?, path, overrides, true)
+}
+
+/// Like [`load_run_config`], but a backend that is not compiled into this binary is left to
+/// the caller ([`RunConfig::validate_settings`]): `reel check` lists it with the file
+/// problems, so a CUDA config can be checked on a CPU build.
+pub fn load_run_config_any_backend(
+    path: &Path,
+    overrides: &[String],
+) -> Result<LoadedConfig, ConfigError> {
+    parse(&read_config(path)?, path, overrides, false)
+}
+
+fn read_config(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("", format!("cannot read config: {e}")).in_file(path))
 }
 
 /// Like [`load_run_config`] on TOML text (`path` is used for messages and relative paths).
@@ -166,6 +196,16 @@ pub fn parse_run_config(
     text: &str,
     path: &Path,
     overrides: &[String],
+) -> Result<LoadedConfig, ConfigError> {
+    parse(text, path, overrides, true)
+}
+
+/// Parse, override, deserialize and validate (the backend's presence too when `backend`).
+fn parse(
+    text: &str,
+    path: &Path,
+    overrides: &[String],
+    backend: bool,
 ) -> Result<LoadedConfig, ConfigError> {
     let mut root: toml::Value = toml::from_str::<toml::Table>(text)
         .map(toml::Value::Table)
@@ -181,7 +221,12 @@ pub fn parse_run_config(
         let key = refine_key(&root, &key, &msg);
         ConfigError::new(key, msg).in_file(path)
     })?;
-    config.validate().map_err(|e| e.in_file(path))?;
+    let valid = if backend {
+        config.validate()
+    } else {
+        config.validate_settings()
+    };
+    valid.map_err(|e| e.in_file(path))?;
     let resolved_toml = toml::to_string_pretty(&root).unwrap_or_else(|_| text.to_string());
     Ok(LoadedConfig {
         config,

@@ -261,6 +261,12 @@ impl RunConfig {
     /// registered architectures, the method's roles, adapters, callbacks.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.runtime.backend.check_compiled()?;
+        self.validate_settings()
+    }
+
+    /// [`Self::validate`] but for whether the backend is compiled into this binary (`reel
+    /// check` reports that with the file problems, so a CUDA config is checked on a CPU build).
+    pub fn validate_settings(&self) -> Result<(), ConfigError> {
         if self.runtime.dtype == Precision::Bf16 && self.runtime.backend == BackendName::Cpu {
             return Err(ConfigError::new(
                 "runtime.dtype",

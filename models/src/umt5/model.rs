@@ -18,6 +18,7 @@ use super::config::{Umt5Config, Umt5ConfigError};
 use super::layers::{DenseReluDense, Embedding, LayerFF, T5LayerNorm};
 use crate::checkpoint;
 use crate::wan::init::{join, ParamInit};
+use crate::wan::weights::WeightSource;
 
 /// Weight file names tried, in order, in a text-encoder folder.
 pub const WEIGHT_FILES: [&str; 2] = ["model.safetensors.index.json", "model.safetensors"];
@@ -143,19 +144,7 @@ impl<B: Backend> Umt5Encoder<B> {
     /// [`WEIGHT_FILES`]), or a weights file with `config.json` beside it.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, Umt5Error> {
         let path = path.as_ref();
-        if !path.exists() {
-            return Err(Umt5ConfigError::Io {
-                path: path.display().to_string(),
-                error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            }
-            .into());
-        }
-        let dir = if path.is_dir() {
-            path
-        } else {
-            path.parent().unwrap_or(Path::new("."))
-        };
-        let config = Umt5Config::from_json_file(dir.join("config.json"))?;
+        let config = Umt5Config::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
         Self::init(&config, device, 0)?.load_weights(path)
     }
 
@@ -163,14 +152,21 @@ impl<B: Backend> Umt5Encoder<B> {
     /// the tie: `encoder.embed_tokens.weight` fills `shared.weight` when that key is absent
     /// and is ignored when both are present.
     pub fn load_weights(self, path: impl AsRef<Path>) -> Result<Self, Umt5Error> {
-        let source = checkpoint::resolve(path.as_ref(), &WEIGHT_FILES)?;
-        let has_shared = checkpoint::stored_shapes(&source)?.contains_key(SHARED_KEY);
-        let rename = |k: &str| match k {
-            EMBED_TOKENS_KEY if has_shared => None,
-            EMBED_TOKENS_KEY => Some(SHARED_KEY.to_string()),
-            other => Some(other.to_string()),
-        };
+        let (source, rename) = tied_source(path.as_ref())?;
         Ok(checkpoint::load(self, &source, rename)?)
+    }
+
+    /// Check an encoder [`Self::load`] would load, from `config.json` and the weight headers
+    /// only (no tensor is read or allocated): the config is valid and the weights hold
+    /// exactly its keys and shapes (the tie allowed as in [`Self::load_weights`]), every
+    /// difference named with the file. Returns the config.
+    pub fn check_pretrained(path: impl AsRef<Path>) -> Result<Umt5Config, Umt5Error> {
+        let path = path.as_ref();
+        let config = Umt5Config::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let model = Self::init(&config, &Default::default(), 0)?;
+        let (source, rename) = tied_source(path)?;
+        checkpoint::check(&model, &source, rename)?;
+        Ok(config)
     }
 
     /// `ids [B, L]` (each below `vocab_size`) and `mask [B, L]` (1 for tokens, 0 for
@@ -237,6 +233,22 @@ impl<B: Backend> Umt5Encoder<B> {
         }
         Ok(())
     }
+}
+
+/// The checkpoint at `path` and the map from its keys to the model's: the tied
+/// `encoder.embed_tokens.weight` fills `shared.weight` when that key is absent and is skipped
+/// when both are stored.
+fn tied_source(
+    path: &Path,
+) -> Result<(WeightSource, impl Fn(&str) -> Option<String>), WeightError> {
+    let source = checkpoint::resolve(path, &WEIGHT_FILES)?;
+    let has_shared = checkpoint::stored_shapes(&source)?.contains_key(SHARED_KEY);
+    let rename = move |k: &str| match k {
+        EMBED_TOKENS_KEY if has_shared => None,
+        EMBED_TOKENS_KEY => Some(SHARED_KEY.to_string()),
+        other => Some(other.to_string()),
+    };
+    Ok((source, rename))
 }
 
 #[cfg(test)]

@@ -104,19 +104,8 @@ impl<B: Backend> WanVae<B> {
     /// or a weights file with `config.json` beside it. Keys are diffusers' as they are.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, VaeError> {
         let path = path.as_ref();
-        if !path.exists() {
-            return Err(VaeConfigError::Io {
-                path: path.display().to_string(),
-                error: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            }
-            .into());
-        }
-        let dir = if path.is_dir() {
-            path
-        } else {
-            path.parent().unwrap_or(Path::new("."))
-        };
-        let config = WanVaeConfig::from_json_file(dir.join("config.json"))?;
+        let config =
+            WanVaeConfig::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
         Self::init(&config, device, 0)?.load_weights(path)
     }
 
@@ -125,6 +114,19 @@ impl<B: Backend> WanVae<B> {
     pub fn load_weights(self, path: impl AsRef<Path>) -> Result<Self, VaeError> {
         let source = checkpoint::resolve(path.as_ref(), &WEIGHT_FILES)?;
         Ok(checkpoint::load(self, &source, |k| Some(k.to_string()))?)
+    }
+
+    /// Check a VAE [`Self::load`] would load, from `config.json` and the weight headers only
+    /// (no tensor is read or allocated): the config is valid and the weights hold exactly
+    /// its keys and shapes, every difference named with the file. Returns the config.
+    pub fn check_pretrained(path: impl AsRef<Path>) -> Result<WanVaeConfig, VaeError> {
+        let path = path.as_ref();
+        let config =
+            WanVaeConfig::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let model = Self::init(&config, &Default::default(), 0)?;
+        let source = checkpoint::resolve(path, &WEIGHT_FILES)?;
+        checkpoint::check(&model, &source, |k| Some(k.to_string()))?;
+        Ok(config)
     }
 
     /// Encode `video [B, in_channels, F, H, W]` in [-1, 1] to the posterior

@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
+use reel_core::backend::CpuBackend;
 use reel_core::callback::CallbackError;
 use reel_core::config::ConfigError;
 use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
-use reel_models::checkpoint;
-use reel_models::umt5::{load_tokenizer, Umt5Config, Umt5TextEncoder};
-use reel_models::vae::{Tiling, WanVaeConfig};
+use reel_models::umt5::{load_tokenizer, Umt5Encoder, Umt5TextEncoder};
+use reel_models::vae::{Tiling, WanVae};
 
 use super::output::ClipStyle;
 use super::ValidationConfig;
@@ -34,55 +34,24 @@ fn failed(what: &str, path: &Path, e: impl std::fmt::Display) -> CallbackError {
     ))
 }
 
-/// Check the files `cfg` names as [`MediaModels::load`] will open them, without loading a
-/// tensor; errors are keyed by the callback table's `vae`, `text_encoder` or `tokenizer`.
+/// Check the files `cfg` names as [`MediaModels::load`] will open them, from the configs and
+/// the weight headers (every key and shape; no tensor is read); errors are keyed by the
+/// callback table's `vae`, `text_encoder` or `tokenizer`.
 pub fn check_files(
     cfg: &ValidationConfig,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<(), ConfigError> {
     if let Some(p) = &cfg.vae {
-        let config = |c: &Path| {
-            WanVaeConfig::from_json_file(c)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        };
-        pretrained(&resolve(p), &reel_models::vae::model::WEIGHT_FILES, config)
-            .map_err(|e| ConfigError::new("vae", e))?;
+        WanVae::<CpuBackend>::check_pretrained(resolve(p))
+            .map_err(|e| ConfigError::new("vae", e.to_string()))?;
     }
     if let Some(p) = &cfg.text_encoder {
-        let config = |c: &Path| {
-            Umt5Config::from_json_file(c)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        };
-        pretrained(&resolve(p), &reel_models::umt5::model::WEIGHT_FILES, config)
-            .map_err(|e| ConfigError::new("text_encoder", e))?;
+        Umt5Encoder::<CpuBackend>::check_pretrained(resolve(p))
+            .map_err(|e| ConfigError::new("text_encoder", e.to_string()))?;
     }
     if let Some(p) = &cfg.tokenizer {
         load_tokenizer(resolve(p)).map_err(|e| ConfigError::new("tokenizer", e.to_string()))?;
     }
-    Ok(())
-}
-
-/// A Hugging Face model folder, or a weights file with `config.json` beside it: the config
-/// passes `config` and the weights (one of `candidates` in a folder) have readable, whole
-/// headers.
-fn pretrained(
-    path: &Path,
-    candidates: &[&str],
-    config: impl Fn(&Path) -> Result<(), String>,
-) -> Result<(), String> {
-    if !path.exists() {
-        return Err(format!("`{}`: no such file or folder", path.display()));
-    }
-    let dir = if path.is_dir() {
-        path
-    } else {
-        path.parent().unwrap_or(Path::new("."))
-    };
-    config(&dir.join("config.json"))?;
-    let source = checkpoint::resolve(path, candidates).map_err(|e| e.to_string())?;
-    checkpoint::stored_shapes(&source).map_err(|e| e.to_string())?;
     Ok(())
 }
 
