@@ -3,8 +3,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// An error while reading, writing or applying weights. Every message names the file (or the
-/// source given in [`LoadOptions::source`](super::LoadOptions::source)) and, where one is involved, the tensor key.
+/// An error while reading, writing or applying weights. Every message names the file (or the source
+/// given in [`LoadOptions::source`](super::LoadOptions::source)) and, where one is involved, the
+/// tensor key.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
     /// The file could not be read or written.

@@ -4,8 +4,8 @@
 //! safetensors file maps onto a module with no renaming table:
 //!
 //! - [`read_safetensors`] / [`write_safetensors`] convert between a file and host
-//!   [`TensorData`](burn::tensor::TensorData) (read: F32, BF16, F16 and F64 on disk, always returned as f32; write: f32,
-//!   or bf16 / f16 with [`write_safetensors_as`]);
+//!   [`TensorData`](burn::tensor::TensorData) (read: F32, BF16, F16 and F64 on disk, always
+//!   returned as f32; write: f32, or bf16 / f16 with [`write_safetensors_as`]);
 //! - [`load_module_tensors`] puts tensors into a module by path, keeping every parameter's id,
 //!   device and `require_grad` flag, and reports *all* missing, unexpected and wrongly shaped
 //!   keys in one [`WeightError::Mismatch`];

@@ -230,8 +230,9 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
     }
 }
 
-/// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path
-/// other configs can name (e.g. a DMD2 teacher: `weights = "runs/quickstart/final/student.ema.safetensors"`).
+/// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path other
+/// configs can name (e.g. a DMD2 teacher:
+/// `weights = "runs/quickstart/final/student.ema.safetensors"`).
 fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
     let final_dir = run_dir.join("final");
     std::fs::create_dir_all(&final_dir).map_err(|e| io_err(&final_dir, e))?;

@@ -9,14 +9,14 @@
 //! (Reel checkpoints) and PEFT's `base_model.model.` prefix are read too.
 //!
 //! **ComfyUI / original Wan names** (read and write):
-//! `diffusion_model.blocks.0.self_attn.q.lora_down.weight`, `….lora_up.weight` (or
-//! `lora_A` / `lora_B`) and an optional scalar `….alpha` (scale `alpha / r`, else 1); Reel
-//! writes `lora_down` / `lora_up` with an `alpha` for every module. Module names follow the original Wan code
+//! `diffusion_model.blocks.0.self_attn.q.lora_down.weight`, `….lora_up.weight` (or `lora_A` /
+//! `lora_B`) and an optional scalar `….alpha` (scale `alpha / r`, else 1); Reel writes `lora_down`
+//! / `lora_up` with an `alpha` for every module. Module names follow the original Wan code
 //! (`Wan-AI/Wan2.1` `wan/modules/model.py`), as diffusers'
-//! `_convert_non_diffusers_wan_lora_to_diffusers` maps them: `self_attn`/`cross_attn`
-//! `q, k, v, o` → `attn1`/`attn2` `to_q, to_k, to_v, to_out.0`; `ffn.0`/`ffn.2` →
-//! `ffn.net.0.proj`/`ffn.net.2`; `text_embedding.0/2`, `time_embedding.0/2`,
-//! `time_projection.1`, `head.head` → the condition embedder and `proj_out`.
+//! `_convert_non_diffusers_wan_lora_to_diffusers` maps them: `self_attn`/`cross_attn` `q, k, v, o`
+//! → `attn1`/`attn2` `to_q, to_k, to_v, to_out.0`; `ffn.0`/`ffn.2` → `ffn.net.0.proj`/`ffn.net.2`;
+//! `text_embedding.0/2`, `time_embedding.0/2`, `time_projection.1`, `head.head` → the condition
+//! embedder and `proj_out`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -100,9 +100,9 @@ impl<B: Backend> WanAttention<B> {
             q = rope.apply(q, self.precision.dtype());
             k = rope.apply(k, self.precision.dtype());
         }
-        // Cast (where RoPE did not), then see `[B, S, H, hd]` as `[B, H, S, hd]`: the fused kernels return the
-        // output (and the gradients) stored `[B, S, H, hd]` like their inputs, so merging the
-        // heads below is a view, not a copy.
+        // Cast (where RoPE did not), then see `[B, S, H, hd]` as `[B, H, S, hd]`: the fused kernels
+        // return the output (and the gradients) stored `[B, S, H, hd]` like their inputs, so
+        // merging the heads below is a view, not a copy.
         let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype()).swap_dims(1, 2);
         let o = to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype);
         let o = o.swap_dims(1, 2).reshape([b, s, dim]);

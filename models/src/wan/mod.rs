@@ -1,14 +1,13 @@
 //! The Wan video diffusion transformer (diffusers `WanTransformer3DModel`, text-to-video).
 //!
-//! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded
-//! lazy initialization), [`linear`], [`norm`], [`gelu`] (GELU with a lean backward),
-//! [`embeddings`] (patch / timestep / text),
-//! [`rope`], [`attention`] (with the memory-efficient kernel in [`mem_attention`] and the
-//! mode in [`attention_mode`]),
-//! [`block`], [`model`], [`checkpointed`] (block-level activation checkpointing) and
-//! [`weights`] (safetensors I/O in the diffusers layout); [`arch`] registers it as `arch = "wan"`. Module field names equal the
-//! diffusers state-dict keys. [`product`] and [`matmul`] run the linear layers' products on a
-//! pinned cubek kernel (`REEL_MATMUL`).
+//! One concern per file: [`config`] (diffusers `config.json`), [`presets`], [`init`] (seeded lazy
+//! initialization), [`linear`], [`norm`], [`gelu`] (GELU with a lean backward), [`embeddings`]
+//! (patch / timestep / text), [`rope`], [`attention`] (with the memory-efficient kernel in
+//! [`mem_attention`] and the mode in [`attention_mode`]), [`block`], [`model`], [`checkpointed`]
+//! (block-level activation checkpointing) and [`weights`] (safetensors I/O in the diffusers
+//! layout); [`arch`] registers it as `arch = "wan"`. Module field names equal the diffusers
+//! state-dict keys. [`product`] and [`matmul`] run the linear layers' products on a pinned cubek
+//! kernel (`REEL_MATMUL`).
 
 pub mod arch;
 pub mod attention;

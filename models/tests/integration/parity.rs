@@ -247,9 +247,9 @@ mod cuda {
     }
 }
 
-/// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu
-/// --test integration -- parity::wgpu`): the CubeCL code path without an NVIDIA GPU. On a machine without a GPU it
-/// runs on Mesa's software Vulkan driver (lavapipe, Debian package `mesa-vulkan-drivers`).
+/// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu --test
+/// integration -- parity::wgpu`): the CubeCL code path without an NVIDIA GPU. On a machine without
+/// a GPU it runs on Mesa's software Vulkan driver (lavapipe, Debian package `mesa-vulkan-drivers`).
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use super::*;

@@ -204,9 +204,9 @@ fn a_file_with_only_the_tied_embed_tokens_key_loads_the_same() {
     assert_eq!(enc.shared.weight.val().into_data(), shared);
 }
 
-/// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test integration -- umt5_parity::cuda`). Burn's CUDA matmul runs float32 products on TF32 tensor cores, so
-/// the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
+/// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda --test
+/// integration -- umt5_parity::cuda`). Burn's CUDA matmul runs float32 products on TF32 tensor
+/// cores, so the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {
     #[test]

@@ -413,9 +413,9 @@ fn tiled_decode_follows_diffusers_tiling() {
     eprintln!("tiled vs untiled decode max|err| = {gap:.3e} (max|ref| {scale:.3})");
 }
 
-/// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test integration -- vae_parity::cuda`). Burn's CUDA matmul and convolution run float32 products on TF32
-/// tensor cores, so the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
+/// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda --test
+/// integration -- vae_parity::cuda`). Burn's CUDA matmul and convolution run float32 products on
+/// TF32 tensor cores, so the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {
     #[test]

@@ -1,12 +1,12 @@
-//! `reel bench --attention-only`: the self-attention operation of a preset's blocks alone, at
-//! the tokens of `--shape`: `q`, `k`, `v` of `[B, heads, N, head_dim]` in `--dtype`, laid out
-//! `[B, N, heads, head_dim]` as the Wan blocks pass them. One row per attention mode
-//! (`memory_efficient`, `fused`, `flash`; `--attention <mode>` times that one alone) with the
-//! forward without gradients and the forward plus backward, and with `flash` one row of
-//! cubek's tensor-core flash forward by itself (the plain CubeCL backends only) and, in a
-//! `cuda` build, one of `flash` on cuDNN (`flash cudnn`, `REEL_FLASH`); `--tiles SPEC` adds a
-//! `flash` row per launch shape of the tiled kernels. A GPU session learns in seconds which
-//! kernel (and which shape) is slow, without the minutes of a full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
+//! `reel bench --attention-only`: the self-attention operation of a preset's blocks alone, at the
+//! tokens of `--shape`: `q`, `k`, `v` of `[B, heads, N, head_dim]` in `--dtype`, laid out `[B, N,
+//! heads, head_dim]` as the Wan blocks pass them. One row per attention mode (`memory_efficient`,
+//! `fused`, `flash`; `--attention <mode>` times that one alone) with the forward without gradients
+//! and the forward plus backward, and with `flash` one row of cubek's tensor-core flash forward by
+//! itself (the plain CubeCL backends only) and, in a `cuda` build, one of `flash` on cuDNN (`flash
+//! cudnn`, `REEL_FLASH`); `--tiles SPEC` adds a `flash` row per launch shape of the tiled kernels.
+//! A GPU session learns in seconds which kernel (and which shape) is slow, without the minutes of a
+//! full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
 //! `scaled_dot_product_attention` on the same shapes.
 //!
 //! FLOP count: the forward's two products, `4·B·heads·N²·head_dim`; the backward's five count

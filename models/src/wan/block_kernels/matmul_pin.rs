@@ -155,10 +155,11 @@ pub fn pin<B: Backend>() -> MatmulPin {
 /// The pin when [`MATMUL_ENV`] is unset: cuBLAS for every product on the plain `cuda` backend
 /// (with or without autodiff) where `libcublas` loads, Burn's matmul elsewhere.
 ///
-/// Chosen by measurement (H100, 2026-11-27, `bench/results/2026-11-27-NVIDIA-H100-80GB-HBM3-session2.md`):
-/// the products of one Wan2.1-1.3B block at 8190 tokens took 4.8 ms on cuBLAS against 34.6 ms
-/// on Burn's matmul and 10.7 ms on the fastest cubek kernel (`reel bench --matmul-only`), and a
-/// checkpointed bf16 training step 1626 ms against 2072 ms.
+/// Chosen by measurement (H100, 2026-11-27,
+/// `bench/results/2026-11-27-NVIDIA-H100-80GB-HBM3-session2.md`): the products of one Wan2.1-1.3B
+/// block at 8190 tokens took 4.8 ms on cuBLAS against 34.6 ms on Burn's matmul and 10.7 ms on the
+/// fastest cubek kernel (`reel bench --matmul-only`), and a checkpointed bf16 training step 1626 ms
+/// against 2072 ms.
 #[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 pub fn default_pin<B: Backend>() -> MatmulPin {
     #[cfg(feature = "cuda")]

@@ -10,8 +10,8 @@
 //! (the CPU backends; Burn's fusion layer, which fuses those operations itself). All
 //! arithmetic is float32 whatever the tensors' dtype.
 //!
-//! `REEL_BLOCK_KERNELS=off` turns the norm, bias, GELU, gate and RoPE kernels off for the process, for
-//! side-by-side measurements (`bench/gpu.sh`); the matmul pin has its own variable.
+//! `REEL_BLOCK_KERNELS=off` turns the norm, bias, GELU, gate and RoPE kernels off for the process,
+//! for side-by-side measurements (`bench/gpu.sh`); the matmul pin has its own variable.
 
 /// `return $call` with the type aliases `$r` (the CubeCL runtime) and `$bt` (the bool
 /// element) of the plain CubeCL backend `$b` is, when it is one.

@@ -59,9 +59,10 @@ impl<B: FusedKernels> Backward<B, 3> for FusedBackward {
 }
 
 /// Fused attention as one autodiff operation on `Autodiff<B, C>`. Shapes as in
-/// [`naive_attention`](crate::wan::mem_attention::naive_attention). With `flash`, a forward that no gradient
-/// flows through runs the tensor-core flash kernel where it can ([`flash`](super::flash)), and a tracked
-/// forward and its backward the tensor-core tiled kernels where they can ([`tiled`](super::tiled)).
+/// [`naive_attention`](crate::wan::mem_attention::naive_attention). With `flash`, a forward that no
+/// gradient flows through runs the tensor-core flash kernel where it can ([`flash`](super::flash)),
+/// and a tracked forward and its backward the tensor-core tiled kernels where they can
+/// ([`tiled`](super::tiled)).
 pub fn autodiff_attention<B: FusedKernels, C: CheckpointStrategy>(
     q: Tensor<Autodiff<B, C>, 4>,
     k: Tensor<Autodiff<B, C>, 4>,

@@ -164,8 +164,8 @@ pub fn attention_forward<F: Float>(
     }
 }
 
-/// Backward, query side: `dq = scale·Σⱼ p·(dp − Δ)·kⱼ` per query row, and `delta = Δ =
-/// Σ dO∘O` per row (float32 `[B, H, Sq]`, read by [`attention_backward_kv`](fn@attention_backward_kv)).
+/// Backward, query side: `dq = scale·Σⱼ p·(dp − Δ)·kⱼ` per query row, and `delta = Δ = Σ dO∘O` per
+/// row (float32 `[B, H, Sq]`, read by [`attention_backward_kv`](fn@attention_backward_kv)).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_q<F: Float>(

@@ -139,8 +139,8 @@ pub fn tiled_forward<F: Float, N: Size>(
 }
 
 /// Backward, query side: `delta = Δ = Σ dO∘O` per query row (float32 `[B, H, Sq]`, read by
-/// [`tiled_backward_kv`](fn@tiled_backward_kv)) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`, `P` recomputed
-/// from the saved log-sum-exp.
+/// [`tiled_backward_kv`](fn@tiled_backward_kv)) and `dq = scale·dS·k` with `dS = P∘(dO·vᵀ − Δ)`,
+/// `P` recomputed from the saved log-sum-exp.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn tiled_backward_q<F: Float, N: Size>(
@@ -250,9 +250,9 @@ pub fn tiled_backward_q<F: Float, N: Size>(
     }
 }
 
-/// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles:
-/// `dv = Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`](fn@tiled_backward_q) (launched first on
-/// the same stream). Scores are computed transposed (`k·qᵀ`) so every product keeps its
+/// Backward, key side: cube `(x, bh)` owns key rows `x·rows ..` and streams query tiles: `dv =
+/// Pᵀ·dO` and `dk = scale·dSᵀ·q`, with `Δ` from [`tiled_backward_q`](fn@tiled_backward_q) (launched
+/// first on the same stream). Scores are computed transposed (`k·qᵀ`) so every product keeps its
 /// left operand row-major.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]

@@ -1,11 +1,11 @@
 //! `<run>/loss.png`: the loss curves of a run, drawn without a plotting library.
 //!
 //! One series per loss key of the training lines of `metrics.jsonl` (keys other than `step`,
-//! `step_seconds`, `samples_seen`, `skipped` and those with a `/`, such as `lr/student`), in name order.
-//! Each series is drawn twice in its colour: the raw values faintly, a centred moving average
-//! (window `n/20`, at least 1) boldly. Axes with a light grid and tick labels; the y axis is
-//! logarithmic when every value is positive and they span more than [`LOG_SPAN`]×. A legend
-//! box per series, with its name, sits in the top-right corner.
+//! `step_seconds`, `samples_seen`, `skipped` and those with a `/`, such as `lr/student`), in name
+//! order. Each series is drawn twice in its colour: the raw values faintly, a centred moving
+//! average (window `n/20`, at least 1) boldly. Axes with a light grid and tick labels; the y axis
+//! is logarithmic when every value is positive and they span more than [`LOG_SPAN`]×. A legend box
+//! per series, with its name, sits in the top-right corner.
 
 use std::path::Path;
 
