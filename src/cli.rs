@@ -58,7 +58,8 @@ enum Command {
     Eval(commands::eval::EvalArgs),
     /// Export a checkpoint's role: merged diffusers `transformer/` folder or LoRA adapter file.
     Export(commands::export::ExportArgs),
-    /// Data set tools: `reel data export` writes a config's data as parquet or safetensors.
+    /// Data set tools: `reel data export` writes a config's data as parquet or safetensors;
+    /// `reel data negative` encodes a negative prompt for `[data] negative_embedding`.
     #[command(subcommand)]
     Data(commands::data::DataCommand),
     /// Turn a folder of clips (videos, GIFs, PNG frames) and captions into a FastVideo

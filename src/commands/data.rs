@@ -1,7 +1,7 @@
 //! `reel data export`: write a config's data set to files in one of the formats Reel reads
 //! (FastVideo parquet or a folder of per-sample safetensors). Turns the built-in synthetic
 //! data into a file data set (to try the file sources, or as test data), or converts one
-//! format into the other.
+//! format into the other. `reel data negative` is in [`super::negative`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,9 @@ pub enum DataCommand {
     /// Write the config's data set (as its source yields it: normalised latents, unpadded
     /// text) to files. Read them back with `normalize = "none"`.
     Export(ExportDataArgs),
+    /// Encode a negative prompt (default: Wan2.1's) with the UMT5 text encoder into the
+    /// file `[data] negative_embedding` names, for CFG's unconditional branch.
+    Negative(super::negative::NegativeArgs),
 }
 
 /// File formats `reel data export` writes.
@@ -57,6 +60,7 @@ pub struct ExportDataArgs {
 pub fn run(cmd: &DataCommand) -> anyhow::Result<()> {
     match cmd {
         DataCommand::Export(args) => export(args),
+        DataCommand::Negative(args) => super::negative::run(args),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod export;
 pub mod inference;
 pub mod list;
+pub mod negative;
 pub mod preprocess;
 pub mod processes;
 pub mod sample;

@@ -220,7 +220,8 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     let flag = format!("--height {odd}");
     assert!(!o.status.success() && err.contains(&flag), "{err}");
 
-    // b.gif has no caption: its shard (a, b) is written without it and listed as failed.
+    // b.gif has no caption: its shard (a, b) is written without it and listed as failed; the
+    // negative prompt's embedding is written beside the shards.
     let o = preprocess(&input, &out, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -231,6 +232,7 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
             "data_00000.failed.txt",
             "data_00000.parquet",
             "data_00001.parquet",
+            "negative.safetensors",
             "preprocess.json"
         ]
     );

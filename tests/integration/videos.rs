@@ -197,7 +197,8 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
 }
 
 /// The tiny real workflow: a folder of clips with captions goes through `reel preprocess`
-/// (tiny VAE + UMT5), a `finetune` run trains on the parquet it wrote, and `reel sample`
+/// (tiny VAE + UMT5; it also writes the negative prompt's embedding), a `finetune` run trains
+/// on the parquet it wrote with that negative, and `reel sample`
 /// decodes clips whose frame count and size are the VAE's compression undone. A VAE that
 /// does not match the model's latent channels is refused before sampling.
 #[test]
@@ -271,6 +272,29 @@ fn clips_to_trained_weights_to_videos() {
         "16",
     ]);
     assert!(ok, "preprocess: {err}");
+    // The negative prompt's embedding beside the shards is the one `reel data negative` makes.
+    let (ok, err) = reel(&[
+        "data",
+        "negative",
+        "--text-encoder",
+        t5_s,
+        "--tokenizer",
+        tok_s,
+        "--text-len",
+        "16",
+        "--out",
+        "negative.safetensors",
+    ]);
+    assert!(ok, "data negative: {err}");
+    let embedding = |p: &str| {
+        let bytes = std::fs::read(tmp.path().join(p)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensor("text_embedding").unwrap().data().to_vec()
+    };
+    assert_eq!(
+        embedding("data/negative.safetensors"),
+        embedding("negative.safetensors")
+    );
 
     let run = |student: &str, data: &str| {
         format!(
@@ -280,7 +304,7 @@ fn clips_to_trained_weights_to_videos() {
         )
     };
     let parquet = "kind = \"fastvideo_parquet\"\npath = \"data\"\nbatch_size = 2\ntext_len = 16\n\
-                   normalize = \"none\"";
+                   normalize = \"none\"\nnegative_embedding = \"data/negative.safetensors\"";
     std::fs::write(
         tmp.path().join("run.toml"),
         run("preset = \"wan-tiny\"", parquet),
@@ -345,4 +369,77 @@ fn clips_to_trained_weights_to_videos() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `reel data negative` writes what the UMT5 encoder gives for the prompt (Wan2.1's by
+/// default, recorded in the file), read back at the data's text length; a text encoder that
+/// is not there is named, and nothing is written.
+#[test]
+fn data_negative_writes_the_encoders_output_for_the_prompt() {
+    use reel_plugins::data::negative::{read_negative, WAN_NEGATIVE_PROMPT};
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    let tok = t5.join("tokenizer.json");
+    let tmp = tempfile::tempdir().unwrap();
+    let text_len = 12;
+    let run = |encoder: &Path, out: &str, prompt: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_reel"));
+        cmd.current_dir(tmp.path())
+            .args(["data", "negative", "--text-encoder"]);
+        cmd.arg(encoder)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .args(["--out", out]);
+        cmd.args(["--text-len", &text_len.to_string()]);
+        if let Some(p) = prompt {
+            cmd.args(["--prompt", p]);
+        }
+        let o = cmd.output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let encoder = reel_models::umt5::Umt5TextEncoder::<reel_core::backend::CpuBackend>::load(
+        &tok,
+        &t5,
+        &Default::default(),
+    )
+    .unwrap();
+    let dim = encoder.encoder.config.d_model;
+    let spec = reel_core::data::DataSpec {
+        channels: 16,
+        frames: 1,
+        height: 2,
+        width: 2,
+        text_len,
+        text_dim: dim,
+    };
+    for (out, prompt) in [
+        ("wan.safetensors", None),
+        ("short.safetensors", Some("blurry")),
+    ] {
+        let (ok, err) = run(&t5, out, prompt);
+        assert!(ok && err.contains("negative_embedding"), "{err}");
+        let text = prompt.unwrap_or(WAN_NEGATIVE_PROMPT);
+        let want = reel_plugins::data::prompts::encode_text(&encoder, text, text_len).unwrap();
+        let got = read_negative(&tmp.path().join(out), &spec).unwrap();
+        assert_eq!(got.mask, want.mask, "{out}");
+        let worst = got
+            .embedding
+            .iter()
+            .zip(&want.embedding)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "{out}: max |diff| {worst}");
+        let bytes = std::fs::read(tmp.path().join(out)).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let stored = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("prompt").cloned());
+        assert_eq!(stored.as_deref(), Some(text));
+    }
+    let (ok, err) = run(&tmp.path().join("no_t5"), "none.safetensors", None);
+    assert!(!ok && err.contains("no_t5"), "{err}");
+    assert!(!tmp.path().join("none.safetensors").exists());
 }

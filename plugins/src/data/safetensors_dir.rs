@@ -11,6 +11,9 @@
 //! Files are found recursively and ordered by path; sample `i` is the `i`-th file. Every
 //! sample must have the first one's latent shape and text width.
 //!
+//! `negative_embedding` names a negative-prompt file ([`negative`](super::negative)) for
+//! CFG's unconditional branch; keep it outside `path`, where it would be read as a sample.
+//!
 //! ```toml
 //! [data]
 //! kind = "safetensors"
@@ -22,12 +25,13 @@
 use std::path::{Path, PathBuf};
 
 use reel_core::config::{check, ConfigError};
-use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample};
+use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample, TextCondition};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use super::fastvideo::decode_tensor;
 use super::files::{find_files, first_prompts};
+use super::negative::read_negative;
 use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
 
 fn default_batch_size() -> usize {
@@ -59,6 +63,10 @@ pub struct SafetensorsDirConfig {
     /// Seeded reshuffle every epoch (default true).
     #[serde(default = "default_true")]
     pub shuffle: bool,
+    /// A negative-prompt embedding file for CFG's unconditional branch (see
+    /// [`negative`](crate::data::negative); `reel preprocess` writes one); default none: zeros.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negative_embedding: Option<PathBuf>,
 }
 
 #[reel_core::plugin(
@@ -86,11 +94,13 @@ impl DataConfig for SafetensorsDirConfig {
     }
 
     fn build(&self, base_dir: &Path) -> Result<Box<dyn DataSource>, DataError> {
-        Ok(Box::new(SafetensorsDirSource::open(
-            &base_dir.join(&self.path),
-            self.text_len,
-            self.normalize,
-        )?))
+        let source =
+            SafetensorsDirSource::open(&base_dir.join(&self.path), self.text_len, self.normalize)?;
+        let negative = self.negative_embedding.as_ref().map(|p| base_dir.join(p));
+        let negative = negative
+            .map(|p| read_negative(&p, &source.spec))
+            .transpose()?;
+        Ok(Box::new(SafetensorsDirSource { negative, ..source }))
     }
 }
 
@@ -100,6 +110,7 @@ pub struct SafetensorsDirSource {
     files: Vec<PathBuf>,
     spec: DataSpec,
     normalize: LatentNorm,
+    negative: Option<TextCondition>,
 }
 
 /// One decoded file, before shape checks against the data set.
@@ -127,17 +138,20 @@ fn dtype_name(dtype: Dtype) -> String {
     format!("{dtype:?}")
 }
 
-fn decode_file(path: &Path) -> Result<Decoded, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+/// A text condition as a file stores it.
+pub(crate) struct StoredText {
+    /// `text_embedding` as floats, `L·D`.
+    pub values: Vec<f32>,
+    /// `[L, D]`.
+    pub dims: [usize; 2],
+    /// The real-token count of `text_attention_mask`, when the file has one.
+    pub valid: Option<usize>,
+}
+
+/// Read `text_embedding` `[L, D]` (or `[1, L, D]`) and the optional `text_attention_mask`.
+pub(crate) fn decode_text(st: &SafeTensors<'_>) -> Result<StoredText, String> {
     let shape_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
-    let lat = tensor(&st, "latents")?;
-    let latent_shape = shape_i64(lat.shape());
-    let latent_dims = latent_dims(&latent_shape)?;
-    let latents = decode_tensor(lat.data(), &latent_shape, &dtype_name(lat.dtype()))
-        .map_err(|e| format!("latents: {e}"))?;
-    let txt = tensor(&st, "text_embedding")?;
+    let txt = tensor(st, "text_embedding")?;
     let text_shape = shape_i64(txt.shape());
     let text_dims = text_dims(&text_shape)?;
     let text = decode_tensor(txt.data(), &text_shape, &dtype_name(txt.dtype()))
@@ -161,6 +175,28 @@ fn decode_file(path: &Path) -> Result<Decoded, String> {
         }
         Err(_) => None,
     };
+    Ok(StoredText {
+        values: text,
+        dims: text_dims,
+        valid: valid_tokens,
+    })
+}
+
+fn decode_file(path: &Path) -> Result<Decoded, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
+    let shape_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
+    let lat = tensor(&st, "latents")?;
+    let latent_shape = shape_i64(lat.shape());
+    let latent_dims = latent_dims(&latent_shape)?;
+    let latents = decode_tensor(lat.data(), &latent_shape, &dtype_name(lat.dtype()))
+        .map_err(|e| format!("latents: {e}"))?;
+    let StoredText {
+        values: text,
+        dims: text_dims,
+        valid: valid_tokens,
+    } = decode_text(&st)?;
     let caption = SafeTensors::read_metadata(&bytes)
         .ok()
         .and_then(|(_, m)| m.metadata().as_ref()?.get("caption").cloned())
@@ -203,6 +239,7 @@ impl SafetensorsDirSource {
             },
             files,
             normalize,
+            negative: None,
         })
     }
 }
@@ -210,6 +247,10 @@ impl SafetensorsDirSource {
 impl DataSource for SafetensorsDirSource {
     fn spec(&self) -> DataSpec {
         self.spec
+    }
+
+    fn negative_text(&self) -> Option<TextCondition> {
+        self.negative.clone()
     }
 
     fn len(&self) -> usize {
@@ -328,6 +369,7 @@ mod tests {
             text_len: 4,
             normalize: LatentNorm::None,
             shuffle: false,
+            negative_embedding: None,
         };
         cfg.validate().unwrap();
         let source = cfg.build(Path::new("/")).unwrap();

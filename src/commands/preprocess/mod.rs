@@ -7,7 +7,8 @@
 //! that stops resumes by skipping the finished shards ([`resume`]: the settings and the clip
 //! list must be those of the run that wrote them). An item that cannot be read or encoded is
 //! reported on one line naming the file and left out; the run goes on, and the next run
-//! redoes its shard.
+//! redoes its shard. The negative prompt (`--negative`, default Wan2.1's) is encoded into
+//! `negative.safetensors` beside the shards, for `[data] negative_embedding`.
 
 pub mod encode;
 pub mod inputs;
@@ -24,6 +25,7 @@ use reel_core::with_backend;
 use reel_models::umt5::Umt5TextEncoder;
 use reel_models::vae::{Tiling, WanVae};
 use reel_plugins::data::fastvideo::FastVideoRecord;
+use reel_plugins::data::negative::{self, WAN_NEGATIVE_PROMPT};
 
 use crate::cli::error_line;
 use encode::{Encoders, Target};
@@ -72,6 +74,10 @@ pub struct PreprocessArgs {
     /// Encode the VAE in spatial tiles of this many pixels (for large frames on small GPUs).
     #[arg(long)]
     pub tile: Option<usize>,
+    /// The negative prompt of classifier-free guidance, encoded into `<out>/negative.safetensors`
+    /// for `[data] negative_embedding` (default: Wan2.1's, as FastVideo and diffusers use it).
+    #[arg(long, default_value = WAN_NEGATIVE_PROMPT, hide_default_value = true)]
+    pub negative: String,
     /// Backend the encoders run on.
     #[arg(long, default_value = "cpu")]
     pub backend: BackendName,
@@ -173,6 +179,8 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     );
     // Only now, with the models loaded, is the folder taken over.
     resume::record(&args.out, settings)?;
+    let negative = args.out.join(negative::FILE_NAME);
+    super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
     let start = Instant::now();
     let bar = progress_bar(items.len() as u64);
     let (mut written, mut skipped, mut failed) = (0, 0, 0);
@@ -208,9 +216,11 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     };
     eprintln!(
         "reel: preprocessed {written} clips into {} in {:.1} s ({skipped} already there, \
-         {failed} skipped with errors{retry})",
+         {failed} skipped with errors{retry}); the negative prompt's embedding is {} \
+         ([data] negative_embedding)",
         args.out.display(),
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64(),
+        negative.display()
     );
     anyhow::ensure!(
         written + skipped > 0,

@@ -22,7 +22,9 @@
 //! ```
 //!
 //! Files are found recursively under `path` (or `path` is one `.parquet` file) and ordered
-//! by path, so sample indices are stable across runs and resumes.
+//! by path, so sample indices are stable across runs and resumes. `negative_embedding`
+//! names a negative-prompt file ([`negative`](super::negative)) for CFG's unconditional
+//! branch.
 
 pub mod reader;
 pub mod writer;
@@ -30,10 +32,11 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 
 use reel_core::config::{check, ConfigError};
-use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample};
+use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample, TextCondition};
 use serde::{Deserialize, Serialize};
 
 use super::files::{find_files, first_prompts};
+use super::negative::read_negative;
 use super::tensors::StoredDtype;
 use super::tensors::{decode_floats, latent_dims, numel, pad_text, text_dims, LatentNorm};
 use reader::{Columns, ParquetFile, RawRecord};
@@ -77,6 +80,10 @@ pub struct FastVideoParquetConfig {
     /// default: all stored frames.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_latent_t: Option<usize>,
+    /// A negative-prompt embedding file for CFG's unconditional branch (see
+    /// [`negative`](crate::data::negative); `reel preprocess` writes one); default none: zeros.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negative_embedding: Option<PathBuf>,
 }
 
 #[reel_core::plugin(
@@ -113,7 +120,8 @@ impl DataConfig for FastVideoParquetConfig {
                 self.text_len,
                 self.normalize,
             )?
-            .with_num_latent_t(self.num_latent_t)?,
+            .with_num_latent_t(self.num_latent_t)?
+            .with_negative(self.negative_embedding.as_deref(), base_dir)?,
         ))
     }
 }
@@ -139,6 +147,7 @@ pub struct FastVideoParquetSource {
     /// Latent frames as stored (`spec.frames` may be fewer: `num_latent_t`).
     stored_frames: usize,
     normalize: LatentNorm,
+    negative: Option<TextCondition>,
 }
 
 impl FastVideoParquetSource {
@@ -157,6 +166,19 @@ impl FastVideoParquetSource {
             }
             self.spec.frames = t;
         }
+        Ok(self)
+    }
+
+    /// Read the negative-prompt file `path` (relative to `base_dir`; `None`: none) as the
+    /// source's negative text ([`read_negative`]).
+    pub fn with_negative(
+        mut self,
+        path: Option<&Path>,
+        base_dir: &Path,
+    ) -> Result<Self, DataError> {
+        self.negative = path
+            .map(|p| read_negative(&base_dir.join(p), &self.spec))
+            .transpose()?;
         Ok(self)
     }
 
@@ -208,6 +230,7 @@ impl FastVideoParquetSource {
             },
             stored_frames: 0,
             normalize,
+            negative: None,
         };
         let (file, record, raw) = source.raw(0)?;
         let bad = |reason: String| DataError::Record {
@@ -269,6 +292,10 @@ pub(crate) fn decode_tensor(bytes: &[u8], shape: &[i64], dtype: &str) -> Result<
 impl DataSource for FastVideoParquetSource {
     fn spec(&self) -> DataSpec {
         self.spec
+    }
+
+    fn negative_text(&self) -> Option<TextCondition> {
+        self.negative.clone()
     }
 
     fn len(&self) -> usize {

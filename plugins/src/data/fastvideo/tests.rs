@@ -42,6 +42,7 @@ fn config(path: &Path, text_len: usize, normalize: LatentNorm) -> FastVideoParqu
         text_len,
         normalize,
         shuffle: true,
+        negative_embedding: None,
         num_latent_t: None,
     }
 }
@@ -292,6 +293,54 @@ fn damaged_files_and_empty_folders_are_reported() {
     let err = source.get(3).unwrap_err();
     assert!(
         matches!(&err, DataError::Record { file, record: 3, .. } if file == &path),
+        "{err}"
+    );
+}
+
+/// `negative_embedding` (relative to the working directory like `path`) becomes the source's
+/// negative text at the data's text length; without it there is none (the trainer uses
+/// zeros); a file of another text width is refused at build, naming it.
+#[test]
+fn negative_embedding_is_the_sources_negative_text() {
+    use crate::data::negative::{write_negative, FILE_NAME};
+    let dir = tempfile::tempdir().unwrap();
+    dataset(&dir.path().join("set"), [4, 1, 2, 2]);
+    let plain = config(Path::new("set"), 5, LatentNorm::None);
+    let dim = plain.build(dir.path()).unwrap().spec().text_dim;
+    assert_eq!(plain.build(dir.path()).unwrap().negative_text(), None);
+
+    let stored = TextCondition {
+        embedding: values(99, 3 * dim, 0.25),
+        mask: vec![true, true, false],
+    };
+    write_negative(&dir.path().join(FILE_NAME), &stored, dim, "blurry").unwrap();
+    let cfg = FastVideoParquetConfig {
+        negative_embedding: Some(FILE_NAME.into()),
+        ..plain.clone()
+    };
+    let negative = cfg.build(dir.path()).unwrap().negative_text().unwrap();
+    assert_eq!(negative.mask, vec![true, true, false, false, false]);
+    assert_eq!(&negative.embedding[..3 * dim], &stored.embedding[..]);
+    assert!(negative.embedding[3 * dim..].iter().all(|&v| v == 0.0));
+
+    let narrow = TextCondition {
+        embedding: vec![1.0; 3 * (dim - 1)],
+        mask: vec![true; 3],
+    };
+    write_negative(
+        &dir.path().join("narrow.safetensors"),
+        &narrow,
+        dim - 1,
+        "x",
+    )
+    .unwrap();
+    let cfg = FastVideoParquetConfig {
+        negative_embedding: Some("narrow.safetensors".into()),
+        ..plain
+    };
+    let err = cfg.build(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("narrow.safetensors") && err.contains("text width"),
         "{err}"
     );
 }

@@ -1,0 +1,200 @@
+//! The negative prompt of classifier-free guidance as a file, for the file data sources.
+//!
+//! CFG's unconditional branch (DMD2's real-score guidance, consistency's `distill_cfg`,
+//! `finetune`'s `cfg_dropout`, sampling and validation) runs on the data source's negative
+//! text. FastVideo and the Wan pipelines encode Wan's negative prompt
+//! ([`WAN_NEGATIVE_PROMPT`]) with UMT5 for it; a parquet or safetensors data set holds only
+//! its clips' captions, so without a negative file the branch runs on zeros.
+//!
+//! The file is a safetensors file like one sample of the `safetensors` source without its
+//! latents: `text_embedding` `[L, D]` float32, `text_attention_mask` `[L]` (1 for the prompt's
+//! tokens), and the prompt in the header metadata (`prompt`). `reel preprocess` writes one
+//! beside its shards ([`FILE_NAME`]); `reel data negative` writes one for a data set made
+//! elsewhere; `[data] negative_embedding = "<file>"` reads it.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+use reel_core::data::{DataError, DataSpec, TextCondition};
+use reel_models::umt5::{Umt5Error, Umt5TextEncoder};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+use super::prompts::encode_text;
+use super::safetensors_dir::decode_text;
+use super::tensors::pad_text;
+
+/// The name `reel preprocess` gives the negative file in its output folder.
+pub const FILE_NAME: &str = "negative.safetensors";
+
+/// Wan2.1's default negative prompt (`sample_neg_prompt` of the Wan2.1 release; FastVideo's
+/// and diffusers' Wan examples use it too).
+pub const WAN_NEGATIVE_PROMPT: &str = "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走";
+
+/// Read the negative file at `path` for a data set of `spec`: padded or cropped to
+/// `spec.text_len` tokens; its width must be the data's text width. Errors name the file.
+pub fn read_negative(path: &Path, spec: &DataSpec) -> Result<TextCondition, DataError> {
+    let bad = |reason: String| DataError::File {
+        file: path.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| {
+        bad(format!(
+            "cannot read the negative embedding ({e}); `reel data negative` writes one"
+        ))
+    })?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+    let stored = decode_text(&st).map_err(bad)?;
+    let [seq, dim] = stored.dims;
+    if dim != spec.text_dim {
+        return Err(bad(format!(
+            "negative embedding width {dim} differs from the data set's text width {}",
+            spec.text_dim
+        )));
+    }
+    Ok(pad_text(
+        &stored.values,
+        seq,
+        dim,
+        spec.text_len,
+        stored.valid,
+    ))
+}
+
+/// Write `text` (`L·D` values of width `dim`, with its mask) and the `prompt` it encodes to
+/// `path`, under a temporary name renamed when complete.
+pub fn write_negative(
+    path: &Path,
+    text: &TextCondition,
+    dim: usize,
+    prompt: &str,
+) -> Result<(), DataError> {
+    let bad = |reason: String| DataError::File {
+        file: path.to_path_buf(),
+        reason,
+    };
+    let len = text.mask.len();
+    if dim == 0 || text.embedding.len() != len * dim {
+        return Err(bad(format!(
+            "an embedding of {} values is not {len} tokens of width {dim}",
+            text.embedding.len()
+        )));
+    }
+    let values: Vec<u8> = text
+        .embedding
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mask: Vec<u8> = text.mask.iter().map(|&m| u8::from(m)).collect();
+    let view =
+        |dtype, shape, data| TensorView::new(dtype, shape, data).map_err(|e| bad(e.to_string()));
+    let tensors = [
+        ("text_embedding", view(Dtype::F32, vec![len, dim], &values)?),
+        ("text_attention_mask", view(Dtype::U8, vec![len], &mask)?),
+    ];
+    let meta = HashMap::from([("prompt".to_string(), prompt.to_string())]);
+    let tmp = path.with_extension("safetensors.partial");
+    safetensors::serialize_to_file(tensors, Some(meta), &tmp)
+        .map_err(|e| bad(format!("cannot write: {e}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| bad(format!("cannot write: {e}")))
+}
+
+/// Encode `prompt` to `text_len` tokens with `encoder` (the Wan prompt form: the prompt's
+/// states, zeros after) and write it to `path`.
+pub fn encode_negative<B: Backend>(
+    encoder: &Umt5TextEncoder<B>,
+    prompt: &str,
+    text_len: usize,
+    path: &Path,
+) -> Result<(), NegativeError> {
+    let text = encode_text(encoder, prompt, text_len)?;
+    let dim = text.embedding.len() / text_len.max(1);
+    Ok(write_negative(path, &text, dim, prompt)?)
+}
+
+/// An error of [`encode_negative`].
+#[derive(Debug, thiserror::Error)]
+pub enum NegativeError {
+    /// The text encoder failed.
+    #[error(transparent)]
+    Encode(#[from] Umt5Error),
+    /// The file could not be written.
+    #[error(transparent)]
+    Write(#[from] DataError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(text_len: usize, text_dim: usize) -> DataSpec {
+        DataSpec {
+            channels: 4,
+            frames: 1,
+            height: 2,
+            width: 2,
+            text_len,
+            text_dim,
+        }
+    }
+
+    /// Written, read back padded or cropped to the data's text length with the prompt's
+    /// tokens marked; a width that is not the data's is refused naming the file.
+    #[test]
+    fn a_written_negative_reads_back_at_the_data_text_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let (len, dim, real) = (4usize, 3usize, 2usize);
+        let text = TextCondition {
+            embedding: (0..len * dim).map(|i| i as f32 * 0.5 - 1.0).collect(),
+            mask: (0..len).map(|t| t < real).collect(),
+        };
+        write_negative(&path, &text, dim, "blurry").unwrap();
+        assert!(!path.with_extension("safetensors.partial").exists());
+
+        assert_eq!(read_negative(&path, &spec(len, dim)).unwrap(), text);
+        let longer = read_negative(&path, &spec(len + 2, dim)).unwrap();
+        assert_eq!(&longer.embedding[..len * dim], &text.embedding[..]);
+        assert!(longer.embedding[len * dim..].iter().all(|&v| v == 0.0));
+        assert_eq!(longer.mask.iter().filter(|&&m| m).count(), real);
+        let shorter = read_negative(&path, &spec(1, dim)).unwrap();
+        assert_eq!(shorter.embedding, text.embedding[..dim].to_vec());
+        assert_eq!(shorter.mask, vec![true]);
+
+        let err = read_negative(&path, &spec(len, dim + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(FILE_NAME) && err.contains(&format!("width {dim}")),
+            "{err}"
+        );
+        let missing = dir.path().join("none.safetensors");
+        let err = read_negative(&missing, &spec(len, dim))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("none.safetensors") && err.contains("reel data negative"),
+            "{err}"
+        );
+        std::fs::write(&missing, b"not safetensors").unwrap();
+        let err = read_negative(&missing, &spec(len, dim))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a safetensors file"), "{err}");
+    }
+
+    /// A mask whose length does not divide the values is refused, and nothing is written.
+    #[test]
+    fn a_malformed_condition_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let text = TextCondition {
+            embedding: vec![0.0; 7],
+            mask: vec![true; 2],
+        };
+        assert!(write_negative(&path, &text, 3, "x").is_err());
+        assert!(!path.exists());
+    }
+}
