@@ -12,7 +12,7 @@
 //! sample must have the first one's latent shape and text width.
 //!
 //! `negative_embedding` names a negative-prompt file ([`negative`](super::negative)) for
-//! CFG's unconditional branch; keep it outside `path`, where it would be read as a sample.
+//! CFG's unconditional branch; lying under `path`, it is not taken for a sample.
 //!
 //! ```toml
 //! [data]
@@ -94,9 +94,10 @@ impl DataConfig for SafetensorsDirConfig {
     }
 
     fn build(&self, base_dir: &Path) -> Result<Box<dyn DataSource>, DataError> {
-        let source =
-            SafetensorsDirSource::open(&base_dir.join(&self.path), self.text_len, self.normalize)?;
         let negative = self.negative_embedding.as_ref().map(|p| base_dir.join(p));
+        let path = base_dir.join(&self.path);
+        let source =
+            SafetensorsDirSource::open(&path, self.text_len, self.normalize, negative.as_deref())?;
         let negative = negative
             .map(|p| read_negative(&p, &source.spec))
             .transpose()?;
@@ -212,9 +213,26 @@ fn decode_file(path: &Path) -> Result<Decoded, String> {
 }
 
 impl SafetensorsDirSource {
-    /// Find the files under `path` and read the first one for the data set's shapes.
-    pub fn open(path: &Path, text_len: usize, normalize: LatentNorm) -> Result<Self, DataError> {
-        let files = find_files(path, "safetensors")?;
+    /// Find the files under `path`, but `skip` (the data set's negative-prompt file, which
+    /// may lie among the samples), and read the first one for the data set's shapes.
+    pub fn open(
+        path: &Path,
+        text_len: usize,
+        normalize: LatentNorm,
+        skip: Option<&Path>,
+    ) -> Result<Self, DataError> {
+        let mut files = find_files(path, "safetensors")?;
+        if let Some(skip) = skip {
+            let same = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            let skip = same(skip);
+            files.retain(|f| same(f) != skip);
+            if files.is_empty() {
+                return Err(DataError::Empty {
+                    source_name: format!("safetensors {}", path.display()),
+                    reason: "no sample file besides the negative-prompt file".into(),
+                });
+            }
+        }
         let first = decode_file(&files[0]).map_err(|reason| DataError::Record {
             file: files[0].clone(),
             record: 0,
@@ -395,7 +413,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         sample(&dir.path().join("a.safetensors"), 0.0, 2);
         let bad = dir.path().join("b.safetensors");
-        let open = || SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None).unwrap();
+        let open = || SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None, None).unwrap();
         type Make<'a> = Box<dyn Fn() + 'a>;
         let cases: Vec<(&str, Make)> = vec![
             (
@@ -496,10 +514,51 @@ mod tests {
             assert!(msg.contains(want), "{want}: {msg}");
         }
         // Wan normalisation needs 16 channels; an empty folder is empty.
-        let err = SafetensorsDirSource::open(dir.path(), 4, LatentNorm::Wan).unwrap_err();
+        let err = SafetensorsDirSource::open(dir.path(), 4, LatentNorm::Wan, None).unwrap_err();
         assert!(err.to_string().contains("16 latent channels"), "{err}");
         let empty = tempfile::tempdir().unwrap();
-        let err = SafetensorsDirSource::open(empty.path(), 4, LatentNorm::None).unwrap_err();
+        let err = SafetensorsDirSource::open(empty.path(), 4, LatentNorm::None, None).unwrap_err();
+        assert!(matches!(err, DataError::Empty { .. }), "{err}");
+    }
+
+    /// `negative_embedding` is the source's negative text, and lying among the samples it is
+    /// not taken for one; a folder holding only it is empty.
+    #[test]
+    fn the_negative_file_may_lie_among_the_samples() {
+        use crate::data::negative::{write_negative, FILE_NAME};
+        let dir = tempfile::tempdir().unwrap();
+        sample(&dir.path().join("b.safetensors"), 0.0, 2);
+        sample(&dir.path().join("c.safetensors"), 1.0, 3);
+        let negative = TextCondition {
+            embedding: vec![0.5; 2 * 3],
+            mask: vec![true, false],
+        };
+        // "a…" sorts before the samples: it would be the first file read for the shapes.
+        let name = format!("a_{FILE_NAME}");
+        write_negative(&dir.path().join(&name), &negative, 3, "blurry").unwrap();
+        let cfg = |path: &Path, negative: Option<&str>| SafetensorsDirConfig {
+            path: path.to_path_buf(),
+            batch_size: 1,
+            text_len: 4,
+            normalize: LatentNorm::None,
+            shuffle: false,
+            negative_embedding: negative.map(|n| dir.path().join(n)),
+        };
+        let source = cfg(dir.path(), Some(&name)).build(Path::new("/")).unwrap();
+        assert_eq!(source.len(), 2);
+        let text = source.negative_text().unwrap();
+        assert_eq!(text.mask, vec![true, false, false, false]);
+        assert_eq!(&text.embedding[..6], &negative.embedding[..]);
+        // Without the key it is read as a sample, and refused as one.
+        let err = cfg(dir.path(), None).build(Path::new("/")).unwrap_err();
+        assert!(err.to_string().contains("no tensor `latents`"), "{err}");
+
+        let only = tempfile::tempdir().unwrap();
+        let lone = only.path().join(FILE_NAME);
+        write_negative(&lone, &negative, 3, "blurry").unwrap();
+        let err = cfg(only.path(), Some(lone.to_str().unwrap()))
+            .build(Path::new("/"))
+            .unwrap_err();
         assert!(matches!(err, DataError::Empty { .. }), "{err}");
     }
 }
