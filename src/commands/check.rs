@@ -45,7 +45,7 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
             for p in &problems {
                 eprintln!("error: {p}");
             }
-            anyhow::bail!("{}: {n} problems (each on a line above)", config.display())
+            anyhow::bail!("{}: {n} problems (each above)", config.display())
         }
     }
 }

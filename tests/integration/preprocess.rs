@@ -243,11 +243,17 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     );
     let second = std::fs::read(out.join("data_00001.parquet")).unwrap();
 
-    // A run after the caption is written redoes shard 0 only, now with b.
+    // A run after the caption is written redoes shard 0 only, now with b; it keeps the
+    // negative prompt's file (the same file, not a rewritten one).
+    let negative = out.join("negative.safetensors");
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let negative_inode = inode(&negative);
     std::fs::write(input.join("b.txt"), "second").unwrap();
     let o = preprocess(&input, &out, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
+    assert_eq!(inode(&negative), negative_inode, "{err}");
+    assert!(!err.contains("replacing"), "{err}");
     assert!(
         err.contains("redoing") && err.contains("1 already there"),
         "{err}"
@@ -266,6 +272,17 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
         .map(|i| source.get(i).unwrap().caption)
         .collect();
     assert_eq!(captions, ["first", "second", "third"]);
+
+    // Another negative prompt replaces the file, saying so; the shards stay.
+    let o = preprocess(&input, &out, &["--negative", "blurry"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("replacing"), "{err}");
+    let (prompt, _) = reel_plugins::data::negative::stored_prompt(&negative).unwrap();
+    assert_eq!(prompt, "blurry");
+    assert_eq!(
+        std::fs::read(out.join("data_00001.parquet")).unwrap(),
+        second
+    );
 
     // A clip added since would shift the shards: refused, naming it, and nothing changes.
     write_gif(&input.join("0.gif"), &frames, SIDE, SIDE, 1, 10).unwrap();

@@ -96,9 +96,25 @@ pub fn write_negative(
     ];
     let meta = HashMap::from([("prompt".to_string(), prompt.to_string())]);
     let tmp = path.with_extension("safetensors.partial");
-    safetensors::serialize_to_file(tensors, Some(meta), &tmp)
-        .map_err(|e| bad(format!("cannot write: {e}")))?;
-    std::fs::rename(&tmp, path).map_err(|e| bad(format!("cannot write: {e}")))
+    let written = safetensors::serialize_to_file(tensors, Some(meta), &tmp)
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
+    written.map_err(|e| {
+        // Nothing half-written stays behind (the file named `path` is untouched).
+        let _ = std::fs::remove_file(&tmp);
+        bad(format!("cannot write: {e}"))
+    })
+}
+
+/// The prompt and token count of the negative file at `path`, from its header (`None` when
+/// it is missing or unreadable): `reel preprocess` keeps a file that already holds its prompt.
+pub fn stored_prompt(path: &Path) -> Option<(String, usize)> {
+    let bytes = std::fs::read(path).ok()?;
+    let st = SafeTensors::deserialize(&bytes).ok()?;
+    let tokens = *st.tensor("text_embedding").ok()?.shape().first()?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).ok()?;
+    let prompt = meta.metadata().as_ref()?.get("prompt")?.clone();
+    Some((prompt, tokens))
 }
 
 /// Encode `prompt` to `text_len` tokens with `encoder` (the Wan prompt form: the prompt's
@@ -153,6 +169,8 @@ mod tests {
         };
         write_negative(&path, &text, dim, "blurry").unwrap();
         assert!(!path.with_extension("safetensors.partial").exists());
+        assert_eq!(stored_prompt(&path), Some(("blurry".to_string(), len)));
+        assert_eq!(stored_prompt(&dir.path().join("none")), None);
 
         assert_eq!(read_negative(&path, &spec(len, dim)).unwrap(), text);
         let longer = read_negative(&path, &spec(len + 2, dim)).unwrap();
@@ -185,7 +203,8 @@ mod tests {
         assert!(err.contains("not a safetensors file"), "{err}");
     }
 
-    /// A mask whose length does not divide the values is refused, and nothing is written.
+    /// A mask whose length does not divide the values is refused, and nothing is written; a
+    /// write that fails leaves nothing behind.
     #[test]
     fn a_malformed_condition_is_not_written() {
         let dir = tempfile::tempdir().unwrap();
@@ -196,5 +215,21 @@ mod tests {
         };
         assert!(write_negative(&path, &text, 3, "x").is_err());
         assert!(!path.exists());
+        // A path that is a folder: refused, and no temporary file is left beside it.
+        let folder = dir.path().join("set.safetensors");
+        std::fs::create_dir(&folder).unwrap();
+        let good = TextCondition {
+            embedding: vec![0.0; 6],
+            mask: vec![true; 2],
+        };
+        let err = write_negative(&folder, &good, 3, "x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("set.safetensors") && err.contains("cannot write"),
+            "{err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the folder: {left:?}");
     }
 }

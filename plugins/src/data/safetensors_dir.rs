@@ -223,9 +223,10 @@ impl SafetensorsDirSource {
     ) -> Result<Self, DataError> {
         let mut files = find_files(path, "safetensors")?;
         if let Some(skip) = skip {
-            let same = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-            let skip = same(skip);
-            files.retain(|f| same(f) != skip);
+            // Names first: only a file of the same name is resolved to compare paths.
+            let resolved = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            let target = resolved(skip);
+            files.retain(|f| f.file_name() != skip.file_name() || resolved(f) != target);
             if files.is_empty() {
                 return Err(DataError::Empty {
                     source_name: format!("safetensors {}", path.display()),

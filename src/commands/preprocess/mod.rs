@@ -180,7 +180,20 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     // Only now, with the models loaded, is the folder taken over.
     resume::record(&args.out, settings)?;
     let negative = args.out.join(negative::FILE_NAME);
-    super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
+    match negative::stored_prompt(&negative) {
+        // A resumed run keeps the file it wrote; one made with another prompt is replaced.
+        Some(stored) if stored == (args.negative.clone(), target.text_len) => {}
+        other => {
+            if other.is_some() {
+                eprintln!(
+                    "reel: replacing {}: it holds another negative prompt or length than \
+                     --negative and --text-len",
+                    negative.display()
+                );
+            }
+            super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
+        }
+    }
     let start = Instant::now();
     let bar = progress_bar(items.len() as u64);
     let (mut written, mut skipped, mut failed) = (0, 0, 0);
