@@ -110,9 +110,8 @@ pub fn write_negative(
 /// it is missing or unreadable): `reel preprocess` keeps a file that already holds its prompt.
 pub fn stored_prompt(path: &Path) -> Option<(String, usize)> {
     let bytes = std::fs::read(path).ok()?;
-    let st = SafeTensors::deserialize(&bytes).ok()?;
-    let tokens = *st.tensor("text_embedding").ok()?.shape().first()?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).ok()?;
+    let tokens = *meta.info("text_embedding")?.shape.first()?;
     let prompt = meta.metadata().as_ref()?.get("prompt")?.clone();
     Some((prompt, tokens))
 }

@@ -180,19 +180,17 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     // Only now, with the models loaded, is the folder taken over.
     resume::record(&args.out, settings)?;
     let negative = args.out.join(negative::FILE_NAME);
-    match negative::stored_prompt(&negative) {
-        // A resumed run keeps the file it wrote; one made with another prompt is replaced.
-        Some(stored) if stored == (args.negative.clone(), target.text_len) => {}
-        other => {
-            if other.is_some() {
-                eprintln!(
-                    "reel: replacing {}: it holds another negative prompt or length than \
-                     --negative and --text-len",
-                    negative.display()
-                );
-            }
-            super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
+    // A resumed run keeps the file it wrote; one made with another prompt is replaced.
+    let stored = negative::stored_prompt(&negative);
+    if stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
+        if stored.is_some() {
+            eprintln!(
+                "reel: replacing {}: it holds another negative prompt or length than \
+                 --negative and --text-len",
+                negative.display()
+            );
         }
+        super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
     }
     let start = Instant::now();
     let bar = progress_bar(items.len() as u64);
