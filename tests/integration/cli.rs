@@ -212,6 +212,27 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
         err.contains("no/such/set") && !err.contains("panicked"),
         "{err}"
     );
+
+    // `reel train` refuses a missing data set or mistyped weights before making its run folder.
+    let weights = ["run.toml", "--set", "models.student.weights=nowhere"];
+    for (args, why) in [
+        (&["parquet.toml"][..], "no/such/set"),
+        (&weights[..], "nowhere"),
+    ] {
+        let out = reel(
+            dir,
+            &[&["train"][..], args, &["--output", "fresh"]].concat(),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !dir.join("fresh").exists(),
+            "{args:?} left a run folder: {err}"
+        );
+    }
 }
 
 /// `reel check` of a shipped real config on a machine without its files lists every problem

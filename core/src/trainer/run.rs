@@ -65,10 +65,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         if seat.is_main() {
             // A mistyped validation VAE path fails now, not at the first validation.
             loaded.check_callback_files()?;
-            super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
-            let resolved = run_dir.join("config.resolved.toml");
-            std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
         }
+        // Data, weights and callbacks come before the run folder: a mistyped path leaves no
+        // empty run behind.
         let device = B::device_for(seat.device);
         let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
         let loader = Loader::new(
@@ -84,7 +83,11 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .iter()
             .map(|c| B::build_callback(&**c))
             .collect::<Result<_, _>>()?;
-        if !seat.is_main() {
+        if seat.is_main() {
+            super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
+            let resolved = run_dir.join("config.resolved.toml");
+            std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
+        } else {
             callbacks.retain(|c| c.on_every_worker());
         }
         let mut trainer = Self {

@@ -12,7 +12,8 @@
 //! sample must have the first one's latent shape and text width.
 //!
 //! `negative_embedding` names a negative-prompt file ([`negative`](super::negative)) for
-//! CFG's unconditional branch; lying under `path`, it is not taken for a sample.
+//! CFG's unconditional branch; lying under `path`, it is not taken for a sample. A negative
+//! file under `path` that the key does not name is refused as a sample, with the key to set.
 //!
 //! ```toml
 //! [data]
@@ -31,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fastvideo::decode_tensor;
 use super::files::{find_files, first_prompts};
-use super::negative::read_negative;
+use super::negative::{read_negative, FILE_NAME};
 use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
 
 fn default_batch_size() -> usize {
@@ -183,12 +184,31 @@ pub(crate) fn decode_text(st: &SafeTensors<'_>) -> Result<StoredText, String> {
     })
 }
 
+/// Why a negative-prompt file ([`negative`](super::negative)) is refused as a sample.
+const NEGATIVE_HINT: &str = "a negative-prompt file, not a sample: name it in \
+    `data.negative_embedding` (the source then skips it) or move it out of the folder";
+
+/// Whether the safetensors `bytes` are a negative-prompt file: a `prompt` in the metadata and
+/// no `latents`.
+fn is_negative_file(bytes: &[u8]) -> bool {
+    SafeTensors::read_metadata(bytes).is_ok_and(|(_, meta)| {
+        meta.info("latents").is_none()
+            && meta
+                .metadata()
+                .as_ref()
+                .is_some_and(|m| m.contains_key("prompt"))
+    })
+}
+
 fn decode_file(path: &Path) -> Result<Decoded, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
     let st =
         SafeTensors::deserialize(&bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
     let shape_i64 = |s: &[usize]| s.iter().map(|&d| d as i64).collect::<Vec<_>>();
-    let lat = tensor(&st, "latents")?;
+    let lat = tensor(&st, "latents").map_err(|e| match is_negative_file(&bytes) {
+        true => format!("{e}; {NEGATIVE_HINT}"),
+        false => e,
+    })?;
     let latent_shape = shape_i64(lat.shape());
     let latent_dims = latent_dims(&latent_shape)?;
     let latents = decode_tensor(lat.data(), &latent_shape, &dtype_name(lat.dtype()))
@@ -222,6 +242,9 @@ impl SafetensorsDirSource {
         skip: Option<&Path>,
     ) -> Result<Self, DataError> {
         let mut files = find_files(path, "safetensors")?;
+        if skip.is_none() {
+            refuse_unnamed_negative(&files)?;
+        }
         if let Some(skip) = skip {
             // Names first: only a file of the same name is resolved to compare paths.
             let resolved = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
@@ -260,6 +283,24 @@ impl SafetensorsDirSource {
             normalize,
             negative: None,
         })
+    }
+}
+
+/// `reel preprocess`'s negative file ([`FILE_NAME`]) among the samples without
+/// `negative_embedding` naming it: refused when the source opens, not at its turn in training.
+fn refuse_unnamed_negative(files: &[PathBuf]) -> Result<(), DataError> {
+    let named = |f: &&PathBuf| f.file_name().is_some_and(|n| n == FILE_NAME);
+    match files
+        .iter()
+        .filter(named)
+        .find(|f| std::fs::read(f).is_ok_and(|bytes| is_negative_file(&bytes)))
+    {
+        Some(file) => Err(DataError::Record {
+            file: file.clone(),
+            record: 0,
+            reason: NEGATIVE_HINT.into(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -526,7 +567,7 @@ mod tests {
     /// not taken for one; a folder holding only it is empty.
     #[test]
     fn the_negative_file_may_lie_among_the_samples() {
-        use crate::data::negative::{write_negative, FILE_NAME};
+        use crate::data::negative::write_negative;
         let dir = tempfile::tempdir().unwrap();
         sample(&dir.path().join("b.safetensors"), 0.0, 2);
         sample(&dir.path().join("c.safetensors"), 1.0, 3);
@@ -550,9 +591,27 @@ mod tests {
         let text = source.negative_text().unwrap();
         assert_eq!(text.mask, vec![true, false, false, false]);
         assert_eq!(&text.embedding[..6], &negative.embedding[..]);
-        // Without the key it is read as a sample, and refused as one.
+        // Without the key it is read as a sample, and refused as one, with the key to set.
         let err = cfg(dir.path(), None).build(Path::new("/")).unwrap_err();
-        assert!(err.to_string().contains("no tensor `latents`"), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&name) && text.contains("no tensor `latents`"),
+            "{err}"
+        );
+        assert!(text.contains("data.negative_embedding"), "{err}");
+        // Under `reel preprocess`'s name it is refused when the source opens, wherever it sorts.
+        std::fs::rename(dir.path().join(&name), dir.path().join(FILE_NAME)).unwrap();
+        let err = cfg(dir.path(), None)
+            .build(Path::new("/"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(FILE_NAME) && err.contains("data.negative_embedding"),
+            "{err}"
+        );
+        assert!(cfg(dir.path(), Some(FILE_NAME))
+            .build(Path::new("/"))
+            .is_ok());
 
         let only = tempfile::tempdir().unwrap();
         let lone = only.path().join(FILE_NAME);
