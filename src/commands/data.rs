@@ -71,6 +71,7 @@ fn real_tokens(s: &Sample) -> usize {
 
 fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rows_per_file > 0, "--rows-per-file must be at least 1");
+    anyhow::ensure!(args.samples != Some(0), "--samples must be at least 1");
     let loaded = load_run_config(&args.config, &args.set)?;
     let source = loaded
         .config

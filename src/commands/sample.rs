@@ -11,7 +11,7 @@ use reel_core::backend::ReelBackend;
 use reel_core::callback::CallbackConfig as _;
 use reel_core::method::SampleRequest;
 use reel_plugins::callbacks::validation::output::write_clips;
-use reel_plugins::callbacks::validation::{clip_file_name, MediaModels};
+use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
 use reel_plugins::callbacks::ValidationConfig;
 
 use super::inference::{load, read_config, Source};
@@ -85,9 +85,20 @@ fn media_config(args: &SampleArgs) -> anyhow::Result<ValidationConfig> {
         },
         negative_prompt: args.negative.clone(),
     };
-    cfg.validate()
-        .map_err(|e| anyhow::anyhow!("--{}: {}", e.key.replace('_', "-"), e.message))?;
+    cfg.validate().map_err(flag_error)?;
     Ok(cfg)
+}
+
+/// A validation-config error as the `reel sample` flag that set the key.
+fn flag_error(e: reel_core::config::ConfigError) -> anyhow::Error {
+    let flag = match e.key.as_str() {
+        "sampling_steps" => "steps",
+        "guidance_scale" => "guidance",
+        "negative_prompt" => "negative",
+        "prompts" => "prompt",
+        key => key,
+    };
+    anyhow::anyhow!("--{}: {}", flag.replace('_', "-"), e.message)
 }
 
 fn sample<B: ReelBackend>(
@@ -97,13 +108,9 @@ fn sample<B: ReelBackend>(
     let cfg = media_config(args)?;
     let mut l = load::<B>(&args.source, loaded)?;
     let device = B::device_for(loaded.config.runtime.main_device());
-    let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let spec = l.source.spec();
-    if let (Some(decoder), Some(vae)) = (&models.decoder, &args.vae) {
-        decoder
-            .check_spec(&spec)
-            .with_context(|| format!("--vae {}", vae.display()))?;
-    }
+    check_data(&cfg, &spec).map_err(flag_error)?;
+    let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {
         models.prompts(&cfg, &*l.source, &spec)?
     } else {

@@ -301,3 +301,73 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
         .collect();
     assert_eq!(before, after);
 }
+
+/// A video goes through FFmpeg (skipped without it, unless `REEL_REQUIRE_FFMPEG` is set, as
+/// CI does): a lossless QuickTime clip with a quarter-turn rotation is encoded upright,
+/// exactly the VAE mean of its first frames turned.
+#[test]
+fn a_rotated_video_is_encoded_upright() {
+    if !reel_plugins::media::decode::ffmpeg_available() {
+        assert!(
+            std::env::var_os("REEL_REQUIRE_FFMPEG").is_none(),
+            "REEL_REQUIRE_FFMPEG is set but ffmpeg/ffprobe do not run"
+        );
+        eprintln!("skipped: no ffmpeg (scripts/install-ffmpeg.sh)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (pngs, input) = (tmp.path().join("pngs"), tmp.path().join("clips"));
+    std::fs::create_dir(&pngs).unwrap();
+    std::fs::create_dir(&input).unwrap();
+    let frames: Vec<_> = (0..FRAMES + 4).map(|i| frame(3 * i)).collect();
+    for (i, f) in frames.iter().enumerate() {
+        write_png(&pngs.join(format!("f{i:03}.png")), f, SIDE, SIDE).unwrap();
+    }
+    // Encoded first, then the rotation set on a stream copy (FFmpeg 5 drops it when encoding).
+    let plain = tmp.path().join("plain.mov");
+    let run = |cmd: &mut Command| assert!(cmd.status().unwrap().success(), "{cmd:?}");
+    run(Command::new("ffmpeg")
+        .args(["-v", "error", "-framerate", "8", "-i"])
+        .arg(pngs.join("f%03d.png"))
+        .args(["-c:v", "png"])
+        .arg(&plain));
+    run(Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(&plain)
+        .args(["-c", "copy", "-metadata:s:v:0", "rotate=90"])
+        .arg(input.join("v.mov")));
+    std::fs::write(input.join("v.txt"), "a turned clip").unwrap();
+
+    let out = tmp.path().join("pq");
+    let o = preprocess(&input, &out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let cfg = format!(
+        "kind = \"fastvideo_parquet\"\npath = {out:?}\ntext_len = 24\nnormalize = \"none\""
+    );
+    let data: Box<dyn DataConfig> = toml::from_str(&cfg).unwrap();
+    let got = data.build(tmp.path()).unwrap().get(0).unwrap().latents;
+
+    let vae = WanVae::<Cpu>::load(reel_core::fixtures::WAN_VAE.dir(), &Default::default()).unwrap();
+    type Turn<'a> = &'a dyn Fn(&[[u8; 3]]) -> Vec<[u8; 3]>;
+    let mean = |turn: Turn| {
+        let turned: Vec<_> = frames[..FRAMES].iter().map(|f| turn(f)).collect();
+        let m = vae.encode(video(&turned)).unwrap().mean;
+        max_diff(&got, &m.into_data().to_vec::<f32>().unwrap())
+    };
+    let n = SIDE - 1;
+    let left = mean(&|f| {
+        (0..SIDE * SIDE)
+            .map(|i| f[(i % SIDE) * SIDE + n - i / SIDE])
+            .collect()
+    });
+    let right = mean(&|f| {
+        (0..SIDE * SIDE)
+            .map(|i| f[(n - i % SIDE) * SIDE + i / SIDE])
+            .collect()
+    });
+    let upright = mean(&|f| f.to_vec());
+    assert!(
+        left.min(right) < 1e-5 && upright > 1e-3,
+        "latent against the frames turned left {left}, right {right}, not turned {upright}"
+    );
+}

@@ -8,11 +8,11 @@ use std::process::Command;
 
 use crate::common;
 
-use reel_plugins::media::decode::{read_gif, read_png};
+use reel_plugins::media::decode::{read_gif, read_png, FrameNeed};
 
 /// `(width, height, frames)` of a GIF; its frames are not all one colour.
 fn gif_info(path: &Path) -> (usize, usize, usize) {
-    let clip = read_gif(path).unwrap_or_else(|e| panic!("{e}"));
+    let clip = read_gif(path, FrameNeed::ALL).unwrap_or_else(|e| panic!("{e}"));
     let first = clip.frames[0][0];
     assert!(
         clip.frames.iter().flatten().any(|p| *p != first),

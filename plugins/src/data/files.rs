@@ -6,10 +6,19 @@ use std::path::{Path, PathBuf};
 use reel_core::data::{DataError, DataSource, Prompt};
 
 /// The captions and text conditions of the first `n` samples that load (validation prompts
-/// of sources without a prompt list of their own).
+/// of sources without a prompt list of their own); a sample that does not load is left out
+/// with a warning naming its file and record.
 pub fn first_prompts(source: &dyn DataSource, n: usize) -> Vec<Prompt> {
     (0..source.len().min(n))
-        .filter_map(|i| source.get(i).ok())
+        .filter_map(|i| {
+            source
+                .get(i)
+                .inspect_err(|e| {
+                    let line = format!("reel: warning: validation prompt {i} left out: {e}");
+                    crate::callbacks::print_line(&line);
+                })
+                .ok()
+        })
         .map(|s| Prompt {
             caption: s.caption,
             text: s.text,

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::fastvideo::decode_tensor;
 use super::files::{find_files, first_prompts};
 use super::negative::{read_negative, FILE_NAME};
-use super::tensors::{latent_dims, pad_text, text_dims, LatentNorm};
+use super::tensors::{all_finite, latent_dims, pad_text, text_dims, LatentNorm};
 
 fn default_batch_size() -> usize {
     1
@@ -329,6 +329,8 @@ impl DataSource for SafetensorsDirSource {
             reason,
         };
         let d = decode_file(file).map_err(bad)?;
+        all_finite("latents", &d.latents).map_err(bad)?;
+        all_finite("text_embedding", &d.text).map_err(bad)?;
         let spec = self.spec;
         let want = [spec.channels, spec.frames, spec.height, spec.width];
         if d.latent_dims != want {
@@ -536,6 +538,10 @@ mod tests {
                         "",
                     )
                 }),
+            ),
+            (
+                "latents: value 0 is NaN",
+                Box::new(|| sample(&bad, f32::NAN, 2)),
             ),
             (
                 "not a safetensors file",

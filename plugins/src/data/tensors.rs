@@ -111,6 +111,15 @@ pub fn text_dims(shape: &[i64]) -> Result<[usize; 2], String> {
     }
 }
 
+/// `Err` naming `what` and the first value of `values` that is NaN or infinite: a data file's
+/// record is refused when it is read, naming the file, not later by the loader.
+pub fn all_finite(what: &str, values: &[f32]) -> Result<(), String> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(format!("{what}: value {i} is {}", values[i])),
+        None => Ok(()),
+    }
+}
+
 /// Pad (with zeros) or crop a `[seq, dim]` embedding to `text_len` tokens. The mask marks the
 /// first `min(seq, text_len)` tokens as real, or the first `valid` tokens when the stored
 /// data carried its own count of real tokens.

@@ -3,10 +3,11 @@
 //! `scripts/install-ffmpeg.sh`) any video FFmpeg reads. Every error names the file.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+pub use super::ffmpeg::{ffmpeg_available, read_video};
+use super::resize::frame_indices;
 use super::MediaError;
 
 /// Decoded frames of one clip, RGB, row-major, all `width × height`.
@@ -20,6 +21,36 @@ pub struct Clip {
     pub height: usize,
     /// Frames per second, when the file says (GIF delays, video streams).
     pub fps: Option<f64>,
+}
+
+/// The leading frames a reader decodes: enough to sample `frames` frames at `fps` from the
+/// clip's own rate, as [`frame_indices`] picks them (from the first frame on). Later frames
+/// are never decoded, so a long video costs only the frames used.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FrameNeed {
+    /// Frames sampled.
+    pub frames: usize,
+    /// The rate they are sampled at (`None`: every frame).
+    pub fps: Option<f64>,
+}
+
+impl FrameNeed {
+    /// Every frame of the clip.
+    pub const ALL: Self = Self {
+        frames: usize::MAX,
+        fps: None,
+    };
+
+    /// How many leading frames of a clip at `src_fps` the sampling reads (`usize::MAX`: all).
+    pub fn count(&self, src_fps: Option<f64>) -> usize {
+        if self.frames == usize::MAX {
+            return usize::MAX;
+        }
+        let src = src_fps.filter(|_| self.fps.is_some());
+        frame_indices(usize::MAX, self.frames, src, self.fps)
+            .and_then(|idx| idx.last().map(|last| last + 1))
+            .unwrap_or(usize::MAX)
+    }
 }
 
 /// What kind of media a path holds, by extension (a folder is a frame folder).
@@ -62,7 +93,7 @@ impl MediaKind {
     }
 }
 
-fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
+pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
     MediaError::Invalid {
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -78,10 +109,10 @@ fn open(path: &Path) -> Result<BufReader<File>, MediaError> {
         })
 }
 
-/// Read any supported media (see [`MediaKind`]).
-pub fn read_clip(path: &Path) -> Result<Clip, MediaError> {
+/// Read any supported media (see [`MediaKind`]), decoding the frames `need` says.
+pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     match MediaKind::of(path) {
-        Some(MediaKind::Gif) => read_gif(path),
+        Some(MediaKind::Gif) => read_gif(path, need),
         Some(MediaKind::Image) => {
             let (frame, width, height) = read_png(path)?;
             Ok(Clip {
@@ -91,8 +122,8 @@ pub fn read_clip(path: &Path) -> Result<Clip, MediaError> {
                 fps: None,
             })
         }
-        Some(MediaKind::FrameFolder) => read_frame_folder(path),
-        Some(MediaKind::Video) => read_video(path),
+        Some(MediaKind::FrameFolder) => read_frame_folder(path, need),
+        Some(MediaKind::Video) => read_video(path, need),
         None => Err(invalid(path, "not a GIF, PNG, video or frame folder")),
     }
 }
@@ -123,16 +154,23 @@ pub fn read_png(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError>
 
 /// An animated GIF, frames composited onto the logical screen as a viewer shows them
 /// (partial frames, transparency and the disposal methods honoured). `fps` comes from the
-/// first frame's delay.
-pub fn read_gif(path: &Path) -> Result<Clip, MediaError> {
+/// first frame's delay. Frames past what `need` says are not decoded.
+pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     let bad = |e: ::gif::DecodingError| invalid(path, e.to_string());
     let mut options = ::gif::DecodeOptions::new();
     options.set_color_output(::gif::ColorOutput::RGBA);
     let mut decoder = options.read_info(open(path)?).map_err(bad)?;
     let (w, h) = (decoder.width() as usize, decoder.height() as usize);
+    if w == 0 || h == 0 {
+        return Err(invalid(path, format!("a {w}x{h} GIF has no pixels")));
+    }
     let mut canvas = vec![[0u8; 3]; w * h];
     let (mut frames, mut delay) = (Vec::new(), None);
-    while let Some(frame) = decoder.read_next_frame().map_err(bad)? {
+    let fps = |delay: Option<u16>| delay.filter(|d| *d > 0).map(|d| 100.0 / d as f64);
+    while frames.len() < need.count(fps(delay)) {
+        let Some(frame) = decoder.read_next_frame().map_err(bad)? else {
+            break;
+        };
         delay.get_or_insert(frame.delay);
         let before = canvas.clone();
         let (left, top) = (frame.left as usize, frame.top as usize);
@@ -159,17 +197,17 @@ pub fn read_gif(path: &Path) -> Result<Clip, MediaError> {
     if frames.is_empty() {
         return Err(invalid(path, "no frames"));
     }
-    let fps = delay.filter(|d| *d > 0).map(|d| 100.0 / d as f64);
     Ok(Clip {
         frames,
         width: w,
         height: h,
-        fps,
+        fps: fps(delay),
     })
 }
 
 /// A folder of PNG frames in file-name order; every frame must have the first one's size.
-pub fn read_frame_folder(dir: &Path) -> Result<Clip, MediaError> {
+/// Only the frames `need` says are read.
+pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     let entries = std::fs::read_dir(dir).map_err(|error| MediaError::Io {
         path: dir.to_path_buf(),
         error,
@@ -179,6 +217,7 @@ pub fn read_frame_folder(dir: &Path) -> Result<Clip, MediaError> {
         .filter(|p| MediaKind::of(p) == Some(MediaKind::Image))
         .collect();
     files.sort();
+    files.truncate(need.count(None));
     let mut clip = Clip {
         frames: Vec::with_capacity(files.len()),
         width: 0,
@@ -201,98 +240,6 @@ pub fn read_frame_folder(dir: &Path) -> Result<Clip, MediaError> {
     Ok(clip)
 }
 
-/// Whether the `ffmpeg` and `ffprobe` binaries run.
-pub fn ffmpeg_available() -> bool {
-    ["ffmpeg", "ffprobe"].iter().all(|b| {
-        Command::new(b)
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-/// A video through the `ffmpeg` binary: the first video stream as RGB frames at its own
-/// size and frame rate.
-pub fn read_video(path: &Path) -> Result<Clip, MediaError> {
-    if !ffmpeg_available() {
-        return Err(invalid(
-            path,
-            "videos are decoded with FFmpeg: install it (scripts/install-ffmpeg.sh) or \
-             convert the clip to a GIF or a folder of PNG frames",
-        ));
-    }
-    let probe = run(
-        path,
-        Command::new("ffprobe")
-            .args(["-v", "error", "-select_streams", "v:0"])
-            .args([
-                "-show_entries",
-                "stream=width,height,r_frame_rate",
-                "-of",
-                "csv=p=0",
-            ]),
-    )?;
-    let text = String::from_utf8_lossy(&probe);
-    let fields: Vec<&str> = text.trim().split(',').collect();
-    let (w, h, rate) = match fields.as_slice() {
-        [w, h, rate, ..] => (w.parse::<usize>(), h.parse::<usize>(), *rate),
-        _ => return Err(invalid(path, format!("no video stream ({})", text.trim()))),
-    };
-    let (Ok(w), Ok(h)) = (w, h) else {
-        return Err(invalid(
-            path,
-            format!("unreadable stream size `{}`", text.trim()),
-        ));
-    };
-    let fps = parse_rate(rate);
-    let raw = run(
-        path,
-        Command::new("ffmpeg")
-            .args(["-v", "error", "-i"])
-            .arg(path)
-            .args(["-map", "0:v:0", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"]),
-    )?;
-    let frame_bytes = w * h * 3;
-    if frame_bytes == 0 || raw.len() < frame_bytes {
-        return Err(invalid(path, "FFmpeg decoded no frame"));
-    }
-    let frames = raw
-        .chunks_exact(frame_bytes)
-        .map(|f| f.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect())
-        .collect();
-    Ok(Clip {
-        frames,
-        width: w,
-        height: h,
-        fps,
-    })
-}
-
-/// `30000/1001` or `25` as frames per second.
-fn parse_rate(rate: &str) -> Option<f64> {
-    let fps = match rate.split_once('/') {
-        Some((n, d)) => n.trim().parse::<f64>().ok()? / d.trim().parse::<f64>().ok()?,
-        None => rate.trim().parse().ok()?,
-    };
-    (fps.is_finite() && fps > 0.0).then_some(fps)
-}
-
-/// Run a command on `path` and return its stdout; a failure is an error naming the file
-/// with FFmpeg's first line of stderr.
-fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
-    let out = cmd.output().map_err(|error| MediaError::Io {
-        path: path.to_path_buf(),
-        error,
-    })?;
-    if !out.status.success() {
-        let mut err = String::new();
-        let _ = out.stderr.as_slice().read_to_string(&mut err);
-        let first = err.lines().next().unwrap_or("failed").to_string();
-        return Err(invalid(path, format!("FFmpeg: {first}")));
-    }
-    Ok(out.stdout)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,14 +255,14 @@ mod tests {
         let frames = vec![frame(0, 5, 3), frame(100, 5, 3), frame(200, 5, 3)];
         let gif = dir.path().join("a.gif");
         write_gif(&gif, &frames, 5, 3, 1, 10).unwrap();
-        let clip = read_clip(&gif).unwrap();
+        let clip = read_clip(&gif, FrameNeed::ALL).unwrap();
         assert_eq!((clip.width, clip.height, clip.frames.len()), (5, 3, 3));
         assert_eq!(clip.frames, frames, "few colours are stored exactly");
         assert_eq!(clip.fps, Some(10.0));
 
         let png = dir.path().join("b.png");
         write_png(&png, &frames[1], 5, 3).unwrap();
-        let img = read_clip(&png).unwrap();
+        let img = read_clip(&png, FrameNeed::ALL).unwrap();
         assert_eq!(img.frames, vec![frames[1].clone()]);
         assert_eq!(MediaKind::of(&png).unwrap().media_type(), "image");
     }
@@ -329,12 +276,12 @@ mod tests {
             write_png(&folder.join(name), &frame(v, 4, 2), 4, 2).unwrap();
         }
         std::fs::write(folder.join("notes.txt"), "ignored").unwrap();
-        let clip = read_clip(&folder).unwrap();
+        let clip = read_clip(&folder, FrameNeed::ALL).unwrap();
         let firsts: Vec<u8> = clip.frames.iter().map(|f| f[0][0]).collect();
         assert_eq!(firsts, [10, 20, 30]);
 
         write_png(&folder.join("f11.png"), &frame(0, 3, 2), 3, 2).unwrap();
-        let err = read_clip(&folder).unwrap_err().to_string();
+        let err = read_clip(&folder, FrameNeed::ALL).unwrap_err().to_string();
         assert!(err.contains("f11.png") && err.contains("3x2"), "{err}");
     }
 
@@ -343,14 +290,55 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let gif = dir.path().join("broken.gif");
         std::fs::write(&gif, b"GIF89a nonsense").unwrap();
-        let err = read_clip(&gif).unwrap_err().to_string();
+        let err = read_clip(&gif, FrameNeed::ALL).unwrap_err().to_string();
         assert!(err.contains("broken.gif"), "{err}");
         let txt = dir.path().join("caption.txt");
         assert_eq!(MediaKind::of(&txt), None);
-        assert_eq!(
-            parse_rate("30000/1001").map(|r| (r * 100.0).round()),
-            Some(2997.0)
-        );
-        assert_eq!(parse_rate("0/0"), None);
+    }
+
+    /// Readers stop at the frames the sampling uses: a 10 fps GIF sampled at 5 fps for 2
+    /// frames reads frames 0..=2; a frame folder (no rate) its first 2 files.
+    #[test]
+    fn readers_decode_only_the_frames_needed() {
+        let need = FrameNeed {
+            frames: 3,
+            fps: Some(15.0),
+        };
+        assert_eq!(need.count(Some(30.0)), 5);
+        assert_eq!(need.count(None), 3);
+        assert_eq!(FrameNeed::ALL.count(Some(30.0)), usize::MAX);
+
+        let dir = tempfile::tempdir().unwrap();
+        let frames: Vec<_> = (0..6).map(|i| frame(40 * i, 5, 3)).collect();
+        let gif = dir.path().join("a.gif");
+        write_gif(&gif, &frames, 5, 3, 1, 10).unwrap();
+        let half_rate = FrameNeed {
+            frames: 2,
+            fps: Some(5.0),
+        };
+        let clip = read_clip(&gif, half_rate).unwrap();
+        assert_eq!(clip.frames, frames[..3].to_vec());
+        assert_eq!(read_clip(&gif, FrameNeed::ALL).unwrap().frames.len(), 6);
+
+        let folder = dir.path().join("clip");
+        std::fs::create_dir(&folder).unwrap();
+        for (i, f) in frames.iter().enumerate() {
+            write_png(&folder.join(format!("f{i}.png")), f, 5, 3).unwrap();
+        }
+        let clip = read_clip(&folder, half_rate).unwrap();
+        assert_eq!(clip.frames, frames[..2].to_vec());
+    }
+
+    /// A GIF whose logical screen has no pixels is refused, naming the file.
+    #[test]
+    fn an_empty_gif_screen_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let gif = dir.path().join("flat.gif");
+        write_gif(&gif, &[frame(9, 5, 3)], 5, 3, 1, 10).unwrap();
+        let mut bytes = std::fs::read(&gif).unwrap();
+        bytes[6..8].copy_from_slice(&0u16.to_le_bytes()); // the screen width
+        std::fs::write(&gif, bytes).unwrap();
+        let err = read_clip(&gif, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(err.contains("flat.gif") && err.contains("0x3"), "{err}");
     }
 }

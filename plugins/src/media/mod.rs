@@ -5,6 +5,7 @@
 //! [`clip_to_rgb`](crate::data::clip_to_rgb) or any other decoder.
 
 pub mod decode;
+mod ffmpeg;
 pub mod font;
 mod gif;
 mod png;

@@ -8,7 +8,7 @@ use burn::tensor::{Tensor, TensorData};
 use reel_models::umt5::Umt5TextEncoder;
 use reel_models::vae::{Tiling, WanVae};
 use reel_plugins::data::fastvideo::{FastVideoRecord, MediaInfo, StoredTensor};
-use reel_plugins::media::decode::{read_clip, Clip, MediaKind};
+use reel_plugins::media::decode::{read_clip, Clip, FrameNeed, MediaKind};
 use reel_plugins::media::resize::{cover_and_crop, frame_indices};
 
 use super::inputs::Item;
@@ -49,7 +49,13 @@ impl<B: Backend> Encoders<B> {
         target: &Target,
     ) -> anyhow::Result<FastVideoRecord> {
         let caption = item.caption.clone().map_err(anyhow::Error::msg)?;
-        let clip = read_clip(&item.path)?;
+        let clip = read_clip(
+            &item.path,
+            FrameNeed {
+                frames: wanted_frames(item, target),
+                fps: target.fps,
+            },
+        )?;
         let (pixels, frames) = self.fit(&clip, item, target)?;
         let video = Tensor::<B, 5>::from_data(
             TensorData::new(pixels, [1, 3, frames, target.height, target.width]),
@@ -79,11 +85,7 @@ impl<B: Backend> Encoders<B> {
     /// The clip's frames picked and fitted to the target, as `[3, F, H, W]` values in
     /// [-1, 1], with `F`.
     fn fit(&self, clip: &Clip, item: &Item, t: &Target) -> anyhow::Result<(Vec<f32>, usize)> {
-        let want = if item.kind == MediaKind::Image {
-            1
-        } else {
-            t.frames
-        };
+        let want = wanted_frames(item, t);
         let src_fps = clip.fps.filter(|_| t.fps.is_some());
         let idx = frame_indices(clip.frames.len(), want, src_fps, t.fps).ok_or_else(|| {
             let n = clip.frames.len();
@@ -109,6 +111,14 @@ impl<B: Backend> Encoders<B> {
 }
 
 /// A float32 tensor as FastVideo stores it.
+/// The frames an item gives: one for an image, the target's count for a clip.
+fn wanted_frames(item: &Item, t: &Target) -> usize {
+    match item.kind {
+        MediaKind::Image => 1,
+        _ => t.frames,
+    }
+}
+
 fn stored<B: Backend, const D: usize>(t: Tensor<B, D>) -> anyhow::Result<StoredTensor> {
     let shape = t.dims();
     let values = t

@@ -45,8 +45,14 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     let out = std::fs::canonicalize(out).ok();
+    // Hidden entries (`.git/`, macOS's `._clip.mp4`) are not clips.
+    let hidden = |p: &Path| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+    };
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| !hidden(p))
         .filter(|p| out.is_none() || std::fs::canonicalize(p).ok() != out)
         .collect();
     paths.sort();
@@ -124,11 +130,14 @@ fn caption_of(
     if let Some(c) = name.as_ref().and_then(|n| listed.get(n)) {
         return Ok(c.clone());
     }
-    let mut sidecars = vec![path.with_extension("txt")];
-    if kind == MediaKind::FrameFolder {
-        sidecars.insert(0, path.join("caption.txt"));
-        sidecars.push(PathBuf::from(format!("{}.txt", path.display())));
-    }
+    // A folder's name may hold a dot (`scene.001`): its sidecar is the whole name + `.txt`.
+    let sidecars = match kind {
+        MediaKind::FrameFolder => vec![
+            path.join("caption.txt"),
+            PathBuf::from(format!("{}.txt", path.display())),
+        ],
+        _ => vec![path.with_extension("txt")],
+    };
     for s in &sidecars {
         let bytes = match std::fs::read(s) {
             Ok(bytes) => bytes,
@@ -154,26 +163,39 @@ fn caption_of(
 
 /// A caption list: JSON (`[{"path": "a.mp4", "caption": "..."}]`; FastVideo's
 /// `{"path": .., "cap": [".."]}` rows work too) or CSV with a header naming `path` (or
-/// `file_name`) and `caption` (or `cap`) columns. Keys are file names.
+/// `file_name`) and `caption` (or `cap`) columns. Keys are file names; captions are trimmed.
+/// An empty caption or a file name listed twice is an error naming the list and the record.
 pub fn read_caption_list(path: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let is_json = path.extension().is_some_and(|e| e == "json");
-    let rows = if is_json {
-        json_rows(&text)
+    // Records are numbered as the readers number them: JSON from 0, CSV rows from 1.
+    let (rows, first) = if is_json {
+        (json_rows(&text), 0)
     } else {
-        csv_rows(&text)
+        (csv_rows(&text), 1)
+    };
+    let rows = rows.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut listed = BTreeMap::new();
+    for (i, (p, caption)) in rows.into_iter().enumerate() {
+        let record = i + first;
+        let name = Path::new(&p)
+            .file_name()
+            .map_or(p.clone(), |n| n.to_string_lossy().to_string());
+        let caption = caption.trim();
+        anyhow::ensure!(
+            !caption.is_empty(),
+            "{}: record {record}: the caption of {p} is empty",
+            path.display()
+        );
+        anyhow::ensure!(
+            listed.insert(name.clone(), caption.to_string()).is_none(),
+            "{}: record {record}: {p} names a file named {name} again (items are matched by \
+             file name)",
+            path.display()
+        );
     }
-    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(rows
-        .into_iter()
-        .map(|(p, c)| {
-            let name = Path::new(&p)
-                .file_name()
-                .map_or(p.clone(), |n| n.to_string_lossy().to_string());
-            (name, c)
-        })
-        .collect())
+    Ok(listed)
 }
 
 fn json_rows(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -235,6 +257,12 @@ mod tests {
         std::fs::create_dir(d.join("frames")).unwrap();
         std::fs::write(d.join("frames/caption.txt"), "a folder\n").unwrap();
         std::fs::write(d.join("a.txt"), " a sidecar ").unwrap();
+        // Hidden entries are no clips; a dotted folder's sidecar is its whole name + `.txt`.
+        std::fs::write(d.join("._b.gif"), "x").unwrap();
+        std::fs::create_dir(d.join(".git")).unwrap();
+        std::fs::create_dir(d.join("scene.001")).unwrap();
+        std::fs::write(d.join("scene.001.txt"), "the folder's own").unwrap();
+        std::fs::write(d.join("scene.txt"), "another's").unwrap();
         let list = d.join("list.csv");
         std::fs::write(&list, "path,caption\nsub/b.gif,\"listed, with comma\"\n").unwrap();
         let items = discover(d, Some(&list), &d.join("out")).unwrap();
@@ -242,7 +270,8 @@ mod tests {
             .iter()
             .map(|i| i.path.file_name().unwrap().to_string_lossy().to_string())
             .collect();
-        assert_eq!(names, ["a.png", "b.gif", "c.gif", "frames"]);
+        assert_eq!(names, ["a.png", "b.gif", "c.gif", "frames", "scene.001"]);
+        assert_eq!(items[4].caption, Ok("the folder's own".into()));
         assert_eq!(items[0].caption, Ok("a sidecar".into()));
         assert_eq!(items[1].caption, Ok("listed, with comma".into()));
         assert!(items[2].caption.as_ref().unwrap_err().contains("c.txt"));
@@ -252,6 +281,16 @@ mod tests {
         let json = d.join("list.json");
         std::fs::write(&json, r#"[{"path": "x/c.gif", "cap": ["from fastvideo"]}]"#).unwrap();
         assert_eq!(read_caption_list(&json).unwrap()["c.gif"], "from fastvideo");
+        // An empty caption and a file name listed twice name the list and the record.
+        std::fs::write(&list, "path,caption\na.png,fine\nb.gif,\"  \"\n").unwrap();
+        let err = read_caption_list(&list).unwrap_err().to_string();
+        assert!(
+            err.contains("list.csv: record 2") && err.contains("empty"),
+            "{err}"
+        );
+        std::fs::write(&list, "path,caption\nx/a.png,one\ny/a.png,two\n").unwrap();
+        let err = read_caption_list(&list).unwrap_err().to_string();
+        assert!(err.contains("record 2") && err.contains("y/a.png"), "{err}");
         std::fs::write(&json, r#"[{"path": "c.gif"}]"#).unwrap();
         let err = read_caption_list(&json).unwrap_err().to_string();
         assert!(

@@ -140,9 +140,10 @@ impl Shard {
         }
     }
 
-    /// Written with every one of its clips: the next run skips it.
+    /// Written with every one of its clips (and whole: it ends with parquet's footer
+    /// magic): the next run skips it.
     pub fn is_done(&self) -> bool {
-        self.path.is_file() && !self.failed.exists()
+        !self.failed.exists() && ends_with_parquet_magic(&self.path)
     }
 
     /// Write the shard's `records` (when there are any) and its `failures` (one line each):
@@ -155,8 +156,7 @@ impl Shard {
             let tmp = hidden_tmp(&self.path);
             write_fastvideo_parquet(&tmp, records, records.len())
                 .with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &self.path)
-                .with_context(|| format!("writing {}", self.path.display()))?;
+            publish(&tmp, &self.path)?;
         }
         if failures.is_empty() {
             match std::fs::remove_file(&self.failed) {
@@ -181,7 +181,33 @@ fn hidden_tmp(path: &Path) -> PathBuf {
 fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = hidden_tmp(path);
     std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    publish(&tmp, path)
+}
+
+/// Move the written `tmp` to `path` durably: its bytes reach the disk before the rename, and
+/// the rename before this returns, so a power cut leaves the old file or the whole new one.
+fn publish(tmp: &Path, path: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(dir) = path.parent().and_then(|d| std::fs::File::open(d).ok()) {
+        let _ = dir.sync_all(); // best effort: not every platform syncs a folder
+    }
+    Ok(())
+}
+
+/// Whether `path` is a file ending with parquet's footer magic (`PAR1`): a shard cut short
+/// does not.
+fn ends_with_parquet_magic(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut tail = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| {
+            f.seek(SeekFrom::End(-4))?;
+            f.read_exact(&mut tail)
+        })
+        .is_ok_and(|()| &tail == b"PAR1")
 }
 
 #[cfg(test)]
@@ -246,11 +272,16 @@ mod tests {
             std::fs::read_to_string(&shard.failed).unwrap(),
             "a.gif: broken\n"
         );
-        // A shard written earlier with failures stays until redone.
-        std::fs::write(&shard.path, b"x").unwrap();
+        // A shard written earlier with failures stays until redone (the bytes stand in for a
+        // parquet file: its magic at both ends).
+        std::fs::write(&shard.path, b"PAR1 rows PAR1").unwrap();
         assert!(!shard.is_done());
         shard.save(&[], &[]).unwrap();
         assert!(shard.is_done(), "no failures left: the list is removed");
+        // A shard cut short (no footer) is not done: the next run writes it again.
+        std::fs::write(&shard.path, b"PAR1 rows").unwrap();
+        assert!(!shard.is_done());
+        std::fs::write(&shard.path, b"PAR1 rows PAR1").unwrap();
         let names: Vec<_> = std::fs::read_dir(tmp.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

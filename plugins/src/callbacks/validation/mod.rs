@@ -42,7 +42,7 @@ use reel_core::data::ClipScore;
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
-pub use self::models::MediaModels;
+pub use self::models::{check_data, MediaModels};
 pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
 
@@ -315,6 +315,13 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
 impl<B: AutodiffBackend> Callback<B> for ValidationCallback<B> {
     fn name(&self) -> &str {
         "validation"
+    }
+
+    /// A VAE or text encoder that does not fit the data fails now, not at the first
+    /// validation.
+    fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
+        models::check_data(&self.cfg, &ctx.data.spec())
+            .map_err(|e| CallbackError::Other(format!("validation: {e}")))
     }
 
     fn on_step_end(

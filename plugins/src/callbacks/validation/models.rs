@@ -10,8 +10,9 @@ use reel_core::backend::CpuBackend;
 use reel_core::callback::CallbackError;
 use reel_core::config::ConfigError;
 use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
-use reel_models::umt5::{load_tokenizer, Umt5Encoder, Umt5TextEncoder};
-use reel_models::vae::{Tiling, WanVae};
+use reel_models::checkpoint;
+use reel_models::umt5::{load_tokenizer, Umt5Config, Umt5Encoder, Umt5TextEncoder};
+use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 
 use super::output::ClipStyle;
 use super::ValidationConfig;
@@ -51,6 +52,50 @@ pub fn check_files(
     }
     if let Some(p) = &cfg.tokenizer {
         load_tokenizer(resolve(p)).map_err(|e| ConfigError::new("tokenizer", e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The configured VAE's latent channels and text encoder's width against the data's (`spec`),
+/// from their `config.json` files (no weights are read): a mismatch is an error keyed by
+/// `vae` or `text_encoder`, before anything is encoded or decoded.
+pub fn check_data(cfg: &ValidationConfig, spec: &DataSpec) -> Result<(), ConfigError> {
+    let config = |p: &Path| checkpoint::config_dir(p).map(|d| d.join("config.json"));
+    if let Some(p) = &cfg.vae {
+        let vae = config(p)
+            .map_err(|e| e.to_string())
+            .and_then(|c| WanVaeConfig::from_json_file(c).map_err(|e| e.to_string()))
+            .map_err(|e| ConfigError::new("vae", e))?;
+        if vae.z_dim != spec.channels {
+            return Err(ConfigError::new(
+                "vae",
+                format!(
+                    "{}: the data's latents have {} channels, this VAE's have z_dim = {}: use \
+                     the VAE the data was encoded with",
+                    p.display(),
+                    spec.channels,
+                    vae.z_dim
+                ),
+            ));
+        }
+    }
+    if let Some(p) = &cfg.text_encoder {
+        let t5 = config(p)
+            .map_err(|e| e.to_string())
+            .and_then(|c| Umt5Config::from_json_file(c).map_err(|e| e.to_string()))
+            .map_err(|e| ConfigError::new("text_encoder", e))?;
+        if t5.d_model != spec.text_dim {
+            return Err(ConfigError::new(
+                "text_encoder",
+                format!(
+                    "{}: it encodes text {} wide (d_model), the data's text is {} wide: use \
+                     the text encoder the data was encoded with",
+                    p.display(),
+                    t5.d_model,
+                    spec.text_dim
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -137,5 +182,61 @@ impl<B: Backend> MediaModels<B> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CallbackError::Other(format!("validation: VAE decode: {e}")))?;
         Ok((frames, ClipStyle::video(cfg.fps)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reel_core::fixtures::{UMT5, WAN_VAE};
+
+    /// A VAE whose `z_dim` or a text encoder whose `d_model` differs from the data's is
+    /// refused from its `config.json`, keyed by its table key; fitting ones pass.
+    #[test]
+    fn models_that_do_not_fit_the_data_are_refused_by_key() {
+        let vae = WAN_VAE.require(&["config.json"]);
+        let t5 = UMT5.require(&["config.json"]);
+        let z = WanVaeConfig::from_json_file(vae.join("config.json"))
+            .unwrap()
+            .z_dim;
+        let d = Umt5Config::from_json_file(t5.join("config.json"))
+            .unwrap()
+            .d_model;
+        let mut cfg: ValidationConfig = toml::from_str("every_steps = 1").unwrap();
+        cfg.vae = Some(vae);
+        cfg.text_encoder = Some(t5);
+        let spec = DataSpec {
+            channels: z,
+            frames: 2,
+            height: 4,
+            width: 4,
+            text_len: 8,
+            text_dim: d,
+        };
+        check_data(&cfg, &spec).unwrap();
+        let wider = DataSpec {
+            channels: z + 1,
+            ..spec
+        };
+        let err = check_data(&cfg, &wider).unwrap_err();
+        assert_eq!(err.key, "vae", "{err}");
+        assert!(err.message.contains(&format!("z_dim = {z}")), "{err}");
+        let err = check_data(
+            &cfg,
+            &DataSpec {
+                text_dim: d + 1,
+                ..spec
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "text_encoder", "{err}");
+        let want = format!("{} wide (d_model), the data's text is {}", d, d + 1);
+        assert!(err.message.contains(&want), "{err}");
+        cfg.text_encoder = Some("no/such/encoder".into());
+        let err = check_data(&cfg, &spec).unwrap_err();
+        assert!(
+            err.key == "text_encoder" && err.message.contains("no/such/encoder"),
+            "{err}"
+        );
     }
 }

@@ -38,7 +38,9 @@ use serde::{Deserialize, Serialize};
 use super::files::{find_files, first_prompts};
 use super::negative::read_negative;
 use super::tensors::StoredDtype;
-use super::tensors::{decode_floats, latent_dims, numel, pad_text, text_dims, LatentNorm};
+use super::tensors::{
+    all_finite, decode_floats, latent_dims, numel, pad_text, text_dims, LatentNorm,
+};
 use reader::{Columns, ParquetFile, RawRecord};
 pub use writer::{
     write_fastvideo_parquet, FastVideoRecord, MediaInfo, StoredTensor, FASTVIDEO_T2V_SCHEMA,
@@ -330,6 +332,7 @@ impl DataSource for FastVideoParquetSource {
                 .flat_map(|c| c[..keep].iter().copied())
                 .collect();
         }
+        all_finite("vae_latent_bytes", &latents).map_err(bad)?;
         self.normalize.apply(&mut latents, spec.channels);
         let [seq, dim] = text_dims(&raw.text.1).map_err(bad)?;
         if dim != spec.text_dim {
@@ -340,6 +343,7 @@ impl DataSource for FastVideoParquetSource {
         }
         let text = decode_tensor(&raw.text.0, &raw.text.1, &raw.text.2)
             .map_err(|e| bad(format!("text_embedding_bytes: {e}")))?;
+        all_finite("text_embedding_bytes", &text).map_err(bad)?;
         Ok(Sample {
             latents,
             text: pad_text(&text, seq, dim, spec.text_len, None),

@@ -220,6 +220,14 @@ fn bad_records_name_the_file_and_record() {
             "text_embedding_bytes",
             Box::new(|r| r.text_embedding.bytes.push(0)),
         ),
+        (
+            "vae_latent_bytes: value 5 is inf",
+            Box::new(|r| r.latent.bytes[20..24].copy_from_slice(&f32::INFINITY.to_le_bytes())),
+        ),
+        (
+            "text_embedding_bytes: value 0 is NaN",
+            Box::new(|r| r.text_embedding.bytes[..4].copy_from_slice(&f32::NAN.to_le_bytes())),
+        ),
     ];
     for (want, edit) in cases {
         let mut records = good.clone();
