@@ -4,8 +4,9 @@
 //! - `latents`: `[C, F, H, W]` (or `[C, H, W]`, or `[1, C, F, H, W]`), float32 / float16 /
 //!   bfloat16 / float64;
 //! - `text_embedding`: `[L, D]` (or `[1, L, D]`), padded or cropped to `text_len` tokens;
-//! - optionally `text_attention_mask`: `[L]` (or `[1, L]`), any numeric or bool dtype; its
-//!   non-zero count is the number of real tokens (otherwise all `L` stored tokens are real);
+//! - optionally `text_attention_mask`: `[L]` (or `[1, L]`), any numeric or bool dtype: its
+//!   leading non-zero entries mark the real tokens, which come first (right padding; a
+//!   non-zero entry after a zero is refused); otherwise all `L` stored tokens are real;
 //! - optionally the caption in the header metadata (`__metadata__.caption`).
 //!
 //! Files are found recursively and ordered by path; sample `i` is the `i`-th file. Every
@@ -168,12 +169,21 @@ pub(crate) fn decode_text(st: &SafeTensors<'_>) -> Result<StoredText, String> {
                 ));
             }
             let width = mask.dtype().bitsize().div_ceil(8);
-            Some(
-                mask.data()
-                    .chunks_exact(width.max(1))
-                    .filter(|c| c.iter().any(|&b| b != 0))
-                    .count(),
-            )
+            let real: Vec<bool> = mask
+                .data()
+                .chunks_exact(width.max(1))
+                .map(|c| c.iter().any(|&b| b != 0))
+                .collect();
+            // The real tokens come first (right padding), as the pipelines encode them.
+            let leading = real.iter().take_while(|&&r| r).count();
+            if let Some(after) = real[leading..].iter().position(|&r| r) {
+                return Err(format!(
+                    "text_attention_mask marks token {} real after padding token {leading}: \
+                     the real tokens must come first (right padding)",
+                    leading + after
+                ));
+            }
+            Some(leading)
         }
         Err(_) => None,
     };
@@ -542,6 +552,30 @@ mod tests {
             (
                 "latents: value 0 is NaN",
                 Box::new(|| sample(&bad, f32::NAN, 2)),
+            ),
+            (
+                "marks token 1 real after padding token 0",
+                Box::new(|| {
+                    write(
+                        &bad,
+                        &[
+                            (
+                                "latents",
+                                Dtype::F32,
+                                vec![4, 1, 2, 2],
+                                f32_bytes(&[0.0; 16]),
+                            ),
+                            (
+                                "text_embedding",
+                                Dtype::F32,
+                                vec![2, 3],
+                                f32_bytes(&[0.0; 6]),
+                            ),
+                            ("text_attention_mask", Dtype::U8, vec![2], vec![0, 1]),
+                        ],
+                        "",
+                    )
+                }),
             ),
             (
                 "not a safetensors file",

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-pub use super::ffmpeg::{ffmpeg_available, read_video};
+pub use super::ffmpeg::{ffmpeg_available, ffmpeg_for_tests, read_video};
 use super::resize::frame_indices;
 use super::MediaError;
 

@@ -19,6 +19,20 @@ pub fn ffmpeg_available() -> bool {
     })
 }
 
+/// For tests that need FFmpeg: whether it runs. Without it such a test is skipped (with a
+/// line on stderr), unless `REEL_REQUIRE_FFMPEG` is set, as CI sets it: then this panics.
+pub fn ffmpeg_for_tests() -> bool {
+    let available = ffmpeg_available();
+    if !available {
+        assert!(
+            std::env::var_os("REEL_REQUIRE_FFMPEG").is_none(),
+            "REEL_REQUIRE_FFMPEG is set but ffmpeg/ffprobe do not run"
+        );
+        eprintln!("skipped: no ffmpeg (scripts/install-ffmpeg.sh)");
+    }
+    available
+}
+
 /// A video through the `ffmpeg` binary: the first video stream as RGB frames at its own
 /// frame rate and display size (FFmpeg turns a video with a rotation, as phones record, upright;
 /// its frames are then as high as the stream is wide). Frames past what `need` says are not
@@ -153,12 +167,7 @@ mod tests {
     /// frames needed are decoded.
     #[test]
     fn videos_are_read_upright_and_only_as_far_as_needed() {
-        if !ffmpeg_available() {
-            assert!(
-                std::env::var_os("REEL_REQUIRE_FFMPEG").is_none(),
-                "REEL_REQUIRE_FFMPEG is set but ffmpeg/ffprobe do not run"
-            );
-            eprintln!("skipped: no ffmpeg (scripts/install-ffmpeg.sh)");
+        if !ffmpeg_for_tests() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -60,44 +60,44 @@ pub fn check_files(
 /// from their `config.json` files (no weights are read): a mismatch is an error keyed by
 /// `vae` or `text_encoder`, before anything is encoded or decoded.
 pub fn check_data(cfg: &ValidationConfig, spec: &DataSpec) -> Result<(), ConfigError> {
-    let config = |p: &Path| checkpoint::config_dir(p).map(|d| d.join("config.json"));
     if let Some(p) = &cfg.vae {
-        let vae = config(p)
-            .map_err(|e| e.to_string())
-            .and_then(|c| WanVaeConfig::from_json_file(c).map_err(|e| e.to_string()))
-            .map_err(|e| ConfigError::new("vae", e))?;
-        if vae.z_dim != spec.channels {
-            return Err(ConfigError::new(
-                "vae",
-                format!(
-                    "{}: the data's latents have {} channels, this VAE's have z_dim = {}: use \
-                     the VAE the data was encoded with",
-                    p.display(),
-                    spec.channels,
-                    vae.z_dim
-                ),
-            ));
+        let z = read_config(p, WanVaeConfig::from_json_file)
+            .map_err(|e| ConfigError::new("vae", e))?
+            .z_dim;
+        if z != spec.channels {
+            let why = format!(
+                "{}: the data's latents have {} channels, this VAE's have z_dim = {z}: use the \
+                 VAE the data was encoded with",
+                p.display(),
+                spec.channels
+            );
+            return Err(ConfigError::new("vae", why));
         }
     }
     if let Some(p) = &cfg.text_encoder {
-        let t5 = config(p)
-            .map_err(|e| e.to_string())
-            .and_then(|c| Umt5Config::from_json_file(c).map_err(|e| e.to_string()))
-            .map_err(|e| ConfigError::new("text_encoder", e))?;
-        if t5.d_model != spec.text_dim {
-            return Err(ConfigError::new(
-                "text_encoder",
-                format!(
-                    "{}: it encodes text {} wide (d_model), the data's text is {} wide: use \
-                     the text encoder the data was encoded with",
-                    p.display(),
-                    t5.d_model,
-                    spec.text_dim
-                ),
-            ));
+        let d = read_config(p, Umt5Config::from_json_file)
+            .map_err(|e| ConfigError::new("text_encoder", e))?
+            .d_model;
+        if d != spec.text_dim {
+            let why = format!(
+                "{}: it encodes text {d} wide (d_model), the data's text is {} wide: use the \
+                 text encoder the data was encoded with",
+                p.display(),
+                spec.text_dim
+            );
+            return Err(ConfigError::new("text_encoder", why));
         }
     }
     Ok(())
+}
+
+/// The `config.json` of the model at `path` (its folder or a weights file in it), parsed.
+fn read_config<C, E: std::fmt::Display>(
+    path: &Path,
+    parse: impl Fn(PathBuf) -> Result<C, E>,
+) -> Result<C, String> {
+    let dir = checkpoint::config_dir(path).map_err(|e| e.to_string())?;
+    parse(dir.join("config.json")).map_err(|e| e.to_string())
 }
 
 impl<B: Backend> MediaModels<B> {
