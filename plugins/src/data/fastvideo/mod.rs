@@ -142,7 +142,9 @@ struct Group {
 /// The `fastvideo_parquet` source (see the [module docs](self)).
 #[derive(Debug)]
 pub struct FastVideoParquetSource {
-    files: Vec<(PathBuf, Columns)>,
+    /// The parquet files (their columns are located again at each read: a file rewritten
+    /// during a run may hold them elsewhere).
+    files: Vec<PathBuf>,
     groups: Vec<Group>,
     len: usize,
     spec: DataSpec,
@@ -158,7 +160,7 @@ impl FastVideoParquetSource {
         if let Some(t) = frames {
             if t == 0 || t > self.stored_frames {
                 return Err(DataError::Record {
-                    file: self.files[0].0.clone(),
+                    file: self.files[0].clone(),
                     record: 0,
                     reason: format!(
                         "num_latent_t = {t}, but the stored latents have {} frames",
@@ -195,7 +197,7 @@ impl FastVideoParquetSource {
                 reason,
             };
             let file = ParquetFile::open(&file_path).map_err(file_err)?;
-            let columns = Columns::find(file.schema()).map_err(file_err)?;
+            Columns::find(file.schema()).map_err(file_err)?;
             let mut first_in_file = 0;
             for (row_group, rows) in file.row_group_rows().into_iter().enumerate() {
                 if rows > 0 {
@@ -209,7 +211,7 @@ impl FastVideoParquetSource {
                 first_in_file += rows;
                 len += rows;
             }
-            files.push((file_path, columns));
+            files.push(file_path);
         }
         if len == 0 {
             return Err(DataError::Empty {
@@ -264,11 +266,11 @@ impl FastVideoParquetSource {
             });
         }
         let g = &self.groups[self.groups.partition_point(|g| g.start <= index) - 1];
-        let (path, columns) = &self.files[g.file];
+        let path = &self.files[g.file];
         let row = index - g.start;
         let record = g.first_in_file + row;
         let raw = ParquetFile::open(path)
-            .and_then(|f| f.read(columns, g.row_group, row))
+            .and_then(|f| f.read(&Columns::find(f.schema())?, g.row_group, row))
             .map_err(|reason| DataError::Record {
                 file: path.clone(),
                 record,

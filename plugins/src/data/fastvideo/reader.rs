@@ -113,6 +113,13 @@ impl ParquetFile {
 
     /// Read row `row` of row group `group`.
     pub fn read(&self, columns: &Columns, group: usize, row: usize) -> Result<RawRecord, String> {
+        let groups = self.reader.metadata().num_row_groups();
+        if group >= groups {
+            return Err(format!(
+                "row group {group} is not there (the file has {groups}): it changed since the \
+                 data set was opened"
+            ));
+        }
         let rg = self
             .reader
             .get_row_group(group)

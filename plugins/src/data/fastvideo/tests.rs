@@ -303,6 +303,15 @@ fn damaged_files_and_empty_folders_are_reported() {
         matches!(&err, DataError::Record { file, record: 3, .. } if file == &path),
         "{err}"
     );
+    // Rewritten after indexing with fewer row groups: an error naming the record, no panic.
+    write_fastvideo_parquet(&path, &records, 2).unwrap();
+    let source = FastVideoParquetSource::open(dir.path(), 4, LatentNorm::None).unwrap();
+    write_fastvideo_parquet(&path, &records[..2], 2).unwrap();
+    let err = source.get(3).unwrap_err();
+    assert!(
+        matches!(&err, DataError::Record { record: 3, .. }) && err.to_string().contains("changed"),
+        "{err}"
+    );
 }
 
 /// `negative_embedding` (relative to the working directory like `path`) becomes the source's
