@@ -376,7 +376,7 @@ fn clips_to_trained_weights_to_videos() {
 /// is not there is named, and nothing is written.
 #[test]
 fn data_negative_writes_the_encoders_output_for_the_prompt() {
-    use reel_plugins::data::negative::{read_negative, WAN_NEGATIVE_PROMPT};
+    use reel_plugins::data::negative::{read_negative, stored_prompt, WAN_NEGATIVE_PROMPT};
     let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
     let tok = t5.join("tokenizer.json");
     let tmp = tempfile::tempdir().unwrap();
@@ -431,13 +431,8 @@ fn data_negative_writes_the_encoders_output_for_the_prompt() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(worst <= 1e-5, "{out}: max |diff| {worst}");
-        let bytes = std::fs::read(tmp.path().join(out)).unwrap();
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-        let stored = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("prompt").cloned());
-        assert_eq!(stored.as_deref(), Some(text));
+        let stored = stored_prompt(&tmp.path().join(out));
+        assert_eq!(stored, Some((text.to_string(), text_len)), "{out}");
     }
     let (ok, err) = run(&tmp.path().join("no_t5"), "none.safetensors", None);
     assert!(!ok && err.contains("no_t5"), "{err}");

@@ -252,9 +252,6 @@ impl SafetensorsDirSource {
         skip: Option<&Path>,
     ) -> Result<Self, DataError> {
         let mut files = find_files(path, "safetensors")?;
-        if skip.is_none() {
-            refuse_unnamed_negative(&files)?;
-        }
         if let Some(skip) = skip {
             // Names first: only a file of the same name is resolved to compare paths.
             let resolved = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
@@ -266,6 +263,8 @@ impl SafetensorsDirSource {
                     reason: "no sample file besides the negative-prompt file".into(),
                 });
             }
+        } else {
+            refuse_unnamed_negative(&files)?;
         }
         let first = decode_file(&files[0]).map_err(|reason| DataError::Record {
             file: files[0].clone(),

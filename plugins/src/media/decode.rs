@@ -46,8 +46,7 @@ impl FrameNeed {
         if self.frames == usize::MAX {
             return usize::MAX;
         }
-        let src = src_fps.filter(|_| self.fps.is_some());
-        frame_indices(usize::MAX, self.frames, src, self.fps)
+        frame_indices(usize::MAX, self.frames, src_fps, self.fps)
             .and_then(|idx| idx.last().map(|last| last + 1))
             .unwrap_or(usize::MAX)
     }

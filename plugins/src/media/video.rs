@@ -50,20 +50,6 @@ impl<B: Backend> VideoDecoder<B> {
         })
     }
 
-    /// Refuse a data shape whose latent channels are not the VAE's `z_dim` (a VAE that
-    /// does not belong to the model), before any work is done.
-    pub fn check_spec(&self, spec: &DataSpec) -> Result<(), VaeError> {
-        let z = self.vae.config.z_dim;
-        if spec.channels != z {
-            return Err(VaeError::Input(format!(
-                "the model's latents have {} channels but this VAE's have z_dim = {z}: \
-                 use the VAE the model's latents were encoded with",
-                spec.channels
-            )));
-        }
-        Ok(())
-    }
-
     /// Decode one latent clip `[C, F, H, W]` (row-major `latents`, shape from `spec`) to
     /// RGB frames: `1 + 4·(F − 1)` frames of `8·H × 8·W` pixels for the Wan2.1 VAE.
     pub fn decode(&self, latents: &[f32], spec: &DataSpec) -> Result<Frames, VaeError> {

@@ -110,7 +110,6 @@ impl<B: Backend> Encoders<B> {
     }
 }
 
-/// A float32 tensor as FastVideo stores it.
 /// The frames an item gives: one for an image, the target's count for a clip.
 fn wanted_frames(item: &Item, t: &Target) -> usize {
     match item.kind {
@@ -119,6 +118,7 @@ fn wanted_frames(item: &Item, t: &Target) -> usize {
     }
 }
 
+/// A float32 tensor as FastVideo stores it.
 fn stored<B: Backend, const D: usize>(t: Tensor<B, D>) -> anyhow::Result<StoredTensor> {
     let shape = t.dims();
     let values = t

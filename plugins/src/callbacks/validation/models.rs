@@ -173,9 +173,6 @@ impl<B: Backend> MediaModels<B> {
                 .collect();
             return Ok((frames, ClipStyle::preview(spec)));
         };
-        decoder
-            .check_spec(spec)
-            .map_err(|e| CallbackError::Other(format!("validation: `vae`: {e}")))?;
         let frames = clips
             .iter()
             .map(|c| decoder.decode(c, spec))
