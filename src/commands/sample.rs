@@ -10,7 +10,7 @@ use burn::tensor::TensorData;
 use reel_core::backend::ReelBackend;
 use reel_core::callback::CallbackConfig as _;
 use reel_core::method::SampleRequest;
-use reel_plugins::callbacks::validation::output::write_clips;
+use reel_plugins::callbacks::validation::output::{check_clips, write_clips};
 use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
 use reel_plugins::callbacks::ValidationConfig;
 
@@ -134,6 +134,7 @@ fn sample<B: ReelBackend>(
         spec,
     };
     let clips = l.method.sample(&req)?;
+    check_clips(&clips, captions.len(), &spec).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let shape = [spec.channels, spec.frames, spec.height, spec.width];

@@ -31,12 +31,12 @@ fn frame(seed: usize) -> Vec<[u8; 3]> {
 
 fn preprocess(input: &Path, out: &Path, extra: &[&str]) -> Output {
     let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
-    preprocess_with(input, out, &vae, extra)
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    preprocess_with(input, out, &vae, &t5, extra)
 }
 
-/// [`preprocess`] with another VAE folder.
-fn preprocess_with(input: &Path, out: &Path, vae: &Path, extra: &[&str]) -> Output {
-    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+/// [`preprocess`] with other VAE and UMT5 folders.
+fn preprocess_with(input: &Path, out: &Path, vae: &Path, t5: &Path, extra: &[&str]) -> Output {
     let side = SIDE.to_string();
     let frames = FRAMES.to_string();
     Command::new(env!("CARGO_BIN_EXE_reel"))
@@ -47,7 +47,7 @@ fn preprocess_with(input: &Path, out: &Path, vae: &Path, extra: &[&str]) -> Outp
         .arg("--vae")
         .arg(vae)
         .arg("--text-encoder")
-        .arg(&t5)
+        .arg(t5)
         .arg("--tokenizer")
         .arg(t5.join("tokenizer.json"))
         .args(["--frames", &frames, "--height", &side, "--width", &side])
@@ -209,7 +209,8 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
 
     // A mistyped model folder stops the run before any shard; the corrected run may use the
     // folder.
-    let o = preprocess_with(&input, &out, &tmp.path().join("no-such-vae"), &[]);
+    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
+    let o = preprocess_with(&input, &out, &tmp.path().join("no-such-vae"), &t5, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no-such-vae"), "{err}");
     // Sizes the VAE cannot encode exactly are refused, naming the flag.
@@ -300,6 +301,25 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
         .map(|n| std::fs::read(out.join(n)).unwrap())
         .collect();
     assert_eq!(before, after);
+
+    // A run that stopped before its first shard, resumed with another text encoder (a copy
+    // elsewhere: other settings): the negative file of the first encoder is replaced.
+    std::fs::remove_file(input.join("0.gif")).unwrap();
+    std::fs::remove_file(input.join("0.txt")).unwrap();
+    for name in names(&out).iter().filter(|n| n.starts_with("data_")) {
+        std::fs::remove_file(out.join(name)).unwrap();
+    }
+    let copy = tmp.path().join("umt5-copy");
+    std::fs::create_dir(&copy).unwrap();
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        std::fs::copy(t5.join(file), copy.join(file)).unwrap();
+    }
+    let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
+    let negative_inode = inode(&negative);
+    let o = preprocess_with(&input, &out, &vae, &copy, &["--negative", "blurry"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("replacing"), "{err}");
+    assert_ne!(inode(&negative), negative_inode, "{err}");
 }
 
 /// A video goes through FFmpeg (skipped without it, unless `REEL_REQUIRE_FFMPEG` is set, as

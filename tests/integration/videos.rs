@@ -79,6 +79,14 @@ fn validation_and_sample_decode_videos_with_the_vae() {
     for name in ["0-a_red_circle.gif", "1-a_cat_on_a_sofa.gif"] {
         assert_eq!(gif_info(&dir.join(name)), (96, 96, 5), "{name}");
     }
+    // The synthetic data scores its clips: each score names its clip's GIF (and not the MP4
+    // written beside it when FFmpeg is installed).
+    let scores: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("scores.json")).unwrap()).unwrap();
+    assert_eq!(scores["clips"][1]["file"], "1-a_cat_on_a_sofa.gif");
+    if reel_plugins::media::decode::ffmpeg_for_tests() {
+        assert!(dir.join("1-a_cat_on_a_sofa.mp4").is_file());
+    }
     // 5 frames of 96 px per row (fewer than 8 are all shown), two rows under label bands.
     let (_, w, h) = read_png(&dir.join("sheet.png")).unwrap();
     assert_eq!(w, 5 * 97 + 1);
@@ -339,6 +347,16 @@ fn clips_to_trained_weights_to_videos() {
         gif_info(&tmp.path().join("samples/0-a_red_circle.gif")),
         (side, side, frames)
     );
+    // With FFmpeg (CI installs it) the same clip is also an MP4 that reads back.
+    if reel_plugins::media::decode::ffmpeg_for_tests() {
+        let mp4 = tmp.path().join("samples/0-a_red_circle.mp4");
+        let clip = reel_plugins::media::decode::read_clip(&mp4, FrameNeed::ALL)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (clip.width, clip.height, clip.frames.len()),
+            (side, side, frames)
+        );
+    }
 
     // A model with 8 latent channels cannot use this 4-channel VAE.
     let mut wide = reel_models::WanConfig::preset("wan-tiny").unwrap();

@@ -2,6 +2,7 @@
 //! crates, folders of PNG frames, and (when the `ffmpeg` binary is installed, see
 //! `scripts/install-ffmpeg.sh`) any video FFmpeg reads. Every error names the file.
 
+use std::cmp::Ordering;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -204,18 +205,22 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     })
 }
 
-/// A folder of PNG frames in file-name order; every frame must have the first one's size.
-/// Only the frames `need` says are read.
+/// A folder of PNG frames in file-name order, numbers by value (`2.png` before `10.png`, as
+/// `ffmpeg -i clip.mp4 %d.png` writes them); hidden files (macOS's `._0001.png`) are not
+/// frames. Every frame must have the first one's size. Only the frames `need` says are read.
 pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     let entries = std::fs::read_dir(dir).map_err(|error| MediaError::Io {
         path: dir.to_path_buf(),
         error,
     })?;
-    let mut files: Vec<PathBuf> = entries
+    let mut files: Vec<(String, PathBuf)> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| MediaKind::of(p) == Some(MediaKind::Image))
+        .filter_map(|p| Some((p.file_name()?.to_string_lossy().into_owned(), p)))
+        .filter(|(name, _)| !name.starts_with('.'))
         .collect();
-    files.sort();
+    files.sort_by(|(a, _), (b, _)| natural_order(a, b));
+    let mut files: Vec<PathBuf> = files.into_iter().map(|(_, p)| p).collect();
     files.truncate(need.count(None));
     let mut clip = Clip {
         frames: Vec::with_capacity(files.len()),
@@ -237,6 +242,38 @@ pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError
         return Err(invalid(dir, "a frame folder without PNG frames"));
     }
     Ok(clip)
+}
+
+/// File names compared with their digit runs as numbers (`f2` < `f10`; `007` and `7` tie and
+/// fall back to the names as text), the rest as text.
+fn natural_order(a: &str, b: &str) -> Ordering {
+    /// A digit run by value (its length without leading zeros, then its digits) sorts before
+    /// text, as digits do in ASCII.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    enum Run<'a> {
+        Number(usize, &'a str),
+        Text(&'a str),
+    }
+    fn runs(name: &str) -> Vec<Run<'_>> {
+        let mut out = Vec::new();
+        let mut rest = name;
+        while let Some(first) = rest.chars().next() {
+            let digits = first.is_ascii_digit();
+            let end = rest
+                .find(|c: char| c.is_ascii_digit() != digits)
+                .unwrap_or(rest.len());
+            let (run, tail) = rest.split_at(end);
+            out.push(if digits {
+                let value = run.trim_start_matches('0');
+                Run::Number(value.len(), value)
+            } else {
+                Run::Text(run)
+            });
+            rest = tail;
+        }
+        out
+    }
+    runs(a).cmp(&runs(b)).then_with(|| a.cmp(b))
 }
 
 #[cfg(test)]
@@ -271,13 +308,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("clip");
         std::fs::create_dir(&folder).unwrap();
-        for (name, v) in [("f10.png", 30u8), ("f02.png", 20), ("f01.png", 10)] {
+        // Numbers by value, as `ffmpeg -i clip.mp4 f%d.png` names them, padded or not.
+        let names = [
+            ("f10.png", 40u8),
+            ("f2.png", 20),
+            ("f1.png", 10),
+            ("f03.png", 30),
+        ];
+        for (name, v) in names {
             write_png(&folder.join(name), &frame(v, 4, 2), 4, 2).unwrap();
         }
         std::fs::write(folder.join("notes.txt"), "ignored").unwrap();
+        std::fs::write(folder.join("._f1.png"), "macOS metadata, not a PNG").unwrap();
         let clip = read_clip(&folder, FrameNeed::ALL).unwrap();
         let firsts: Vec<u8> = clip.frames.iter().map(|f| f[0][0]).collect();
-        assert_eq!(firsts, [10, 20, 30]);
+        assert_eq!(firsts, [10, 20, 30, 40]);
+        let mut sorted = ["b", "a10", "a2", "a02", "a", "7", "10", "x1y20", "x1y3"];
+        sorted.sort_by(|a, b| natural_order(a, b));
+        let want = ["7", "10", "a", "a02", "a2", "a10", "b", "x1y3", "x1y20"];
+        assert_eq!(sorted, want);
 
         write_png(&folder.join("f11.png"), &frame(0, 3, 2), 3, 2).unwrap();
         let err = read_clip(&folder, FrameNeed::ALL).unwrap_err().to_string();

@@ -1,12 +1,14 @@
 //! Videos through the `ffmpeg` and `ffprobe` binaries (installed by
-//! `scripts/install-ffmpeg.sh`; optional): probing a stream's display size and rate, and
-//! decoding its leading frames to RGB. Every error names the file.
+//! `scripts/install-ffmpeg.sh`; optional): probing a stream's display size and rate,
+//! decoding its leading frames to RGB, and encoding frames as an MP4. Every error names the
+//! file.
 
-use std::io::Read;
-use std::path::Path;
-use std::process::Command;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use super::decode::{invalid, Clip, FrameNeed};
+use super::video::Frames;
 use super::MediaError;
 
 /// Whether the `ffmpeg` and `ffprobe` binaries run.
@@ -34,7 +36,7 @@ pub fn ffmpeg_for_tests() -> bool {
 }
 
 /// A video through the `ffmpeg` binary: the first video stream as RGB frames at its own
-/// frame rate and display size (FFmpeg turns a video with a rotation, as phones record, upright;
+/// (average) frame rate and display size (FFmpeg turns a video with a rotation, as phones record, upright;
 /// its frames are then as high as the stream is wide). Frames past what `need` says are not
 /// decoded.
 pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
@@ -51,6 +53,11 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
         .args(["-v", "error", "-i"])
         .arg(path)
         .args(["-map", "0:v:0"]);
+    if let Some(fps) = fps {
+        // FFmpeg writes raw frames at a constant rate: the probed one, so that frame `i` is
+        // at `i / fps` seconds as `FrameNeed` and the resampling count them.
+        decode.args(["-r", &format!("{fps}")]);
+    }
     let count = need.count(fps);
     if count != usize::MAX {
         decode.args(["-frames:v", &count.to_string()]);
@@ -81,10 +88,82 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     })
 }
 
+/// Write `clip` as an H.264 MP4 (yuv420p, so an odd width or height is padded by one black
+/// column or row) at `fps` through the `ffmpeg` binary. Returns `Ok(None)` when FFmpeg is not
+/// installed (nothing is written), else the file. The clip is encoded to a temporary file
+/// beside `path` and renamed over it only when FFmpeg succeeds, so a failed encode leaves
+/// neither a truncated MP4 nor the temporary file.
+pub fn write_mp4(path: &Path, clip: &Frames, fps: f64) -> Result<Option<PathBuf>, MediaError> {
+    let pixels = clip.width * clip.height;
+    if pixels == 0 || clip.frames.is_empty() || clip.frames.iter().any(|f| f.len() != pixels) {
+        let sizes: Vec<usize> = clip.frames.iter().map(Vec::len).collect();
+        return Err(MediaError::Invalid {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} frames of {sizes:?} pixels are not frames of {}x{}",
+                sizes.len(),
+                clip.width,
+                clip.height
+            ),
+        });
+    }
+    if !ffmpeg_available() {
+        return Ok(None);
+    }
+    let tmp = path.with_extension("mp4.tmp");
+    let result = encode_mp4(path, &tmp, clip, fps).and_then(|()| {
+        std::fs::rename(&tmp, path).map_err(|error| MediaError::Io {
+            path: path.to_path_buf(),
+            error,
+        })
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map(|()| Some(path.to_path_buf()))
+}
+
+/// Pipe `clip`'s frames into FFmpeg, writing MP4 to `out`; errors name `path`, the file it
+/// becomes. When FFmpeg stops early (the pipe breaks) its own message is the error.
+fn encode_mp4(path: &Path, out: &Path, clip: &Frames, fps: f64) -> Result<(), MediaError> {
+    let io = |error| MediaError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut child = Command::new("ffmpeg")
+        .args(["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24"])
+        .args(["-s", &format!("{}x{}", clip.width, clip.height)])
+        .args(["-r", &format!("{fps}"), "-i", "-"])
+        .args(["-c:v", "libx264", "-pix_fmt", "yuv420p"])
+        .args(["-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-f", "mp4"])
+        .arg(out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    let mut written = Ok(());
+    if let Some(mut stdin) = child.stdin.take() {
+        written = clip
+            .frames
+            .iter()
+            .try_for_each(|frame| stdin.write_all(frame.as_flattened()));
+    }
+    let done = child.wait_with_output().map_err(io)?;
+    if !done.status.success() {
+        let err = String::from_utf8_lossy(&done.stderr);
+        return Err(MediaError::Encode {
+            path: path.to_path_buf(),
+            reason: format!("FFmpeg: {}", err.lines().next().unwrap_or("failed")),
+        });
+    }
+    written.map_err(io)
+}
+
 /// The first video stream's display size (width and height swapped for a quarter-turn
-/// rotation) and frame rate, from `ffprobe`.
+/// rotation) and frame rate (the average rate, for variable-rate streams), from `ffprobe`.
 fn probe(path: &Path) -> Result<(usize, usize, Option<f64>), MediaError> {
-    let entries = "stream=width,height,r_frame_rate:stream_side_data=rotation";
+    let entries = "stream=width,height,avg_frame_rate,r_frame_rate:stream_side_data=rotation";
     let out = run(
         path,
         Command::new("ffprobe")
@@ -114,7 +193,10 @@ fn probe(path: &Path) -> Result<(usize, usize, Option<f64>), MediaError> {
         .find_map(|d| d["rotation"].as_f64())
         .unwrap_or(0.0);
     let quarter_turn = (rotation.round() as i64).rem_euclid(180) == 90;
-    let fps = stream["r_frame_rate"].as_str().and_then(parse_rate);
+    // A variable-rate stream's `r_frame_rate` is a guess at a rate fine enough for every
+    // timestamp (often 1000 for WebM); its average rate is the one to resample at.
+    let rate = |key: &str| stream[key].as_str().and_then(parse_rate);
+    let fps = rate("avg_frame_rate").or_else(|| rate("r_frame_rate"));
     Ok(if quarter_turn {
         (h, w, fps)
     } else {
@@ -227,5 +309,89 @@ mod tests {
             read_clip(&plain, need).unwrap().frames,
             a.frames[..3].to_vec()
         );
+    }
+
+    /// Through FFmpeg: a variable-rate video (20 frames 100 ms apart, every other one late
+    /// by 37 ms; ffprobe guesses `r_frame_rate` 80) is read at its average rate, with as many
+    /// frames as that rate gives its duration, not 8 times as many.
+    #[test]
+    fn variable_rate_videos_are_read_at_their_average_rate() {
+        if !ffmpeg_for_tests() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vfr.mp4");
+        let jitter = "setpts='(N*100+if(mod(N,2),37,0))/1000/TB'";
+        let out = Command::new("ffmpeg")
+            .args(["-v", "error", "-y", "-f", "lavfi", "-i"])
+            .args([
+                "testsrc=size=64x32:rate=1000",
+                "-frames:v",
+                "20",
+                "-vf",
+                jitter,
+            ])
+            .args(["-fps_mode", "passthrough", "-pix_fmt", "yuv420p"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let clip = read_clip(&path, FrameNeed::ALL).unwrap();
+        let fps = clip.fps.unwrap();
+        assert!((9.0..12.0).contains(&fps), "{fps} fps");
+        let n = clip.frames.len();
+        assert!((19..=23).contains(&n), "{n} frames at {fps} fps");
+    }
+
+    /// Through FFmpeg: an MP4 written from frames reads back with their count, size (an odd
+    /// side padded to even) and colours (H.264 is lossy: within a few levels on flat frames);
+    /// a failed encode names the file and leaves nothing behind.
+    #[test]
+    fn mp4s_read_back_as_written() {
+        if !ffmpeg_for_tests() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let colours = [
+            [200u8, 30, 30],
+            [30, 200, 30],
+            [30, 30, 200],
+            [128, 128, 128],
+        ];
+        let (w, h) = (32, 15);
+        let clip = Frames {
+            frames: colours.iter().map(|c| vec![*c; w * h]).collect(),
+            width: w,
+            height: h,
+        };
+        let path = dir.path().join("clip.mp4");
+        assert_eq!(write_mp4(&path, &clip, 8.0).unwrap(), Some(path.clone()));
+        let back = read_clip(&path, FrameNeed::ALL).unwrap();
+        assert_eq!(
+            (back.width, back.height, back.frames.len(), back.fps),
+            (w, h + 1, colours.len(), Some(8.0))
+        );
+        for (frame, colour) in back.frames.iter().zip(colours) {
+            let centre = frame[(h / 2) * w + w / 2];
+            let off = (0..3).map(|c| centre[c].abs_diff(colour[c])).max().unwrap();
+            assert!(off <= 6, "{centre:?} read back for {colour:?}");
+        }
+        let names = |d: &Path| std::fs::read_dir(d).unwrap().count();
+        assert_eq!(names(dir.path()), 1, "the temporary file is left");
+
+        let nowhere = dir.path().join("missing/clip.mp4");
+        let err = write_mp4(&nowhere, &clip, 8.0).unwrap_err().to_string();
+        assert!(err.contains("missing/clip.mp4"), "{err}");
+        let short = Frames {
+            frames: vec![vec![[0; 3]; w]],
+            ..clip
+        };
+        let err = write_mp4(&path, &short, 8.0).unwrap_err().to_string();
+        assert!(err.contains("not frames of 32x15"), "{err}");
+        assert_eq!(names(dir.path()), 1);
     }
 }

@@ -1,15 +1,14 @@
 //! Animated, looping GIFs.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 
-use super::{upscale, MediaError};
+use super::{save, upscale, MediaError};
 
 /// Write `frames` (each `width × height` RGB pixels, row-major) as an animated GIF that loops
 /// forever, each frame upscaled by `scale` (nearest neighbour; e.g. 8 turns 16 px into 128 px)
 /// and shown for `delay_cs` hundredths of a second. Frames with at most 256 colours are stored
-/// exactly; others are quantised (NeuQuant).
+/// exactly; others are quantised (NeuQuant). The file appears whole or not at all
+/// ([`save`](super::save)).
 pub fn write_gif(
     path: &Path,
     frames: &[Vec<[u8; 3]>],
@@ -41,11 +40,7 @@ pub fn write_gif(
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    let file = File::create(path).map_err(|error| MediaError::Io {
-        path: path.to_path_buf(),
-        error,
-    })?;
-    let mut encoder = ::gif::Encoder::new(BufWriter::new(file), gw, gh, &[]).map_err(encode)?;
+    let mut encoder = ::gif::Encoder::new(Vec::new(), gw, gh, &[]).map_err(encode)?;
     encoder
         .set_repeat(::gif::Repeat::Infinite)
         .map_err(encode)?;
@@ -55,12 +50,13 @@ pub fn write_gif(
         f.delay = delay_cs;
         encoder.write_frame(&f).map_err(encode)?;
     }
-    encoder.into_inner().map_err(encode)?;
-    Ok(())
+    save(path, &encoder.into_inner().map_err(encode)?)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
 
     fn decode(path: &Path) -> (u16, u16, Vec<Vec<u8>>) {

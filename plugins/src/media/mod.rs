@@ -12,7 +12,7 @@ mod png;
 pub mod resize;
 pub mod video;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use self::gif::write_gif;
 pub use self::png::write_png;
@@ -49,6 +49,23 @@ pub enum MediaError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// Write `bytes` to `path` through a temporary file beside it, renamed over `path` only once
+/// every byte is written: a full disk leaves the previous file (or none), never a cut one, and
+/// no temporary file.
+pub fn save(path: &Path, bytes: &[u8]) -> Result<(), MediaError> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|error| {
+        let _ = std::fs::remove_file(&tmp);
+        MediaError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    })
 }
 
 /// Nearest-neighbour upscaling of a `width × height` image by an integer `scale` (`0` is
@@ -115,6 +132,28 @@ pub fn contact_sheet(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write that fails leaves the previous file as it was and no temporary file.
+    #[test]
+    fn save_replaces_a_file_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sheet.png");
+        save(&path, b"first").unwrap();
+        save(&path, b"second").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        let entries = |d: &Path| std::fs::read_dir(d).unwrap().count();
+        assert_eq!(entries(dir.path()), 1);
+
+        // The temporary name is taken by a folder: the write fails, the file stays.
+        std::fs::create_dir(dir.path().join("sheet.png.tmp")).unwrap();
+        let err = save(&path, b"third").unwrap_err().to_string();
+        assert!(err.contains("sheet.png"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+
+        let nowhere = dir.path().join("missing/sheet.png");
+        assert!(save(&nowhere, b"x").is_err());
+        assert!(!dir.path().join("missing").exists());
+    }
 
     #[test]
     fn upscale_repeats_pixels() {

@@ -1,12 +1,11 @@
 //! Still images as 8-bit RGB PNGs.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 
-use super::MediaError;
+use super::{save, MediaError};
 
-/// Write a `width × height` RGB image (row-major) as an 8-bit RGB PNG.
+/// Write a `width × height` RGB image (row-major) as an 8-bit RGB PNG; the file appears whole
+/// or not at all ([`save`](super::save)).
 pub fn write_png(
     path: &Path,
     rgb: &[[u8; 3]],
@@ -31,21 +30,19 @@ pub fn write_png(
         path: path.to_path_buf(),
         reason: e.to_string(),
     };
-    let file = File::create(path).map_err(|error| MediaError::Io {
-        path: path.to_path_buf(),
-        error,
-    })?;
-    let mut encoder = ::png::Encoder::new(BufWriter::new(file), pw, ph);
+    let mut bytes = Vec::new();
+    let mut encoder = ::png::Encoder::new(&mut bytes, pw, ph);
     encoder.set_color(::png::ColorType::Rgb);
     encoder.set_depth(::png::BitDepth::Eight);
     let mut writer = encoder.write_header().map_err(encode)?;
     writer.write_image_data(&rgb.concat()).map_err(encode)?;
     writer.finish().map_err(encode)?;
-    Ok(())
+    save(path, &bytes)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::io::BufReader;
 
     use super::*;

@@ -2,17 +2,14 @@
 //! written as a GIF and, when the `ffmpeg` binary is installed
 //! (`scripts/install-ffmpeg.sh`), as an H.264 MP4.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use reel_core::data::DataSpec;
 use reel_models::vae::{Tiling, VaeError, WanVae};
 
-use super::decode::ffmpeg_available;
-use super::MediaError;
+pub use super::ffmpeg::write_mp4;
 
 /// A decoded clip: `frames` of `width × height` RGB pixels.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,44 +97,6 @@ pub fn pick_frames(frames: &[Vec<[u8; 3]>], n: usize) -> Vec<Vec<[u8; 3]>> {
     (0..n)
         .map(|i| frames[i * (frames.len() - 1) / (n - 1)].clone())
         .collect()
-}
-
-/// Write `frames` as an H.264 MP4 at `fps` through the `ffmpeg` binary. Returns `Ok(None)`
-/// when FFmpeg is not installed (nothing is written), else the file.
-pub fn write_mp4(path: &Path, clip: &Frames, fps: f64) -> Result<Option<PathBuf>, MediaError> {
-    if !ffmpeg_available() {
-        return Ok(None);
-    }
-    let io = |error| MediaError::Io {
-        path: path.to_path_buf(),
-        error,
-    };
-    let size = format!("{}x{}", clip.width, clip.height);
-    let mut child = Command::new("ffmpeg")
-        .args(["-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24"])
-        .args(["-s", &size, "-r", &format!("{fps}"), "-i", "-"])
-        .args(["-c:v", "libx264", "-pix_fmt", "yuv420p"])
-        .args(["-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2"])
-        .arg(path)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(io)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        for frame in &clip.frames {
-            let bytes: Vec<u8> = frame.iter().flatten().copied().collect();
-            stdin.write_all(&bytes).map_err(io)?;
-        }
-    }
-    let out = child.wait_with_output().map_err(io)?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(MediaError::Encode {
-            path: path.to_path_buf(),
-            reason: format!("FFmpeg: {}", err.lines().next().unwrap_or("failed")),
-        });
-    }
-    Ok(Some(path.to_path_buf()))
 }
 
 #[cfg(test)]

@@ -177,16 +177,19 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         target.width,
         args.vae.display()
     );
+    // A resumed run keeps the negative file it wrote; one made with another prompt, length or
+    // text encoder (a run stopped before its first shard, resumed with other models) is
+    // replaced.
+    let same_models = resume::recorded_as(&args.out, settings);
     // Only now, with the models loaded, is the folder taken over.
     resume::record(&args.out, settings)?;
     let negative = args.out.join(negative::FILE_NAME);
-    // A resumed run keeps the file it wrote; one made with another prompt is replaced.
     let stored = negative::stored_prompt(&negative);
-    if stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
+    if !same_models || stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
         if stored.is_some() {
             eprintln!(
-                "reel: replacing {}: it holds another negative prompt or length than \
-                 --negative and --text-len",
+                "reel: replacing {}: it was made with another negative prompt, --text-len or \
+                 text encoder",
                 negative.display()
             );
         }

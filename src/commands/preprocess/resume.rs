@@ -51,6 +51,15 @@ pub fn check(out: &Path, settings: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `out` records exactly `settings` (a run with these settings, the same models
+/// included, wrote what is there); `false` when nothing readable is recorded.
+pub fn recorded_as(out: &Path, settings: &Value) -> bool {
+    std::fs::read_to_string(out.join(SETTINGS_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .is_some_and(|before| differences(&before, settings).is_empty())
+}
+
 /// Write `settings` to `out`'s [`SETTINGS_FILE`], creating `out`.
 pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;

@@ -6,7 +6,8 @@
 //! for each of the first `num_prompts` prompts of the data source, with the sampling role's EMA
 //! shadow swapped in when `use_ema` is set and a shadow exists. It writes
 //! `<run>/samples/step-<N>/`:
-//! - `<i>-<caption>.gif`: one looping GIF per prompt (spaces in the caption become `_`);
+//! - `<i>-<caption>.gif`: one looping GIF per prompt (spaces in the caption become `_`),
+//!   and `<i>-<caption>.mp4` beside it for decoded videos when FFmpeg is installed;
 //! - `sheet.png`: a contact sheet, one row per prompt (labelled with its score and caption),
 //!   one column per frame;
 //! - `scores.json`: per-clip scores, when the data has an evaluator.
@@ -229,20 +230,8 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             spec,
         };
         let clips = self.sample(ctx, &req)?;
-        if clips.len() != captions.len() {
-            return Err(CallbackError::Other(format!(
-                "validation @ step {step}: the method returned {} clips for {} prompts",
-                clips.len(),
-                captions.len()
-            )));
-        }
-        if let Some(i) = clips.iter().position(|c| c.len() != spec.latent_numel()) {
-            return Err(CallbackError::Other(format!(
-                "validation @ step {step}: clip {i} has {} values, expected {} ({spec:?})",
-                clips[i].len(),
-                spec.latent_numel()
-            )));
-        }
+        output::check_clips(&clips, captions.len(), &spec)
+            .map_err(|e| CallbackError::Other(format!("validation @ step {step}: {e}")))?;
 
         let dir = ctx.run_dir.join("samples").join(format!("step-{step}"));
         if dir.exists() {
@@ -265,7 +254,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         if let Some(scores) = scores {
             metrics = mean_scores(&scores);
             let path = dir.join(output::SCORES_FILE);
-            output::write_scores(&path, step, &metrics, &captions, &files, &scores)?;
+            output::write_scores(&path, step, &metrics, &captions, &scores)?;
             files.push(path);
         }
         print_line(&summary_line(step, &metrics, clips.len(), &sheet_path));

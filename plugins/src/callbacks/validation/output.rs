@@ -1,5 +1,5 @@
-//! What one validation writes and reports: a GIF per clip, the contact sheet, the scores file
-//! and the printed summary line.
+//! What one validation writes and reports: a GIF (and, with FFmpeg, an MP4) per clip, the
+//! contact sheet, the scores file and the printed summary line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use reel_core::callback::CallbackError;
 use reel_core::data::{ClipScore, DataSpec};
 
-use crate::callbacks::io_error;
+use crate::callbacks::{io_error, print_line};
 use crate::media::resize::resize;
 use crate::media::video::{pick_frames, write_mp4, Frames};
 use crate::media::{contact_sheet, write_gif, write_png, MediaError};
@@ -135,8 +135,27 @@ impl ClipStyle {
     }
 }
 
+/// Check what a method's `sample` returned: one clip per prompt, each of `spec`'s latent size
+/// (a plugin method may get either wrong); the error says which.
+pub fn check_clips(clips: &[Vec<f32>], prompts: usize, spec: &DataSpec) -> Result<(), String> {
+    if clips.len() != prompts {
+        return Err(format!(
+            "the method returned {} clips for {prompts} prompts",
+            clips.len()
+        ));
+    }
+    match clips.iter().position(|c| c.len() != spec.latent_numel()) {
+        Some(i) => Err(format!(
+            "clip {i} has {} values, expected {} ({spec:?})",
+            clips[i].len(),
+            spec.latent_numel()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Write one GIF per clip (named by [`clip_file_name`]; plus an MP4 when the style asks and
-/// FFmpeg is installed) and the contact sheet [`SHEET_FILE`] into `dir`, its rows labelled
+/// FFmpeg is installed, a failed MP4 being a warning) and the contact sheet [`SHEET_FILE`] into `dir`, its rows labelled
 /// by `labels` (see [`sheet_label`]); returns the files, clips first.
 pub fn write_clips(
     dir: &Path,
@@ -154,7 +173,11 @@ pub fn write_clips(
         write_gif(&path, &clip.frames, w, h, s, style.delay_cs).map_err(media)?;
         files.push(path.clone());
         if let Some(fps) = style.mp4_fps {
-            files.extend(write_mp4(&path.with_extension("mp4"), clip, fps).map_err(media)?);
+            // The MP4 is an extra beside the GIF: an FFmpeg without H.264 must not end a run.
+            match write_mp4(&path.with_extension("mp4"), clip, fps) {
+                Ok(mp4) => files.extend(mp4),
+                Err(e) => print_line(&format!("reel: warning: no MP4 written: {e}")),
+            }
         }
         rows.push(sheet_row(clip, style));
     }
@@ -189,20 +212,19 @@ fn sheet_row(clip: &Frames, style: &ClipStyle) -> Frames {
 }
 
 /// Write `path` (`scores.json`): the step, the mean metrics and, per clip, its caption, GIF
-/// file name, overall score and criteria.
+/// file name ([`clip_file_name`]), overall score and criteria.
 pub fn write_scores(
     path: &Path,
     step: u64,
     metrics: &[(String, f64)],
     captions: &[String],
-    files: &[PathBuf],
     scores: &[ClipScore],
 ) -> Result<(), CallbackError> {
-    let per_clip: Vec<serde_json::Value> = (scores.iter().zip(captions).zip(files))
-        .map(|((s, caption), file)| {
+    let per_clip: Vec<serde_json::Value> = (scores.iter().zip(captions).enumerate())
+        .map(|(i, (s, caption))| {
             serde_json::json!({
                 "caption": caption,
-                "file": file.file_name().map(|f| f.to_string_lossy()),
+                "file": clip_file_name(i, caption),
                 "overall": s.overall,
                 "criteria": s.criteria.iter().cloned().collect::<BTreeMap<String, f32>>(),
             })
@@ -237,6 +259,13 @@ mod tests {
         assert_eq!(display_scale(&spec(16, 16)), 8);
         assert_eq!(display_scale(&spec(60, 104)), 2);
         assert_eq!(display_scale(&spec(512, 512)), 1);
+        let s = spec(2, 3);
+        let clip = vec![0.0; s.latent_numel()];
+        assert_eq!(check_clips(&[clip.clone(), clip.clone()], 2, &s), Ok(()));
+        let err = check_clips(std::slice::from_ref(&clip), 2, &s).unwrap_err();
+        assert!(err.contains("1 clips for 2 prompts"), "{err}");
+        let err = check_clips(&[clip, vec![0.0; 5]], 2, &s).unwrap_err();
+        assert!(err.contains("clip 1 has 5 values, expected 96"), "{err}");
         let score = |c: f32, s: f32, overall: f32| ClipScore {
             criteria: vec![("colour".into(), c), ("shape".into(), s)],
             overall,
@@ -297,15 +326,7 @@ mod tests {
         };
         let path = dir.path().join(SCORES_FILE);
         let metrics = mean_scores(&[score.clone(), score.clone()]);
-        write_scores(
-            &path,
-            7,
-            &metrics,
-            &captions,
-            &files,
-            &[score.clone(), score],
-        )
-        .unwrap();
+        write_scores(&path, 7, &metrics, &captions, &[score.clone(), score]).unwrap();
         let doc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(doc["metrics"]["val/colour"], 1.0);
@@ -344,5 +365,8 @@ mod tests {
         let gif = &files[0];
         assert!(gif.ends_with("0-a_cat.gif") && gif.is_file());
         assert!(files.last().unwrap().ends_with(SHEET_FILE));
+        if crate::media::decode::ffmpeg_for_tests() {
+            assert!(files[1].ends_with("0-a_cat.mp4") && files[1].is_file());
+        }
     }
 }
