@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by bench/gpu.sh and bench/gpu-tests.sh on the GPU machine: makes the NVIDIA
 # libraries that Reel loads at run time (as CubeCL loads NVRTC) loadable:
 # - `libcublas.so.*`, for the `cublas*` matmul kernels (the `cuda` default);
@@ -20,7 +21,8 @@ for p in nvidia.__path__:
     for s in sorted(os.listdir(p)):
         print(os.path.join(p, s, "lib"))' 2>/dev/null)
   for lib in libcublas libcupti libcudnn libnvrtc; do
-    if ldconfig -p 2>/dev/null | grep -q "$lib\.so"; then continue; fi
+    # Not `grep -q`: it would stop ldconfig with SIGPIPE, a failed pipeline under pipefail.
+    if ldconfig -p 2>/dev/null | grep "$lib\.so" >/dev/null; then continue; fi
     for d in "${dirs[@]}" ""; do
       if [[ -z $d ]]; then
         echo "no $lib.so found: Reel falls back without it" >&2

@@ -14,8 +14,9 @@
 # bf16 model checks. FILTER replaces that filter (several space-separated names: the tests
 # matching any of them); OUT_LOG (default $OUT/gpu-tests.log when
 # $OUT is set) receives the whole log. Each binary gets at most TEST_TIMEOUT_S seconds
-# (default 240), so that a hung kernel cannot take the whole device session. Exits non-zero
-# when a test binary fails or times out.
+# (default 240) per name of FILTER that it holds tests for, so that a hung or slow kernel
+# cannot take the whole device session nor the other names' results. Exits non-zero when a
+# test binary fails or times out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-bench/bin}
@@ -55,9 +56,9 @@ for line in sys.stdin:
   exit 0
 fi
 
-if [[ ! -d $TEST_DIR && -f $BIN_DIR/reel-cuda-tests.tar.xz ]]; then
-  tar -C "$BIN_DIR" -xJf "$BIN_DIR/reel-cuda-tests.tar.xz"
-fi
+# shellcheck source=bench/unpack.sh
+source bench/unpack.sh
+unpack "$BIN_DIR/reel-cuda-tests.tar.xz" "$BIN_DIR"
 [[ -d $TEST_DIR ]] || { echo "missing $TEST_DIR: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
 # shellcheck source=bench/cuda-libs.sh
 source bench/cuda-libs.sh
@@ -73,16 +74,18 @@ echo "test binaries built from commit $(cat "$TEST_DIR/REV" 2>/dev/null || echo 
 failed=()
 for t in "$TEST_DIR"/*; do
   [[ -x $t ]] || continue
-  echo "=== $(basename "$t") ($FILTER)" | tee -a "$log"
-  # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
-  # $FILTER unquoted: each name is a filter of its own.
-  # shellcheck disable=SC2086
-  timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" $FILTER --test-threads 1 --nocapture 2>&1 | tee -a "$log"
-  case ${PIPESTATUS[0]} in
-    0) ;;
-    124 | 137) failed+=("$(basename "$t") (timed out)") ;;
-    *) failed+=("$(basename "$t")") ;;
-  esac
+  tests=$("$t" --list 2>/dev/null)
+  for f in $FILTER; do
+    grep -qF -- "$f" <<<"$tests" || continue
+    echo "=== $(basename "$t") ($f)" | tee -a "$log"
+    # Tests of one binary share the GPU; one thread keeps their memory and timings apart.
+    timeout -k 5 "${TEST_TIMEOUT_S:-240}" "$t" "$f" --test-threads 1 --nocapture 2>&1 | tee -a "$log"
+    case ${PIPESTATUS[0]} in
+      0) ;;
+      124 | 137) failed+=("$(basename "$t") $f (timed out)") ;;
+      *) failed+=("$(basename "$t") $f") ;;
+    esac
+  done
 done
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" | tee -a "$log"

@@ -69,6 +69,11 @@
 # (out of memory) is recorded with `error` and the list goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# An empty pin is no pin (REEL_MATMUL="" would not parse, and fall back to Burn's matmul, not
+# the `cuda` default).
+for pin in REEL_MATMUL REEL_FLASH REEL_TILED_TILES; do
+  if [[ -n ${!pin+x} && -z ${!pin} ]]; then unset "$pin"; fi
+done
 # ONLY: the plan's last parts alone (above); ENCODERS=only is ONLY=encoders.
 ONLY=${ONLY:-}
 if [[ ${ENCODERS:-1} == only ]]; then ONLY=${ONLY:-encoders}; fi
@@ -154,10 +159,10 @@ if [[ -n ${BUILD_ONLY:-} ]]; then
   ls -l "$BIN_DIR"
   exit 0
 fi
+# shellcheck source=bench/unpack.sh
+source bench/unpack.sh
+unpack "$BIN_DIR/reel-cuda.tar.xz" "$BIN_DIR"
 for v in $VARIANTS; do
-  if [[ ! -x $BIN_DIR/reel-cuda-$v && -f $BIN_DIR/reel-cuda.tar.xz ]]; then
-    tar -C "$BIN_DIR" -xJf "$BIN_DIR/reel-cuda.tar.xz"
-  fi
   [[ -x $BIN_DIR/reel-cuda-$v ]] || { echo "missing $BIN_DIR/reel-cuda-$v: run BUILD_ONLY=1 $0 first" >&2; exit 2; }
 done
 # The commit the binaries were built from (bench/variants.sh writes it beside each).
@@ -188,7 +193,8 @@ mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 manifest=$tmp/manifest.jsonl
 : >"$manifest"
-start=$SECONDS
+# The budget counts from this script's start: unpacking and the library search take time too.
+start=0
 n=0
 
 # Seconds this run may still take (a large number without a budget).
@@ -206,16 +212,21 @@ peak_run() {
   echo "$rc $(sort -n "$tmp/mem" | tail -1 | tr -d ' ')"
 }
 
-# One job: `job KIND KEY=VALUE... -- COMMAND...`; records it in the manifest (skipped when
-# under 30 seconds of the budget are left) and rewrites the results.
+# One job: `job KIND KEY=VALUE... -- COMMAND...`; records it in the manifest and rewrites the
+# results. It is skipped when less of the budget is left than it needs to finish: 30 seconds,
+# 90 for the long ones (29120 tokens, the shipped configs, the encoders), which would only be
+# killed part way.
 job() {
   local kind=$1; shift
-  local fields=()
+  local fields=() need=30
   while [[ $1 != -- ]]; do fields+=("$1"); shift; done
   shift
+  case " $kind ${fields[*]} " in
+    *" encoder "* | *" shape=20,56,104 "* | *" method=configs/"*) need=90 ;;
+  esac
   n=$((n + 1))
   local file=$tmp/run.$n.json rc=skipped mem="" began=$SECONDS secs=""
-  if (($(left) >= 30)); then
+  if (($(left) >= need)); then
     echo "[$((SECONDS - start)) s] $kind ${fields[*]}" >&2
     read -r rc mem < <(peak_run "$file" "$@")
     secs=$((SECONDS - began))
@@ -425,10 +436,17 @@ print(best[1])
 PY
 }
 
-# Rewrite $out.json and $out.md from the manifest (and copy them under $OUT).
+# Rewrite $out.json and $out.md from the manifest, and copy them under $OUT with every job's
+# raw output and full stderr (gpu-logs.tgz: the manifest and run.N.json[.err]), which come back
+# even when the summary cannot be made.
 summarize() {
-  "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" "$rev" &&
-    if [[ -n ${OUT:-} ]]; then cp "$out.json" "$out.md" "$OUT/"; fi
+  "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" "$rev" ||
+    echo "bench/gpu_summary.py failed: the raw results are in gpu-logs.tgz" >&2
+  if [[ -n ${OUT:-} ]]; then
+    cp "$out.json" "$out.md" "$OUT/" 2>/dev/null
+    tar -C "$tmp" --exclude=profile -czf "$OUT/gpu-logs.tgz" . 2>/dev/null
+  fi
+  return 0
 }
 
 # FastVideo's 29120 tokens side by side, then the shipped configs at that shape (ONLY=configs).
@@ -463,7 +481,7 @@ elif [[ $PLAN == session ]]; then
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
-    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-burn}" >&2
+    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-cuBLAS (the cuda default), or no result}" >&2
   fi
   if [[ $ATTENTION == pick ]]; then
     pick=$(fastest_attention 21,30,52)
