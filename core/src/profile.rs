@@ -167,11 +167,13 @@ mod tests {
     fn nested_phases_are_exclusive_and_summed_per_step() {
         let dev = Default::default();
         start();
+        let wall = std::time::Instant::now();
         phase::<TestBackend, _>("outer", &dev, || {
             busy(20);
             phase::<TestBackend, _>("inner", &dev, || busy(30));
             phase::<TestBackend, _>("inner", &dev, || busy(30));
         });
+        let wall = wall.elapsed().as_secs_f64() * 1e3;
         end_step();
         phase::<TestBackend, _>("inner", &dev, || busy(5));
         end_step();
@@ -181,9 +183,11 @@ mod tests {
         assert_eq!(names, ["inner", "outer"], "inner closes first: {steps:?}");
         let (inner, outer) = (steps[0][0].ms, steps[0][1].ms);
         assert!(inner >= 60.0, "two inner phases summed: {inner}");
+        // Counted twice, the nested 60 ms would push the sum past the wall time (sleeps only
+        // bound from below, so no upper bound on either phase alone holds on a busy machine).
         assert!(
-            outer >= 20.0 && outer < inner,
-            "outer excludes its nested phases: outer {outer}, inner {inner}"
+            outer >= 20.0 && outer + inner <= wall + 0.5,
+            "outer excludes its nested phases: outer {outer}, inner {inner}, wall {wall}"
         );
         assert_eq!(steps[1].len(), 1);
         assert!(!is_on(), "finish stops recording");
@@ -218,22 +222,23 @@ mod tests {
     fn host_time_is_the_phases_own_code_before_its_closing_sync() {
         let dev = Default::default();
         start();
+        let wall = std::time::Instant::now();
         phase::<TestBackend, _>("outer", &dev, || {
             busy(10);
             phase::<TestBackend, _>("inner", &dev, || busy(25));
         });
+        let wall = wall.elapsed().as_secs_f64() * 1e3;
         end_step();
         let steps = finish();
         for p in &steps[0] {
-            // On the CPU the sync waits for nothing: the host time is nearly all of it.
             assert!(p.host_ms <= p.ms, "{p:?}");
-            assert!(p.ms - p.host_ms < 5.0, "{p:?}");
         }
+        // On the CPU the sync waits for nothing: the host time is the sleeps.
         let (inner, outer) = (&steps[0][0], &steps[0][1]);
         assert!(inner.host_ms >= 25.0, "{inner:?}");
         assert!(
-            outer.host_ms >= 10.0 && outer.host_ms < inner.host_ms,
-            "the outer phase's host time excludes the inner phase: {outer:?}"
+            outer.host_ms >= 10.0 && outer.host_ms + inner.host_ms <= wall + 0.5,
+            "the outer phase's host time excludes the inner phase: {outer:?}, wall {wall}"
         );
     }
 }

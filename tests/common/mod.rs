@@ -239,6 +239,34 @@ every_steps = 1
     )
 }
 
+/// A `logging` callback that writes only `metrics.jsonl`, one line per step: appended to a
+/// run config, it lets [`wait_for_steps`] see the run's progress.
+pub const STEP_LOG: &str =
+    "\n[[callbacks]]\nkind = \"logging\"\nprogress = false\ntensorboard = false\nplot = false\n";
+
+/// Wait until the `reel train` child writing `run_dir` has logged `steps` steps to its
+/// `metrics.jsonl` (its config needs [`STEP_LOG`]), so that a signal sent next lands in
+/// training, whatever the machine's load, not before the interrupt handler is installed.
+/// Panics if the child exits first or after 120 s.
+pub fn wait_for_steps(child: &mut std::process::Child, run_dir: &Path, steps: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let logged = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .map_or(0, |text| text.matches('\n').count());
+        if logged >= steps {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("reel train exited ({status}) before logging step {steps}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reel train logged no step {steps} within 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Number of logged records holding `key`.
 pub fn records_with(run_dir: &Path, key: &str) -> usize {
     let records = read_metrics(&run_dir.join("metrics.jsonl")).unwrap();

@@ -157,11 +157,12 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
         &config,
         CONFIG
             .replace("max_steps = 4", "max_steps = 100000")
-            .replace("checkpoint_every = 1", "checkpoint_every = 100000"),
+            .replace("checkpoint_every = 1", "checkpoint_every = 100000")
+            + common::STEP_LOG,
     )
     .unwrap();
     let out = tmp.path().join("run");
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .arg("train")
         .arg(&config)
         .arg("--output")
@@ -169,7 +170,7 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    common::wait_for_steps(&mut child, &out, 1);
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-INT", &pid])
@@ -217,12 +218,12 @@ fn a_second_ctrl_c_exits_at_once_without_damage() {
         &long,
         CONFIG
             .replace("max_steps = 4", "max_steps = 100000")
-            .replace("keep_last = 2", "keep_last = 100"),
+            .replace("keep_last = 2", "keep_last = 100")
+            + common::STEP_LOG,
     )
     .unwrap();
-    let delays = [
-        1200u64, 1500, 1800, 1300, 1600, 1900, 1400, 1700, 2000, 1250,
-    ];
+    // After the first logged step, so that the signals land in training on a loaded machine.
+    let delays = [200u64, 500, 800, 300, 600, 900, 400, 700, 1000, 250];
     let mut exited_at_once = 0;
     for (i, ms) in delays.iter().enumerate() {
         if exited_at_once == 3 {
@@ -250,6 +251,7 @@ fn a_second_ctrl_c_exits_at_once_without_damage() {
             }
             all
         });
+        common::wait_for_steps(&mut child, &out, 1);
         std::thread::sleep(Duration::from_millis(*ms));
         let pid = child.id().to_string();
         let kill = || {

@@ -301,9 +301,10 @@ fn ctrl_c_stops_every_worker_at_the_same_step_and_the_group_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let long = finetune("")
         .replace("max_steps = 3", "max_steps = 100000")
-        .replace("checkpoint_every = 1", "checkpoint_every = 100000");
+        .replace("checkpoint_every = 1", "checkpoint_every = 100000")
+        + common::STEP_LOG;
     std::fs::write(tmp.path().join("run.toml"), long).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_reel"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_reel"))
         .current_dir(tmp.path())
         .args([
             "train",
@@ -317,7 +318,7 @@ fn ctrl_c_stops_every_worker_at_the_same_step_and_the_group_resumes() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    common::wait_for_steps(&mut child, &tmp.path().join("run"), 1);
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-INT", &pid])

@@ -53,8 +53,9 @@ mod tests {
     use super::*;
     use crate::lora::apply_lora;
     use crate::lora::LoraSpec;
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::Tensor;
     use reel_core::params::named_tensor_data;
+    use reel_core::rng::StreamRng;
 
     type B = burn::backend::Flex;
 
@@ -77,20 +78,17 @@ mod tests {
         };
         let mut model = apply_lora(base, &spec, 0).unwrap();
         // Give B non-zero values so the adapter changes the output.
+        let mut rng = StreamRng::from_seed(4);
         for (_, lin) in wan_linears_mut(&mut model) {
             if let Some(b) = lin.lora_B.as_mut() {
                 let shape = b.weight.lazy_shape();
-                let v = Tensor::<B, 2>::random(
-                    [shape[0], shape[1]],
-                    Distribution::Normal(0.0, 0.1),
-                    &dev,
-                );
+                let v = rng.normal_tensor::<B, 2>([shape[0], shape[1]], &dev) * 0.1;
                 b.weight = burn::module::Param::from_tensor(v);
             }
         }
-        let x = Tensor::<B, 5>::random([1, 4, 1, 4, 4], Distribution::Normal(0.0, 1.0), &dev);
+        let x: Tensor<B, 5> = rng.normal_tensor([1, 4, 1, 4, 4], &dev);
         let t = Tensor::<B, 1>::from_floats([500.0], &dev);
-        let ctx = Tensor::<B, 3>::random([1, 3, 32], Distribution::Normal(0.0, 1.0), &dev);
+        let ctx: Tensor<B, 3> = rng.normal_tensor([1, 3, 32], &dev);
         let run = |m: &WanModel<B>| m.forward(x.clone(), t.clone(), ctx.clone());
         let adapted = run(&model);
         assert_eq!(merge_lora(&mut model), 2 * 2 + 2 + 1);
