@@ -3,8 +3,9 @@
 # gradient checkpointing, with PyTorch + diffusers beside each (shape, dtype, checkpointing)
 # in the same run, the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens, and the
 # Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens).
-# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (RESULTS_DIR; and a copy under $OUT)
-# after every run, so a run cut short still leaves what it measured: one row per Reel run
+# Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (RESULTS_DIR; and a copy under $OUT,
+# with every run's raw output and stderr as gpu-logs.tgz) after every run, so a run cut short
+# still leaves what it measured: one row per Reel run
 # with the device, the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON
 # of every GPU run.
 #

@@ -51,7 +51,12 @@ fn preprocess_with(input: &Path, out: &Path, vae: &Path, t5: &Path, extra: &[&st
         .arg("--tokenizer")
         .arg(t5.join("tokenizer.json"))
         .args(["--frames", &frames, "--height", &side, "--width", &side])
-        .args(["--fps", "0", "--text-len", "24", "--rows-per-file", "2"])
+        .args(["--text-len", "24", "--rows-per-file", "2"])
+        .args(if extra.contains(&"--fps") {
+            &[][..]
+        } else {
+            &["--fps", "0"][..]
+        })
         .args(extra)
         .output()
         .expect("reel runs")
@@ -385,4 +390,66 @@ fn a_rotated_video_is_encoded_upright() {
         left.min(right) < 1e-5 && upright > 1e-3,
         "latent against the frames turned left {left}, right {right}, not turned {upright}"
     );
+}
+
+/// `--fps` samples each clip at that rate from its first frame, as FastVideo does (frame
+/// `⌊i · source rate / target rate⌋`): a 10 fps GIF and (with FFmpeg) a lossless 10 fps
+/// QuickTime clip at `--fps 5` are encoded from their frames 0, 2, 4, …; a clip too short for
+/// the frames at that rate is named and left out.
+#[test]
+fn frames_are_sampled_at_the_target_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pngs, input) = (tmp.path().join("pngs"), tmp.path().join("clips"));
+    std::fs::create_dir(&pngs).unwrap();
+    std::fs::create_dir(&input).unwrap();
+    let frames: Vec<_> = (0..2 * FRAMES + 1).map(|i| frame(5 * i)).collect();
+    // 10 cs per frame: 10 fps.
+    write_gif(&input.join("a.gif"), &frames, SIDE, SIDE, 1, 10).unwrap();
+    std::fs::write(input.join("a.txt"), "every other frame").unwrap();
+    let short = &frames[..2 * FRAMES - 2];
+    write_gif(&input.join("b.gif"), short, SIDE, SIDE, 1, 10).unwrap();
+    std::fs::write(input.join("b.txt"), "too short at 5 fps").unwrap();
+    let with_video = reel_plugins::media::decode::ffmpeg_for_tests();
+    if with_video {
+        for (i, f) in frames.iter().enumerate() {
+            write_png(&pngs.join(format!("f{i:03}.png")), f, SIDE, SIDE).unwrap();
+        }
+        let o = Command::new("ffmpeg")
+            .args(["-v", "error", "-framerate", "10", "-i"])
+            .arg(pngs.join("f%03d.png"))
+            .args(["-c:v", "png"])
+            .arg(input.join("c.mov"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::write(input.join("c.txt"), "every other frame, from a video").unwrap();
+    }
+
+    let out = tmp.path().join("pq");
+    let o = preprocess(&input, &out, &["--fps", "5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("b.gif"), "the short clip is named: {err}");
+    let cfg = format!(
+        "kind = \"fastvideo_parquet\"\npath = {out:?}\ntext_len = 24\nnormalize = \"none\""
+    );
+    let data: Box<dyn DataConfig> = toml::from_str(&cfg).unwrap();
+    let source = data.build(tmp.path()).unwrap();
+    assert_eq!(source.len(), 1 + usize::from(with_video), "b.gif is left out");
+
+    let vae = WanVae::<Cpu>::load(reel_core::fixtures::WAN_VAE.dir(), &Default::default()).unwrap();
+    let mean = |picked: Vec<Vec<[u8; 3]>>| {
+        let m = vae.encode(video(&picked)).unwrap().mean;
+        m.into_data().to_vec::<f32>().unwrap()
+    };
+    let every_other = mean(frames.iter().step_by(2).take(FRAMES).cloned().collect());
+    let first = mean(frames[..FRAMES].to_vec());
+    for i in 0..source.len() {
+        let got = source.get(i).unwrap().latents;
+        let (d, d_first) = (max_diff(&got, &every_other), max_diff(&got, &first));
+        assert!(
+            d < 1e-5 && d_first > 1e-3,
+            "clip {i}: {d} from frames 0, 2, 4, …; {d_first} from the first {FRAMES}"
+        );
+    }
 }
