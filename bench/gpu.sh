@@ -24,8 +24,8 @@
 # ATTENTION (default `pick`: the mode fastest in that run; or name one), in this order, each
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
-# (when they are not the `cuda` default, cuBLAS), and with each pin of STEP_PINS (default
-# "cublas-stream cublas-async": cuBLAS without host syncs), and, with ATTENTION flash, once with
+# (when they are not the `cuda` default, cuBLAS on CubeCL's stream), and with each pin of
+# STEP_PINS (default "cublas-async": cuBLAS ordered on the device), and, with ATTENTION flash, once with
 # each value of REEL_FLASH in FLASH_PINS (default "cudnn": attention on cuDNN) and the fastest
 # matmul pin so far; then, with the variant (and pins) that was fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
 # autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
@@ -105,14 +105,15 @@ case $PLAN in
     # everything in registers; `p`: with it, tiles streamed by asynchronous copies).
     TILES=${TILES-""}
     # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
-    # matmul: NVIDIA's cuBLAS, ordered by host syncs (`cublas`, the `cuda` default), by flags
-    # on the device (`cublas-async`) and on CubeCL's own stream (`cublas-stream`), and
+    # matmul: NVIDIA's cuBLAS, ordered by host syncs (`cublas`), by flags
+    # on the device (`cublas-async`) and on CubeCL's own stream (`cublas-stream`, the `cuda`
+    # default since the H200 run of 2026-11-30), and
     # the fastest cubek kernel of the H100 run of 2026-11-27 for reference. When the fastest is
     # not the default, the 8190-token step runs again pinned to it.
     MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async cublas-stream specialized-tma-mma"}
-    # The 8190-token step again with each of these pins: the orderings without host syncs,
-    # which the matmul-alone run cannot tell apart from `cublas` (it times each product alone).
-    STEP_PINS=${STEP_PINS-"cublas-stream cublas-async"}
+    # The 8190-token step again with each of these pins: another ordering than the default,
+    # which the matmul-alone run cannot rank in a step (it times each product alone).
+    STEP_PINS=${STEP_PINS-"cublas-async"}
     # The 8190-token step again with each of these REEL_FLASH values (`flash` attention only):
     # the attention on cuDNN's fused engines, PyTorch's on Hopper. The attention-alone run (a
     # `flash cudnn` row) then runs whatever ATTENTION is.
@@ -349,7 +350,7 @@ for line in open(manifest):
         except Exception:
             pass
 # The `cuda` default (wan::matmul::default_pin) needs no pin.
-print("" if best == "cublas" else best)
+print("" if best == "cublas-stream" else best)
 PY
 }
 
@@ -482,7 +483,7 @@ elif [[ $PLAN == session ]]; then
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
-    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-cuBLAS (the cuda default), or no result}" >&2
+    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-cublas-stream (the cuda default), or no result}" >&2
   fi
   if [[ $ATTENTION == pick ]]; then
     pick=$(fastest_attention 21,30,52)

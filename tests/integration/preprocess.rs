@@ -435,7 +435,11 @@ fn frames_are_sampled_at_the_target_rate() {
     );
     let data: Box<dyn DataConfig> = toml::from_str(&cfg).unwrap();
     let source = data.build(tmp.path()).unwrap();
-    assert_eq!(source.len(), 1 + usize::from(with_video), "b.gif is left out");
+    assert_eq!(
+        source.len(),
+        1 + usize::from(with_video),
+        "b.gif is left out"
+    );
 
     let vae = WanVae::<Cpu>::load(reel_core::fixtures::WAN_VAE.dir(), &Default::default()).unwrap();
     let mean = |picked: Vec<Vec<[u8; 3]>>| {

@@ -10,7 +10,8 @@
 //!   (forward and both gradients, the FFN's fused GELU product included; a LoRA adapter's
 //!   small up projection stays on Burn's) run on that kernel on the plain CubeCL backends
 //!   (`cuda`, `wgpu` without `fusion`); `burn` keeps Burn's own matmul, and unset,
-//!   [`default_pin`] decides (cuBLAS on `cuda`, Burn's matmul elsewhere);
+//!   [`default_pin`] decides (cuBLAS on CubeCL's stream, `cublas-stream`, on `cuda`; Burn's
+//!   matmul elsewhere);
 //!   `REEL_MATMUL=forward=<name>,input-grad=<name>,weight-grad=<name>` pins one kernel per
 //!   product layout ([`MatmulPin`]);
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so

@@ -152,19 +152,24 @@ pub fn pin<B: Backend>() -> MatmulPin {
     set.unwrap_or_else(default_pin::<B>)
 }
 
-/// The pin when [`MATMUL_ENV`] is unset: cuBLAS for every product on the plain `cuda` backend
-/// (with or without autodiff) where `libcublas` loads, Burn's matmul elsewhere.
+/// The pin when [`MATMUL_ENV`] is unset: cuBLAS on CubeCL's own stream (`cublas-stream`: no
+/// host syncs; host syncs where CUPTI does not find the stream) for every product on the plain
+/// `cuda` backend (with or without autodiff) where `libcublas` loads, Burn's matmul elsewhere.
 ///
-/// Chosen by measurement (H100, 2026-11-27,
-/// `bench/results/2026-11-27-NVIDIA-H100-80GB-HBM3-session2.md`): the products of one Wan2.1-1.3B
-/// block at 8190 tokens took 4.8 ms on cuBLAS against 34.6 ms on Burn's matmul and 10.7 ms on the
-/// fastest cubek kernel (`reel bench --matmul-only`), and a checkpointed bf16 training step 1626 ms
-/// against 2072 ms.
+/// Chosen by measurement. H100, 2026-11-27
+/// (`bench/results/2026-11-27-NVIDIA-H100-80GB-HBM3-session2.md`): the products of one
+/// Wan2.1-1.3B block at 8190 tokens took 4.8 ms on cuBLAS against 34.6 ms on Burn's matmul and
+/// 10.7 ms on the fastest cubek kernel (`reel bench --matmul-only`), and a checkpointed bf16
+/// training step 1626 ms against 2072 ms. H200, 2026-11-30
+/// (`bench/results/2026-11-30-NVIDIA-H200.md`): the same step took 678 ms with `cublas-stream`,
+/// 1045 ms with `cublas-async` and 1273 ms with `cublas` (host syncs), PyTorch 519 ms; a
+/// block's products 2.9, 3.8 and 5.1 ms; `cuda_cublas_runs_every_problem` passed there for
+/// all three orderings.
 #[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 pub fn default_pin<B: Backend>() -> MatmulPin {
     #[cfg(feature = "cuda")]
     if super::cublas::default_on::<B>() {
-        return MatmulPin::all(Some(MatmulKernel::Cublas));
+        return MatmulPin::all(Some(MatmulKernel::CublasStream));
     }
     MatmulPin::default()
 }

@@ -257,9 +257,9 @@ fn cuda_cublas_runs_every_problem() {
             );
         }
     }
-    // With libcublas loadable (the test fails above otherwise), cuBLAS is the default on the
-    // plain CUDA backend, under autodiff too; Burn's matmul under Burn's fusion layer.
-    let cublas = MatmulPin::all(Some(MatmulKernel::Cublas));
+    // With libcublas loadable (the test fails above otherwise), cuBLAS on CubeCL's stream is
+    // the default on the plain CUDA backend, under autodiff too; Burn's matmul under fusion.
+    let cublas = MatmulPin::all(Some(MatmulKernel::CublasStream));
     assert_eq!(super::matmul::default_pin::<Cube>(), cublas);
     assert_eq!(super::matmul::default_pin::<Autodiff<Cube>>(), cublas);
 }
