@@ -11,13 +11,17 @@ use super::decode::{invalid, Clip, FrameNeed};
 use super::video::Frames;
 use super::MediaError;
 
-/// Whether the `ffmpeg` and `ffprobe` binaries run.
+/// Whether the `ffmpeg` and `ffprobe` binaries run (asked once per process: every video read
+/// and MP4 written checks it, which started both binaries each time).
 pub fn ffmpeg_available() -> bool {
-    ["ffmpeg", "ffprobe"].iter().all(|b| {
-        Command::new(b)
-            .arg("-version")
-            .output()
-            .is_ok_and(|o| o.status.success())
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        ["ffmpeg", "ffprobe"].iter().all(|b| {
+            Command::new(b)
+                .arg("-version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
     })
 }
 
