@@ -55,7 +55,9 @@
 #   BREAKDOWN_RUNS="finetune finetune-flash finetune-unfused dmd2 dmd2-flash" (-unfused:
 #   optimizer.fused = false; -flash: attention = "flash", tensor-core attention in bf16)
 #   TORCH=0 skips PyTorch (rows keep `torch_step_ms: null`); PYTHON picks its interpreter.
-#   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them.
+#   ENCODERS=0 skips the VAE / UMT5 runs; ENCODER_RUNS="<reel bench args>;..." replaces them
+#   (a run's leading NAME=value words are its environment, e.g. REEL_VAE_CONV=burn; each
+#   run's arguments also time PyTorch once, bench/pytorch/bench_encoders.py, unless TORCH=0).
 # ONLY (session settings) runs one or more of the plan's last parts alone, in the order given,
 # as a short second call on the warm machine when the plan's call ran out before them; pass
 # the first call's picks as ATTENTION (default flash), REEL_MATMUL and REEL_FLASH:
@@ -124,8 +126,10 @@ case $PLAN in
     ENCODER_STEPS=${ENCODER_STEPS:-1}
     # Five steps of the DMD2 config: it updates the generator every fifth step.
     DMD2_STEPS=${DMD2_STEPS:-5}
-    # UMT5 first: the VAE decode of 81x480x832 in 256-px tiles takes longer.
-    ENCODER_RUNS=${ENCODER_RUNS:-"--text-encoder umt5-xxl --text-len 512 --batch 1;--vae wan2.1 --video 81 480 832 --vae-tile 256"}
+    # The VAE of 81x480x832 in 256-px tiles on the default (gemm) convolutions first, then
+    # Burn's direct convolution against gemm on 5x240x416 (the old default: it did not finish
+    # 81x480x832 in 120 s), then UMT5; each with PyTorch's run beside it.
+    ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 81 480 832 --vae-tile 256;REEL_VAE_CONV=burn --vae wan2.1 --video 5 240 416 --vae-tile 256;--vae wan2.1 --video 5 240 416 --vae-tile 256;--text-encoder umt5-xxl --text-len 512 --batch 1"}
     BUDGET_S=${BUDGET_S-500}
     ;;
   matrix)
@@ -224,7 +228,7 @@ job() {
   while [[ $1 != -- ]]; do fields+=("$1"); shift; done
   shift
   case " $kind ${fields[*]} " in
-    *" encoder "* | *" shape=20,56,104 "* | *" method=configs/"*) need=90 ;;
+    *" encoder "* | *" torch-encoder "* | *" shape=20,56,104 "* | *" method=configs/"*) need=90 ;;
   esac
   n=$((n + 1))
   local file=$tmp/run.$n.json rc=skipped mem="" began=$SECONDS secs=""
@@ -362,11 +366,20 @@ attention_label() {
   echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}${REEL_MATMUL:+ (matmul $REEL_MATMUL)}${REEL_FLASH:+ (flash $REEL_FLASH)}"
 }
 
-encoder_job() { # VARIANT "<reel bench args>"
-  # shellcheck disable=SC2086 # $2 is a list of arguments
-  job encoder args="$2" -- "$BIN_DIR/reel-cuda-$1" bench --backend cuda $2 \
-    --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
+encoder_job() { # VARIANT "[NAME=value ...] <reel bench args>"
+  local words envs=() args
+  read -r -a words <<<"$2"
+  while [[ ${words[0]:-} == [A-Z]*=* ]]; do envs+=("${words[0]}"); words=("${words[@]:1}"); done
+  args=${words[*]}
+  job encoder args="$2" -- env "${envs[@]}" "$BIN_DIR/reel-cuda-$1" bench --backend cuda \
+    "${words[@]}" --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
+  # PyTorch's run of the same arguments, once (the environment words are Reel's kernels).
+  [[ $TORCH == 1 && " ${torch_encoder_done[*]} " != *" [$args] "* ]] || return 0
+  torch_encoder_done+=("[$args]")
+  job torch-encoder args="$args" -- "$PYTHON" bench/pytorch/bench_encoders.py --device cuda \
+    "${words[@]}" --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
 }
+torch_encoder_done=()
 
 # The variant whose Reel row at SHAPE (bf16, checkpointing) has the shortest step, the
 # matmul kernel that row pinned and its REEL_FLASH (each `-` when unset); empty when no Reel

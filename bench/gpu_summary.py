@@ -105,12 +105,21 @@ def breakdowns_of(jobs):
 
 
 def encoders_of(jobs):
+    """Reel's encoder rows then PyTorch's (`torch-encoder`), each Reel row with `torch_ms`, the
+    median of PyTorch's row of the same op and arguments (its environment words aside)."""
     out = []
-    for j in (j for j in jobs if j["kind"] == "encoder"):
-        data = load(j["file"]) if j["rc"] == "0" else None
-        for e in data or [dict(op=j["args"], error=error(j))]:
-            e.update(args=j["args"], gpu_mib=mib(j), notes=notes(j))
-            out.append(e)
+    for kind, name in (("encoder", "Reel"), ("torch-encoder", "PyTorch")):
+        for j in (j for j in jobs if j["kind"] == kind):
+            data = load(j["file"]) if j["rc"] == "0" else None
+            for e in data or [dict(op=j["args"], error=error(j))]:
+                e.update(args=j["args"], impl=name, gpu_mib=mib(j), notes=notes(j))
+                out.append(e)
+    torch = {(e["args"], e["op"]): e["ms"]["median"]
+             for e in out if e["impl"] == "PyTorch" and "error" not in e}
+    for e in out:
+        plain = " ".join(w for w in e["args"].split() if not re.match(r"[A-Z][A-Z_]*=", w))
+        if e["impl"] == "Reel" and "error" not in e:
+            e["torch_ms"] = torch.get((plain, e["op"]))
     return out
 
 
@@ -319,14 +328,18 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
         lines.append(f"| step, profiled | {ms(b['profiled_step_ms'])} | | |")
         lines.append(f"| step, unprofiled | {ms(b['step_ms'])} | | |")
     if encoders:
-        lines += ["", "| encoder run | op | input | output | median ms | GPU MiB (process peak) |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| encoder run | | op | input | output | median ms | Reel / PyTorch "
+                  "| GPU MiB (process peak) | kernels |", "|---|---|---|---|---|---|---|---|---|"]
         for e in encoders:
             if "error" in e:
-                lines.append(f"| `{e['args']}` | {failed(e['error'][:80])} | | | | |")
+                lines.append(f"| `{e['args']}` | {e['impl']} | {failed(e['error'][:80])} "
+                             "| | | | | | |")
             else:
-                lines.append(f"| `{e['args']}` | {e['op']} | {e['input']} | {e['output']} | "
-                             f"{e['ms']['median']:.1f} | {fmt(e.get('gpu_mib'), 0)} |")
+                torch_ms = e.get("torch_ms")
+                ratio = f"{e['ms']['median'] / torch_ms:.2f}" if torch_ms else "—"
+                lines.append(f"| `{e['args']}` | {e['impl']} | {e['op']} | {e['input']} | "
+                             f"{e['output']} | {e['ms']['median']:.1f} | {ratio} | "
+                             f"{fmt(e.get('gpu_mib'), 0)} | {e.get('kernels', '')} |")
     all_notes = sorted({n for group in (rows, breakdowns, encoders, attention, matmul)
                         for x in group for n in x.get("notes", [])})
     if all_notes:

@@ -45,7 +45,7 @@ impl<B: Backend> ResidualBlock<B> {
     /// One chunk `[B, in_dim, t, H, W] -> [B, out_dim, t, H, W]` (two cache slots).
     pub fn forward(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
         let h = match &self.conv_shortcut {
-            Some(conv) => conv.forward(x.clone(), None),
+            Some(conv) => conv.forward(x.clone(), None, cache.conv()),
             None => x.clone(),
         };
         let x = self

@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use burn::tensor::{backend::Backend, Tensor};
 
+use super::conv_gemm::ConvImpl;
+
 /// Frames of a causal convolution's input kept for the next chunk (diffusers `CACHE_T`).
 pub const CACHE_T: usize = 2;
 
@@ -35,13 +37,14 @@ pub type Intermediates<B> = BTreeMap<String, Tensor<B, 5>>;
 pub const FIRST_CHUNK: &str = "first_chunk";
 
 /// The state of one chunked encode or decode: the cache slots, the cursor of the current
-/// chunk and, optionally, the captured first-chunk outputs.
+/// chunk, optionally the captured first-chunk outputs, and how the convolutions run.
 #[derive(Debug)]
 pub struct FeatCache<B: Backend> {
     entries: Vec<CacheEntry<B>>,
     cursor: usize,
     capture: Option<Intermediates<B>>,
     capturing: bool,
+    conv: ConvImpl,
 }
 
 impl<B: Backend> Default for FeatCache<B> {
@@ -51,14 +54,25 @@ impl<B: Backend> Default for FeatCache<B> {
 }
 
 impl<B: Backend> FeatCache<B> {
-    /// An empty cache (diffusers `clear_cache`).
+    /// An empty cache (diffusers `clear_cache`), its convolutions on [`ConvImpl::of`].
     pub fn new() -> Self {
         Self {
             entries: Vec::new(),
             cursor: 0,
             capture: None,
             capturing: false,
+            conv: ConvImpl::of::<B>(),
         }
+    }
+
+    /// This cache with its convolutions on `conv`.
+    pub fn with_conv(self, conv: ConvImpl) -> Self {
+        Self { conv, ..self }
+    }
+
+    /// How this pass's convolutions run.
+    pub fn conv(&self) -> ConvImpl {
+        self.conv
     }
 
     /// An empty cache that records module outputs during the first chunk.

@@ -8,11 +8,11 @@
 //! of `WanAttentionBlock`.
 
 use burn::module::{Module, Param};
-use burn::tensor::module::conv3d;
-use burn::tensor::ops::{ConvOptions, PadMode};
+use burn::tensor::ops::PadMode;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::cache::{cache_tail, CacheEntry, FeatCache};
+use super::conv_gemm::{conv3d_with, ConvImpl};
 use crate::wan::init::{join, ParamInit};
 
 /// `nn.Conv3d` with causal time padding: `weight [out, in, kt, kh, kw]`, `bias [out]`.
@@ -60,8 +60,14 @@ impl<B: Backend> CausalConv3d<B> {
         Self::init(init, path, [c_in, c_out], [1; 3], [1; 3], [0; 3])
     }
 
-    /// `x [B, C, T, H, W]` (after `cache [B, C, t, H, W]` when given) `-> [B, out, T', H', W']`.
-    pub fn forward(&self, x: Tensor<B, 5>, cache: Option<Tensor<B, 5>>) -> Tensor<B, 5> {
+    /// `x [B, C, T, H, W]` (after `cache [B, C, t, H, W]` when given) `-> [B, out, T', H', W']`,
+    /// on `how`.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 5>,
+        cache: Option<Tensor<B, 5>>,
+        how: ConvImpl,
+    ) -> Tensor<B, 5> {
         let [pt, ph, pw] = self.padding;
         let mut front = 2 * pt;
         let mut x = x;
@@ -72,21 +78,22 @@ impl<B: Backend> CausalConv3d<B> {
         if front > 0 {
             x = x.pad([(front, 0), (0, 0), (0, 0)], PadMode::Constant(0.0));
         }
-        let options = ConvOptions::new(self.stride, [0, ph, pw], [1; 3], 1);
-        conv3d(x, self.weight.val(), Some(self.bias.val()), options)
+        let bias = Some(self.bias.val());
+        conv3d_with(x, self.weight.val(), bias, self.stride, [ph, pw], how)
     }
 
     /// [`Self::forward`] on one chunk with this convolution's slot of `cache`: the cached
     /// frames go in front and the slot then keeps this chunk's tail (see
     /// [`cache_tail`]).
     pub fn forward_cached(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
+        let how = cache.conv();
         let slot = cache.next_slot();
         let prev = match slot {
             CacheEntry::Frames(f) => Some(f.clone()),
             _ => None,
         };
         *slot = CacheEntry::Frames(cache_tail(prev.as_ref(), &x));
-        self.forward(x, prev)
+        self.forward(x, prev, how)
     }
 }
 
@@ -110,11 +117,17 @@ impl<B: Backend> FrameConv2d<B> {
     }
 
     /// Every frame of `x [B, C, T, H, W]` convolved with spatial `stride` and symmetric
-    /// `padding` `-> [B, out, T, H', W']`.
-    pub fn forward(&self, x: Tensor<B, 5>, stride: usize, padding: usize) -> Tensor<B, 5> {
+    /// `padding` `-> [B, out, T, H', W']`, on `how`.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 5>,
+        stride: usize,
+        padding: usize,
+        how: ConvImpl,
+    ) -> Tensor<B, 5> {
         let w = self.weight.val().unsqueeze_dim::<5>(2);
-        let options = ConvOptions::new([1, stride, stride], [0, padding, padding], [1; 3], 1);
-        conv3d(x, w, Some(self.bias.val()), options)
+        let bias = Some(self.bias.val());
+        conv3d_with(x, w, bias, [1, stride, stride], [padding; 2], how)
     }
 }
 
@@ -165,7 +178,7 @@ mod tests {
         let conv = CausalConv3d::<TestBackend>::cube(&ParamInit::new(3, &dev), "c", 3, 5);
         let x: Tensor<TestBackend, 5> =
             StreamRng::from_seed(5).normal_tensor([2, 3, 12, 6, 5], &dev);
-        let full = conv.forward(x.clone(), None);
+        let full = conv.forward(x.clone(), None, ConvImpl::Burn);
         let mut cache = FeatCache::new();
         let mut outs = Vec::new();
         let mut start = 0;
@@ -190,7 +203,8 @@ mod tests {
             [0..1, 0..2, 3..5, 0..4, 0..4],
             Tensor::ones([1, 2, 2, 4, 4], &dev),
         );
-        let (a, b) = (conv.forward(x, None), conv.forward(changed, None));
+        let how = ConvImpl::Burn;
+        let (a, b) = (conv.forward(x, None, how), conv.forward(changed, None, how));
         assert_eq!(a.dims(), [1, 2, 5, 4, 4]);
         let past = max_abs(a.clone().narrow(2, 0, 3), b.clone().narrow(2, 0, 3));
         assert_eq!(past, 0.0);

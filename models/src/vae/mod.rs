@@ -2,7 +2,7 @@
 //!
 //! One concern per file: [`config`] (diffusers `config.json`) and [`validate`] (its
 //! checks), [`cache`] (the causal frame-chunk feature cache), [`conv`] (causal 3D,
-//! per-frame 2D and 1x1 convolutions), [`norm`] (`WanRMS_norm`), [`blocks`] (residual,
+//! per-frame 2D and 1x1 convolutions) and [`conv_gemm`] (how they run), [`norm`] (`WanRMS_norm`), [`blocks`] (residual,
 //! attention and middle blocks), [`resample`] (spatial / temporal up- and downsampling),
 //! [`encoder`], [`decoder`], [`model`] ([`WanVae`]: load, encode, decode, latent
 //! normalisation) and [`tiling`] (spatially tiled encode / decode). Module field names
@@ -25,6 +25,7 @@ pub mod blocks;
 pub mod cache;
 pub mod config;
 pub mod conv;
+pub mod conv_gemm;
 pub mod decoder;
 pub mod encoder;
 pub mod model;

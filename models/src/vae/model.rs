@@ -214,12 +214,13 @@ impl<B: Backend> WanVae<B> {
                     .forward(video.clone().narrow(2, start, len), cache)
             })
             .collect();
-        self.quant_conv.forward(Tensor::cat(outs, 2), None)
+        self.quant_conv
+            .forward(Tensor::cat(outs, 2), None, cache.conv())
     }
 
     /// Unclamped decoder output of checked latents, one latent frame at a time.
     pub(crate) fn decode_raw(&self, z: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
-        let x = self.post_quant_conv.forward(z, None);
+        let x = self.post_quant_conv.forward(z, None, cache.conv());
         let outs = (0..x.dims()[2])
             .map(|i| {
                 cache.start_chunk(i);
@@ -318,6 +319,30 @@ mod tests {
         let back = vae.denormalize_latents(z).unwrap();
         let err: f32 = (back - post.mean).abs().max().into_scalar();
         assert!(err < 1e-5, "{err}");
+    }
+
+    /// The whole encode and decode give the same result with either convolution
+    /// implementation (`conv_gemm` checks each convolution alone).
+    #[test]
+    fn gemm_convolutions_encode_and_decode_as_burns() {
+        use super::super::conv_gemm::ConvImpl;
+        let dev = Default::default();
+        let vae = WanVae::<TestBackend>::init(&small_config(), &dev, 7).unwrap();
+        let video = Tensor::<TestBackend, 5>::random([2, 3, 5, 8, 6], Distribution::Default, &dev);
+        let cache = |how| FeatCache::new().with_conv(how);
+        let close = |a: Tensor<TestBackend, 5>, b: Tensor<TestBackend, 5>| {
+            let scale: f32 = b.clone().abs().max().into_scalar();
+            let err: f32 = (a - b).abs().max().into_scalar();
+            assert!(err <= 1e-5 * scale, "{err} (largest value {scale})");
+        };
+        let moments = vae.encode_moments(video.clone(), &mut cache(ConvImpl::Burn));
+        close(
+            vae.encode_moments(video, &mut cache(ConvImpl::Gemm)),
+            moments.clone(),
+        );
+        let z = Posterior::from_moments(moments).mean;
+        let want = vae.decode_raw(z.clone(), &mut cache(ConvImpl::Burn));
+        close(vae.decode_raw(z, &mut cache(ConvImpl::Gemm)), want);
     }
 
     #[test]

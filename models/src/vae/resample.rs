@@ -89,17 +89,17 @@ impl<B: Backend> Resample<B> {
     /// One chunk `[B, C, t, H, W]` -> `[B, C / 2, t', 2H, 2W]` (up) or
     /// `[B, C, t', H / 2, W / 2]` (down); `t'` follows the cache rules in the module docs.
     pub fn forward(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
-        let conv = &self.resample.1;
+        let (conv, how) = (&self.resample.1, cache.conv());
         match (self.mode, &self.time_conv) {
             (ResampleMode::Upsample3d, Some(tc)) => {
-                conv.forward(upsample_nearest2(time_upsample(tc, x, cache)), 1, 1)
+                conv.forward(upsample_nearest2(time_upsample(tc, x, cache)), 1, 1, how)
             }
             (ResampleMode::Upsample2d | ResampleMode::Upsample3d, _) => {
-                conv.forward(upsample_nearest2(x), 1, 1)
+                conv.forward(upsample_nearest2(x), 1, 1, how)
             }
             (mode, time_conv) => {
                 let padded = x.pad([(0, 0), (0, 1), (0, 1)], PadMode::Constant(0.0));
-                let y = conv.forward(padded, 2, 0);
+                let y = conv.forward(padded, 2, 0, how);
                 match (mode, time_conv) {
                     (ResampleMode::Downsample3d, Some(tc)) => time_downsample(tc, y, cache),
                     _ => y,
@@ -123,6 +123,7 @@ fn time_upsample<B: Backend>(
     x: Tensor<B, 5>,
     cache: &mut FeatCache<B>,
 ) -> Tensor<B, 5> {
+    let how = cache.conv();
     let slot = cache.next_slot();
     let prev = match slot {
         CacheEntry::Empty => {
@@ -144,7 +145,7 @@ fn time_upsample<B: Backend>(
     }
     *slot = CacheEntry::Frames(tail);
     // [B, 2C, t, H, W] -> [B, 2, C, t, H, W] -> [B, C, t, 2, H, W] -> [B, C, 2t, H, W].
-    tc.forward(x, prev)
+    tc.forward(x, prev, how)
         .reshape([b, 2, c, t, h, w])
         .permute([0, 2, 3, 1, 4, 5])
         .reshape([b, c, 2 * t, h, w])
@@ -156,12 +157,13 @@ fn time_downsample<B: Backend>(
     x: Tensor<B, 5>,
     cache: &mut FeatCache<B>,
 ) -> Tensor<B, 5> {
+    let how = cache.conv();
     let slot = cache.next_slot();
     match slot {
         CacheEntry::Frames(prev) => {
             let input = Tensor::cat(vec![last_frame(prev), x.clone()], 2);
             *slot = CacheEntry::Frames(last_frame(&x));
-            tc.forward(input, None)
+            tc.forward(input, None, how)
         }
         _ => {
             *slot = CacheEntry::Frames(x.clone());

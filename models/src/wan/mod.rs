@@ -43,11 +43,10 @@ pub use linear::Linear;
 pub use model::{Captured, Intermediates, WanModel};
 pub use weights::{load_weights, resolve_weights, WanLoadError, WeightSource};
 
-/// The environment variables that choose GPU kernels in this build (`REEL_MATMUL`; with
-/// `cuda` or `wgpu`, `REEL_TILED_TILES` and `REEL_BLOCK_KERNELS` too; with `cuda`,
-/// `REEL_FLASH`) that are set, as
-/// `NAME=value`, for a run's log: they change which kernels run, and a run config does not
-/// record them.
+/// The environment variables that choose GPU kernels in this build (`REEL_MATMUL` and
+/// `REEL_VAE_CONV`; with `cuda` or `wgpu`, `REEL_TILED_TILES` and `REEL_BLOCK_KERNELS` too;
+/// with `cuda`, `REEL_FLASH`) that are set, as `NAME=value`, for a run's log: they change
+/// which kernels run, and a run config does not record them.
 pub fn kernel_settings() -> Vec<String> {
     kernel_settings_from(|name| std::env::var(name).ok())
 }
@@ -55,7 +54,7 @@ pub fn kernel_settings() -> Vec<String> {
 /// [`kernel_settings`] with the variables read by `get`.
 fn kernel_settings_from(get: impl Fn(&str) -> Option<String>) -> Vec<String> {
     #[allow(unused_mut)]
-    let mut names = vec![matmul::MATMUL_ENV];
+    let mut names = vec![matmul::MATMUL_ENV, crate::vae::conv_gemm::VAE_CONV_ENV];
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     names.extend([
         fused_attention::tiles::TILES_ENV,

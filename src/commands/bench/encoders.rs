@@ -16,7 +16,9 @@ use reel_core::backend::ReelBackend;
 use reel_core::rng::StreamRng;
 use reel_core::with_backend;
 use reel_models::umt5::{Umt5Config, Umt5Encoder};
+use reel_models::vae::conv_gemm::ConvImpl;
 use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
+use reel_models::wan::matmul::pin;
 use serde::Serialize;
 
 use super::progress::time;
@@ -35,6 +37,9 @@ pub struct EncoderRow {
     pub ms: Stats,
     /// Process peak RSS after the row (MiB).
     pub peak_rss_mib: f64,
+    /// The kernels it ran on: the VAE's convolutions (`REEL_VAE_CONV`) and the matmul pin
+    /// (`REEL_MATMUL`).
+    pub kernels: String,
 }
 
 /// Wan's text encoder (`google/umt5-xxl`, as in `Wan2.1-T2V-*/text_encoder/config.json`).
@@ -49,19 +54,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<12} {:<24} {:<24} | {:>10} {:>10} {:>10} | {:>9}",
+        "{:<12} {:<24} {:<24} | {:>10} {:>10} {:>10} | {:>9} | kernels",
         "op", "input", "output", "median ms", "min ms", "max ms", "peak MiB"
     );
     for r in rows {
         println!(
-            "{:<12} {:<24} {:<24} | {:>10.1} {:>10.1} {:>10.1} | {:>9.0}",
+            "{:<12} {:<24} {:<24} | {:>10.1} {:>10.1} {:>10.1} | {:>9.0} | {}",
             r.op,
             format!("{:?}", r.input),
             format!("{:?}", r.output),
             r.ms.median,
             r.ms.min,
             r.ms.max,
-            r.peak_rss_mib
+            r.peak_rss_mib,
+            r.kernels
         );
     }
     Ok(())
@@ -101,12 +107,14 @@ fn vae_rows<B: Backend>(
             None => vae.decode(z.clone())?,
         })
     })?;
+    let kernels = format!("conv {}, matmul {}", ConvImpl::of::<B>().name(), pin::<B>());
     let mut rows = vec![EncoderRow {
         op: "vae decode".into(),
         input: z.dims().to_vec(),
         output: video.dims().to_vec(),
         ms,
         peak_rss_mib: peak_rss_mib(),
+        kernels: kernels.clone(),
     }];
     let (ms, mean) = time::<B, _>(args, "vae encode", device, || {
         Ok(match &tiling {
@@ -120,6 +128,7 @@ fn vae_rows<B: Backend>(
         output: mean.dims().to_vec(),
         ms,
         peak_rss_mib: peak_rss_mib(),
+        kernels,
     });
     Ok(rows)
 }
@@ -164,5 +173,6 @@ fn umt5_row<B: Backend>(
         output: out.dims().to_vec(),
         ms,
         peak_rss_mib: peak_rss_mib(),
+        kernels: format!("matmul {}", pin::<B>()),
     })
 }

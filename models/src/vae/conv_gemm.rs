@@ -1,0 +1,385 @@
+//! How the VAE's convolutions run: Burn's `conv3d`, or gathered patches times the kernel as
+//! one matrix product per piece of the output (`REEL_VAE_CONV`).
+//!
+//! On the CubeCL backends built without Burn's `autotune` (the `cuda` default), Burn's
+//! `conv3d` is a direct kernel: one thread per output value looping over `C * kt * kh * kw`
+//! inputs, on CUDA cores; on ndarray (`backend = "cpu"`) it is a direct multiply-add loop.
+//! The Wan VAE's convolutions are large (96 to 384 channels, 3x3x3 kernels, frames of up to
+//! 480x832 pixels): the CUDA kernel left the decode of 81x480x832 unfinished after 120 s on
+//! an H200 (`bench/results/2026-11-30-NVIDIA-H200-encoders-configs.md`), and ndarray took
+//! 194 s to decode 5x64x64. [`ConvImpl::Gemm`] writes the convolution as a product instead:
+//! the input, made channels-last and zero-padded once, gives one strided slice per kernel
+//! tap; the slices side by side are the patch matrix `[rows, kt * kh * kw * C]`, which is
+//! multiplied by the kernel `[kt * kh * kw * C, out]` on the linear layers' matmul kernel
+//! (`REEL_MATMUL`; cuBLAS on `cuda`, with TF32 for f32 as PyTorch's cuDNN convolutions use
+//! by default). The patch matrix is built for at most [`PIECE_ELEMENTS`] values at a time
+//! (a few output frames, or a band of rows of one frame), so its memory stays bounded
+//! whatever the frame size.
+
+use std::sync::OnceLock;
+
+use burn::tensor::module::conv3d;
+use burn::tensor::ops::{ConvOptions, PadMode};
+use burn::tensor::{backend::Backend, Slice, Tensor};
+
+use crate::wan::matmul::{matmul, pin};
+
+/// The environment variable that chooses [`ConvImpl`]: `gemm` or `burn`.
+pub const VAE_CONV_ENV: &str = "REEL_VAE_CONV";
+
+/// Most values of one piece's patch matrix (1 GiB in f32).
+pub const PIECE_ELEMENTS: usize = 1 << 28;
+
+/// Which implementation runs the VAE's convolutions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvImpl {
+    /// Burn's `conv3d` (on Flex a tiled im2col product; on ndarray, and on CubeCL backends
+    /// without `autotune`, a direct kernel).
+    Burn,
+    /// Patch matrices times the kernel on the linear layers' matmul kernel (module docs).
+    Gemm,
+}
+
+impl ConvImpl {
+    /// `gemm` or `burn`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim() {
+            "gemm" => Some(Self::Gemm),
+            "burn" => Some(Self::Burn),
+            _ => None,
+        }
+    }
+
+    /// The name [`Self::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Burn => "burn",
+            Self::Gemm => "gemm",
+        }
+    }
+
+    /// The implementation on backend `B`: the one [`VAE_CONV_ENV`] names (read once; one line
+    /// on stderr when it names none), else [`Burn`](Self::Burn) on Flex, whose convolution is
+    /// already a tiled im2col product, and [`Gemm`](Self::Gemm) elsewhere.
+    ///
+    /// Chosen by measurement (2-core CPU, 2026-11-30, `reel bench --vae wan2.1 --video 5 64 64
+    /// --steps 1 --warmup 0`): decode / encode took 30.0 / 17.1 s with `gemm` against 194.2 /
+    /// 131.6 s with Burn's on ndarray, and 16.3 / 11.9 s against 5.6 / 3.9 s on Flex.
+    pub fn of<B: Backend>() -> Self {
+        static SET: OnceLock<Option<ConvImpl>> = OnceLock::new();
+        let set = SET.get_or_init(|| {
+            let v = std::env::var(VAE_CONV_ENV).ok()?;
+            let parsed = Self::parse(&v);
+            if parsed.is_none() {
+                eprintln!("reel: {VAE_CONV_ENV}={v}: expected gemm or burn; using the default");
+            }
+            parsed
+        });
+        set.unwrap_or_else(|| {
+            let flex = std::any::TypeId::of::<burn::backend::flex::FlexDevice>();
+            if std::any::TypeId::of::<B::Device>() == flex {
+                Self::Burn
+            } else {
+                Self::Gemm
+            }
+        })
+    }
+}
+
+/// `x [B, C, T, H, W]` convolved with `weight [O, C, kt, kh, kw]` plus `bias [O]`, with
+/// `stride` `(t, h, w)` and zero `padding` `(h, w)` on both sides of every frame (time is
+/// padded by the caller) `-> [B, O, T', H', W']`, on `how`.
+pub fn conv3d_with<B: Backend>(
+    x: Tensor<B, 5>,
+    weight: Tensor<B, 5>,
+    bias: Option<Tensor<B, 1>>,
+    stride: [usize; 3],
+    padding: [usize; 2],
+    how: ConvImpl,
+) -> Tensor<B, 5> {
+    match how {
+        ConvImpl::Burn => {
+            let options = ConvOptions::new(stride, [0, padding[0], padding[1]], [1; 3], 1);
+            conv3d(x, weight, bias, options)
+        }
+        ConvImpl::Gemm => conv3d_gemm(x, weight, bias, stride, padding, PIECE_ELEMENTS),
+    }
+}
+
+/// The sizes of one convolution.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    batch: usize,
+    channels: usize,
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    /// Output `(T', H', W')`.
+    out: [usize; 3],
+}
+
+impl Geometry {
+    /// Columns of the patch matrix: `kt * kh * kw * C`.
+    fn columns(&self) -> usize {
+        self.kernel.iter().product::<usize>() * self.channels
+    }
+
+    /// `(frames, rows)` of output per piece so that a piece's patch matrix holds at most
+    /// `budget` values: whole frames while one fits, else bands of rows of one frame.
+    fn piece(&self, budget: usize) -> (usize, usize) {
+        let [t, h, w] = self.out;
+        let row = self.batch * w * self.columns();
+        let frame = row * h;
+        if frame <= budget {
+            ((budget / frame).clamp(1, t), h)
+        } else {
+            (1, (budget / row).clamp(1, h))
+        }
+    }
+}
+
+/// [`ConvImpl::Gemm`] with patch matrices of at most `budget` values.
+fn conv3d_gemm<B: Backend>(
+    x: Tensor<B, 5>,
+    weight: Tensor<B, 5>,
+    bias: Option<Tensor<B, 1>>,
+    stride: [usize; 3],
+    [ph, pw]: [usize; 2],
+    budget: usize,
+) -> Tensor<B, 5> {
+    let [batch, channels, t, h, w] = x.dims();
+    let [o, _, kt, kh, kw] = weight.dims();
+    let out_len = |len: usize, k: usize, s: usize| (len - k) / s + 1;
+    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
+    let g = Geometry {
+        batch,
+        channels,
+        kernel: [kt, kh, kw],
+        stride,
+        out: [
+            out_len(t, kt, stride[0]),
+            out_len(hp, kh, stride[1]),
+            out_len(wp, kw, stride[2]),
+        ],
+    };
+    // Channels-last `[B, T, H + 2ph, W + 2pw, C]`; the kernel as `[kt * kh * kw * C, O]`,
+    // rows in the order of the patch columns (tap-major, then channel).
+    let mut xl = x.permute([0, 2, 3, 4, 1]);
+    if ph + pw > 0 {
+        xl = xl.pad([(ph, ph), (pw, pw), (0, 0)], PadMode::Constant(0.0));
+    }
+    let wm = weight.permute([2, 3, 4, 1, 0]).reshape([g.columns(), o]);
+    let bias = bias.map(|b| b.reshape([1, o]));
+    let kernel = pin::<B>().forward;
+    let (frames, rows) = g.piece(budget);
+    let [t_out, h_out, _] = g.out;
+    let mut slabs = Vec::new();
+    for t0 in (0..t_out).step_by(frames) {
+        let mut bands = Vec::new();
+        for h0 in (0..h_out).step_by(rows) {
+            let span = [t0..t_out.min(t0 + frames), h0..h_out.min(h0 + rows)];
+            let cols = patches(&xl, &g, span);
+            let [n, nt, nh, nw, _] = cols.dims();
+            let mut y = matmul(
+                cols.reshape([n * nt * nh * nw, g.columns()]),
+                wm.clone(),
+                kernel,
+            );
+            if let Some(b) = &bias {
+                y = y + b.clone();
+            }
+            bands.push(y.reshape([n, nt, nh, nw, o]));
+        }
+        slabs.push(cat(bands, 2));
+    }
+    cat(slabs, 1).permute([0, 4, 1, 2, 3])
+}
+
+/// The patch matrix of output frames and rows `span` from the padded channels-last input
+/// `xl`: `[B, t, h, W', kt * kh * kw * C]`.
+fn patches<B: Backend>(
+    xl: &Tensor<B, 5>,
+    g: &Geometry,
+    [ts, hs]: [std::ops::Range<usize>; 2],
+) -> Tensor<B, 5> {
+    let [kt, kh, kw] = g.kernel;
+    let [st, sh, sw] = g.stride;
+    let w_out = g.out[2];
+    // Input positions `first + i * step` for the outputs `range` of a tap at `offset`.
+    let along = |range: &std::ops::Range<usize>, offset: usize, step: usize| {
+        let start = range.start * step + offset;
+        let end = (range.end - 1) * step + offset + 1;
+        Slice::new(start as isize, Some(end as isize), step as isize)
+    };
+    let mut taps = Vec::with_capacity(kt * kh * kw);
+    for dt in 0..kt {
+        for dh in 0..kh {
+            for dw in 0..kw {
+                taps.push(xl.clone().slice([
+                    Slice::new(0, None, 1),
+                    along(&ts, dt, st),
+                    along(&hs, dh, sh),
+                    along(&(0..w_out), dw, sw),
+                    Slice::new(0, None, 1),
+                ]));
+            }
+        }
+    }
+    cat(taps, 4)
+}
+
+/// `Tensor::cat`, without a copy for a single part.
+fn cat<B: Backend>(mut parts: Vec<Tensor<B, 5>>, dim: usize) -> Tensor<B, 5> {
+    if parts.len() == 1 {
+        return parts.remove(0);
+    }
+    Tensor::cat(parts, dim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::ElementConversion;
+    use reel_core::rng::StreamRng;
+
+    type TestBackend = burn::backend::NdArray;
+
+    /// One convolution of random values on both implementations on backend `B`, with patch
+    /// matrices of `budget` values: the largest difference relative to the largest output.
+    pub(super) fn gemm_vs_burn<B: Backend>(
+        x: [usize; 5],
+        out: usize,
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        padding: [usize; 2],
+        budget: usize,
+    ) -> f32 {
+        let dev = Default::default();
+        let mut rng = StreamRng::from_seed((x.iter().sum::<usize>() * 31 + budget) as u64);
+        let [kt, kh, kw] = kernel;
+        let fan_in = (x[1] * kt * kh * kw) as f64;
+        let input: Tensor<B, 5> = rng.normal_tensor(x, &dev);
+        let weight: Tensor<B, 5> = rng.normal_tensor([out, x[1], kt, kh, kw], &dev);
+        let weight = weight.div_scalar(fan_in.sqrt());
+        let bias = rng.normal_tensor([out], &dev);
+        let how = ConvImpl::Burn;
+        let want = conv3d_with(
+            input.clone(),
+            weight.clone(),
+            Some(bias.clone()),
+            stride,
+            padding,
+            how,
+        );
+        let got = conv3d_gemm(input, weight, Some(bias), stride, padding, budget);
+        assert_eq!(got.dims(), want.dims());
+        let scale: f32 = want.clone().abs().max().into_scalar().elem();
+        let diff: f32 = (got - want).abs().max().into_scalar().elem();
+        diff / scale.max(1e-12)
+    }
+
+    /// A convolution to check: input `[B, C, T, H, W]`, out channels, kernel, stride,
+    /// padding and patch budget.
+    pub(super) type Case = ([usize; 5], usize, [usize; 3], [usize; 3], [usize; 2], usize);
+
+    /// [`gemm_vs_burn`] on the CPU for every case, within float32 rounding.
+    fn agree(cases: &[Case]) {
+        for &(x, out, kernel, stride, padding, budget) in cases {
+            let err = gemm_vs_burn::<TestBackend>(x, out, kernel, stride, padding, budget);
+            let case =
+                format!("x {x:?} o {out} k {kernel:?} s {stride:?} p {padding:?} b {budget}");
+            assert!(err < 1e-5, "{case}: relative error {err}");
+        }
+    }
+
+    #[test]
+    fn gemm_equals_burns_convolution_for_the_vae_shapes() {
+        // The causal 3x3x3 convolution (time already padded), a pointwise one, the temporal
+        // resamplers (3x1x1, stride 1 or 2 in time) and the per-frame 3x3 convolutions (stride
+        // 1 with padding, stride 2 without), on batches of 1 and 2 and odd sizes.
+        let all = PIECE_ELEMENTS;
+        agree(&[
+            ([1, 3, 6, 7, 5], 4, [3, 3, 3], [1, 1, 1], [1, 1], all),
+            ([2, 5, 3, 4, 6], 3, [1, 1, 1], [1, 1, 1], [0, 0], all),
+            ([1, 4, 5, 3, 4], 8, [3, 1, 1], [1, 1, 1], [0, 0], all),
+            ([2, 4, 7, 3, 3], 4, [3, 1, 1], [2, 1, 1], [0, 0], all),
+            ([1, 6, 2, 9, 8], 5, [1, 3, 3], [1, 1, 1], [1, 1], all),
+            ([2, 3, 2, 9, 7], 3, [1, 3, 3], [1, 2, 2], [0, 0], all),
+        ]);
+    }
+
+    #[test]
+    fn pieces_of_frames_or_of_rows_give_the_same_convolution() {
+        // Pieces of two output frames (a frame's patches: 4 * 4 rows of 27 * 2 values), bands
+        // of 3 rows of one frame (the last band shorter), bands of one strided row, and a
+        // budget below one row (a row at a time).
+        let frame = 4 * 4 * 27 * 2;
+        let [rows, row] = [3 * 5 * 54, 2 * 4 * 27];
+        agree(&[
+            ([1, 2, 8, 4, 4], 3, [3, 3, 3], [1, 1, 1], [1, 1], 2 * frame),
+            ([1, 2, 6, 8, 5], 3, [3, 3, 3], [1, 1, 1], [1, 1], rows),
+            ([2, 3, 2, 11, 9], 4, [1, 3, 3], [1, 2, 2], [0, 0], row),
+            ([1, 2, 3, 3, 3], 2, [3, 3, 3], [1, 1, 1], [1, 1], 1),
+        ]);
+    }
+
+    #[test]
+    fn a_piece_is_whole_frames_while_one_fits_then_bands_of_rows() {
+        let g = Geometry {
+            batch: 1,
+            channels: 2,
+            kernel: [3, 3, 3],
+            stride: [1; 3],
+            out: [4, 5, 6],
+        };
+        let frame = 5 * 6 * 54;
+        assert_eq!(g.piece(10 * frame), (4, 5));
+        assert_eq!(g.piece(2 * frame + 1), (2, 5));
+        assert_eq!(g.piece(frame), (1, 5));
+        assert_eq!(g.piece(frame - 1), (1, 4));
+        assert_eq!(g.piece(0), (1, 1));
+    }
+
+    #[test]
+    fn names_parse_back_and_only_flex_defaults_to_burns_convolution() {
+        for how in [ConvImpl::Burn, ConvImpl::Gemm] {
+            assert_eq!(ConvImpl::parse(how.name()), Some(how));
+        }
+        assert_eq!(ConvImpl::parse("direct"), None);
+        if std::env::var(VAE_CONV_ENV).is_err() {
+            assert_eq!(ConvImpl::of::<TestBackend>(), ConvImpl::Gemm);
+            assert_eq!(ConvImpl::of::<burn::backend::Flex>(), ConvImpl::Burn);
+            let autodiff = ConvImpl::of::<burn::backend::Autodiff<burn::backend::Flex>>();
+            assert_eq!(autodiff, ConvImpl::Burn);
+        }
+    }
+}
+
+/// On the GPU: the gemm convolutions (cuBLAS with TF32 for f32, the `cuda` default) against
+/// Burn's direct kernel, at a VAE layer's width.
+#[cfg(all(test, feature = "cuda"))]
+mod cuda {
+    use super::tests::gemm_vs_burn;
+    use super::*;
+
+    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+    #[test]
+    fn cuda_vae_conv_gemm_matches_burns_direct_kernel() {
+        assert_eq!(ConvImpl::of::<Cube>(), ConvImpl::Gemm, "the cuda default");
+        // The causal 3x3x3 convolution at 96 channels whole and in bands of 5 rows, and a
+        // strided per-frame one; TF32 products against Burn's float32 kernel.
+        let [all, bands] = [PIECE_ELEMENTS, 28 * 2592 * 5];
+        let cases: [super::tests::Case; 3] = [
+            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], [1, 1], all),
+            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], [1, 1], bands),
+            ([2, 32, 3, 17, 15], 64, [1, 3, 3], [1, 2, 2], [0, 0], all),
+        ];
+        for (x, out, kernel, stride, padding, budget) in cases {
+            let err = gemm_vs_burn::<Cube>(x, out, kernel, stride, padding, budget);
+            assert!(
+                err <= 1e-2,
+                "x {x:?} k {kernel:?} b {budget}: relative error {err}"
+            );
+        }
+    }
+}
