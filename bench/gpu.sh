@@ -371,7 +371,7 @@ encoder_job() { # VARIANT "[NAME=value ...] <reel bench args>"
   read -r -a words <<<"$2"
   while [[ ${words[0]:-} == [A-Z]*=* ]]; do envs+=("${words[0]}"); words=("${words[@]:1}"); done
   args=${words[*]}
-  job encoder args="$2" -- env "${envs[@]}" "$BIN_DIR/reel-cuda-$1" bench --backend cuda \
+  job encoder args="$2" run="$args" -- env "${envs[@]}" "$BIN_DIR/reel-cuda-$1" bench --backend cuda \
     "${words[@]}" --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
   # PyTorch's run of the same arguments, once (the environment words are Reel's kernels).
   [[ $TORCH == 1 && " ${torch_encoder_done[*]} " != *" [$args] "* ]] || return 0

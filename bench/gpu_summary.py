@@ -106,20 +106,21 @@ def breakdowns_of(jobs):
 
 def encoders_of(jobs):
     """Reel's encoder rows then PyTorch's (`torch-encoder`), each Reel row with `torch_ms`, the
-    median of PyTorch's row of the same op and arguments (its environment words aside)."""
+    median of PyTorch's row of the same op and arguments (`run`: the Reel run's arguments
+    without its environment words, as gpu.sh passed them to PyTorch)."""
     out = []
     for kind, name in (("encoder", "Reel"), ("torch-encoder", "PyTorch")):
         for j in (j for j in jobs if j["kind"] == kind):
             data = load(j["file"]) if j["rc"] == "0" else None
             for e in data or [dict(op=j["args"], error=error(j))]:
-                e.update(args=j["args"], impl=name, gpu_mib=mib(j), notes=notes(j))
+                e.update(args=j["args"], run=j.get("run", j["args"]), impl=name,
+                         gpu_mib=mib(j), notes=notes(j))
                 out.append(e)
-    torch = {(e["args"], e["op"]): e["ms"]["median"]
+    torch = {(e["run"], e["op"]): e["ms"]["median"]
              for e in out if e["impl"] == "PyTorch" and "error" not in e}
     for e in out:
-        plain = " ".join(w for w in e["args"].split() if not re.match(r"[A-Z][A-Z_]*=", w))
         if e["impl"] == "Reel" and "error" not in e:
-            e["torch_ms"] = torch.get((plain, e["op"]))
+            e["torch_ms"] = torch.get((e["run"], e["op"]))
     return out
 
 

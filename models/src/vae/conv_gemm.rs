@@ -19,6 +19,7 @@
 use std::sync::OnceLock;
 
 use burn::tensor::module::conv3d;
+use burn::tensor::ops::conv::calculate_conv_output_sizes;
 use burn::tensor::ops::{ConvOptions, PadMode};
 use burn::tensor::{backend::Backend, Slice, Tensor};
 
@@ -148,18 +149,14 @@ fn conv3d_gemm<B: Backend>(
 ) -> Tensor<B, 5> {
     let [batch, channels, t, h, w] = x.dims();
     let [o, _, kt, kh, kw] = weight.dims();
-    let out_len = |len: usize, k: usize, s: usize| (len - k) / s + 1;
-    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
+    let kernel = [kt, kh, kw];
+    let out = calculate_conv_output_sizes(&kernel, &stride, &[0, ph, pw], &[1; 3], &[t, h, w]);
     let g = Geometry {
         batch,
         channels,
-        kernel: [kt, kh, kw],
+        kernel,
         stride,
-        out: [
-            out_len(t, kt, stride[0]),
-            out_len(hp, kh, stride[1]),
-            out_len(wp, kw, stride[2]),
-        ],
+        out: [out[0], out[1], out[2]],
     };
     // Channels-last `[B, T, H + 2ph, W + 2pw, C]`; the kernel as `[kt * kh * kw * C, O]`,
     // rows in the order of the patch columns (tap-major, then channel).
@@ -169,7 +166,7 @@ fn conv3d_gemm<B: Backend>(
     }
     let wm = weight.permute([2, 3, 4, 1, 0]).reshape([g.columns(), o]);
     let bias = bias.map(|b| b.reshape([1, o]));
-    let kernel = pin::<B>().forward;
+    let matmul_kernel = pin::<B>().forward;
     let (frames, rows) = g.piece(budget);
     let [t_out, h_out, _] = g.out;
     let mut slabs = Vec::new();
@@ -182,7 +179,7 @@ fn conv3d_gemm<B: Backend>(
             let mut y = matmul(
                 cols.reshape([n * nt * nh * nw, g.columns()]),
                 wm.clone(),
-                kernel,
+                matmul_kernel,
             );
             if let Some(b) = &bias {
                 y = y + b.clone();
