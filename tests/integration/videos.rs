@@ -141,6 +141,17 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
     };
     let good = config(&vae, &t5);
     check(&good).unwrap();
+    // Tiles are multiples of the VAE's spatial compression, at least twice it.
+    let s = reel_models::vae::WanVaeConfig::from_json_file(vae.join("config.json"))
+        .unwrap()
+        .spatial_factor();
+    let tiled = |t: usize| {
+        good.replace(
+            "negative_prompt",
+            &format!("vae_tile = {t}\nnegative_prompt"),
+        )
+    };
+    check(&tiled(2 * s)).unwrap();
 
     // A copy of the VAE whose weights lost their second half.
     let cut = d.join("cut_vae");
@@ -160,6 +171,8 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
     reel_core::io::write_safetensors(renamed.join("model.safetensors"), &tensors, None).unwrap();
     let tok = format!("{:?}", t5.join("tokenizer.json"));
     let cases = [
+        (tiled(s), "callbacks[0].vae_tile", "at least"),
+        (tiled(3 * s + 1), "callbacks[0].vae_tile", "a multiple of"),
         (
             good.replace(&format!("{vae:?}"), "\"no_vae\""),
             "callbacks[0].vae",

@@ -49,10 +49,19 @@ impl Tiling {
         }
     }
 
-    /// Square tiles of `size` pixels overlapping by about a quarter (the stride is `3/4` of
-    /// the size, rounded down to a multiple of 8): the `vae_tile` / `--tile` setting.
-    pub fn overlapping(size: usize) -> Self {
-        Self::square(size, size * 3 / 4 / 8 * 8)
+    /// Square tiles of `size` pixels overlapping by about a quarter, for a VAE whose spatial
+    /// compression is `s` ([`WanVaeConfig::spatial_factor`](super::WanVaeConfig::spatial_factor)):
+    /// the stride is `3/4` of the size rounded down to a multiple of `s`. The `vae_tile` /
+    /// `--tile` setting; `size` must be a multiple of `s`, at least `2·s` (tiles that overlap).
+    pub fn overlapping(size: usize, s: usize) -> Result<Self, VaeError> {
+        if s == 0 || size < 2 * s || !size.is_multiple_of(s) {
+            return Err(VaeError::Input(format!(
+                "tiles of {size} pixels: expected a multiple of the VAE's spatial compression \
+                 {s}, at least {}",
+                2 * s
+            )));
+        }
+        Ok(Self::square(size, size * 3 / 4 / s * s))
     }
 
     /// `(size, stride)` per axis (height, width), checked against the compression `s`:
@@ -233,5 +242,24 @@ mod tests {
         assert!(Tiling::square(16, 12).axes(8).is_err());
         assert!(Tiling::square(16, 24).axes(8).is_err());
         assert!(Tiling::square(16, 0).axes(8).is_err());
+    }
+
+    #[test]
+    fn overlapping_tiles_follow_the_vaes_compression() {
+        // Wan2.1's 8: 256-pixel tiles every 192 (diffusers' default).
+        assert_eq!(Tiling::overlapping(256, 8).unwrap(), Tiling::default());
+        // A VAE of 3 levels compresses 4x: 12-pixel tiles are fine there, every 8 pixels.
+        assert_eq!(Tiling::overlapping(12, 4).unwrap(), Tiling::square(12, 8));
+        // 16x: the stride rounds down to a multiple of 16.
+        assert_eq!(Tiling::overlapping(80, 16).unwrap(), Tiling::square(80, 48));
+        for s in [4, 8, 16] {
+            let t = Tiling::overlapping(2 * s, s).unwrap();
+            assert_eq!(t.tile_sample_stride_height, s, "2·{s} pixels step by {s}");
+            assert!(t.axes(s).is_ok());
+        }
+        for (size, s) in [(24, 16), (8, 8), (12, 8), (16, 0)] {
+            let e = Tiling::overlapping(size, s).unwrap_err().to_string();
+            assert!(e.contains(&format!("tiles of {size} pixels")), "{e}");
+        }
     }
 }

@@ -98,7 +98,8 @@ fn vae_rows<B: Backend>(
         h % s == 0 && w % s == 0,
         "--video {f} {h} {w}: height and width must be multiples of the VAE's {s}"
     );
-    let tiling = args.vae_tile.map(Tiling::overlapping);
+    let tiling =
+        (args.vae_tile.map(|t| Tiling::overlapping(t, s)).transpose()).context("--vae-tile")?;
     let mut rng = StreamRng::from_seed(0);
     let z: Tensor<B, 5> = rng.normal_tensor([1, c.z_dim, lf, h / s, w / s], device);
     let (ms, video) = time::<B, _>(args, "vae decode", device, || {

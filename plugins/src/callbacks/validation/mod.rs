@@ -90,7 +90,8 @@ pub struct ValidationConfig {
     /// the form `fastvideo_parquet`'s default `normalize = "wan"` trains on).
     #[serde(default = "yes")]
     pub denormalize: bool,
-    /// Decode in spatial tiles of this many pixels (a multiple of 8, at least 16).
+    /// Decode in spatial tiles of this many pixels: a multiple of the VAE's spatial compression
+    /// (8 for Wan2.1's), at least twice it; checked against the VAE's `config.json`.
     #[serde(default)]
     pub vae_tile: Option<usize>,
     /// Frame rate of the written videos (default 16, Wan's).
@@ -134,12 +135,7 @@ impl CallbackConfig for ValidationConfig {
         check::positive_usize("num_prompts", self.num_prompts)?;
         check::positive_f64("fps", self.fps)?;
         if let Some(t) = self.vae_tile {
-            if t < 16 || t % 8 != 0 {
-                return Err(ConfigError::new(
-                    "vae_tile",
-                    format!("{t}: expected a multiple of 8, at least 16"),
-                ));
-            }
+            check::positive_usize("vae_tile", t)?;
         }
         if self.text_encoder.is_some() != self.tokenizer.is_some() {
             let missing = if self.tokenizer.is_none() {

@@ -43,8 +43,12 @@ pub fn check_files(
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<(), ConfigError> {
     if let Some(p) = &cfg.vae {
-        WanVae::<CpuBackend>::check_pretrained(resolve(p))
+        let vae = WanVae::<CpuBackend>::check_pretrained(resolve(p))
             .map_err(|e| ConfigError::new("vae", e.to_string()))?;
+        if let Some(t) = cfg.vae_tile {
+            Tiling::overlapping(t, vae.spatial_factor())
+                .map_err(|e| ConfigError::new("vae_tile", format!("{}: {e}", p.display())))?;
+        }
     }
     if let Some(p) = &cfg.text_encoder {
         Umt5Encoder::<CpuBackend>::check_pretrained(resolve(p))
@@ -107,7 +111,9 @@ impl<B: Backend> MediaModels<B> {
             Some(p) => {
                 let mut d = VideoDecoder::load(p, device, cfg.denormalize)
                     .map_err(|e| failed("the VAE", p, e))?;
-                d.tiling = cfg.vae_tile.map(Tiling::overlapping);
+                let s = d.vae.config.spatial_factor();
+                d.tiling = (cfg.vae_tile.map(|t| Tiling::overlapping(t, s)).transpose())
+                    .map_err(|e| failed("the VAE", p, e))?;
                 Some(d)
             }
             None => None,
