@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use reel_core::config::load_run_config;
 use reel_core::data::{DataSource, Sample};
+use reel_core::io::replace_file_with;
 use reel_plugins::data::fastvideo::{write_fastvideo_parquet, FastVideoRecord, StoredTensor};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -136,13 +137,14 @@ fn write_parquet(
                 })
             })
             .collect::<Result<Vec<_>, reel_core::data::DataError>>()?;
-        // Written under a temporary name and renamed, so a crash leaves no half file that
-        // the reader would pick up.
+        // Written whole, so a crash leaves no half file that the reader would pick up.
         let path = to.join(format!("data_{file_index:05}.parquet"));
-        let tmp = to.join(format!(".data_{file_index:05}.parquet.tmp"));
-        write_fastvideo_parquet(&tmp, &records, per_file)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)?;
+        replace_file_with(
+            &path,
+            |tmp| write_fastvideo_parquet(tmp, &records, per_file).map_err(anyhow::Error::from),
+            anyhow::Error::from,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -168,10 +170,12 @@ fn write_safetensors(source: &dyn DataSource, n: usize, to: &Path) -> anyhow::Re
         ];
         let meta = HashMap::from([("caption".to_string(), s.caption.clone())]);
         let path = to.join(format!("{i:08}.safetensors"));
-        let tmp = to.join(format!(".{i:08}.safetensors.tmp"));
-        safetensors::serialize_to_file(tensors, Some(meta), &tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path)?;
+        replace_file_with(
+            &path,
+            |tmp| safetensors::serialize_to_file(tensors, Some(meta), tmp),
+            safetensors::SafeTensorError::IoError,
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

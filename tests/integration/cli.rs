@@ -236,8 +236,8 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
 }
 
 /// `reel check` of a shipped real config on a machine without its files lists every problem
-/// at once, one line each (each role's weights, the data set and, on a build without it, the
-/// backend), then how many there were; the values stay checked first.
+/// at once, one line each (each role's weights, the validation's VAE, the data set and, on a
+/// build without it, the backend), then how many there were; the values stay checked first.
 #[test]
 fn check_lists_every_problem_at_once() {
     let tmp = tempfile::tempdir().unwrap();
@@ -251,6 +251,11 @@ fn check_lists_every_problem_at_once() {
         .filter(|(_, role)| role.get("weights").is_some())
         .map(|(name, _)| format!("`models.{name}.weights`"))
         .collect();
+    for (i, cb) in table["callbacks"].as_array().unwrap().iter().enumerate() {
+        if cb.get("vae").is_some() {
+            wants.push(format!("`callbacks[{i}].vae`"));
+        }
+    }
     wants.push("`data`".into());
     if !cfg!(feature = "cuda") {
         wants.push("`runtime.backend`".into());

@@ -110,7 +110,7 @@ impl PendingCheckpoint {
         write_synced(&self.dir.join(name), bytes)
     }
 
-    /// Write tensors as a safetensors file (fsynced).
+    /// Write tensors as a safetensors file (fsynced, as every safetensors write is).
     pub fn write_tensors(
         &self,
         name: &str,
@@ -120,10 +120,7 @@ impl PendingCheckpoint {
         fault::point("checkpoint-file");
         let p = self.dir.join(name);
         injected_disk_full(&p)?;
-        write_safetensors(&p, tensors, metadata).map_err(|e| CheckpointError::io(&p, e))?;
-        fs::File::open(&p)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| CheckpointError::io(&p, e))
+        write_safetensors(&p, tensors, metadata).map_err(|e| CheckpointError::io(&p, e))
     }
 }
 
@@ -223,11 +220,9 @@ impl CheckpointStore {
         fault::point("checkpoint-rename");
         fs::rename(&pending.dir, &final_dir).map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
-        let latest_tmp = self.root.join(format!(".latest.tmp{}", std::process::id()));
-        write_synced(&latest_tmp, step_dir_name(pending.step).as_bytes())?;
-        fs::rename(&latest_tmp, self.root.join("latest"))
-            .map_err(|e| CheckpointError::io(&self.root, e))?;
-        sync_dir(&self.root);
+        let latest = self.root.join("latest");
+        crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes())
+            .map_err(|e| CheckpointError::io(&latest, e))?;
         self.prune();
         Ok(final_dir)
     }

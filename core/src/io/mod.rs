@@ -9,12 +9,16 @@
 //! - [`load_module_tensors`] puts tensors into a module by path, keeping every parameter's id,
 //!   device and `require_grad` flag, and reports *all* missing, unexpected and wrongly shaped
 //!   keys in one [`WeightError::Mismatch`];
-//! - [`module_to_safetensors`] writes every float parameter of a module.
+//! - [`module_to_safetensors`] writes every float parameter of a module;
+//! - [`replace_file`] / [`replace_file_with`] write any file whole (temporary sibling, sync,
+//!   rename), as the safetensors writer does.
 
+mod atomic;
 mod error;
 mod module;
 mod safetensors;
 
+pub use self::atomic::*;
 pub use self::safetensors::*;
 pub use error::*;
 pub use module::*;

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::{DType, TensorData};
 use safetensors::tensor::{Dtype, SafeTensors, View};
@@ -305,7 +305,8 @@ pub fn write_safetensors(
 }
 
 /// Write tensors to a safetensors file in the given storage dtype. The file is written to a
-/// temporary sibling and renamed into place, so a crash never leaves a truncated file.
+/// temporary sibling, synced and renamed into place ([`replace_file_with`](super::replace_file_with)),
+/// so a crash never leaves a truncated file.
 pub fn write_safetensors_as(
     path: impl AsRef<Path>,
     tensors: &[(String, TensorData)],
@@ -324,21 +325,16 @@ pub fn write_safetensors_as(
             });
         }
     }
-    let tmp = tmp_sibling(path);
-    safetensors::serialize_to_file(raw.iter().map(|(k, v)| (*k, v)), metadata, &tmp).map_err(
-        |e| match e {
-            safetensors::SafeTensorError::IoError(io) => io_err(path, io),
-            other => format_err(path, other),
+    super::replace_file_with(
+        path,
+        |tmp| {
+            safetensors::serialize_to_file(raw.iter().map(|(k, v)| (*k, v)), metadata, tmp).map_err(
+                |e| match e {
+                    safetensors::SafeTensorError::IoError(io) => io_err(path, io),
+                    other => format_err(path, other),
+                },
+            )
         },
-    )?;
-    std::fs::rename(&tmp, path).map_err(|e| io_err(path, e))
-}
-
-fn tmp_sibling(path: &Path) -> PathBuf {
-    let mut name = path
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(format!(".tmp{}", std::process::id()));
-    path.with_file_name(name)
+        |e| io_err(path, e),
+    )
 }

@@ -114,17 +114,12 @@ pub fn write_mp4(path: &Path, clip: &Frames, fps: f64) -> Result<Option<PathBuf>
     if !ffmpeg_available() {
         return Ok(None);
     }
-    let tmp = path.with_extension("mp4.tmp");
-    let result = encode_mp4(path, &tmp, clip, fps).and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|error| MediaError::Io {
-            path: path.to_path_buf(),
-            error,
-        })
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map(|()| Some(path.to_path_buf()))
+    let io = |error| MediaError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    reel_core::io::replace_file_with(path, |tmp| encode_mp4(path, tmp, clip, fps), io)?;
+    Ok(Some(path.to_path_buf()))
 }
 
 /// Pipe `clip`'s frames into FFmpeg, writing MP4 to `out`; errors name `path`, the file it

@@ -51,20 +51,12 @@ pub enum MediaError {
     },
 }
 
-/// Write `bytes` to `path` through a temporary file beside it, renamed over `path` only once
-/// every byte is written: a full disk leaves the previous file (or none), never a cut one, and
-/// no temporary file.
+/// Write `bytes` to `path` whole ([`reel_core::io::replace_file`]): a full disk leaves the
+/// previous file (or none), never a cut one, and no temporary file.
 pub fn save(path: &Path, bytes: &[u8]) -> Result<(), MediaError> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    written.map_err(|error| {
-        let _ = std::fs::remove_file(&tmp);
-        MediaError::Io {
-            path: path.to_path_buf(),
-            error,
-        }
+    reel_core::io::replace_file(path, bytes).map_err(|error| MediaError::Io {
+        path: path.to_path_buf(),
+        error,
     })
 }
 
@@ -145,7 +137,7 @@ mod tests {
         assert_eq!(entries(dir.path()), 1);
 
         // The temporary name is taken by a folder: the write fails, the file stays.
-        std::fs::create_dir(dir.path().join("sheet.png.tmp")).unwrap();
+        std::fs::create_dir(reel_core::io::tmp_sibling(&path)).unwrap();
         let err = save(&path, b"third").unwrap_err().to_string();
         assert!(err.contains("sheet.png"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"second");

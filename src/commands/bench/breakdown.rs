@@ -88,13 +88,7 @@ pub(super) fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<Loaded
     let mut root: toml::Table =
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if args.random_weights {
-        if let Some(toml::Value::Table(models)) = root.get_mut("models") {
-            for (_, role) in models.iter_mut() {
-                if let toml::Value::Table(t) = role {
-                    t.remove("weights");
-                }
-            }
-        }
+        drop_weight_files(&mut root);
     }
     if let Some(toml::Value::Table(training)) = root.get_mut("training") {
         training.remove("checkpoint_every");
@@ -102,6 +96,35 @@ pub(super) fn config_run(args: &BenchArgs, path: &Path) -> anyhow::Result<Loaded
     let mut sets = args.set.clone();
     sets.push(format!("training.max_steps={}", total_steps(args) + 1));
     Ok(parse_run_config(&toml::to_string(&root)?, path, &sets)?)
+}
+
+/// The weight files a run config names: every role's `weights`, and the validation callbacks'
+/// VAE and text encoder with the keys that need them (so a bench of a shipped config runs
+/// where its checkpoint is not).
+fn drop_weight_files(root: &mut toml::Table) {
+    if let Some(toml::Value::Table(models)) = root.get_mut("models") {
+        for role in models.iter_mut().filter_map(|(_, v)| v.as_table_mut()) {
+            role.remove("weights");
+        }
+    }
+    if let Some(toml::Value::Array(callbacks)) = root.get_mut("callbacks") {
+        let validation =
+            |t: &toml::Table| t.get("kind").and_then(|k| k.as_str()) == Some("validation");
+        for cb in callbacks.iter_mut().filter_map(toml::Value::as_table_mut) {
+            if validation(cb) {
+                for key in [
+                    "vae",
+                    "vae_tile",
+                    "text_encoder",
+                    "tokenizer",
+                    "prompts",
+                    "negative_prompt",
+                ] {
+                    cb.remove(key);
+                }
+            }
+        }
+    }
 }
 
 /// Every step the bench runs: warm-up, profiled, unprofiled.

@@ -116,7 +116,8 @@ pub struct BenchArgs {
     /// from the preset), as `reel train --set` does (repeatable), e.g. `optimizer.fused=false`.
     #[arg(long, value_name = "KEY=VALUE", requires = "breakdown")]
     pub set: Vec<String>,
-    /// With `--config`: drop every role's `weights` (random weights of the same shapes).
+    /// With `--config`: drop every role's `weights` (random weights of the same shapes) and the
+    /// validation callbacks' VAE and text encoder (they sample latents of the data's prompts).
     #[arg(long, requires = "config")]
     pub random_weights: bool,
     /// Time the Wan VAE's decode and encode of a `--video` instead of the DiT: a diffusers

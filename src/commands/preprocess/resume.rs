@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use reel_core::io::{replace_file, replace_file_with};
 use reel_plugins::data::fastvideo::{write_fastvideo_parquet, FastVideoRecord};
 use serde_json::Value;
 
@@ -64,7 +65,8 @@ pub fn recorded_as(out: &Path, settings: &Value) -> bool {
 pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let text = serde_json::to_string_pretty(settings)?;
-    write_atomically(&out.join(SETTINGS_FILE), text.as_bytes())
+    let path = out.join(SETTINGS_FILE);
+    replace_file(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// What differs between the recorded settings and this run's, one phrase per key, naming
@@ -159,13 +161,14 @@ impl Shard {
     /// the failure list first, then the shard; a list left from an earlier run goes last.
     pub fn save(&self, records: &[FastVideoRecord], failures: &[String]) -> anyhow::Result<()> {
         if !failures.is_empty() {
-            write_atomically(&self.failed, (failures.join("\n") + "\n").as_bytes())?;
+            let text = failures.join("\n") + "\n";
+            replace_file(&self.failed, text.as_bytes())
+                .with_context(|| format!("cannot write {}", self.failed.display()))?;
         }
         if !records.is_empty() {
-            let tmp = hidden_tmp(&self.path);
-            write_fastvideo_parquet(&tmp, records, records.len())
-                .with_context(|| format!("writing {}", tmp.display()))?;
-            publish(&tmp, &self.path)?;
+            let write = |tmp: &Path| Ok(write_fastvideo_parquet(tmp, records, records.len())?);
+            replace_file_with(&self.path, write, anyhow::Error::from)
+                .with_context(|| format!("writing {}", self.path.display()))?;
         }
         if failures.is_empty() {
             match std::fs::remove_file(&self.failed) {
@@ -177,33 +180,6 @@ impl Shard {
         }
         Ok(())
     }
-}
-
-/// `.<name>.tmp` beside `path`: hidden, so that no reader takes it for a shard.
-fn hidden_tmp(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map_or("out".into(), |n| n.to_string_lossy());
-    path.with_file_name(format!(".{name}.tmp"))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = hidden_tmp(path);
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    publish(&tmp, path)
-}
-
-/// Move the written `tmp` to `path` durably: its bytes reach the disk before the rename, and
-/// the rename before this returns, so a power cut leaves the old file or the whole new one.
-fn publish(tmp: &Path, path: &Path) -> anyhow::Result<()> {
-    std::fs::File::open(tmp)
-        .and_then(|f| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    if let Some(dir) = path.parent().and_then(|d| std::fs::File::open(d).ok()) {
-        let _ = dir.sync_all(); // best effort: not every platform syncs a folder
-    }
-    Ok(())
 }
 
 /// Whether `path` is a file ending with parquet's footer magic (`PAR1`): a shard cut short

@@ -118,9 +118,7 @@ impl MetricsLog {
                     kept.push('\n');
                 }
             }
-            let tmp = path.with_extension("jsonl.tmp");
-            std::fs::write(&tmp, kept)?;
-            std::fs::rename(&tmp, path)?;
+            reel_core::io::replace_file(path, kept.as_bytes())?;
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(MetricsLog {

@@ -1,0 +1,121 @@
+//! Files replaced whole. A file Reel writes for keeps (weights, data shards, media, a metrics
+//! log rewritten on resume) is written to a hidden temporary sibling, synced to disk and then
+//! renamed over its path: a crash, a full disk or a power cut leaves the previous file (or
+//! none), never a cut one, and a failed write leaves no temporary file behind.
+//!
+//! Checkpoints use the same steps on whole folders (`crate::checkpoint`).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The temporary sibling of `path` that [`replace_file_with`] writes: `.<name>.tmp<pid>`,
+/// hidden so that folder listings and data readers skip it, and one per process.
+pub fn tmp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".into(), |n| n.to_string_lossy());
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// Have `write` create [`tmp_sibling`]`(path)` (it is given that path), then sync that file,
+/// rename it over `path` and sync the folder (best effort: not every platform syncs a
+/// folder). On any failure the temporary file is removed and `path` is left as it was;
+/// `io_error` turns the sync's or the rename's error into the caller's.
+pub fn replace_file_with<E>(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), E>,
+    io_error: impl Fn(io::Error) -> E,
+) -> Result<(), E> {
+    let tmp = tmp_sibling(path);
+    let result = write(&tmp).and_then(|()| publish(&tmp, path).map_err(&io_error));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Replace `path` with `bytes`, as [`replace_file_with`] does.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace_file_with(path, |tmp| std::fs::write(tmp, bytes), |e| e)
+}
+
+fn publish(tmp: &Path, path: &Path) -> io::Result<()> {
+    std::fs::File::open(tmp)?.sync_all()?;
+    std::fs::rename(tmp, path)?;
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Ok(dir) = std::fs::File::open(folder.unwrap_or(Path::new("."))) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.bin");
+        replace_file(&p, b"first").unwrap();
+        replace_file(&p, b"second, longer").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"second, longer");
+        assert_eq!(
+            names(dir.path()),
+            vec!["a.bin"],
+            "no temporary file is left"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_old_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.bin");
+        replace_file(&p, b"good").unwrap();
+        let failed = replace_file_with(
+            &p,
+            |tmp| {
+                std::fs::write(tmp, b"half")?;
+                Err(io::Error::other("disk full"))
+            },
+            |e| e,
+        );
+        assert_eq!(failed.unwrap_err().to_string(), "disk full");
+        assert_eq!(std::fs::read(&p).unwrap(), b"good");
+        assert_eq!(names(dir.path()), vec!["a.bin"]);
+    }
+
+    #[test]
+    fn a_rename_that_fails_is_the_callers_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // A folder where the file should go: the rename fails.
+        let p = dir.path().join("taken");
+        std::fs::create_dir_all(p.join("inside")).unwrap();
+        let e = replace_file_with(
+            &p,
+            |tmp| std::fs::write(tmp, b"x").map_err(|e| e.to_string()),
+            |e| format!("renaming: {e}"),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("renaming: "), "{e}");
+        assert_eq!(names(dir.path()), vec!["taken"]);
+    }
+
+    #[test]
+    fn the_temporary_file_is_hidden_and_per_process() {
+        let t = tmp_sibling(Path::new("out/data_00001.parquet"));
+        let name = t.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(".data_00001.parquet.tmp"), "{name}");
+        assert!(name.ends_with(&std::process::id().to_string()), "{name}");
+        assert_eq!(t.parent(), Some(Path::new("out")));
+    }
+}
