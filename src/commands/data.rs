@@ -139,12 +139,8 @@ fn write_parquet(
             .collect::<Result<Vec<_>, reel_core::data::DataError>>()?;
         // Written whole, so a crash leaves no half file that the reader would pick up.
         let path = to.join(format!("data_{file_index:05}.parquet"));
-        replace_file_with(
-            &path,
-            |tmp| write_fastvideo_parquet(tmp, &records, per_file).map_err(anyhow::Error::from),
-            anyhow::Error::from,
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
+        write_fastvideo_parquet(&path, &records, per_file)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use reel_core::io::{replace_file, replace_file_with};
+use reel_core::io::replace_file;
 use reel_plugins::data::fastvideo::{write_fastvideo_parquet, FastVideoRecord};
 use serde_json::Value;
 
@@ -166,8 +166,7 @@ impl Shard {
                 .with_context(|| format!("cannot write {}", self.failed.display()))?;
         }
         if !records.is_empty() {
-            let write = |tmp: &Path| Ok(write_fastvideo_parquet(tmp, records, records.len())?);
-            replace_file_with(&self.path, write, anyhow::Error::from)
+            write_fastvideo_parquet(&self.path, records, records.len())
                 .with_context(|| format!("writing {}", self.path.display()))?;
         }
         if failures.is_empty() {

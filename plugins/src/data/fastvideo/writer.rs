@@ -89,8 +89,22 @@ pub struct MediaInfo {
 }
 
 /// Write `records` to `path` in FastVideo's schema, `rows_per_group` rows per row group
-/// (at least 1), snappy-compressed as pyarrow does by default.
+/// (at least 1), snappy-compressed as pyarrow does by default. The file is written whole
+/// ([`reel_core::io::replace_file_with`]): a crash leaves no cut shard for a reader to take.
 pub fn write_fastvideo_parquet(
+    path: &Path,
+    records: &[FastVideoRecord],
+    rows_per_group: usize,
+) -> Result<(), parquet::errors::ParquetError> {
+    let external = |e: std::io::Error| parquet::errors::ParquetError::External(e.into());
+    reel_core::io::replace_file_with(
+        path,
+        |tmp| write_file(tmp, records, rows_per_group),
+        external,
+    )
+}
+
+fn write_file(
     path: &Path,
     records: &[FastVideoRecord],
     rows_per_group: usize,
