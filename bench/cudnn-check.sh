@@ -6,9 +6,13 @@
 # build instead of a GPU session. Making the plans needs the device: on the GPU machine,
 # `bench/gpu-tests.sh` runs the rest (`cuda_cudnn_attention_matches_naive`).
 #
-#   bench/cudnn-check.sh        # first run: ~1.3 GB of wheels, and the `cuda` test build
+#   bench/cudnn-check.sh                    # first run: ~1.3 GB of wheels, and the `cuda`
+#                                           # test build
+#   CUDNN=9.14.0.64 bench/cudnn-check.sh    # another cuDNN: the GPU machine's PyTorch wheel
+#                                           # shipped 9.14.0 (2026-11-30), which needs the
+#                                           # backward's padding mask off the 128 grid
 #
-# What it installs, once, under CACHE (default ~/.cache/reel-cudnn):
+# What it installs, once per cuDNN version, under CACHE (default ~/.cache/reel-cudnn-$CUDNN):
 # - the PyPI wheels of cuDNN 9 and of the cuBLAS and NVRTC that cuDNN's heuristics and
 #   engines load (NVIDIA's own packages, the ones PyTorch installs), unpacked into lib/;
 # - stub/libcuda.so.1: every CUDA driver function those libraries name, each returning
@@ -16,9 +20,11 @@
 #   graph checks never reach a device, and a plan's first driver call fails cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE=${CACHE:-$HOME/.cache/reel-cudnn}
-# The versions checked on 2026-11-28 (cuDNN 9.28, CUDA 12.9's cuBLAS and NVRTC).
-WHEELS=${WHEELS:-"nvidia-cudnn-cu12==9.28.0.42 nvidia-cublas-cu12==12.9.3.13 nvidia-cuda-nvrtc-cu12==12.9.86"}
+# The versions checked on 2026-11-28 (cuDNN 9.28, CUDA 12.9's cuBLAS and NVRTC); cuDNN 9.14
+# too on 2026-11-30. Describing a device to cuDNN (what the check does) needs cuDNN 9.8.
+CUDNN=${CUDNN:-9.28.0.42}
+CACHE=${CACHE:-$HOME/.cache/reel-cudnn-$CUDNN}
+WHEELS=${WHEELS:-"nvidia-cudnn-cu12==$CUDNN nvidia-cublas-cu12==12.9.3.13 nvidia-cuda-nvrtc-cu12==12.9.86"}
 
 if [[ ! -e $CACHE/lib/libcudnn.so.9 ]]; then
   mkdir -p "$CACHE/wheels" "$CACHE/lib"

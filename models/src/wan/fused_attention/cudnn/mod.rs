@@ -194,19 +194,13 @@ pub(super) fn present() -> Result<usize, CudnnError> {
 }
 
 /// `Unsupported` with the reason when cuDNN `version` (e.g. 91500 for 9.15.0) cannot run a
-/// call that cuDNN's C++ frontend refuses or changes for that version. These graphs follow the
-/// frontend's pattern without its per-version changes, so they refuse those calls and Reel's
-/// kernels run them. `backward`: a backward's key count and whether its `dO` is laid out as
+/// call that cuDNN's C++ frontend refuses for that version (the changes it makes instead, these
+/// graphs make too: [`padding`]). `backward`: for a backward, whether its `dO` is laid out as
 /// its `o`.
 ///
 /// - 9.10.0 and 9.10.1: the frontend refuses attention on them (known bugs).
-/// - 9.15.0 and older: for a key count not a multiple of 128, the frontend adds a padding
-///   mask to the backward graph (the fused backward reads past the keys otherwise).
 /// - before 9.5.1: the backward assumes `dO` has `o`'s strides (PyTorch copies it so).
-pub(super) fn check_version(
-    version: usize,
-    backward: Option<(usize, bool)>,
-) -> Result<(), CudnnError> {
+pub(super) fn check_version(version: usize, backward: Option<bool>) -> Result<(), CudnnError> {
     let refuse = |why: String| Err(CudnnError::Unsupported(why));
     let dotted = format!(
         "{}.{}.{}",
@@ -219,16 +213,7 @@ pub(super) fn check_version(
             "cuDNN {dotted} has known attention bugs (cuDNN's frontend refuses 9.10.0 and 9.10.1)"
         ));
     }
-    let Some((keys, d_out_like_o)) = backward else {
-        return Ok(());
-    };
-    if version <= 91_500 && keys % 128 != 0 {
-        return refuse(format!(
-            "cuDNN {dotted} (9.15.0 or older) runs the backward of {keys} keys, not a multiple \
-             of 128, only behind a padding mask, which this graph does not build"
-        ));
-    }
-    if version < 90_501 && !d_out_like_o {
+    if version < 90_501 && backward == Some(false) {
         return refuse(format!(
             "cuDNN {dotted} (before 9.5.1) reads dO as laid out like o, and this dO is not"
         ));
@@ -236,39 +221,77 @@ pub(super) fn check_version(
     Ok(())
 }
 
+/// The padding mask a backward graph carries on cuDNN `version` for `keys` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Padding {
+    /// None.
+    None,
+    /// The scores outside the sequence lengths (here the full lengths, passed as int32
+    /// tensors) set to −∞ before the softmax, and the products sized by those lengths: what
+    /// cuDNN's frontend adds to a backward of a key count off the 128 grid on cuDNN 9.15.0 and
+    /// older (the fused backward reads past the keys without it).
+    Mask,
+    /// [`Padding::Mask`] with the lowest float instead of −∞, applied again after the
+    /// statistics are subtracted: the frontend's form of the mask before cuDNN 9.10.
+    MaskTwice,
+}
+
+/// The [`Padding`] of a backward of `keys` keys on cuDNN `version`.
+pub(super) fn padding(version: usize, keys: usize) -> Padding {
+    if version > 91_500 || keys.is_multiple_of(128) {
+        Padding::None
+    } else if version < 91_000 {
+        Padding::MaskTwice
+    } else {
+        Padding::Mask
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_version;
+    use super::{check_version, padding, Padding};
 
     /// The reason `check_version` gives, or `None` when it accepts.
-    fn version_refuses(version: usize, backward: Option<(usize, bool)>) -> Option<String> {
+    fn version_refuses(version: usize, backward: Option<bool>) -> Option<String> {
         check_version(version, backward)
             .err()
             .map(|e| e.to_string())
     }
 
     #[test]
-    fn versions_the_frontend_refuses_or_patches_are_refused() {
+    fn cuda_cudnn_versions_the_frontend_refuses_are_refused() {
         // 9.10.0 and 9.10.1, forward and backward.
         for v in [91_000, 91_001] {
             assert!(
                 version_refuses(v, None).is_some_and(|w| w.contains("9.10.")),
                 "{v}"
             );
-            assert!(version_refuses(v, Some((8192, true))).is_some(), "{v}");
+            assert!(version_refuses(v, Some(true)).is_some(), "{v}");
         }
         assert_eq!(version_refuses(91_002, None), None);
-        // Key counts off the 128 grid: the backward up to 9.15.0 only.
-        let why = version_refuses(91_500, Some((8190, true))).expect("9.15.0, 8190 keys");
-        assert!(why.contains("9.15.0") && why.contains("8190"), "{why}");
-        assert_eq!(version_refuses(91_500, Some((8192, true))), None);
-        assert_eq!(version_refuses(91_500, None), None);
-        assert_eq!(version_refuses(91_501, Some((8190, true))), None);
-        assert_eq!(version_refuses(92_800, Some((150, false))), None);
+        assert_eq!(version_refuses(91_400, Some(true)), None);
         // dO laid out unlike o: refused before 9.5.1 only.
-        let why = version_refuses(90_500, Some((256, false))).expect("9.5.0, dO unlike o");
+        let why = version_refuses(90_500, Some(false)).expect("9.5.0, dO unlike o");
         assert!(why.contains("9.5.0"), "{why}");
-        assert_eq!(version_refuses(90_500, Some((256, true))), None);
-        assert_eq!(version_refuses(90_501, Some((256, false))), None);
+        assert_eq!(version_refuses(90_500, Some(true)), None);
+        assert_eq!(version_refuses(90_500, None), None);
+        assert_eq!(version_refuses(90_501, Some(false)), None);
+    }
+
+    #[test]
+    fn cuda_cudnn_backwards_off_the_128_grid_get_a_padding_mask_up_to_9_15_0() {
+        for keys in [8190, 150, 1] {
+            assert_eq!(padding(91_500, keys), Padding::Mask, "{keys}");
+            assert_eq!(padding(91_400, keys), Padding::Mask, "{keys}");
+            assert_eq!(padding(91_002, keys), Padding::Mask, "{keys}");
+            assert_eq!(padding(90_900, keys), Padding::MaskTwice, "{keys}");
+            assert_eq!(padding(90_000, keys), Padding::MaskTwice, "{keys}");
+            assert_eq!(padding(91_501, keys), Padding::None, "{keys}");
+            assert_eq!(padding(92_800, keys), Padding::None, "{keys}");
+        }
+        for keys in [8192, 128] {
+            assert_eq!(padding(91_400, keys), Padding::None, "{keys}");
+            assert_eq!(padding(90_000, keys), Padding::None, "{keys}");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The operations of cuDNN's attention graphs: matrix products, element-wise operations,
-//! reductions and reshapes (views), each an operation descriptor over tensor descriptors.
+//! The operations of cuDNN's attention graphs: matrix products, element-wise operations
+//! (with the index, comparison and select ones of a padding mask), reductions and reshapes (views), each an operation descriptor over tensor descriptors.
 
 use cudarc::cudnn::sys as dnn;
 use dnn::cudnnBackendAttributeName_t as Attr;
@@ -11,6 +11,18 @@ use super::CudnnError;
 
 /// The operation `c = a · b` (batched over the leading dims), float32 accumulation.
 pub(super) fn matmul(a: &Desc, b: &Desc, c: &Desc) -> Result<Desc, CudnnError> {
+    matmul_sized(a, b, c, [None; 3])
+}
+
+/// [`matmul`] whose `[M, N, K]` extents, where given, are read per batch from int32
+/// `[B, 1, 1, 1]` tensors (the sequence lengths of a padding mask: cuDNN's
+/// `CUDNN_ATTR_OPERATION_MATMUL_GEMM_{M,N,K}_OVERRIDE_DESC`).
+pub(super) fn matmul_sized(
+    a: &Desc,
+    b: &Desc,
+    c: &Desc,
+    [m, n, k]: [Option<&Desc>; 3],
+) -> Result<Desc, CudnnError> {
     let desc = Desc::new(Kind::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?;
     desc.set(
         Attr::CUDNN_ATTR_MATMUL_COMP_TYPE,
@@ -23,6 +35,16 @@ pub(super) fn matmul(a: &Desc, b: &Desc, c: &Desc) -> Result<Desc, CudnnError> {
         .descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_BDESC, &[b])?
         .descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_CDESC, &[c])?
         .descs(Attr::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&desc])?;
+    let overrides = [
+        (Attr::CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, m),
+        (Attr::CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, n),
+        (Attr::CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, k),
+    ];
+    for (attr, extent) in overrides {
+        if let Some(extent) = extent {
+            op.descs(attr, &[extent])?;
+        }
+    }
     op.finalize()
 }
 
@@ -33,6 +55,49 @@ pub(super) fn pointwise(
     b: Option<&Desc>,
     y: &Desc,
 ) -> Result<Desc, CudnnError> {
+    let desc = pointwise_desc(mode, F32, None)?;
+    pointwise_op(&desc, [Some(x), b, None], y)
+}
+
+/// `y` = the index of each element of `x` along `axis` (int32; `x`'s values are not read).
+pub(super) fn gen_index(axis: i64, x: &Desc, y: &Desc) -> Result<Desc, CudnnError> {
+    let int32 = dnn::cudnnDataType_t::CUDNN_DATA_INT32;
+    let desc = pointwise_desc(
+        dnn::cudnnPointwiseMode_t::CUDNN_POINTWISE_GEN_INDEX,
+        int32,
+        Some(axis),
+    )?;
+    pointwise_op(&desc, [Some(x), None, None], y)
+}
+
+/// The boolean `y = mode(x, b)` (a comparison or a logical operation, `b` broadcast).
+pub(super) fn logical(
+    mode: dnn::cudnnPointwiseMode_t,
+    x: &Desc,
+    b: &Desc,
+    y: &Desc,
+) -> Result<Desc, CudnnError> {
+    let boolean = dnn::cudnnDataType_t::CUDNN_DATA_BOOLEAN;
+    let desc = pointwise_desc(mode, boolean, None)?;
+    pointwise_op(&desc, [Some(x), Some(b), None], y)
+}
+
+/// `y = if t { x } else { b }` element-wise (`b` and `t` broadcast), in float32.
+pub(super) fn select(x: &Desc, b: &Desc, t: &Desc, y: &Desc) -> Result<Desc, CudnnError> {
+    let desc = pointwise_desc(
+        dnn::cudnnPointwiseMode_t::CUDNN_POINTWISE_BINARY_SELECT,
+        F32,
+        None,
+    )?;
+    pointwise_op(&desc, [Some(x), Some(b), Some(t)], y)
+}
+
+/// A finalized pointwise descriptor of `mode` computed in `compute` (`axis`: GEN_INDEX's).
+fn pointwise_desc(
+    mode: dnn::cudnnPointwiseMode_t,
+    compute: dnn::cudnnDataType_t,
+    axis: Option<i64>,
+) -> Result<Desc, CudnnError> {
     let desc = Desc::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
     desc.set(
         Attr::CUDNN_ATTR_POINTWISE_MODE,
@@ -42,14 +107,31 @@ pub(super) fn pointwise(
     .set(
         Attr::CUDNN_ATTR_POINTWISE_MATH_PREC,
         Ty::CUDNN_TYPE_DATA_TYPE,
-        &[F32],
+        &[compute],
     )?;
-    let desc = desc.finalize()?;
+    if let Some(axis) = axis {
+        desc.set(
+            Attr::CUDNN_ATTR_POINTWISE_AXIS,
+            Ty::CUDNN_TYPE_INT64,
+            &[axis],
+        )?;
+    }
+    desc.finalize()
+}
+
+/// The pointwise operation of `desc` on the inputs `[x, b, t]` (those given), into `y`.
+fn pointwise_op(desc: &Desc, [x, b, t]: [Option<&Desc>; 3], y: &Desc) -> Result<Desc, CudnnError> {
     let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
-    op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&desc])?
-        .descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[x])?;
-    if let Some(b) = b {
-        op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, &[b])?;
+    op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[desc])?;
+    let inputs = [
+        (Attr::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x),
+        (Attr::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b),
+        (Attr::CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t),
+    ];
+    for (attr, input) in inputs {
+        if let Some(input) = input {
+            op.descs(attr, &[input])?;
+        }
     }
     op.descs(Attr::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[y])?;
     op.finalize()

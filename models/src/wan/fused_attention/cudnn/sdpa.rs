@@ -17,7 +17,7 @@ use dnn::cudnnReduceTensorOp_t::{CUDNN_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_MA
 use super::graph::{Desc, TensorSpec, F32};
 use super::ops;
 use super::run::{self, Call, PlanKey};
-use super::CudnnError;
+use super::{CudnnError, Padding};
 use crate::wan::fused_attention::{as_dtype, empty_in_layout_of};
 
 /// What a plan depends on: the dtype, and the dims and strides of `q, k, v` (in that order).
@@ -34,6 +34,8 @@ pub(super) struct Key {
     /// the rows: on CUDA a `[B, H, 200]` buffer would have strides `[H·256, 256, 1]`); the
     /// graphs still declare whatever strides a buffer has.
     buffers: [[i64; 4]; 3],
+    /// The backward's padding mask ([`super::padding`]).
+    padding: Padding,
 }
 
 impl Key {
@@ -70,6 +72,7 @@ impl Key {
             strides,
             more: [[0; 4]; 5],
             buffers: [[0; 4]; 3],
+            padding: Padding::None,
         })
     }
 
@@ -126,6 +129,9 @@ const DV: i64 = 10;
 const ROW_SUMS: i64 = 11;
 const DQ_SUMS: i64 = 12;
 const ONE: i64 = 13;
+const SEQ_Q: i64 = 14;
+const SEQ_KV: i64 = 15;
+const FILL: i64 = 16;
 
 /// `(o [B, H, Sq, Dv], lse [B, H, Sq] float32)` on cuDNN `version`; `o` is laid out as `q`
 /// is.
@@ -175,9 +181,8 @@ pub(super) fn backward(
     } else {
         burn_cubecl::kernel::into_contiguous(d_out)
     };
-    let keys = key.sizes()[3] as usize;
-    super::check_version(version, Some((keys, strides(&d_out) == strides(&o))))?;
-    let [b, h, sq, _, d, _] = key.sizes().map(|x| x as usize);
+    super::check_version(version, Some(strides(&d_out) == strides(&o)))?;
+    let [b, h, sq, sk, d, _] = key.sizes().map(|x| x as usize);
     let like = |t: &CubeTensor<CudaRuntime>| empty_in_layout_of(t, t.meta.shape().dims(), t.dtype);
     let (dq, dk, dv) = (like(&q), like(&k), like(&v));
     // Float32 buffers the graph needs: the rows' `Σ dO∘O`, and dq's float32 sums (zeroed:
@@ -193,6 +198,7 @@ pub(super) fn backward(
     };
     let dq_sums = zeros([b, h, sq, d]);
     let mut key = key;
+    key.padding = super::padding(version, sk);
     key.more = [&o, &d_out, &dq, &dk, &dv].map(strides);
     key.buffers = [
         key.rows_of("the statistics", &lse)?,
@@ -206,25 +212,66 @@ pub(super) fn backward(
             key.more, key.buffers
         )));
     }
+    let mut tensors = vec![
+        (Q, &q),
+        (K, &k),
+        (V, &v),
+        (O, &o),
+        (D_OUT, &d_out),
+        (STATS, &lse),
+        (DQ, &dq),
+        (DK, &dk),
+        (DV, &dv),
+        (ROW_SUMS, &row_sums),
+        (DQ_SUMS, &dq_sums),
+    ];
+    let mut scalars = vec![(SCALE, key.scale()), (ONE, 1.0)];
+    let lengths = match key.padding {
+        Padding::None => None,
+        _ => Some([lengths(&q, b, sq)?, lengths(&q, b, sk)?]),
+    };
+    if let Some([seq_q, seq_kv]) = &lengths {
+        tensors.extend([(SEQ_Q, seq_q), (SEQ_KV, seq_kv)]);
+        scalars.push((FILL, fill(key.padding)));
+    }
     run::execute(Call {
         key: PlanKey::Backward(key),
         graph: &|| backward_ops(&key),
-        tensors: &[
-            (Q, &q),
-            (K, &k),
-            (V, &v),
-            (O, &o),
-            (D_OUT, &d_out),
-            (STATS, &lse),
-            (DQ, &dq),
-            (DK, &dk),
-            (DV, &dv),
-            (ROW_SUMS, &row_sums),
-            (DQ_SUMS, &dq_sums),
-        ],
-        scalars: &[(SCALE, key.scale()), (ONE, 1.0)],
+        tensors: &tensors,
+        scalars: &scalars,
     })?;
     Ok([dq, dk, dv])
+}
+
+/// An int32 `[B, 1, 1, 1]` tensor on `like`'s device holding `n` for each of the `b` samples:
+/// a padding mask's sequence lengths (the full lengths: the mask only makes cuDNN's fused
+/// backward stay within them).
+fn lengths(
+    like: &CubeTensor<CudaRuntime>,
+    b: usize,
+    n: usize,
+) -> Result<CubeTensor<CudaRuntime>, CudnnError> {
+    let n = i32::try_from(n)
+        .map_err(|_| CudnnError::Unsupported(format!("{n} tokens (more than int32 counts)")))?;
+    let bytes: Vec<u8> = (0..b).flat_map(|_| n.to_ne_bytes()).collect();
+    let handle = like.client.create_from_slice(&bytes);
+    let shape = Shape::new([b, 1, 1, 1]);
+    Ok(CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        shape,
+        handle,
+        DType::I32,
+    ))
+}
+
+/// The value masked scores take: −∞, or the lowest float where cuDNN's frontend uses it
+/// (before 9.10, [`Padding::MaskTwice`]).
+fn fill(padding: Padding) -> f32 {
+    match padding {
+        Padding::MaskTwice => f32::MIN,
+        _ => f32::NEG_INFINITY,
+    }
 }
 
 /// An uninitialized float32 `[B, H, Sq]` buffer for `q`'s rows, packed (`[H·Sq, Sq, 1]`): the
@@ -311,7 +358,9 @@ fn forward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
 
 /// The backward, recomputing `P = exp(S·scale − stats)`: `dV = Pᵀ·dO`;
 /// `dS = P ∘ (dO·Vᵀ − Σ dO∘O) · scale`; `dK = dSᵀ·Q`; `dQ = dS·K` summed in float32, then
-/// cast.
+/// cast. With a [`Padding`] mask, the scaled scores are masked before the statistics are
+/// subtracted (and, [`Padding::MaskTwice`], again after), and every product is sized by the
+/// sequence lengths, as cuDNN's frontend builds it.
 fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
     let io = key.io();
     let [b, h, sq, sk, _, dv] = key.sizes();
@@ -341,6 +390,14 @@ fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
     let scores = |uid| virtual_(uid, [b, h, sq, sk]);
     let (s, scaled, shifted, p) = (scores(32)?, scores(33)?, scores(34)?, scores(35)?);
     let (dp, dp_centred, dp_p, ds) = (scores(36)?, scores(37)?, scores(38)?, scores(39)?);
+    let mask = match key.padding {
+        Padding::None => None,
+        _ => Some(MaskInputs::new(b)?),
+    };
+    let [seq_q, seq_kv] = match &mask {
+        Some(m) => [Some(&m.seq_q), Some(&m.seq_kv)],
+        None => [None, None],
+    };
     // `Pᵀ` and `dSᵀ` `[B, H, Sk, Sq]` in the inputs' dtype; `K` seen `[B, H, Sk, D]`.
     let transposed = |uid| {
         TensorSpec {
@@ -357,26 +414,111 @@ fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
         ..TensorSpec::virtual_f32(42, kd)
     }
     .build()?;
-    Ok(vec![
+    let mut graph = vec![
         ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &d_out, Some(&o), &d_out_o)?,
         ops::reduction(CUDNN_REDUCE_TENSOR_ADD, &d_out_o, &row_sum)?,
         ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &row_sum, Some(&one), &row_sums)?,
-        ops::matmul(&q, &kt, &s)?,
+        ops::matmul_sized(&q, &kt, &s, [seq_q, seq_kv, None])?,
         ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &s, Some(&scale), &scaled)?,
-        ops::pointwise(Pw::CUDNN_POINTWISE_SUB, &scaled, Some(&stats), &shifted)?,
+    ];
+    match &mask {
+        None => graph.push(ops::pointwise(
+            Pw::CUDNN_POINTWISE_SUB,
+            &scaled,
+            Some(&stats),
+            &shifted,
+        )?),
+        Some(m) => {
+            let [masked, unmasked] = [scores(43)?, scores(44)?];
+            graph.extend(m.ops(&scaled, &masked, [b, h, sq, sk], 50)?);
+            if key.padding == Padding::MaskTwice {
+                graph.push(ops::pointwise(
+                    Pw::CUDNN_POINTWISE_SUB,
+                    &masked,
+                    Some(&stats),
+                    &unmasked,
+                )?);
+                graph.extend(m.ops(&unmasked, &shifted, [b, h, sq, sk], 60)?);
+            } else {
+                graph.push(ops::pointwise(
+                    Pw::CUDNN_POINTWISE_SUB,
+                    &masked,
+                    Some(&stats),
+                    &shifted,
+                )?);
+            }
+        }
+    }
+    graph.extend([
         ops::pointwise(Pw::CUDNN_POINTWISE_EXP, &shifted, None, &p)?,
         ops::reshape(&p, &pt)?,
-        ops::matmul(&pt, &d_out, &dv_)?,
-        ops::matmul(&d_out, &vt, &dp)?,
+        ops::matmul_sized(&pt, &d_out, &dv_, [seq_kv, None, seq_q])?,
+        ops::matmul_sized(&d_out, &vt, &dp, [seq_q, seq_kv, None])?,
         ops::pointwise(Pw::CUDNN_POINTWISE_SUB, &dp, Some(&row_sums), &dp_centred)?,
         ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &dp_centred, Some(&p), &dp_p)?,
         ops::pointwise(Pw::CUDNN_POINTWISE_MUL, &dp_p, Some(&scale), &ds)?,
         ops::reshape(&ds, &dst)?,
-        ops::matmul(&dst, &q, &dk)?,
+        ops::matmul_sized(&dst, &q, &dk, [seq_kv, None, seq_q])?,
         ops::reshape(&kt, &k)?,
-        ops::matmul(&ds, &k, &dq_sums)?,
+        ops::matmul_sized(&ds, &k, &dq_sums, [seq_q, None, seq_kv])?,
         ops::pointwise(Pw::CUDNN_POINTWISE_IDENTITY, &dq_sums, None, &dq)?,
-    ])
+    ]);
+    Ok(graph)
+}
+
+/// What a padding mask reads: the int32 `[B, 1, 1, 1]` sequence lengths of the queries and
+/// the keys, and the value masked scores take (a host scalar).
+struct MaskInputs {
+    seq_q: Desc,
+    seq_kv: Desc,
+    fill: Desc,
+}
+
+impl MaskInputs {
+    /// The tensors of a batch of `b`.
+    fn new(b: i64) -> Result<Self, CudnnError> {
+        let int32 = dnn::cudnnDataType_t::CUDNN_DATA_INT32;
+        let seq = |uid| real(uid, int32, [b, 1, 1, 1], [1; 4]).build();
+        Ok(Self {
+            seq_q: seq(SEQ_Q)?,
+            seq_kv: seq(SEQ_KV)?,
+            fill: scalar(FILL)?,
+        })
+    }
+
+    /// `masked` = `scores` (`dims`) where the row is below the query length and the column
+    /// below the key length, the fill value elsewhere: cuDNN's frontend's padding mask, on
+    /// virtual tensors of uids `first..first + 5`.
+    fn ops(
+        &self,
+        scores: &Desc,
+        masked: &Desc,
+        dims: [i64; 4],
+        first: i64,
+    ) -> Result<Vec<Desc>, CudnnError> {
+        let of = |uid, dtype| {
+            TensorSpec {
+                dtype,
+                ..TensorSpec::virtual_f32(uid, dims)
+            }
+            .build()
+        };
+        let (int32, boolean) = (
+            dnn::cudnnDataType_t::CUDNN_DATA_INT32,
+            dnn::cudnnDataType_t::CUDNN_DATA_BOOLEAN,
+        );
+        let (row, col) = (of(first, int32)?, of(first + 1, int32)?);
+        let (row_in, col_in) = (of(first + 2, boolean)?, of(first + 3, boolean)?);
+        let inside = of(first + 4, boolean)?;
+        Ok(vec![
+            ops::gen_index(2, scores, &row)?,
+            ops::gen_index(3, scores, &col)?,
+            ops::logical(Pw::CUDNN_POINTWISE_CMP_LT, &row, &self.seq_q, &row_in)?,
+            ops::logical(Pw::CUDNN_POINTWISE_CMP_LT, &col, &self.seq_kv, &col_in)?,
+            ops::logical(Pw::CUDNN_POINTWISE_LOGICAL_AND, &row_in, &col_in, &inside)?,
+            ops::select(scores, &self.fill, &inside, masked)?,
+        ])
+    }
 }
 
 #[cfg(test)]
@@ -402,6 +544,7 @@ mod tests {
             strides: [bshd(sq), bshd(sk), bshd(sk)],
             more: [bshd(sq), bshd(sq), bshd(sq), bshd(sk), bshd(sk)],
             buffers: [rows, rows, [h * sq * d, sq * d, d, 1]],
+            padding: Padding::None,
         }
     }
 
@@ -421,7 +564,8 @@ mod tests {
     /// cuDNN's heuristics propose engines for both graphs on an H100 described by its
     /// properties ([`H100`]), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
     /// graphs have the pattern of cuDNN's fused attention engines (a graph they do not
-    /// recognise gets none); the backward also with padded statistics.
+    /// recognise gets none); the backward also with padded statistics, and with the padding
+    /// mask cuDNN 9.15.0 and older need off the 128 grid (in the form this version needs).
     /// Needs `libcudnn` and, for its heuristics, `libcublasLt`, not a
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
@@ -440,10 +584,18 @@ mod tests {
         for dtype in [DType::BF16, DType::F16] {
             for shape in [[1, 12, 8190, 8190, 128], [2, 3, 200, 150, 64]] {
                 let (packed, padded) = (wan_key(dtype, shape, false), wan_key(dtype, shape, true));
+                let masked = Key {
+                    padding: match version {
+                        ..91_000 => Padding::MaskTwice,
+                        _ => Padding::Mask,
+                    },
+                    ..packed
+                };
                 for (name, ops) in [
                     ("forward", forward_ops(&packed)),
                     ("backward", backward_ops(&packed)),
                     ("backward, padded statistics", backward_ops(&padded)),
+                    ("backward, padding mask", backward_ops(&masked)),
                 ] {
                     let what = format!("{name} {dtype:?} {shape:?}");
                     let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
