@@ -34,7 +34,8 @@
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
 # configs/finetune_wan.toml, and last UMT5 on 512 tokens and the VAE decode/encode of
 # 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS).
-# What the budget leaves out is listed as skipped.
+# What the budget leaves out is listed as skipped. PROFILE=0 skips the profiled step and
+# BLOCK_KERNELS_OFF=0 the step with REEL_BLOCK_KERNELS=off (both already measured once).
 #
 # The attention-alone run also times `flash` with each launch shape of TILES (the tiled
 # kernels' rows x cols x units per cube, `reel bench --attention-only --tiles`); when one of
@@ -544,13 +545,15 @@ elif [[ $PLAN == session ]]; then
   if [[ ${best_matmul:--} != - ]]; then export REEL_MATMUL=$best_matmul; fi
   if [[ ${best_flash:--} != - ]]; then export REEL_FLASH=$best_flash; fi
   echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}${REEL_FLASH:+ REEL_FLASH=$REEL_FLASH}" >&2
-  profile_job "$best" "$ATTENTION" 21,30,52
+  if [[ ${PROFILE:-1} == 1 ]]; then profile_job "$best" "$ATTENTION" 21,30,52; fi
   # The fine-tuning step's phases, each with its host time (whether the GPU or the host sets
   # the pace; a breakdown run's attention follows its RUN name: `-flash` for flash).
   if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash "$best" 21,30,52
   else breakdown_job finetune "$best" 21,30,52; fi
   # The block kernels (norms, bias gradients, GELU) against tensor operations, side by side.
-  REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
+  if [[ ${BLOCK_KERNELS_OFF:-1} == 1 ]]; then
+    REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
+  fi
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   config_job configs/dmd2_wan.toml "$best" "$DMD2_STEPS"
