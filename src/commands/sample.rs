@@ -109,7 +109,7 @@ fn sample<B: ReelBackend>(
     let mut l = load::<B>(&args.source, loaded)?;
     let device = B::device_for(loaded.config.runtime.main_device());
     let spec = l.source.spec();
-    check_data(&cfg, &spec).map_err(flag_error)?;
+    check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {
         models.prompts(&cfg, &*l.source, &spec)?

@@ -119,8 +119,9 @@ fn validation_and_sample_decode_videos_with_the_vae() {
 }
 
 /// A validation VAE, text encoder or tokenizer that will not open (a mistyped path, weights cut
-/// short or stored under other keys) is named with its key by `reel check`, and `reel train` stops
-/// before its first step, not at the first validation.
+/// short or stored under other keys) or a VAE whose latents are not the data's is named with its
+/// key by `reel check`, and `reel train` stops before its first step and its run folder, not at
+/// the first validation.
 #[test]
 fn a_validation_model_that_will_not_open_fails_before_training() {
     let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
@@ -170,6 +171,28 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
     let tensors: Vec<_> = tensors.into_iter().collect();
     reel_core::io::write_safetensors(renamed.join("model.safetensors"), &tensors, None).unwrap();
     let tok = format!("{:?}", t5.join("tokenizer.json"));
+    // A model of more latent channels than the VAE's, on data of as many: only the validation
+    // VAE does not fit the data.
+    let z = reel_models::vae::WanVaeConfig::from_json_file(vae.join("config.json"))
+        .unwrap()
+        .z_dim;
+    let width = reel_models::umt5::Umt5Config::from_json_file(t5.join("config.json"))
+        .unwrap()
+        .d_model;
+    let mut wide = reel_models::WanConfig::preset("wan-tiny").unwrap();
+    (wide.in_channels, wide.out_channels, wide.text_dim) = (z + 4, z + 4, width);
+    std::fs::write(d.join("wide.json"), serde_json::to_string(&wide).unwrap()).unwrap();
+    let random = format!(
+        "kind = \"random\"\nbatch_size = 2\nnum_samples = 4\nchannels = {}\nframes = 2\n\
+         height = 12\nwidth = 12\ntext_len = 16\ntext_dim = {width}\n",
+        z + 4
+    );
+    let synthetic = "kind = \"synthetic\"\nbatch_size = 2\nnum_samples = 4\nframes = 2\n\
+                     height = 12\nwidth = 12\n";
+    let vae_too_narrow = good
+        .replace("preset = \"wan-tiny\"", "config = \"wide.json\"")
+        .replace(synthetic, &random);
+    let z_dim = format!("z_dim = {z}");
     let cases = [
         (tiled(s), "callbacks[0].vae_tile", "at least"),
         (tiled(3 * s + 1), "callbacks[0].vae_tile", "a multiple of"),
@@ -201,6 +224,7 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
             "callbacks[0].tokenizer",
             "no_tokenizer.json",
         ),
+        (vae_too_narrow, "callbacks[0].vae", z_dim.as_str()),
     ];
     for (text, key, why) in cases {
         assert_ne!(text, good, "{key}: the edit applies");

@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::backend::BuildCallbackAll;
 use crate::config::ConfigError;
-use crate::data::DataSource;
+use crate::data::{DataSource, DataSpec};
 use crate::method::TrainingMethod;
 
 /// Errors raised by callbacks.
@@ -163,6 +163,18 @@ pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
     /// table. The default has nothing to check.
     fn check_files(&self, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<(), ConfigError> {
         let _ = resolve;
+        Ok(())
+    }
+    /// Check the models the callback will use against the data's shapes (`spec`: a VAE's
+    /// latent channels, a text encoder's width), from their configs, so that `reel check` and
+    /// the start of `reel train` report a mismatch before the run folder is made. Keys and
+    /// `resolve` as in [`check_files`](Self::check_files); the default has nothing to check.
+    fn check_data(
+        &self,
+        spec: &DataSpec,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<(), ConfigError> {
+        let _ = (spec, resolve);
         Ok(())
     }
 }

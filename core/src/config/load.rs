@@ -57,16 +57,44 @@ impl LoadedConfig {
             .iter()
             .enumerate()
             .filter_map(|(i, cb)| {
-                cb.check_files(&|p| self.resolve(p))
-                    .err()
-                    .map(|e| e.in_section(&format!("callbacks[{i}]")).in_file(&self.path))
+                let checked = cb.check_files(&|p| self.resolve(p));
+                checked.err().map(|e| self.callback_error(i, e))
             })
+    }
+
+    /// Check the callbacks' models against the data (`spec`), as
+    /// [`CallbackConfig::check_data`](crate::callback::CallbackConfig::check_data) does:
+    /// `reel train` runs this once the data source is open, before it makes the run folder.
+    /// The error names the file and the key (`callbacks[<i>].vae`).
+    pub fn check_callback_data(&self, spec: &DataSpec) -> Result<(), ConfigError> {
+        self.callback_data_problems(spec).next().map_or(Ok(()), Err)
+    }
+
+    fn callback_data_problems<'s>(
+        &'s self,
+        spec: &'s DataSpec,
+    ) -> impl Iterator<Item = ConfigError> + 's {
+        self.config
+            .callbacks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, cb)| {
+                let checked = cb.check_data(spec, &|p| self.resolve(p));
+                checked.err().map(|e| self.callback_error(i, e))
+            })
+    }
+
+    /// An error from callback `i`'s plugin, keyed `callbacks[<i>].<key>` in this config file.
+    fn callback_error(&self, i: usize, e: ConfigError) -> ConfigError {
+        e.in_section(&format!("callbacks[{i}]")).in_file(&self.path)
     }
 
     /// Every role whose architecture tells its shape facts from the config alone
     /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) checked against
-    /// the data: what building the roles would report, without building them (no weights are
-    /// read). One error per role at most, naming the file and the role (`models.<role>`).
+    /// the data, then every callback's models ([`Self::check_callback_data`]): what building
+    /// the roles and starting the run would report, without building them (no weights are
+    /// read). One error per role or callback at most, naming the file and the role
+    /// (`models.<role>`) or key (`callbacks[<i>].vae`).
     pub fn model_problems(&self, spec: &DataSpec) -> Vec<ConfigError> {
         let check = |name: &String, role: &crate::role::RoleConfig| -> Result<(), ConfigError> {
             let info = role
@@ -81,10 +109,8 @@ impl LoadedConfig {
             }
         };
         let models = &self.config.models;
-        models
-            .iter()
-            .filter_map(|(n, r)| check(n, r).err())
-            .collect()
+        let roles = models.iter().filter_map(|(n, r)| check(n, r).err());
+        roles.chain(self.callback_data_problems(spec)).collect()
     }
 
     /// An error from role `name`'s plugin, keyed `models.<name>.<key>` in this config file.

@@ -70,6 +70,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         // empty run behind.
         let device = B::device_for(seat.device);
         let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
+        if seat.is_main() {
+            // A validation VAE whose latents are not the data's fails now too.
+            loaded.check_callback_data(&source.spec())?;
+        }
         let loader = Loader::new(
             source.clone(),
             cfg.data.batch_size(),

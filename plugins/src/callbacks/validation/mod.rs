@@ -39,7 +39,7 @@ use reel_core::callback::{
     ValidationReport,
 };
 use reel_core::config::{check, ConfigError};
-use reel_core::data::ClipScore;
+use reel_core::data::{ClipScore, DataSpec};
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
@@ -171,6 +171,14 @@ impl CallbackConfig for ValidationConfig {
     fn check_files(&self, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<(), ConfigError> {
         models::check_files(self, resolve)
     }
+
+    fn check_data(
+        &self,
+        spec: &DataSpec,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<(), ConfigError> {
+        models::check_data(self, spec, resolve)
+    }
 }
 
 impl<B: AutodiffBackend> BuildCallback<B> for ValidationConfig {
@@ -300,13 +308,6 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
 impl<B: AutodiffBackend> Callback<B> for ValidationCallback<B> {
     fn name(&self) -> &str {
         "validation"
-    }
-
-    /// A VAE or text encoder that does not fit the data fails now, not at the first
-    /// validation.
-    fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
-        models::check_data(&self.cfg, &ctx.data.spec())
-            .map_err(|e| CallbackError::Other(format!("validation: {e}")))
     }
 
     fn on_step_end(

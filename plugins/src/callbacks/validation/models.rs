@@ -61,11 +61,16 @@ pub fn check_files(
 }
 
 /// The configured VAE's latent channels and text encoder's width against the data's (`spec`),
-/// from their `config.json` files (no weights are read): a mismatch is an error keyed by
-/// `vae` or `text_encoder`, before anything is encoded or decoded.
-pub fn check_data(cfg: &ValidationConfig, spec: &DataSpec) -> Result<(), ConfigError> {
+/// from their `config.json` files (no weights are read; `resolve` maps a config path to a
+/// file): a mismatch is an error keyed by `vae` or `text_encoder`, before anything is encoded
+/// or decoded.
+pub fn check_data(
+    cfg: &ValidationConfig,
+    spec: &DataSpec,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<(), ConfigError> {
     if let Some(p) = &cfg.vae {
-        let z = read_config(p, WanVaeConfig::from_json_file)
+        let z = read_config(&resolve(p), WanVaeConfig::from_json_file)
             .map_err(|e| ConfigError::new("vae", e))?
             .z_dim;
         if z != spec.channels {
@@ -79,7 +84,7 @@ pub fn check_data(cfg: &ValidationConfig, spec: &DataSpec) -> Result<(), ConfigE
         }
     }
     if let Some(p) = &cfg.text_encoder {
-        let d = read_config(p, Umt5Config::from_json_file)
+        let d = read_config(&resolve(p), Umt5Config::from_json_file)
             .map_err(|e| ConfigError::new("text_encoder", e))?
             .d_model;
         if d != spec.text_dim {
@@ -216,12 +221,13 @@ mod tests {
             text_len: 8,
             text_dim: d,
         };
-        check_data(&cfg, &spec).unwrap();
+        let same = |p: &Path| p.to_path_buf();
+        check_data(&cfg, &spec, &same).unwrap();
         let wider = DataSpec {
             channels: z + 1,
             ..spec
         };
-        let err = check_data(&cfg, &wider).unwrap_err();
+        let err = check_data(&cfg, &wider, &same).unwrap_err();
         assert_eq!(err.key, "vae", "{err}");
         assert!(err.message.contains(&format!("z_dim = {z}")), "{err}");
         let err = check_data(
@@ -230,16 +236,25 @@ mod tests {
                 text_dim: d + 1,
                 ..spec
             },
+            &same,
         )
         .unwrap_err();
         assert_eq!(err.key, "text_encoder", "{err}");
         let want = format!("{} wide (d_model), the data's text is {}", d, d + 1);
         assert!(err.message.contains(&want), "{err}");
         cfg.text_encoder = Some("no/such/encoder".into());
-        let err = check_data(&cfg, &spec).unwrap_err();
+        let err = check_data(&cfg, &spec, &same).unwrap_err();
         assert!(
             err.key == "text_encoder" && err.message.contains("no/such/encoder"),
             "{err}"
         );
+        // Paths resolve as the config's do (against its base folder).
+        let vae = cfg.vae.take().unwrap();
+        let (parent, name) = (vae.parent().unwrap(), vae.file_name().unwrap());
+        cfg.text_encoder = None;
+        cfg.vae = Some(name.into());
+        check_data(&cfg, &spec, &|p| parent.join(p)).unwrap();
+        let err = check_data(&cfg, &wider, &|p| parent.join(p)).unwrap_err();
+        assert_eq!(err.key, "vae", "{err}");
     }
 }
