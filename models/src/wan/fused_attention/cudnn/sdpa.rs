@@ -429,23 +429,15 @@ fn backward_ops(key: &Key) -> Result<Vec<Desc>, CudnnError> {
             &shifted,
         )?),
         Some(m) => {
-            let [masked, unmasked] = [scores(43)?, scores(44)?];
+            let masked = scores(43)?;
             graph.extend(m.ops(&scaled, &masked, [b, h, sq, sk], 50)?);
-            if key.padding == Padding::MaskTwice {
-                graph.push(ops::pointwise(
-                    Pw::CUDNN_POINTWISE_SUB,
-                    &masked,
-                    Some(&stats),
-                    &unmasked,
-                )?);
-                graph.extend(m.ops(&unmasked, &shifted, [b, h, sq, sk], 60)?);
-            } else {
-                graph.push(ops::pointwise(
-                    Pw::CUDNN_POINTWISE_SUB,
-                    &masked,
-                    Some(&stats),
-                    &shifted,
-                )?);
+            // Before 9.10 the difference is masked again into `shifted`.
+            let twice = key.padding == Padding::MaskTwice;
+            let difference = if twice { scores(44)? } else { shifted.clone() };
+            let sub = Pw::CUDNN_POINTWISE_SUB;
+            graph.push(ops::pointwise(sub, &masked, Some(&stats), &difference)?);
+            if twice {
+                graph.extend(m.ops(&difference, &shifted, [b, h, sq, sk], 60)?);
             }
         }
     }
