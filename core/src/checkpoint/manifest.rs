@@ -77,13 +77,6 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// fsync a directory so renames inside it are durable.
-pub fn sync_dir(path: &Path) {
-    if let Ok(f) = fs::File::open(path) {
-        let _ = f.sync_all();
-    }
-}
-
 impl Manifest {
     /// Read and parse a checkpoint's manifest.
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {

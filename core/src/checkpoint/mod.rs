@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use manifest::*;
 
 use crate::fault;
-use crate::io::{read_safetensors, write_safetensors};
+use crate::io::{read_safetensors, sync_dir, write_safetensors};
 
 /// Errors writing or reading checkpoints.
 #[derive(Debug, thiserror::Error)]

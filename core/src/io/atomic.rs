@@ -43,10 +43,16 @@ fn publish(tmp: &Path, path: &Path) -> io::Result<()> {
     std::fs::File::open(tmp)?.sync_all()?;
     std::fs::rename(tmp, path)?;
     let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
-    if let Ok(dir) = std::fs::File::open(folder.unwrap_or(Path::new("."))) {
+    sync_dir(folder.unwrap_or(Path::new(".")));
+    Ok(())
+}
+
+/// fsync the folder `path` so that renames inside it are durable (best effort: not every
+/// platform syncs a folder).
+pub fn sync_dir(path: &Path) {
+    if let Ok(dir) = std::fs::File::open(path) {
         let _ = dir.sync_all();
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //!   keys in one [`WeightError::Mismatch`];
 //! - [`module_to_safetensors`] writes every float parameter of a module;
 //! - [`replace_file`] / [`replace_file_with`] write any file whole (temporary sibling, sync,
-//!   rename), as the safetensors writer does.
+//!   rename), as the safetensors writer does; [`sync_dir`] makes renames in a folder durable
+//!   (the checkpoints' folders too).
 
 mod atomic;
 mod error;
