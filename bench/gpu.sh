@@ -177,6 +177,11 @@ rev=$(cat "$BIN_DIR/reel-cuda-${VARIANTS%% *}.rev" 2>/dev/null || echo unknown)
 echo "binaries built from commit $rev" >&2
 # shellcheck source=bench/cuda-libs.sh
 source bench/cuda-libs.sh
+# Each run reuses the kernels the runs before it compiled (Reel's kernel cache, one folder per
+# binary and GPU; docs/performance.md, "The kernel cache"): kept beside the binaries, so the
+# second call of a session on the warm machine finds it too. REEL_KERNEL_CACHE=off compiles
+# every kernel in every run, as before 2026-11-30.
+export REEL_KERNEL_CACHE=${REEL_KERNEL_CACHE:-$(cd "$BIN_DIR" && pwd)/kernel-cache}
 # diffusers from the carried wheel when the machine lacks it.
 if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import diffusers" 2>/dev/null && compgen -G "$BIN_DIR/wheels/*.whl" >/dev/null; then
   site=$(cd "$BIN_DIR" && pwd)/site
@@ -579,4 +584,7 @@ else
   if [[ ${ENCODERS:-1} == 1 ]]; then encoder_runs "$BREAKDOWN_VARIANT"; fi
 fi
 summarize
+if [[ -d $REEL_KERNEL_CACHE ]]; then
+  echo "kernel cache: $(du -sh "$REEL_KERNEL_CACHE" | cut -f1) in $REEL_KERNEL_CACHE" >&2
+fi
 echo "wrote $out.json and $out.md ($((SECONDS - start)) s)" >&2

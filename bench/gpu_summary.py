@@ -11,6 +11,7 @@ run and what runs instead) are kept with each job's results and listed under the
 """
 
 import json
+import os
 import re
 import sys
 
@@ -359,7 +360,9 @@ def main():
     attention, profiles, matmul = attention_of(jobs), kernels_of(jobs), matmul_of(jobs)
     skipped = [describe(j) for j in jobs if j["rc"] == "skipped"]
     timeline = timeline_of(jobs)
-    json.dump(dict(device=gpu, date=date, commit=commit, plan=plan,
+    # Where the runs kept their compiled kernels (bench/gpu.sh; "off": every run compiled its own).
+    kernel_cache = os.environ.get("REEL_KERNEL_CACHE") or None
+    json.dump(dict(device=gpu, date=date, commit=commit, plan=plan, kernel_cache=kernel_cache,
                    budget_s=int(budget) if budget else None,
                    rows=rows, attention=attention, matmul=matmul, kernels=profiles,
                    breakdowns=breakdowns,
@@ -367,6 +370,8 @@ def main():
               open(out + ".json", "w"), indent=1)
     md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles, matmul,
                   timeline)
+    if kernel_cache:
+        md = f"Kernel cache (`REEL_KERNEL_CACHE`): `{kernel_cache}`.\n\n" + md
     if commit:
         md = f"Binaries built from commit `{commit}`.\n\n" + md
     open(out + ".md", "w").write(md)

@@ -71,6 +71,7 @@ enum Command {
 /// Parse the command line, run the subcommand, print any error as one line on stderr.
 pub fn run() -> ExitCode {
     crate::panic_hint::install();
+    reel_core::kernel_cache::enable();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train {

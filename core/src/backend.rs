@@ -39,7 +39,10 @@ macro_rules! backend_list {
             Flex "flex" FlexBackend = burn::backend::Flex, always, |_i| Default::default();
             /// Burn's CUDA backend with autodiff (cargo feature `cuda`).
             Cuda "cuda" CudaBackend = burn::backend::Cuda, "cuda",
-                |i| burn::backend::cuda::CudaDevice::new(i);
+                |i| {
+                    crate::kernel_cache::before_cuda_device();
+                    burn::backend::cuda::CudaDevice::new(i)
+                };
             /// Burn's wgpu backend with autodiff (cargo feature `wgpu`): Vulkan, Metal, DX12,
             /// or Mesa's software Vulkan driver on a machine without a GPU.
             Wgpu "wgpu" WgpuBackend = burn::backend::Wgpu, "wgpu", |_i| Default::default();

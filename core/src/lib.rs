@@ -14,6 +14,7 @@ pub mod fault;
 pub mod fixtures;
 pub mod flow;
 pub mod io;
+pub mod kernel_cache;
 pub mod method;
 pub mod model;
 pub mod optim;
