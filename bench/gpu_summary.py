@@ -279,18 +279,46 @@ def describe(job):
     return " ".join(f"{k}={v}" for k, v in job.items() if k not in ("file", "rc", "mem", "secs"))
 
 
+STEP_LINE = re.compile(r"^bench: .*: step \d+/\d+ \(([^)]*)\) ([0-9.]+) ms$")
+
+
+def step_seconds(job):
+    """(warm-up, timed) seconds of the steps a `reel bench` run printed on stderr; (None, None)
+    for runs that print none (PyTorch's)."""
+    steps = [m.groups() for m in map(STEP_LINE.match, err_lines(job)) if m]
+    if not steps:
+        return None, None
+    total = lambda warm: round(sum(float(ms) for k, ms in steps if (k == "warm-up") == warm) / 1e3, 1)
+    return total(True), total(False)
+
+
 def timeline_of(jobs):
-    """Each job that ran: what it was, its exit status and its wall seconds."""
-    return [dict(run=describe(j), rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None)
-            for j in jobs if j["rc"] != "skipped"]
+    """Each job that ran: what it was, its exit status, its wall seconds and, for Reel's runs,
+    the seconds of its warm-up and timed steps (the warm-up steps compile the kernels the
+    kernel cache does not hold; the rest of the wall time is the process's start, the random
+    weights and the device's start)."""
+    out = []
+    for j in (j for j in jobs if j["rc"] != "skipped"):
+        warmup_s, timed_s = step_seconds(j)
+        out.append(dict(run=describe(j), rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None,
+                        warmup_s=warmup_s, timed_s=timed_s))
+    return out
 
 
 def timeline_lines(timeline):
     if not timeline:
         return []
-    lines = ["", "Wall time of each run (s; the machine's start and the transfers not counted):",
-             "", "| run | exit | s |", "|---|---|---|"]
-    return lines + [f"| {t['run']} | {t['rc']} | {fmt(t['secs'], 0)} |" for t in timeline]
+    lines = ["", "Wall time of each run (s; the machine's start and the transfers not counted; "
+             "Reel's warm-up steps hold the kernels' compilation, the rest is the start and the "
+             "random weights):", "",
+             "| run | exit | s | warm-up steps s | timed steps s | rest s |", "|---|---|---|---|---|---|"]
+    for t in timeline:
+        warm, timed = t.get("warmup_s"), t.get("timed_s")
+        rest = (t["secs"] - warm - timed if t["secs"] is not None and warm is not None
+                and timed is not None else None)
+        lines.append(f"| {t['run']} | {t['rc']} | {fmt(t['secs'], 0)} | {fmt(warm)} | "
+                     f"{fmt(timed)} | {fmt(rest)} |")
+    return lines
 
 
 def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profiles=(),
