@@ -295,6 +295,50 @@ fn check_lists_every_problem_at_once() {
     assert!(err.contains("optimizer.lr"), "{err}");
 }
 
+/// Data sizes no machine can hold (a mistyped `height`), or that no machine can even count,
+/// are an error keyed `data` from `reel check` and from `reel train` before its run folder,
+/// not an aborted process at the first batch.
+#[test]
+fn a_batch_larger_than_any_memory_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    let cfg = WanConfig::preset("wan-tiny").unwrap();
+    let [pt, ph, pw] = cfg.patch_size;
+    let data = |[f, h, w]: [usize; 3]| {
+        format!(
+            "data={{kind=\"random\",channels={},frames={f},height={h},width={w},text_len=8,\
+             text_dim={}}}",
+            cfg.in_channels, cfg.text_dim
+        )
+    };
+    // About 2^50 values per sample (petabytes), and 2^180 (more than 128 bits count).
+    let petabytes = data([pt << 10, ph << 20, pw << 20]);
+    let uncountable = data([pt << 60, ph << 60, pw << 60]);
+    for (set, want) in [
+        (&petabytes, "GiB"),
+        (&uncountable, "more values than can be counted"),
+    ] {
+        let check = reel(dir, &["check", "run.toml", "--set", set]);
+        let train = reel(
+            dir,
+            &["train", "run.toml", "--set", set, "--output", "fresh"],
+        );
+        for (what, out) in [("check", check), ("train", train)] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what} passed {set}");
+            for want in ["run.toml", "`data`", "latents", want] {
+                assert!(err.contains(want), "{what}: missing {want:?} in: {err}");
+            }
+            assert!(
+                !err.contains("panicked") && !err.contains("allocation"),
+                "{err}"
+            );
+        }
+        assert!(!dir.join("fresh").exists(), "train made its run folder");
+    }
+}
+
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
 /// path came from, `runtime.output_dir` in the config (or the default it replaces) or
 /// `--output`, and the file is kept; `reel check` reports it before training.

@@ -71,7 +71,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let device = B::device_for(seat.device);
         let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
         if seat.is_main() {
-            // A validation VAE whose latents are not the data's fails now too.
+            // A batch larger than the memory, or a validation VAE whose latents are not the
+            // data's, fails now too.
+            loaded.check_batch_memory(&source.spec())?;
             loaded.check_callback_data(&source.spec())?;
         }
         let loader = Loader::new(

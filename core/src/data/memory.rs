@@ -1,0 +1,121 @@
+//! Whether one batch of a data set can be held in this machine's memory, checked before a run
+//! starts: a mistyped size (`height = 4000` for 40) would otherwise abort the process at the
+//! first batch with an allocation failure instead of an error naming the data.
+
+use super::DataSpec;
+use crate::config::ConfigError;
+
+/// Bytes of `batch` samples of `spec` as the loader holds them: latents, text embeddings and
+/// their masks, float32 (`None`: more than a `u128` counts).
+pub fn batch_bytes(spec: &DataSpec, batch: usize) -> Option<u128> {
+    let product = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1u128, |acc, &d| acc.checked_mul(d as u128))
+    };
+    let latents = product(&[spec.channels, spec.frames, spec.height, spec.width])?;
+    let text = product(&[spec.text_len, spec.text_dim])?.checked_add(spec.text_len as u128)?;
+    latents
+        .checked_add(text)?
+        .checked_mul(batch as u128)?
+        .checked_mul(4)
+}
+
+/// The memory this machine can still give a process, in bytes: `MemAvailable` of
+/// `/proc/meminfo` (`None` where there is none, off Linux).
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuse `batch` samples of `spec` that no machine can count, or that need more than
+/// `available` bytes (`None`: unknown, not checked): an error keyed `data` that names the
+/// batch, the shapes and both sizes.
+pub fn check_batch_memory(
+    spec: &DataSpec,
+    batch: usize,
+    available: Option<u64>,
+) -> Result<(), ConfigError> {
+    let what = format!(
+        "one batch of {batch} sample{} of {}×{}×{}×{} latents and {}×{} text embeddings",
+        if batch == 1 { "" } else { "s" },
+        spec.channels,
+        spec.frames,
+        spec.height,
+        spec.width,
+        spec.text_len,
+        spec.text_dim
+    );
+    let err = |why: String| Err(ConfigError::new("data", format!("{what} {why}")));
+    let Some(bytes) = batch_bytes(spec, batch) else {
+        return err("has more values than can be counted: check the data's sizes".into());
+    };
+    match available {
+        Some(free) if bytes > free as u128 => err(format!(
+            "takes {} as float32, more than the {} of memory this machine has available: \
+             check the data's sizes and `data.batch_size`",
+            gib(bytes),
+            gib(free as u128)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `bytes` in GiB, one decimal.
+fn gib(bytes: u128) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
+        DataSpec {
+            channels: 4,
+            frames,
+            height,
+            width,
+            text_len: 8,
+            text_dim: 32,
+        }
+    }
+
+    #[test]
+    fn a_batch_counts_latents_text_and_masks_in_float32() {
+        let s = spec(2, 3, 5);
+        let per_sample = 4 * 2 * 3 * 5 + 8 * 32 + 8;
+        assert_eq!(batch_bytes(&s, 3), Some(3 * 4 * per_sample));
+        assert_eq!(batch_bytes(&spec(1 << 62, 1 << 62, 1 << 62), 1), None);
+    }
+
+    #[test]
+    fn a_batch_that_fits_passes_and_one_that_does_not_names_its_sizes() {
+        let s = spec(2, 12, 12);
+        let bytes = batch_bytes(&s, 2).unwrap() as u64;
+        check_batch_memory(&s, 2, Some(bytes)).unwrap();
+        check_batch_memory(&s, 2, None).unwrap();
+        let e = check_batch_memory(&s, 2, Some(bytes - 1)).unwrap_err();
+        assert_eq!(e.key, "data");
+        for want in [
+            "2 samples of 4×2×12×12 latents",
+            "8×32 text",
+            "GiB",
+            "batch_size",
+        ] {
+            assert!(e.message.contains(want), "missing {want:?} in {e}");
+        }
+        let huge = spec(1 << 62, 1 << 62, 1 << 62);
+        let e = check_batch_memory(&huge, 1, None).unwrap_err();
+        assert!(e.message.contains("more values than can be counted"), "{e}");
+    }
+
+    #[test]
+    fn this_machine_says_how_much_memory_it_has() {
+        if cfg!(target_os = "linux") {
+            let free = host_memory_available().expect("MemAvailable in /proc/meminfo");
+            assert!(free > 0);
+        }
+    }
+}
