@@ -8,7 +8,7 @@
 //! a head dim cuDNN does not take, no engine), one line on stderr says why and Reel's tiled
 //! kernels ([`super::tiled`]) run it.
 //!
-//! The graphs follow the pattern cuDNN's frontend builds for attention (`sdpa.rs`); cuDNN's
+//! The graphs follow the pattern cuDNN's frontend builds for attention (`sdpa_graph.rs`); cuDNN's
 //! heuristics pick the fused engine, and plans are made once per shape and layout, per thread
 //! and device (`run.rs`). Ordering with CubeCL's kernels as for cuBLAS
 //! (`block_kernels/cublas.rs`): on CubeCL's own stream where CUPTI finds it, else host syncs
@@ -18,6 +18,7 @@ mod graph;
 mod ops;
 mod run;
 mod sdpa;
+mod sdpa_graph;
 
 use std::cell::Cell;
 use std::sync::{Mutex, OnceLock};
