@@ -63,16 +63,7 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
     };
     let spec = source.spec();
     loaded.model_problems(&spec).into_iter().for_each(note);
-    Some(format!(
-        "data: {} samples of {}×{}×{}×{} latents, text {}×{}",
-        source.len(),
-        spec.channels,
-        spec.frames,
-        spec.height,
-        spec.width,
-        spec.text_len,
-        spec.text_dim
-    ))
+    Some(format!("data: {} samples of {spec}", source.len()))
 }
 
 /// Refuse a run folder (`runtime.output_dir`, else `runs/<config name>`) that `reel train`

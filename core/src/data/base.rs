@@ -75,6 +75,31 @@ impl DataSpec {
     pub fn text_numel(&self) -> usize {
         self.text_len * self.text_dim
     }
+
+    /// A spec of 4 latent channels, 8 text tokens 32 wide and the given latent sizes, for
+    /// unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(frames: usize, height: usize, width: usize) -> Self {
+        Self {
+            channels: 4,
+            frames,
+            height,
+            width,
+            text_len: 8,
+            text_dim: 32,
+        }
+    }
+}
+
+impl std::fmt::Display for DataSpec {
+    /// `C×F×H×W latents, text L×D`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}×{}×{}×{} latents, text {}×{}",
+            self.channels, self.frames, self.height, self.width, self.text_len, self.text_dim
+        )
+    }
 }
 
 /// A text condition: embedding `[L, D]` (row-major) plus a mask of valid tokens `[L]`.

@@ -37,16 +37,8 @@ pub fn check_batch_memory(
     batch: usize,
     available: Option<u64>,
 ) -> Result<(), ConfigError> {
-    let what = format!(
-        "one batch of {batch} sample{} of {}×{}×{}×{} latents and {}×{} text embeddings",
-        if batch == 1 { "" } else { "s" },
-        spec.channels,
-        spec.frames,
-        spec.height,
-        spec.width,
-        spec.text_len,
-        spec.text_dim
-    );
+    let samples = if batch == 1 { "sample" } else { "samples" };
+    let what = format!("one batch of {batch} {samples} of {spec}");
     let err = |why: String| Err(ConfigError::new("data", format!("{what} {why}")));
     let Some(bytes) = batch_bytes(spec, batch) else {
         return err("has more values than can be counted: check the data's sizes".into());
@@ -71,28 +63,20 @@ fn gib(bytes: u128) -> String {
 mod tests {
     use super::*;
 
-    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
-        DataSpec {
-            channels: 4,
-            frames,
-            height,
-            width,
-            text_len: 8,
-            text_dim: 32,
-        }
-    }
-
     #[test]
     fn a_batch_counts_latents_text_and_masks_in_float32() {
-        let s = spec(2, 3, 5);
+        let s = DataSpec::for_tests(2, 3, 5);
         let per_sample = 4 * 2 * 3 * 5 + 8 * 32 + 8;
         assert_eq!(batch_bytes(&s, 3), Some(3 * 4 * per_sample));
-        assert_eq!(batch_bytes(&spec(1 << 62, 1 << 62, 1 << 62), 1), None);
+        assert_eq!(
+            batch_bytes(&DataSpec::for_tests(1 << 62, 1 << 62, 1 << 62), 1),
+            None
+        );
     }
 
     #[test]
     fn a_batch_that_fits_passes_and_one_that_does_not_names_its_sizes() {
-        let s = spec(2, 12, 12);
+        let s = DataSpec::for_tests(2, 12, 12);
         let bytes = batch_bytes(&s, 2).unwrap() as u64;
         check_batch_memory(&s, 2, Some(bytes)).unwrap();
         check_batch_memory(&s, 2, None).unwrap();
@@ -100,13 +84,13 @@ mod tests {
         assert_eq!(e.key, "data");
         for want in [
             "2 samples of 4×2×12×12 latents",
-            "8×32 text",
+            "text 8×32",
             "GiB",
             "batch_size",
         ] {
             assert!(e.message.contains(want), "missing {want:?} in {e}");
         }
-        let huge = spec(1 << 62, 1 << 62, 1 << 62);
+        let huge = DataSpec::for_tests(1 << 62, 1 << 62, 1 << 62);
         let e = check_batch_memory(&huge, 1, None).unwrap_err();
         assert!(e.message.contains("more values than can be counted"), "{e}");
     }

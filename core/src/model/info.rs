@@ -76,17 +76,6 @@ impl ModelInfo {
 mod tests {
     use super::*;
 
-    fn spec(frames: usize, height: usize, width: usize) -> DataSpec {
-        DataSpec {
-            channels: 4,
-            frames,
-            height,
-            width,
-            text_len: 8,
-            text_dim: 32,
-        }
-    }
-
     const INFO: ModelInfo = ModelInfo {
         in_channels: 4,
         out_channels: 4,
@@ -107,32 +96,32 @@ mod tests {
     #[test]
     fn check_data_accepts_clips_the_patch_tiles() {
         let m = INFO;
-        check("student", &m, &spec(4, 12, 12)).unwrap();
-        check("student", &m, &spec(8, 14, 16)).unwrap();
+        check("student", &m, &DataSpec::for_tests(4, 12, 12)).unwrap();
+        check("student", &m, &DataSpec::for_tests(8, 14, 16)).unwrap();
     }
 
     #[test]
     fn check_data_names_the_data_key_and_role() {
         let m = INFO;
-        let e = message(check("student", &m, &spec(6, 12, 12)));
+        let e = message(check("student", &m, &DataSpec::for_tests(6, 12, 12)));
         for want in ["`models.student`", "`data.frames` = 6", "patch size 4"] {
             assert!(e.contains(want), "missing {want:?} in: {e}");
         }
-        let e = message(check("teacher", &m, &spec(4, 13, 12)));
+        let e = message(check("teacher", &m, &DataSpec::for_tests(4, 13, 12)));
         assert!(
             e.contains("`models.teacher`") && e.contains("`data.height` = 13"),
             "{e}"
         );
-        let e = message(check("critic", &m, &spec(4, 12, 15)));
+        let e = message(check("critic", &m, &DataSpec::for_tests(4, 12, 15)));
         assert!(e.contains("`data.width` = 15"), "{e}");
-        let mut s = spec(4, 12, 12);
+        let mut s = DataSpec::for_tests(4, 12, 12);
         s.channels = 16;
         let e = message(check("student", &m, &s));
         assert!(
             e.contains("4 latent channels") && e.contains("has 16"),
             "{e}"
         );
-        let mut s = spec(4, 12, 12);
+        let mut s = DataSpec::for_tests(4, 12, 12);
         s.text_dim = 64;
         let e = message(check("student", &m, &s));
         assert!(e.contains("32 wide") && e.contains("64 wide"), "{e}");
@@ -144,13 +133,16 @@ mod tests {
             out_channels: 8,
             ..INFO
         };
-        let e = info.check_data("critic", &spec(4, 12, 12)).unwrap_err();
+        let e = info
+            .check_data("critic", &DataSpec::for_tests(4, 12, 12))
+            .unwrap_err();
         let e = e.to_string();
         assert!(
             e.contains("`models.critic`") && e.contains("out_channels"),
             "{e}"
         );
-        INFO.check_data("critic", &spec(4, 12, 12)).unwrap();
+        INFO.check_data("critic", &DataSpec::for_tests(4, 12, 12))
+            .unwrap();
         assert_eq!(INFO.tokens(8, 12, 12), 2 * 6 * 6);
     }
 }
