@@ -59,7 +59,7 @@ pub fn folder_name(exe: &Path, machine: &str) -> std::io::Result<String> {
 }
 
 /// The folder for the binary at `exe` on `machine` under `root`, made and kept in bounds
-/// ([`prepare`]), or why there is none.
+/// ([`prepare`]), or why there is none (less than [`MIN_FREE`] of free disk: no folder is made).
 pub fn prepare_for(root: &Path, exe: &Path, machine: &str) -> Result<PathBuf, String> {
     let name = folder_name(exe, machine).map_err(|e| format!("{}: {e}", exe.display()))?;
     let about = format!(
@@ -68,16 +68,17 @@ pub fn prepare_for(root: &Path, exe: &Path, machine: &str) -> Result<PathBuf, St
         exe.display()
     );
     let dir = root.join(&name);
-    prepare(root, &name, &about).map_err(|e| format!("{}: {e}", dir.display()))?;
-    match free_bytes(root) {
-        Some(free) if free < MIN_FREE => Err(format!(
+    let at = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(root).map_err(at)?;
+    if let Some(free) = free_bytes(root).filter(|&free| free < MIN_FREE) {
+        return Err(format!(
             "{}: {} MiB of free disk, less than {} MiB",
             root.display(),
             free >> 20,
             MIN_FREE >> 20
-        )),
-        _ => Ok(dir),
+        ));
     }
+    prepare(root, &name, &about).map_err(at)
 }
 
 /// Make `root/name` with its [`MARKER`] (rewritten: its time is the folder's last use) and
@@ -87,11 +88,13 @@ pub fn prepare(root: &Path, name: &str, about: &str) -> std::io::Result<PathBuf>
     let dir = root.join(name);
     let new = !dir.join(MARKER).exists();
     std::fs::create_dir_all(&dir)?;
-    if folder_bytes(&dir) > MAX_BYTES {
+    let files = files(&dir);
+    if files.iter().map(|(_, m)| m.len()).sum::<u64>() > MAX_BYTES {
         std::fs::remove_dir_all(&dir)?;
         std::fs::create_dir_all(&dir)?;
+    } else {
+        remove_stale_locks(&files, STALE_LOCK);
     }
-    remove_stale_locks(&dir, STALE_LOCK);
     std::fs::write(dir.join(MARKER), about)?;
     if new {
         prune(root, &dir, PRUNE_AFTER, KEEP);
@@ -125,15 +128,15 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Every file under `dir`: (path, size).
-fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
+/// Every file under `dir`, with its metadata.
+fn files(dir: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             match entry.metadata() {
                 Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) => out.push((entry.path(), m.len())),
+                Ok(m) => out.push((entry.path(), m)),
                 Err(_) => {}
             }
         }
@@ -141,18 +144,15 @@ fn files(dir: &Path) -> Vec<(PathBuf, u64)> {
     out
 }
 
-fn folder_bytes(dir: &Path) -> u64 {
-    files(dir).iter().map(|(_, n)| n).sum()
-}
-
-/// Remove the `*.lock` files under `dir` last written more than `age` ago.
-fn remove_stale_locks(dir: &Path, age: Duration) {
+/// Remove the `*.lock` files of `files` last written more than `age` ago.
+fn remove_stale_locks(files: &[(PathBuf, std::fs::Metadata)], age: Duration) {
     let now = SystemTime::now();
-    for (path, _) in files(dir) {
-        let stale =
-            modified(&path).is_some_and(|t| now.duration_since(t).unwrap_or_default() > age);
-        if stale && path.extension().is_some_and(|e| e == "lock") {
-            let _ = std::fs::remove_file(&path);
+    for (path, meta) in files {
+        let old = meta
+            .modified()
+            .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > age);
+        if old && path.extension().is_some_and(|e| e == "lock") {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
