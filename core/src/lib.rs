@@ -15,6 +15,7 @@ pub mod fixtures;
 pub mod flow;
 pub mod io;
 pub mod kernel_cache;
+pub mod memory;
 pub mod method;
 pub mod model;
 pub mod optim;

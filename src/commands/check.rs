@@ -12,6 +12,7 @@
 use std::path::Path;
 
 use reel_core::config::{load_run_config_any_backend, ConfigError, LoadedConfig};
+use reel_core::memory;
 use reel_core::trainer::{run_dir_error, run_dir_for};
 
 /// Validate `config` and print a one-line summary, or every problem found, one per line.
@@ -52,7 +53,7 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
 
 /// Open the data source and check every role's model against it
 /// ([`LoadedConfig::model_problems`]), noting what is wrong; returns a short description of
-/// the data when it opens.
+/// the data when it opens, and on a second line the roles' memory floor.
 fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Option<String> {
     let source = match loaded.config.data.build(&loaded.base_dir) {
         Ok(source) => source,
@@ -63,7 +64,11 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
     };
     let spec = source.spec();
     loaded.model_problems(&spec).into_iter().for_each(note);
-    Some(format!("data: {} samples of {spec}", source.len()))
+    let memory = match loaded.check_memory_floor(&spec) {
+        Ok((floor, available)) => format!("\nmemory: {}", memory::describe(&floor, available)),
+        Err(_) => String::new(),
+    };
+    Some(format!("data: {} samples of {spec}{memory}", source.len()))
 }
 
 /// Refuse a run folder (`runtime.output_dir`, else `runs/<config name>`) that `reel train`

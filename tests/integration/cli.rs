@@ -339,6 +339,53 @@ fn a_batch_larger_than_any_memory_is_refused_before_training() {
     }
 }
 
+/// A model no memory here holds (a `config.json` whose hidden width makes each block
+/// terabytes) is refused by `reel check` and `reel train` from its config, before any weight
+/// is made, with the roles' memory floor by part; a model that fits gets its floor printed.
+#[test]
+fn roles_larger_than_the_memory_are_refused_before_any_weight_is_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut cfg = WanConfig::preset("wan-tiny").unwrap();
+    cfg.num_attention_heads = (1 << 19) / cfg.attention_head_dim;
+    cfg.ffn_dim = cfg.num_attention_heads * cfg.attention_head_dim * 4;
+    std::fs::write(dir.join("huge.json"), cfg.to_json_string()).unwrap();
+    let huge = TINY_WAN_RUN.replace("preset = \"wan-tiny\"", "config = \"huge.json\"");
+    std::fs::write(dir.join("run.toml"), huge).unwrap();
+    let check = reel(dir, &["check", "run.toml"]);
+    let train = reel(dir, &["train", "run.toml", "--output", "fresh"]);
+    for (what, out) in [("check", check), ("train", train)] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} passed");
+        for want in [
+            "run.toml",
+            "`models`",
+            "GiB per device",
+            "AdamW moments",
+            "`student`'s gradients",
+            "memory this machine has available",
+            "LoRA",
+        ] {
+            assert!(err.contains(want), "{what}: missing {want:?} in: {err}");
+        }
+        assert!(
+            !err.contains("panicked") && !err.contains("allocation"),
+            "{err}"
+        );
+    }
+    assert!(!dir.join("fresh").exists(), "train made its run folder");
+
+    std::fs::write(dir.join("tiny.toml"), TINY_WAN_RUN).unwrap();
+    let out = reel(dir, &["check", "tiny.toml"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("\nmemory: the roles hold at least ")
+            && stdout.contains("per device (weights "),
+        "{stdout}"
+    );
+}
+
 /// A run folder that cannot be made (here a file of that name) is an error naming where its
 /// path came from, `runtime.output_dir` in the config (or the default it replaces) or
 /// `--output`, and the file is kept; `reel check` reports it before training.

@@ -177,4 +177,10 @@ pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
         let _ = (spec, resolve);
         Ok(())
     }
+    /// The roles whose trained weights the callback keeps a float32 copy of on each device
+    /// (an EMA's shadow), counted in the memory floor of `reel check` and `reel train`
+    /// ([`crate::memory::MemoryFloor`]). The default: none.
+    fn copies_of_roles(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -90,6 +90,7 @@ impl LoadedConfig {
     }
 
     /// One batch of the data against this machine's memory ([`Self::check_batch_memory`]),
+    /// the roles' memory floor against the devices' ([`Self::check_memory_floor`]),
     /// every role whose architecture tells its shape facts from the config alone
     /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) checked against
     /// the data, then every callback's models ([`Self::check_callback_data`]): what building
@@ -112,24 +113,17 @@ impl LoadedConfig {
         let models = &self.config.models;
         let roles = models.iter().filter_map(|(n, r)| check(n, r).err());
         let batch = self.check_batch_memory(spec).err();
+        let floor = self.check_memory_floor(spec).err();
         batch
             .into_iter()
+            .chain(floor)
             .chain(roles)
             .chain(self.callback_data_problems(spec))
             .collect()
     }
 
-    /// One batch of the data (`data.batch_size` samples of `spec`) against the memory this
-    /// machine has available ([`crate::data::check_batch_memory`]): a mistyped size fails
-    /// here rather than aborting the process at the first batch.
-    pub fn check_batch_memory(&self, spec: &DataSpec) -> Result<(), ConfigError> {
-        let batch = self.config.data.batch_size();
-        let available = crate::data::host_memory_available();
-        crate::data::check_batch_memory(spec, batch, available).map_err(|e| e.in_file(&self.path))
-    }
-
     /// An error from role `name`'s plugin, keyed `models.<name>.<key>` in this config file.
-    fn role_error(&self, name: &str, e: ConfigError) -> ConfigError {
+    pub(super) fn role_error(&self, name: &str, e: ConfigError) -> ConfigError {
         e.in_section(&format!("models.{name}")).in_file(&self.path)
     }
 }

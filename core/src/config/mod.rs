@@ -1,6 +1,7 @@
 //! Run configuration: TOML parsing, validation, overrides.
 mod error;
 mod load;
+mod memory;
 mod run;
 pub use error::*;
 pub use load::*;

@@ -58,6 +58,20 @@ pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
         let _ = (role, resolve);
         Ok(None)
     }
+    /// How many parameters `role`'s model has, an adapter's not counted, when its config
+    /// tells it without allocating them: [`crate::memory::MemoryFloor`] counts each role's
+    /// weights, gradients and optimizer state from it, so that `reel check` and `reel train`
+    /// refuse a model its device cannot hold before any weight is read. `None` (the
+    /// default): unknown, the role is left out of the floor. Errors name the key relative to
+    /// the role table.
+    fn num_params(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<u64>, ConfigError> {
+        let _ = (role, resolve);
+        Ok(None)
+    }
 }
 
 /// Build a role's model for backend `B`. Implement it generically

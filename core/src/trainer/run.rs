@@ -74,6 +74,12 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             // A batch larger than the memory, or a validation VAE whose latents are not the
             // data's, fails now too.
             loaded.check_batch_memory(&source.spec())?;
+            // So is a set of roles the devices cannot hold, before any weight is read.
+            let (floor, available) = loaded.check_memory_floor(&source.spec())?;
+            eprintln!(
+                "reel: memory: {}",
+                crate::memory::describe(&floor, available)
+            );
             loaded.check_callback_data(&source.spec())?;
         }
         let loader = Loader::new(

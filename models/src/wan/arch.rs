@@ -88,6 +88,16 @@ impl WanArch {
             .map_err(|e| ConfigError::new("preset", e.to_string()))?;
         Ok(cfg)
     }
+
+    /// The role's model with lazily initialised parameters: their shapes, no memory.
+    fn lazy_model(
+        &self,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
+        self.wan_config(resolve)?
+            .try_init(&Default::default(), 0)
+            .map_err(|e| ConfigError::new("preset", e.to_string()))
+    }
 }
 
 impl WanConfig {
@@ -130,13 +140,11 @@ impl ModelConfig for WanArch {
         role: &RoleConfig,
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<(), ConfigError> {
-        let cfg = self.wan_config(resolve)?;
+        self.wan_config(resolve)?;
         let Some(weights) = &role.weights else {
             return Ok(());
         };
-        let model = cfg
-            .try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0)
-            .map_err(|e| ConfigError::new("preset", e.to_string()))?;
+        let model = self.lazy_model(resolve)?;
         super::weights::check_weights(&model, resolve(weights))
             .map_err(|e| ConfigError::new("weights", e.to_string()))
     }
@@ -148,6 +156,19 @@ impl ModelConfig for WanArch {
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<Option<ModelInfo>, ConfigError> {
         Ok(Some(self.wan_config(resolve)?.model_info()))
+    }
+
+    /// Counted on a lazily initialised model (nothing is allocated); a LoRA adapter's
+    /// parameters are not counted.
+    fn num_params(
+        &self,
+        _role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<u64>, ConfigError> {
+        let model = self.lazy_model(resolve)?;
+        let shapes = reel_core::params::named_param_shapes(&model);
+        let count = |s: &reel_core::params::ParamShape| s.shape.iter().product::<usize>() as u64;
+        Ok(Some(shapes.iter().map(count).sum()))
     }
 }
 

@@ -56,6 +56,28 @@ fn module_keys_equal_diffusers_keys() {
     }
 }
 
+/// The architecture counts a role's parameters from its config alone (for the memory floor
+/// of `reel check` and `reel train`): as many as the fixture checkpoint stores and as the
+/// model built from the config holds.
+#[test]
+fn the_parameter_count_from_the_config_is_the_checkpoints() {
+    let config = fixtures_dir().join("config.json");
+    let table = format!("arch = \"wan\"\nconfig = {:?}\ntrainable = true\n", config);
+    let role: reel_core::role::RoleConfig = toml::from_str(&table).unwrap();
+    let counted = role
+        .model
+        .num_params(&role, &|p| p.to_path_buf())
+        .unwrap()
+        .expect("wan counts its parameters");
+    let stored: u64 = fixture_weights()
+        .values()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
+    assert_eq!(counted, stored);
+    let built = fixture_config().init::<Cpu>(&Default::default());
+    assert_eq!(counted, burn::module::Module::num_params(&built) as u64);
+}
+
 #[test]
 fn load_then_save_round_trips_bit_exactly() {
     let dev = Default::default();

@@ -118,6 +118,11 @@ impl CallbackConfig for EmaConfig {
         }
         Ok(())
     }
+
+    /// The shadow: one float32 copy of each averaged role's trained weights.
+    fn copies_of_roles(&self) -> Vec<String> {
+        self.roles.clone()
+    }
 }
 
 impl<B: AutodiffBackend> BuildCallback<B> for EmaConfig {

@@ -3,7 +3,7 @@
 //! ordering with CubeCL's kernels (CubeCL's own stream, else host syncs).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::rc::Rc;
 
@@ -91,11 +91,18 @@ pub(super) fn execute(call: Call<'_>) -> Result<(), CudnnError> {
         // SAFETY: the buffers are alive (`pointers`, `space`) and sized by the key's dims and
         // strides; the host scalars live until `execute` returns.
         unsafe { plan.execute(state.handle, &uids, &addresses, space) }?;
-        if stream.is_none() {
-            // CubeCL may reuse the buffers once this returns.
+        // CubeCL may reuse the buffers once this returns. A plan's first run is waited for
+        // on CubeCL's stream too, so that a fault in cuDNN's kernels is named here, with its
+        // key, rather than at a later CubeCL kernel (later calls of that key then fail fast).
+        let first = state.ran.insert(call.key);
+        if stream.is_none() || first {
             // SAFETY: a live stream of the current context.
-            unsafe { driver::stream::synchronize(state.stream) }
-                .map_err(|e| CudnnError::Call(format!("stream sync: {e}")))?;
+            unsafe { driver::stream::synchronize(on) }.map_err(|e| {
+                let why = format!("cuDNN's first run of {:?}: {e}", call.key);
+                state.failed.insert(call.key, why.clone());
+                state.plans.remove(&call.key);
+                CudnnError::Call(why)
+            })?;
         }
         drop((pointers, space, workspace));
         Ok(())
@@ -112,11 +119,13 @@ struct State {
     /// Why the keys cuDNN could not plan failed: asked again, they fail at once rather than
     /// trying every engine (each compiled by NVRTC) on every call.
     failed: HashMap<PlanKey, String>,
+    /// The keys whose plan has run once (and was waited for).
+    ran: HashSet<PlanKey>,
 }
 
 impl State {
     /// The plan of `key`, made from `graph` the first time (one line on stderr names cuDNN's
-    /// engine and workspace).
+    /// engine, workspace and the seconds planning took: NVRTC compiles the engine).
     fn plan(
         &mut self,
         key: PlanKey,
@@ -128,13 +137,16 @@ impl State {
         if let Some(why) = self.failed.get(&key) {
             return Err(CudnnError::Call(why.clone()));
         }
+        let start = std::time::Instant::now();
         let made = graph().and_then(|ops| Plan::new(Target::Handle(self.handle), ops));
         let plan = Rc::new(made.inspect_err(|e| {
             self.failed.insert(key, e.to_string());
         })?);
         eprintln!(
-            "reel: cuDNN {key:?}: engine {}, {} bytes of workspace",
-            plan.engine, plan.workspace
+            "reel: cuDNN {key:?}: engine {}, {} bytes of workspace, planned in {:.2} s",
+            plan.engine,
+            plan.workspace,
+            start.elapsed().as_secs_f64()
         );
         self.plans.insert(key, plan.clone());
         Ok(plan)
@@ -178,5 +190,6 @@ fn new_state(index: usize) -> Result<State, CudnnError> {
         stream,
         plans: HashMap::new(),
         failed: HashMap::new(),
+        ran: HashSet::new(),
     })
 }

@@ -170,18 +170,11 @@ pub(super) fn backward(
     let [b, h, sq, sk, d, _] = key.sizes().map(|x| x as usize);
     let like = |t: &CubeTensor<CudaRuntime>| empty_in_layout_of(t, t.meta.shape().dims(), t.dtype);
     let (dq, dk, dv) = (like(&q), like(&k), like(&v));
-    // Float32 buffers the graph needs: the rows' `Σ dO∘O`, and dq's float32 sums (zeroed:
-    // cuDNN before 9.6 did not clear them itself).
+    // Float32 buffers the graph needs: the rows' `Σ dO∘O`, and dq's float32 sums, packed
+    // as cuDNN's frontend declares them and zeroed whole (cuDNN before 9.6 did not clear
+    // them itself, and may clear them as one range after).
     let row_sums = packed_rows(&q);
-    let zeros = |shape: [usize; 4]| {
-        zeros_client(
-            q.client.clone(),
-            q.device.clone(),
-            Shape::new(shape),
-            DType::F32,
-        )
-    };
-    let dq_sums = zeros([b, h, sq, d]);
+    let dq_sums = packed_zeros(&q, [b, h, sq, d]);
     let mut key = key;
     key.padding = super::padding(version, sk);
     key.more = [&o, &d_out, &dq, &dk, &dv].map(strides);
@@ -257,6 +250,26 @@ fn fill(padding: Padding) -> f32 {
         Padding::MaskTwice => f32::MIN,
         _ => f32::NEG_INFINITY,
     }
+}
+
+/// A float32 buffer of `shape` on `like`'s device, packed (no row padding: CubeCL pads the
+/// rows of a 4-D allocation, e.g. 24 floats to 32) and zero in every byte: filled as one
+/// flat row, then viewed in `shape`.
+fn packed_zeros(like: &CubeTensor<CudaRuntime>, shape: [usize; 4]) -> CubeTensor<CudaRuntime> {
+    let n = shape.iter().product::<usize>();
+    let flat = zeros_client(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([n]),
+        DType::F32,
+    );
+    CubeTensor::new_contiguous(
+        flat.client,
+        flat.device,
+        Shape::new(shape),
+        flat.handle,
+        DType::F32,
+    )
 }
 
 /// An uninitialized float32 `[B, H, Sq]` buffer for `q`'s rows, packed (`[H·Sq, Sq, 1]`): the

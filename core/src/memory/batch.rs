@@ -2,8 +2,9 @@
 //! starts: a mistyped size (`height = 4000` for 40) would otherwise abort the process at the
 //! first batch with an allocation failure instead of an error naming the data.
 
-use super::DataSpec;
+use super::gib;
 use crate::config::ConfigError;
+use crate::data::DataSpec;
 
 /// Bytes of `batch` samples of `spec` as the loader holds them: latents, text embeddings and
 /// their masks, float32 (`None`: more than a `u128` counts).
@@ -18,15 +19,6 @@ pub fn batch_bytes(spec: &DataSpec, batch: usize) -> Option<u128> {
         .checked_add(text)?
         .checked_mul(batch as u128)?
         .checked_mul(4)
-}
-
-/// The memory this machine can still give a process, in bytes: `MemAvailable` of
-/// `/proc/meminfo` (`None` where there is none, off Linux).
-pub fn host_memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Refuse `batch` samples of `spec` that no machine can count, or that need more than
@@ -52,11 +44,6 @@ pub fn check_batch_memory(
         )),
         _ => Ok(()),
     }
-}
-
-/// `bytes` in GiB, one decimal.
-fn gib(bytes: u128) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
 #[cfg(test)]
@@ -93,13 +80,5 @@ mod tests {
         let huge = DataSpec::for_tests(1 << 62, 1 << 62, 1 << 62);
         let e = check_batch_memory(&huge, 1, None).unwrap_err();
         assert!(e.message.contains("more values than can be counted"), "{e}");
-    }
-
-    #[test]
-    fn this_machine_says_how_much_memory_it_has() {
-        if cfg!(target_os = "linux") {
-            let free = host_memory_available().expect("MemAvailable in /proc/meminfo");
-            assert!(free > 0);
-        }
     }
 }

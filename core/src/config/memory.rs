@@ -1,0 +1,91 @@
+//! A loaded config's memory checks ([`crate::memory`]): one batch against the host's memory,
+//! the roles' floor against each device's.
+
+use super::{ConfigError, LoadedConfig};
+use crate::data::DataSpec;
+use crate::memory::{self, MemoryFloor, RoleState, Training};
+use crate::role::RoleConfig;
+
+impl LoadedConfig {
+    /// One batch of the data (`data.batch_size` samples of `spec`) against the memory this
+    /// machine has available ([`crate::memory::check_batch_memory`]): a mistyped size fails
+    /// here rather than aborting the process at the first batch.
+    pub fn check_batch_memory(&self, spec: &DataSpec) -> Result<(), ConfigError> {
+        let batch = self.config.data.batch_size();
+        let available = memory::host_memory_available();
+        memory::check_batch_memory(spec, batch, available).map_err(|e| e.in_file(&self.path))
+    }
+
+    /// What the roles hold on each device for the whole run, from their configs and the
+    /// data's shapes (`spec`): see [`MemoryFloor`]. A role whose architecture cannot tell
+    /// its size, or whose config is wrong (reported by the other checks), is left out.
+    pub fn memory_floor(&self, spec: &DataSpec) -> MemoryFloor {
+        let roles: Vec<RoleState> = self
+            .config
+            .models
+            .iter()
+            .map(|(name, role)| self.role_state(name, role, spec))
+            .collect();
+        MemoryFloor::of(&roles, self.config.runtime.dtype)
+    }
+
+    /// [`Self::memory_floor`] against the memory of the run's devices
+    /// ([`memory::available_for`]), where it can be told: an error naming the file, keyed
+    /// `models`, when it does not fit. Returns the floor and the memory it was held against.
+    pub fn check_memory_floor(
+        &self,
+        spec: &DataSpec,
+    ) -> Result<(MemoryFloor, Option<memory::Available>), ConfigError> {
+        let floor = self.memory_floor(spec);
+        let runtime = &self.config.runtime;
+        let available = memory::available_for(runtime.backend, &runtime.worker_devices());
+        if let Some(a) = &available {
+            floor.check(a).map_err(|e| e.in_file(&self.path))?;
+        }
+        Ok((floor, available))
+    }
+
+    fn role_state(&self, name: &str, role: &RoleConfig, spec: &DataSpec) -> RoleState {
+        let resolve = |p: &std::path::Path| self.resolve(p);
+        let params = role.model.num_params(role, &resolve).ok().flatten();
+        let training = match (role.trainable, role.adapter.is_some()) {
+            (false, _) => Training::Frozen,
+            (true, true) => Training::Adapter,
+            (true, false) => Training::Full,
+        };
+        let info = role.model.model_info(role, &resolve).ok().flatten();
+        let block_inputs = match (training, info) {
+            (Training::Frozen, _) | (_, None) => 0,
+            (_, Some(info)) => memory::block_input_bytes(
+                self.samples_per_device(),
+                info.tokens(spec.frames, spec.height, spec.width),
+                info.hidden_size,
+                info.num_layers,
+                self.config.runtime.dtype,
+            )
+            .unwrap_or(u128::MAX),
+        };
+        let copies = (self.config.callbacks.iter())
+            .flat_map(|c| c.copies_of_roles())
+            .filter(|r| r == name)
+            .count();
+        RoleState {
+            name: name.to_string(),
+            params,
+            training,
+            block_inputs,
+            copies: u32::try_from(copies).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Samples of a micro-batch on one device: `data.batch_size` over this process's workers,
+    /// or one in a run of several processes (their count is known only once they start).
+    fn samples_per_device(&self) -> usize {
+        let runtime = &self.config.runtime;
+        let batch = self.config.data.batch_size();
+        match runtime.launcher {
+            Some(_) => 1,
+            None => (batch / runtime.worker_devices().len().max(1)).max(1),
+        }
+    }
+}

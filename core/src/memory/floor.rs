@@ -1,0 +1,321 @@
+//! The memory a run's roles hold on each device whatever its step does, counted from the
+//! config alone: a model too large for the device (a 14B preset on one 80 GB GPU, trained
+//! in full) is refused before any weight is read, where it would otherwise fail with an
+//! out-of-memory panic after minutes of loading.
+//!
+//! The count is a floor, not an estimate of the peak: it holds what every step must keep
+//! (weights, AdamW's moments, one role's gradients and its blocks' inputs) and none of what
+//! a step allocates and frees (the intermediates of a block, attention workspaces, the
+//! frozen roles' forwards, the allocator's slack). The callbacks' copies of trained weights
+//! (an EMA's shadow) are counted. See docs/performance.md, "What a run needs in memory", for
+//! the floor against measured peaks.
+
+use std::fmt;
+
+use super::{gib, size, Available};
+use crate::config::{ConfigError, Precision};
+
+/// How a role's weights are trained, which decides what it holds per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Training {
+    /// Not trained (`trainable = false`): its weights only, bfloat16 ones under
+    /// `dtype = "bf16"` (at least 2 bytes a parameter then, 4 otherwise).
+    Frozen,
+    /// Trained through an adapter: float32 base weights (4 bytes a parameter); the adapter's
+    /// own weights, gradients and moments are not counted.
+    Adapter,
+    /// Trained in full: float32 weights, gradients and AdamW's two moments (16 bytes a
+    /// parameter).
+    Full,
+}
+
+/// One role as the floor counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleState {
+    /// The role's name (`student`).
+    pub name: String,
+    /// Parameters of its model, an adapter's not counted; `None` when its architecture does
+    /// not tell them from the config ([`crate::model::ModelConfig::num_params`]).
+    pub params: Option<u64>,
+    /// How it is trained.
+    pub training: Training,
+    /// Bytes of the hidden states its backward keeps at least on one device: each block's
+    /// input (`batch × tokens × hidden` values, in the run's activation precision), which
+    /// gradient checkpointing keeps too. Zero for a frozen role. Saturates at `u128::MAX`.
+    pub block_inputs: u128,
+    /// Float32 copies of its weights the callbacks keep (one per EMA that follows it);
+    /// counted for a role trained in full (an adapter's copies are not).
+    pub copies: u32,
+}
+
+/// What the roles hold on each device for a whole run, by part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryFloor {
+    /// Every role's weights.
+    pub weights: u128,
+    /// AdamW's two float32 moments of every role trained in full.
+    pub moments: u128,
+    /// The callbacks' float32 copies of trained weights (EMA shadows).
+    pub copies: u128,
+    /// The largest backward: one role's float32 gradients and its blocks' kept inputs (the
+    /// roles run their backward passes one after another).
+    pub backward: u128,
+    /// The role of [`Self::backward`] (`None` without a trained role).
+    pub backward_role: Option<String>,
+    /// Roles whose size is unknown, left out.
+    pub uncounted: Vec<String>,
+    /// Bytes of frozen float32 weights that `runtime.dtype = "bf16"` would halve (zero in a
+    /// bf16 run), for the error's advice.
+    pub frozen_f32: u128,
+}
+
+impl MemoryFloor {
+    /// The floor of `roles` in a run computing in `precision`.
+    pub fn of(roles: &[RoleState], precision: Precision) -> Self {
+        let mut floor = Self {
+            weights: 0,
+            moments: 0,
+            copies: 0,
+            backward: 0,
+            backward_role: None,
+            uncounted: vec![],
+            frozen_f32: 0,
+        };
+        for role in roles {
+            let Some(p) = role.params.map(u128::from) else {
+                floor.uncounted.push(role.name.clone());
+                continue;
+            };
+            let (weight_bytes, moment_bytes, gradient_bytes) = match role.training {
+                Training::Frozen if precision == Precision::Bf16 => (2, 0, 0),
+                Training::Frozen => (4, 0, 0),
+                Training::Adapter => (4, 0, 0),
+                Training::Full => (4, 8, 4),
+            };
+            floor.weights = floor.weights.saturating_add(p * weight_bytes);
+            if role.training == Training::Frozen && weight_bytes == 4 {
+                floor.frozen_f32 = floor.frozen_f32.saturating_add(p * 4);
+            }
+            floor.moments = floor.moments.saturating_add(p * moment_bytes);
+            if role.training == Training::Full {
+                let copies = p * 4 * u128::from(role.copies);
+                floor.copies = floor.copies.saturating_add(copies);
+            }
+            let backward = (p * gradient_bytes).saturating_add(role.block_inputs);
+            if role.training != Training::Frozen && backward > floor.backward {
+                floor.backward = backward;
+                floor.backward_role = Some(role.name.clone());
+            }
+        }
+        floor
+    }
+
+    /// Bytes of all parts (at most `u128::MAX`).
+    pub fn total(&self) -> u128 {
+        self.weights
+            .saturating_add(self.moments)
+            .saturating_add(self.copies)
+            .saturating_add(self.backward)
+    }
+
+    /// Refuse a floor that `available` cannot hold for each of the workers sharing it: an
+    /// error keyed `models` naming the parts, the memory and what would make it fit.
+    pub fn check(&self, available: &Available) -> Result<(), ConfigError> {
+        let need = self.total().saturating_mul(u128::from(available.workers));
+        if need <= u128::from(available.bytes) {
+            return Ok(());
+        }
+        let workers = match available.workers {
+            1 => String::new(),
+            n => format!(", {} for the {n} workers sharing it", gib(need)),
+        };
+        let bf16 = match self.frozen_f32 {
+            0 => String::new(),
+            b => format!(
+                ", set `runtime.dtype = \"bf16\"` (frozen roles keep bfloat16 weights: {} less)",
+                gib(b / 2)
+            ),
+        };
+        Err(ConfigError::new(
+            "models",
+            format!(
+                "the roles need {self}{workers}, more than the {} of {}: train fewer or \
+                 smaller roles, or a LoRA adapter instead of a whole model{bf16}; more \
+                 data-parallel devices do not help, each holds every role",
+                gib(u128::from(available.bytes)),
+                available.of
+            ),
+        ))
+    }
+}
+
+impl fmt::Display for MemoryFloor {
+    /// `at least 21.8 GiB per device (weights 5.3 GiB, AdamW moments 10.6 GiB, `student`'s
+    /// gradients and kept block inputs 5.9 GiB)`, and the roles left out.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "at least {} per device (weights {}",
+            size(self.total()),
+            size(self.weights)
+        )?;
+        if self.moments > 0 {
+            write!(f, ", AdamW moments {}", size(self.moments))?;
+        }
+        if self.copies > 0 {
+            write!(f, ", EMA copies {}", size(self.copies))?;
+        }
+        if let Some(role) = &self.backward_role {
+            write!(
+                f,
+                ", `{role}`'s gradients and kept block inputs {}",
+                size(self.backward)
+            )?;
+        }
+        write!(f, ")")?;
+        if !self.uncounted.is_empty() {
+            let names: Vec<String> = self.uncounted.iter().map(|n| format!("`{n}`")).collect();
+            write!(f, "; not counted: {} (size unknown)", names.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of the inputs a trained role's blocks keep: `batch × tokens × hidden × blocks`
+/// values of `precision`'s activations (bfloat16 under `bf16`, else float32). `None`: more
+/// than a `u128` counts.
+pub fn block_input_bytes(
+    batch: usize,
+    tokens: usize,
+    hidden: usize,
+    blocks: usize,
+    precision: Precision,
+) -> Option<u128> {
+    let bytes = match precision {
+        Precision::Bf16 => 2,
+        Precision::F32 => 4,
+    };
+    [batch, tokens, hidden, blocks]
+        .iter()
+        .try_fold(bytes, |acc: u128, &d| acc.checked_mul(d as u128))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(name: &str, params: u64, training: Training, block_inputs: u128) -> RoleState {
+        RoleState {
+            name: name.into(),
+            params: Some(params),
+            training,
+            block_inputs,
+            copies: 0,
+        }
+    }
+
+    #[test]
+    fn each_kind_of_role_holds_its_bytes_and_one_backward_counts() {
+        let p = 1000;
+        let roles = [
+            role("student", p, Training::Full, 300),
+            role("critic", 2 * p, Training::Full, 100),
+            role("teacher", 3 * p, Training::Frozen, 0),
+        ];
+        let f32 = MemoryFloor::of(&roles, Precision::F32);
+        assert_eq!(f32.weights, 4 * (p + 2 * p + 3 * p) as u128);
+        assert_eq!(f32.moments, 8 * 3 * p as u128);
+        // The critic's 8000 bytes of gradients and 100 of block inputs outweigh the student's.
+        assert_eq!(f32.backward, 4 * 2 * p as u128 + 100);
+        assert_eq!(f32.backward_role.as_deref(), Some("critic"));
+        assert_eq!(f32.total(), f32.weights + f32.moments + f32.backward);
+        // Under bf16 the frozen teacher's weights halve; the trained roles keep float32.
+        let bf16 = MemoryFloor::of(&roles, Precision::Bf16);
+        assert_eq!(f32.weights - bf16.weights, 2 * 3 * p as u128);
+        assert_eq!(bf16.moments, f32.moments);
+        assert_eq!((f32.frozen_f32, bf16.frozen_f32), (4 * 3 * p as u128, 0));
+
+        // An EMA of the student: one float32 copy; of an adapter role, none counted.
+        let mut followed = roles.clone();
+        followed[0].copies = 1;
+        let ema = MemoryFloor::of(&followed, Precision::F32);
+        assert_eq!(ema.copies, 4 * p as u128);
+        assert_eq!(ema.total() - f32.total(), 4 * p as u128);
+        assert!(ema.to_string().contains("EMA copies"), "{ema}");
+
+        let mut lora = [role("student", p, Training::Adapter, 500)];
+        lora[0].copies = 1;
+        let lora = MemoryFloor::of(&lora, Precision::Bf16);
+        assert_eq!((lora.weights, lora.moments, lora.backward), (4000, 0, 500));
+        assert_eq!(lora.copies, 0);
+    }
+
+    #[test]
+    fn roles_of_unknown_size_are_named_and_left_out() {
+        let mut unknown = role("critic", 0, Training::Full, 0);
+        unknown.params = None;
+        let floor = MemoryFloor::of(
+            &[role("student", 10, Training::Full, 0), unknown],
+            Precision::F32,
+        );
+        assert_eq!(floor.total(), 160);
+        assert_eq!(floor.uncounted, ["critic"]);
+        let text = floor.to_string();
+        assert!(text.contains("not counted: `critic`"), "{text}");
+        assert!(text.contains("`student`'s gradients"), "{text}");
+    }
+
+    #[test]
+    fn a_floor_above_the_memory_is_refused_with_its_parts() {
+        let gib = 1u64 << 30;
+        let floor = MemoryFloor::of(
+            &[role("student", 2 * gib, Training::Full, 0)],
+            Precision::F32,
+        );
+        let fits = |bytes, workers| Available {
+            bytes,
+            of: "device 0 (a GPU)".into(),
+            workers,
+        };
+        floor.check(&fits(32 * gib, 1)).unwrap();
+        let e = floor.check(&fits(32 * gib - 1, 1)).unwrap_err();
+        assert_eq!(e.key, "models");
+        for want in [
+            "at least 32.0 GiB per device",
+            "weights 8.0 GiB",
+            "AdamW moments 16.0 GiB",
+            "`student`'s gradients and kept block inputs 8.0 GiB",
+            "more than the 32.0 GiB of device 0 (a GPU)",
+            "LoRA",
+        ] {
+            assert!(e.message.contains(want), "missing {want:?} in {e}");
+        }
+        assert!(!e.message.contains("bf16"), "no frozen role: {e}");
+        // Two workers on one device need twice the bytes.
+        let e = floor.check(&fits(40 * gib, 2)).unwrap_err();
+        assert!(e.message.contains("64.0 GiB for the 2 workers"), "{e}");
+        // A frozen float32 role: bf16 would halve its weights, and the advice says by how much.
+        let with_teacher = MemoryFloor::of(
+            &[
+                role("student", 2 * gib, Training::Full, 0),
+                role("teacher", gib, Training::Frozen, 0),
+            ],
+            Precision::F32,
+        );
+        let e = with_teacher.check(&fits(32 * gib, 1)).unwrap_err();
+        assert!(e.message.contains("`runtime.dtype = \"bf16\"`"), "{e}");
+        assert!(e.message.contains("2.0 GiB less"), "{e}");
+    }
+
+    #[test]
+    fn block_inputs_count_every_block_in_the_activation_precision() {
+        let f32 = block_input_bytes(2, 8190, 1536, 30, Precision::F32).unwrap();
+        assert_eq!(f32, 4 * 2 * 8190 * 1536 * 30);
+        let bf16 = block_input_bytes(2, 8190, 1536, 30, Precision::Bf16).unwrap();
+        assert_eq!(2 * bf16, f32);
+        assert_eq!(
+            block_input_bytes(usize::MAX, usize::MAX, usize::MAX, 2, Precision::F32),
+            None
+        );
+    }
+}
