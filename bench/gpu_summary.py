@@ -343,7 +343,9 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
                 f"shapes, attention {b.get('attention', 'flash')})" if b["method"].endswith(".toml")
                 else f"{b['method']} ({b['variant']}, bf16, checkpointing)")
-        lines += ["", f"Breakdown, {what}, GPU peak {fmt(b.get('gpu_mib'), 0)} MiB:"]
+        floor = (f" (the roles' floor: {fmt(b['floor_mib'], 0)} MiB)" if "floor_mib" in b
+                 else "")
+        lines += ["", f"Breakdown, {what}, GPU peak {fmt(b.get('gpu_mib'), 0)} MiB{floor}:"]
         if "error" in b:
             lines.append(failed(b["error"]))
             continue

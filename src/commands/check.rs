@@ -15,7 +15,8 @@ use reel_core::config::{load_run_config_any_backend, ConfigError, LoadedConfig};
 use reel_core::memory;
 use reel_core::trainer::{run_dir_error, run_dir_for};
 
-/// Validate `config` and print a one-line summary, or every problem found, one per line.
+/// Validate `config` and print a summary (the run, the data and on a second line the roles'
+/// memory floor), or every problem found, one per line.
 pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
     let loaded = load_run_config_any_backend(config, set)?;
     let mut problems: Vec<String> = Vec::new();

@@ -102,6 +102,19 @@ fn finetune_splits_forward_backward_optimizer_and_ema() {
     }
     assert_eq!(b["samples_per_step"], 2);
     assert_eq!(b["tokens"], 2 * 2 * 2, "wan-tiny patches 1x2x2");
+    // The memory floor: float32 weights, AdamW's two moments and the EMA's copy (16 bytes a
+    // parameter), and the larger of the gradients (4) and each block's float32 input for 2
+    // samples (one micro-batch: a backward frees the inputs as it makes the gradients).
+    let cfg = reel_models::WanConfig::preset("wan-tiny").unwrap();
+    let model = cfg.init::<burn::backend::NdArray>(&Default::default());
+    let params = burn::module::Module::num_params(&model) as f64;
+    let blocks = 2.0 * 8.0 * cfg.inner_dim() as f64 * cfg.num_layers as f64 * 4.0;
+    let want = (16.0 * params + (4.0 * params).max(blocks)) / (1u64 << 20) as f64;
+    let got = b["floor_mib"].as_f64().expect("floor_mib");
+    assert!(
+        (got - want).abs() < 1e-9 * want,
+        "floor {got} MiB, want {want}"
+    );
 }
 
 #[test]

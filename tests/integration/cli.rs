@@ -362,7 +362,7 @@ fn roles_larger_than_the_memory_are_refused_before_any_weight_is_made() {
             "`models`",
             "GiB per device",
             "AdamW moments",
-            "`student`'s gradients",
+            "`student`'s backward",
             "memory this machine has available",
             "LoRA",
         ] {

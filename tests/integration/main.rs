@@ -22,6 +22,7 @@ mod distillation;
 mod docs;
 mod gradient_checkpointing;
 mod lora;
+mod memory_floor;
 mod non_finite;
 mod precision;
 mod preprocess;

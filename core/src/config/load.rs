@@ -113,7 +113,11 @@ impl LoadedConfig {
         let models = &self.config.models;
         let roles = models.iter().filter_map(|(n, r)| check(n, r).err());
         let batch = self.check_batch_memory(spec).err();
-        let floor = self.check_memory_floor(spec).err();
+        // Sizes past one batch's memory (or any count) make the floor meaningless.
+        let floor = match batch {
+            None => self.check_memory_floor(spec).err(),
+            Some(_) => None,
+        };
         batch
             .into_iter()
             .chain(floor)

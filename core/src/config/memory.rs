@@ -26,7 +26,8 @@ impl LoadedConfig {
             .iter()
             .map(|(name, role)| self.role_state(name, role, spec))
             .collect();
-        MemoryFloor::of(&roles, self.config.runtime.dtype)
+        let accumulating = self.config.training.grad_accumulation > 1;
+        MemoryFloor::of(&roles, self.config.runtime.dtype, accumulating)
     }
 
     /// [`Self::memory_floor`] against the memory of the run's devices
@@ -54,27 +55,35 @@ impl LoadedConfig {
             (true, false) => Training::Full,
         };
         let info = role.model.model_info(role, &resolve).ok().flatten();
-        let block_inputs = match (training, info) {
-            (Training::Frozen, _) | (_, None) => 0,
-            (_, Some(info)) => memory::block_input_bytes(
-                self.samples_per_device(),
-                info.tokens(spec.frames, spec.height, spec.width),
-                info.hidden_size,
-                info.num_layers,
-                self.config.runtime.dtype,
-            )
-            .unwrap_or(u128::MAX),
+        // An adapter role's frozen blocks before its first adapted one keep nothing unless
+        // checkpointing keeps every block's input.
+        let keeps_inputs = match training {
+            Training::Frozen => false,
+            Training::Adapter => role.gradient_checkpointing,
+            Training::Full => true,
         };
-        let copies = (self.config.callbacks.iter())
-            .flat_map(|c| c.copies_of_roles())
-            .filter(|r| r == name)
-            .count();
+        let block_inputs = match info {
+            Some(info) if keeps_inputs => tokens(&info, spec)
+                .and_then(|tokens| {
+                    memory::block_input_bytes(
+                        self.samples_per_device(),
+                        tokens,
+                        info.hidden_size,
+                        info.num_layers,
+                        self.config.runtime.dtype,
+                    )
+                })
+                .unwrap_or(u128::MAX),
+            _ => 0,
+        };
+        let copied =
+            (self.config.callbacks.iter()).any(|c| c.copies_of_roles().iter().any(|r| r == name));
         RoleState {
             name: name.to_string(),
             params,
             training,
             block_inputs,
-            copies: u32::try_from(copies).unwrap_or(u32::MAX),
+            copied,
         }
     }
 
@@ -88,4 +97,13 @@ impl LoadedConfig {
             None => (batch / runtime.worker_devices().len().max(1)).max(1),
         }
     }
+}
+
+/// Tokens of one sample of `spec` for a model of `info` (`None`: more than a `u128` counts,
+/// or a zero patch).
+fn tokens(info: &crate::model::ModelInfo, spec: &DataSpec) -> Option<u128> {
+    let axes = [spec.frames, spec.height, spec.width];
+    (axes.iter().zip(info.patch_size)).try_fold(1u128, |acc, (&size, patch)| {
+        acc.checked_mul(size.checked_div(patch)? as u128)
+    })
 }

@@ -4,7 +4,7 @@
 //! out-of-memory panic after minutes of loading.
 //!
 //! The count is a floor, not an estimate of the peak: it holds what every step must keep
-//! (weights, AdamW's moments, one role's gradients and its blocks' inputs) and none of what
+//! (weights, AdamW's moments, one role's backward) and none of what
 //! a step allocates and frees (the intermediates of a block, attention workspaces, the
 //! frozen roles' forwards, the allocator's slack). The callbacks' copies of trained weights
 //! (an EMA's shadow) are counted. See docs/performance.md, "What a run needs in memory", for
@@ -41,11 +41,14 @@ pub struct RoleState {
     pub training: Training,
     /// Bytes of the hidden states its backward keeps at least on one device: each block's
     /// input (`batch × tokens × hidden` values, in the run's activation precision), which
-    /// gradient checkpointing keeps too. Zero for a frozen role. Saturates at `u128::MAX`.
+    /// gradient checkpointing keeps too. Zero for a frozen role, and for an adapter role
+    /// without checkpointing (its frozen blocks before the first adapted one keep nothing).
+    /// Saturates at `u128::MAX`.
     pub block_inputs: u128,
-    /// Float32 copies of its weights the callbacks keep (one per EMA that follows it);
-    /// counted for a role trained in full (an adapter's copies are not).
-    pub copies: u32,
+    /// Whether a callback keeps a float32 copy of its trained weights (an EMA's shadow: one
+    /// per role however many callbacks name it); counted for a role trained in full (an
+    /// adapter's copy is not).
+    pub copied: bool,
 }
 
 /// What the roles hold on each device for a whole run, by part.
@@ -57,8 +60,10 @@ pub struct MemoryFloor {
     pub moments: u128,
     /// The callbacks' float32 copies of trained weights (EMA shadows).
     pub copies: u128,
-    /// The largest backward: one role's float32 gradients and its blocks' kept inputs (the
-    /// roles run their backward passes one after another).
+    /// The largest backward (the roles run theirs one after another): a role's float32
+    /// gradients or its blocks' kept inputs, whichever is larger (a backward frees each
+    /// block's input as it makes that block's gradients), or both under gradient
+    /// accumulation (the earlier micro-batches' gradients wait through the next backward).
     pub backward: u128,
     /// The role of [`Self::backward`] (`None` without a trained role).
     pub backward_role: Option<String>,
@@ -70,8 +75,9 @@ pub struct MemoryFloor {
 }
 
 impl MemoryFloor {
-    /// The floor of `roles` in a run computing in `precision`.
-    pub fn of(roles: &[RoleState], precision: Precision) -> Self {
+    /// The floor of `roles` in a run computing in `precision`, `accumulating` gradients over
+    /// several micro-batches or not.
+    pub fn of(roles: &[RoleState], precision: Precision, accumulating: bool) -> Self {
         let mut floor = Self {
             weights: 0,
             moments: 0,
@@ -97,11 +103,14 @@ impl MemoryFloor {
                 floor.frozen_f32 = floor.frozen_f32.saturating_add(p * 4);
             }
             floor.moments = floor.moments.saturating_add(p * moment_bytes);
-            if role.training == Training::Full {
-                let copies = p * 4 * u128::from(role.copies);
-                floor.copies = floor.copies.saturating_add(copies);
+            if role.training == Training::Full && role.copied {
+                floor.copies = floor.copies.saturating_add(p * 4);
             }
-            let backward = (p * gradient_bytes).saturating_add(role.block_inputs);
+            let gradients = p * gradient_bytes;
+            let backward = match accumulating {
+                true => gradients.saturating_add(role.block_inputs),
+                false => gradients.max(role.block_inputs),
+            };
             if role.training != Training::Frozen && backward > floor.backward {
                 floor.backward = backward;
                 floor.backward_role = Some(role.name.clone());
@@ -129,30 +138,48 @@ impl MemoryFloor {
             1 => String::new(),
             n => format!(", {} for the {n} workers sharing it", gib(need)),
         };
-        let bf16 = match self.frozen_f32 {
-            0 => String::new(),
-            b => format!(
-                ", set `runtime.dtype = \"bf16\"` (frozen roles keep bfloat16 weights: {} less)",
-                gib(b / 2)
-            ),
-        };
         Err(ConfigError::new(
             "models",
             format!(
-                "the roles need {self}{workers}, more than the {} of {}: train fewer or \
-                 smaller roles, or a LoRA adapter instead of a whole model{bf16}; more \
-                 data-parallel devices do not help, each holds every role",
+                "the roles need {self}{workers}, more than the {} of {}; to fit: {}",
                 gib(u128::from(available.bytes)),
-                available.of
+                available.of,
+                self.advice(available.workers).join("; ")
             ),
         ))
+    }
+
+    /// What would lower the floor, as far as its parts tell.
+    fn advice(&self, workers: u64) -> Vec<String> {
+        let mut advice = vec!["train fewer or smaller roles".to_string()];
+        if self.moments > 0 {
+            advice.push("train a LoRA adapter instead of a whole model".into());
+        }
+        if self.backward_role.is_some() {
+            advice.push(
+                "fewer tokens per device (`data.batch_size`, the clips' frames and size)".into(),
+            );
+        }
+        if self.frozen_f32 > 0 {
+            advice.push(format!(
+                "`runtime.dtype = \"bf16\"` (frozen roles keep bfloat16 weights: {} less)",
+                gib(self.frozen_f32 / 2)
+            ));
+        }
+        if workers > 1 {
+            advice.push("fewer workers sharing this memory".into());
+        }
+        advice
     }
 }
 
 impl fmt::Display for MemoryFloor {
-    /// `at least 21.8 GiB per device (weights 5.3 GiB, AdamW moments 10.6 GiB, `student`'s
-    /// gradients and kept block inputs 5.9 GiB)`, and the roles left out.
+    /// `at least 21.2 GiB per device (weights 5.3 GiB, AdamW moments 10.6 GiB, `student`'s
+    /// backward 5.3 GiB)`, and the roles left out.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.total() == u128::MAX {
+            return write!(f, "more bytes per device than can be counted");
+        }
         write!(
             f,
             "at least {} per device (weights {}",
@@ -166,11 +193,7 @@ impl fmt::Display for MemoryFloor {
             write!(f, ", EMA copies {}", size(self.copies))?;
         }
         if let Some(role) = &self.backward_role {
-            write!(
-                f,
-                ", `{role}`'s gradients and kept block inputs {}",
-                size(self.backward)
-            )?;
+            write!(f, ", `{role}`'s backward {}", size(self.backward))?;
         }
         write!(f, ")")?;
         if !self.uncounted.is_empty() {
@@ -186,7 +209,7 @@ impl fmt::Display for MemoryFloor {
 /// than a `u128` counts.
 pub fn block_input_bytes(
     batch: usize,
-    tokens: usize,
+    tokens: u128,
     hidden: usize,
     blocks: usize,
     precision: Precision,
@@ -195,9 +218,9 @@ pub fn block_input_bytes(
         Precision::Bf16 => 2,
         Precision::F32 => 4,
     };
-    [batch, tokens, hidden, blocks]
+    [batch as u128, tokens, hidden as u128, blocks as u128]
         .iter()
-        .try_fold(bytes, |acc: u128, &d| acc.checked_mul(d as u128))
+        .try_fold(bytes, |acc: u128, &d| acc.checked_mul(d))
 }
 
 #[cfg(test)]
@@ -210,7 +233,7 @@ mod tests {
             params: Some(params),
             training,
             block_inputs,
-            copies: 0,
+            copied: false,
         }
     }
 
@@ -218,34 +241,39 @@ mod tests {
     fn each_kind_of_role_holds_its_bytes_and_one_backward_counts() {
         let p = 1000;
         let roles = [
-            role("student", p, Training::Full, 300),
+            role("student", p, Training::Full, 6000),
             role("critic", 2 * p, Training::Full, 100),
             role("teacher", 3 * p, Training::Frozen, 0),
         ];
-        let f32 = MemoryFloor::of(&roles, Precision::F32);
+        let f32 = MemoryFloor::of(&roles, Precision::F32, false);
         assert_eq!(f32.weights, 4 * (p + 2 * p + 3 * p) as u128);
         assert_eq!(f32.moments, 8 * 3 * p as u128);
-        // The critic's 8000 bytes of gradients and 100 of block inputs outweigh the student's.
-        assert_eq!(f32.backward, 4 * 2 * p as u128 + 100);
+        // The critic's 8000 bytes of gradients outweigh the student's 6000 of block inputs
+        // (and its 4000 of gradients): a backward holds the larger of the two.
+        assert_eq!(f32.backward, 4 * 2 * p as u128);
         assert_eq!(f32.backward_role.as_deref(), Some("critic"));
         assert_eq!(f32.total(), f32.weights + f32.moments + f32.backward);
+        // Accumulating, the student's 4000 + 6000 hold together and are the largest.
+        let acc = MemoryFloor::of(&roles, Precision::F32, true);
+        assert_eq!(acc.backward, 4 * p as u128 + 6000);
+        assert_eq!(acc.backward_role.as_deref(), Some("student"));
         // Under bf16 the frozen teacher's weights halve; the trained roles keep float32.
-        let bf16 = MemoryFloor::of(&roles, Precision::Bf16);
+        let bf16 = MemoryFloor::of(&roles, Precision::Bf16, false);
         assert_eq!(f32.weights - bf16.weights, 2 * 3 * p as u128);
         assert_eq!(bf16.moments, f32.moments);
         assert_eq!((f32.frozen_f32, bf16.frozen_f32), (4 * 3 * p as u128, 0));
 
         // An EMA of the student: one float32 copy; of an adapter role, none counted.
         let mut followed = roles.clone();
-        followed[0].copies = 1;
-        let ema = MemoryFloor::of(&followed, Precision::F32);
+        followed[0].copied = true;
+        let ema = MemoryFloor::of(&followed, Precision::F32, false);
         assert_eq!(ema.copies, 4 * p as u128);
         assert_eq!(ema.total() - f32.total(), 4 * p as u128);
         assert!(ema.to_string().contains("EMA copies"), "{ema}");
 
         let mut lora = [role("student", p, Training::Adapter, 500)];
-        lora[0].copies = 1;
-        let lora = MemoryFloor::of(&lora, Precision::Bf16);
+        lora[0].copied = true;
+        let lora = MemoryFloor::of(&lora, Precision::Bf16, false);
         assert_eq!((lora.weights, lora.moments, lora.backward), (4000, 0, 500));
         assert_eq!(lora.copies, 0);
     }
@@ -257,20 +285,22 @@ mod tests {
         let floor = MemoryFloor::of(
             &[role("student", 10, Training::Full, 0), unknown],
             Precision::F32,
+            false,
         );
         assert_eq!(floor.total(), 160);
         assert_eq!(floor.uncounted, ["critic"]);
         let text = floor.to_string();
         assert!(text.contains("not counted: `critic`"), "{text}");
-        assert!(text.contains("`student`'s gradients"), "{text}");
+        assert!(text.contains("`student`'s backward"), "{text}");
     }
 
     #[test]
-    fn a_floor_above_the_memory_is_refused_with_its_parts() {
+    fn a_floor_above_the_memory_is_refused_with_its_parts_and_advice() {
         let gib = 1u64 << 30;
         let floor = MemoryFloor::of(
             &[role("student", 2 * gib, Training::Full, 0)],
             Precision::F32,
+            false,
         );
         let fits = |bytes, workers| Available {
             bytes,
@@ -284,27 +314,48 @@ mod tests {
             "at least 32.0 GiB per device",
             "weights 8.0 GiB",
             "AdamW moments 16.0 GiB",
-            "`student`'s gradients and kept block inputs 8.0 GiB",
+            "`student`'s backward 8.0 GiB",
             "more than the 32.0 GiB of device 0 (a GPU)",
             "LoRA",
+            "`data.batch_size`",
         ] {
             assert!(e.message.contains(want), "missing {want:?} in {e}");
         }
-        assert!(!e.message.contains("bf16"), "no frozen role: {e}");
-        // Two workers on one device need twice the bytes.
+        for not in ["bf16", "workers"] {
+            assert!(!e.message.contains(not), "no frozen role, one worker: {e}");
+        }
+        // Two workers on one device need twice the bytes, and fewer would help.
         let e = floor.check(&fits(40 * gib, 2)).unwrap_err();
         assert!(e.message.contains("64.0 GiB for the 2 workers"), "{e}");
-        // A frozen float32 role: bf16 would halve its weights, and the advice says by how much.
+        assert!(e.message.contains("fewer workers"), "{e}");
+        // A frozen float32 role beside an adapter: bf16 would halve its weights, and LoRA is
+        // not advised again.
         let with_teacher = MemoryFloor::of(
             &[
-                role("student", 2 * gib, Training::Full, 0),
-                role("teacher", gib, Training::Frozen, 0),
+                role("student", 4 * gib, Training::Adapter, 0),
+                role("teacher", 8 * gib, Training::Frozen, 0),
             ],
             Precision::F32,
+            false,
         );
         let e = with_teacher.check(&fits(32 * gib, 1)).unwrap_err();
         assert!(e.message.contains("`runtime.dtype = \"bf16\"`"), "{e}");
-        assert!(e.message.contains("2.0 GiB less"), "{e}");
+        assert!(e.message.contains("16.0 GiB less"), "{e}");
+        assert!(!e.message.contains("LoRA"), "{e}");
+    }
+
+    #[test]
+    fn a_floor_past_any_count_says_so() {
+        let floor = MemoryFloor::of(
+            &[role("student", 1, Training::Full, u128::MAX)],
+            Precision::F32,
+            true,
+        );
+        assert_eq!(floor.total(), u128::MAX);
+        assert_eq!(
+            floor.to_string(),
+            "more bytes per device than can be counted"
+        );
     }
 
     #[test]
@@ -314,7 +365,7 @@ mod tests {
         let bf16 = block_input_bytes(2, 8190, 1536, 30, Precision::Bf16).unwrap();
         assert_eq!(2 * bf16, f32);
         assert_eq!(
-            block_input_bytes(usize::MAX, usize::MAX, usize::MAX, 2, Precision::F32),
+            block_input_bytes(usize::MAX, u128::MAX, usize::MAX, 2, Precision::F32),
             None
         );
     }

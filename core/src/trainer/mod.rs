@@ -187,6 +187,7 @@ pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
+    check_memory(loaded, opts)?;
     match (
         &opts.processes,
         loaded.config.runtime.worker_devices().as_slice(),
@@ -194,6 +195,23 @@ pub fn train<B: ReelBackend>(
         (None, [_]) => Trainer::<B>::new(loaded, opts)?.run(),
         (_, devices) => group::train_group::<B>(loaded, opts, devices),
     }
+}
+
+/// What the run needs in memory, checked once in each process before any of its workers
+/// builds a role or reads a weight: one batch of the data against the host's memory, and the
+/// roles' floor against each device's ([`crate::memory`]), printed by the first process.
+/// A config that cannot fit is an error naming the file, and no run folder is made.
+fn check_memory(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainError> {
+    let spec = loaded.config.data.build(&loaded.base_dir)?.spec();
+    loaded.check_batch_memory(&spec)?;
+    let (floor, available) = loaded.check_memory_floor(&spec)?;
+    if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
+        eprintln!(
+            "reel: memory: {}",
+            crate::memory::describe(&floor, available)
+        );
+    }
+    Ok(())
 }
 
 /// Create the run folder. When it cannot be made (a file of that name, no permission), the

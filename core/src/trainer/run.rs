@@ -71,15 +71,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let device = B::device_for(seat.device);
         let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
         if seat.is_main() {
-            // A batch larger than the memory, or a validation VAE whose latents are not the
-            // data's, fails now too.
-            loaded.check_batch_memory(&source.spec())?;
-            // So is a set of roles the devices cannot hold, before any weight is read.
-            let (floor, available) = loaded.check_memory_floor(&source.spec())?;
-            eprintln!(
-                "reel: memory: {}",
-                crate::memory::describe(&floor, available)
-            );
+            // A validation VAE whose latents are not the data's fails now too. (What the
+            // run needs in memory was checked once, before any worker: `check_memory`.)
             loaded.check_callback_data(&source.spec())?;
         }
         let loader = Loader::new(

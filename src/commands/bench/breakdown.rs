@@ -57,6 +57,9 @@ pub struct Breakdown {
     pub profiled_step_ms: Stats,
     /// The step without phase syncs (one sync at its end).
     pub step_ms: Stats,
+    /// The roles' memory floor per device, MiB ([`reel_core::memory::MemoryFloor`]): what
+    /// the run holds at least, beside the peak a GPU session samples.
+    pub floor_mib: f64,
 }
 
 /// Run the breakdown for every preset × LoRA rank (or the `--config`), print it.
@@ -253,11 +256,13 @@ fn bench_run<B: ReelBackend>(
     Ok(summarize(label, loaded, spec, &steps, plain))
 }
 
-/// Samples per step and tokens per sample of the run's data and first Wan-like role.
-fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize)> {
+/// Samples per step, tokens per sample (of the run's data and first Wan-like role) and the
+/// memory floor in MiB.
+fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize, f64)> {
     let cfg = &loaded.config;
     let source = cfg.data.build(&loaded.base_dir)?;
     let s = source.spec();
+    let floor = loaded.memory_floor(&s).total() as f64 / (1u64 << 20) as f64;
     let patch = cfg
         .models
         .values()
@@ -268,13 +273,14 @@ fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize)> {
     Ok((
         cfg.data.batch_size() * cfg.training.grad_accumulation,
         tokens,
+        floor,
     ))
 }
 
 fn summarize(
     label: &str,
     loaded: &LoadedConfig,
-    (samples_per_step, tokens): (usize, usize),
+    (samples_per_step, tokens, floor_mib): (usize, usize, f64),
     steps: &[profile::StepPhases],
     plain: Vec<f64>,
 ) -> Breakdown {
@@ -316,13 +322,14 @@ fn summarize(
         phases,
         profiled_step_ms: profiled,
         step_ms: stats(plain),
+        floor_mib,
     }
 }
 
 fn print_table(b: &Breakdown) {
     println!(
-        "{} on {}: {} sample(s) x {} tokens per step",
-        b.label, b.backend, b.samples_per_step, b.tokens
+        "{} on {}: {} sample(s) x {} tokens per step, memory floor {:.0} MiB",
+        b.label, b.backend, b.samples_per_step, b.tokens, b.floor_mib
     );
     println!(
         "  {:<44} {:>10} {:>10} {:>10} {:>10} {:>7} {:>12}",
