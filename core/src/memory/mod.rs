@@ -127,6 +127,26 @@ mod tests {
         assert_eq!(available_for(BackendName::Wgpu, &[0]), None);
     }
 
+    /// On a machine with a GPU, the driver tells its memory (no GPU: nothing to compare).
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_memory_of_the_gpus_is_told() {
+        // SAFETY: only looks for the driver library.
+        let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+        match available_for(BackendName::Cuda, &[0, 0]) {
+            Some(gpu) => {
+                assert!(gpu.bytes >= 1 << 30, "{gpu:?}");
+                assert!(gpu.of.starts_with("device 0 ("), "{gpu:?}");
+                assert_eq!(gpu.workers, 2);
+            }
+            None => assert!(
+                !driver || cudarc::driver::result::init().is_err(),
+                "a CUDA driver that starts, and no memory told"
+            ),
+        }
+        assert_eq!(available_for(BackendName::Cuda, &[usize::MAX]), None);
+    }
+
     #[test]
     fn workers_sharing_a_gpu_are_counted() {
         assert_eq!(most_per_device(&[0, 1, 2, 3]), 1);

@@ -707,7 +707,8 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     tiles::set_tiles(tiles::TileChoice::default());
 }
 
-/// cuDNN's attention (`REEL_FLASH=cudnn`), forward and backward, against the naive attention:
+/// cuDNN's attention (`REEL_FLASH=cudnn`), forward and backward: at Wan's shapes (256 and
+/// 8190 tokens, random inputs) against Reel's tiled kernels, and against the naive attention in
 /// bf16 and f16, contiguous and strided. cuDNN runs the shapes whose head dims are multiples
 /// of 8 (Wan's 128 among them) and Reel's tiled kernels the others; a missing `libcudnn`, or a
 /// graph no cuDNN engine takes, fails the first calls with cuDNN's reason.
@@ -721,18 +722,46 @@ fn cuda_cudnn_attention_matches_naive() {
         burn::tensor::FloatDType::F16,
     );
     let t = |s: [usize; 4]| {
-        Tensor::<Cube, 4>::zeros(s, &device)
+        let normal = burn::tensor::Distribution::Normal(0.0, 1.0);
+        Tensor::<Cube, 4>::random(s, normal, &device)
             .cast(bf16)
             .into_primitive()
             .tensor()
     };
-    // Wan's heads at 256 tokens and at 8190 (21×30×52 latents: off the 128 grid).
+    let data = |t: burn_cubecl::tensor::CubeTensor<cubecl::cuda::CudaRuntime>| {
+        Tensor::<Cube, 4>::from_primitive(TensorPrimitive::Float(t))
+            .cast(burn::tensor::FloatDType::F32)
+            .into_data()
+    };
+    // Wan's heads at 256 tokens and at 8190 (21×30×52 latents: off the 128 grid), random
+    // inputs, against Reel's tiled kernels: the output and the three gradients.
+    let tc = Products::TensorCores;
     for tokens in [256, 8190] {
-        let qkv = [0; 3].map(|_| t([1, 12, tokens, 128]));
-        let (o, lse) = cudnn::forward(qkv[0].clone(), qkv[1].clone(), qkv[2].clone())
+        let [q, k, v, d_out] = [0; 4].map(|_| t([1, 12, tokens, 128]));
+        let (o, lse) = cudnn::forward(q.clone(), k.clone(), v.clone())
             .unwrap_or_else(|e| panic!("cuDNN's forward cannot run Wan's {tokens} tokens: {e}"));
-        if let Err(e) = cudnn::backward(qkv, o.clone(), lse, o) {
-            panic!("cuDNN's backward cannot run Wan's {tokens} tokens: {e}");
+        let grads = cudnn::backward(
+            [q.clone(), k.clone(), v.clone()],
+            o.clone(),
+            lse,
+            d_out.clone(),
+        )
+        .unwrap_or_else(|e| panic!("cuDNN's backward cannot run Wan's {tokens} tokens: {e}"));
+        let (o_reel, lse_reel) = tiled::forward(q.clone(), k.clone(), v.clone(), tc)
+            .unwrap_or_else(|e| panic!("Reel's tiled forward: {e:?}"));
+        let (dq, dk, dv) = tiled::backward((q, k, v), o_reel.clone(), lse_reel, d_out, tc)
+            .unwrap_or_else(|e| panic!("Reel's tiled backward: {e:?}"));
+        let pairs = [
+            ("o", o_reel, o),
+            ("dq", dq, grads[0].clone()),
+            ("dk", dk, grads[1].clone()),
+        ];
+        for (name, want, got) in pairs.into_iter().chain([("dv", dv, grads[2].clone())]) {
+            let diff = rel_diff(data(want), data(got));
+            assert!(
+                diff < 3e-2,
+                "{tokens} tokens: cuDNN's {name} differs from Reel's by {diff} of its max"
+            );
         }
     }
     let wan = [(200, 150, 128, 128), (64, 300, 64, 64)];
