@@ -53,8 +53,9 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
 }
 
 /// Open the data source and check every role's model against it
-/// ([`LoadedConfig::model_problems`]), noting what is wrong; returns a short description of
-/// the data when it opens, and on a second line the roles' memory floor.
+/// ([`LoadedConfig::model_problems`]) and the roles' memory floor against the devices'
+/// ([`LoadedConfig::check_memory_floor`]), noting what is wrong; returns a short description
+/// of the data when it opens, and on a second line the floor.
 fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Option<String> {
     let source = match loaded.config.data.build(&loaded.base_dir) {
         Ok(source) => source,
@@ -64,10 +65,24 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
         }
     };
     let spec = source.spec();
-    loaded.model_problems(&spec).into_iter().for_each(note);
-    let memory = match loaded.check_memory_floor(&spec) {
-        Ok((floor, available)) => format!("\nmemory: {}", memory::describe(&floor, available)),
-        Err(_) => String::new(),
+    loaded
+        .model_problems(&spec)
+        .into_iter()
+        .for_each(&mut *note);
+    // Sizes past one batch's memory (noted above) make the floor meaningless.
+    let floor = loaded
+        .check_batch_memory(&spec)
+        .ok()
+        .map(|()| loaded.check_memory_floor(&spec));
+    let memory = match floor {
+        Some(Ok((floor, available))) => {
+            format!("\nmemory: {}", memory::describe(&floor, available))
+        }
+        Some(Err(e)) => {
+            note(e);
+            String::new()
+        }
+        None => String::new(),
     };
     Some(format!("data: {} samples of {spec}{memory}", source.len()))
 }

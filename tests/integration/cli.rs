@@ -319,24 +319,30 @@ fn a_batch_larger_than_any_memory_is_refused_before_training() {
         (&petabytes, "GiB"),
         (&uncountable, "more values than can be counted"),
     ] {
-        let check = reel(dir, &["check", "run.toml", "--set", set]);
-        let train = reel(
-            dir,
-            &["train", "run.toml", "--set", set, "--output", "fresh"],
-        );
-        for (what, out) in [("check", check), ("train", train)] {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{what} passed {set}");
-            for want in ["run.toml", "`data`", "latents", want] {
-                assert!(err.contains(want), "{what}: missing {want:?} in: {err}");
-            }
-            assert!(
-                !err.contains("panicked") && !err.contains("allocation"),
-                "{err}"
-            );
-        }
-        assert!(!dir.join("fresh").exists(), "train made its run folder");
+        let wants = ["run.toml", "`data`", "latents", want];
+        check_and_train_refuse(dir, &["--set", set], &wants);
     }
+}
+
+/// `reel check run.toml` and `reel train run.toml --output fresh`, each with `extra`
+/// arguments, both refuse the config in `dir`: each error names all of `wants`, neither
+/// panics nor fails an allocation, and `train` makes no run folder.
+fn check_and_train_refuse(dir: &Path, extra: &[&str], wants: &[&str]) {
+    let check = [&["check", "run.toml"], extra].concat();
+    let train = [&["train", "run.toml"], extra, &["--output", "fresh"]].concat();
+    for (what, args) in [("check", check), ("train", train)] {
+        let out = reel(dir, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} passed {extra:?}");
+        for want in wants {
+            assert!(err.contains(want), "{what}: missing {want:?} in: {err}");
+        }
+        assert!(
+            !err.contains("panicked") && !err.contains("allocation"),
+            "{err}"
+        );
+    }
+    assert!(!dir.join("fresh").exists(), "train made its run folder");
 }
 
 /// A model no memory here holds (a `config.json` whose hidden width makes each block
@@ -352,28 +358,16 @@ fn roles_larger_than_the_memory_are_refused_before_any_weight_is_made() {
     std::fs::write(dir.join("huge.json"), cfg.to_json_string()).unwrap();
     let huge = TINY_WAN_RUN.replace("preset = \"wan-tiny\"", "config = \"huge.json\"");
     std::fs::write(dir.join("run.toml"), huge).unwrap();
-    let check = reel(dir, &["check", "run.toml"]);
-    let train = reel(dir, &["train", "run.toml", "--output", "fresh"]);
-    for (what, out) in [("check", check), ("train", train)] {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what} passed");
-        for want in [
-            "run.toml",
-            "`models`",
-            "GiB per device",
-            "AdamW moments",
-            "`student`'s backward",
-            "memory this machine has available",
-            "LoRA",
-        ] {
-            assert!(err.contains(want), "{what}: missing {want:?} in: {err}");
-        }
-        assert!(
-            !err.contains("panicked") && !err.contains("allocation"),
-            "{err}"
-        );
-    }
-    assert!(!dir.join("fresh").exists(), "train made its run folder");
+    let wants = [
+        "run.toml",
+        "`models`",
+        "GiB per device",
+        "AdamW moments",
+        "`student`'s backward",
+        "memory this machine has available",
+        "LoRA",
+    ];
+    check_and_train_refuse(dir, &[], &wants);
 
     std::fs::write(dir.join("tiny.toml"), TINY_WAN_RUN).unwrap();
     let out = reel(dir, &["check", "tiny.toml"]);

@@ -15,7 +15,7 @@ fn tiny() -> (u128, u128) {
     let loaded = load(TINY_WAN_RUN, &[]);
     let spec = loaded.config.data.build(&loaded.base_dir).unwrap().spec();
     let info = cfg.model_info();
-    let tokens = info.tokens(spec.frames, spec.height, spec.width) as u128;
+    let tokens = info.tokens(spec.frames, spec.height, spec.width).unwrap() as u128;
     // Float32 inputs of every block for one sample.
     (
         params,

@@ -90,7 +90,6 @@ impl LoadedConfig {
     }
 
     /// One batch of the data against this machine's memory ([`Self::check_batch_memory`]),
-    /// the roles' memory floor against the devices' ([`Self::check_memory_floor`]),
     /// every role whose architecture tells its shape facts from the config alone
     /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) checked against
     /// the data, then every callback's models ([`Self::check_callback_data`]): what building
@@ -113,21 +112,15 @@ impl LoadedConfig {
         let models = &self.config.models;
         let roles = models.iter().filter_map(|(n, r)| check(n, r).err());
         let batch = self.check_batch_memory(spec).err();
-        // Sizes past one batch's memory (or any count) make the floor meaningless.
-        let floor = match batch {
-            None => self.check_memory_floor(spec).err(),
-            Some(_) => None,
-        };
         batch
             .into_iter()
-            .chain(floor)
             .chain(roles)
             .chain(self.callback_data_problems(spec))
             .collect()
     }
 
     /// An error from role `name`'s plugin, keyed `models.<name>.<key>` in this config file.
-    pub(super) fn role_error(&self, name: &str, e: ConfigError) -> ConfigError {
+    fn role_error(&self, name: &str, e: ConfigError) -> ConfigError {
         e.in_section(&format!("models.{name}")).in_file(&self.path)
     }
 }

@@ -63,7 +63,7 @@ impl LoadedConfig {
             Training::Full => true,
         };
         let block_inputs = match info {
-            Some(info) if keeps_inputs => tokens(&info, spec)
+            Some(info) if keeps_inputs => (info.tokens(spec.frames, spec.height, spec.width))
                 .and_then(|tokens| {
                     memory::block_input_bytes(
                         self.samples_per_device(),
@@ -97,13 +97,4 @@ impl LoadedConfig {
             None => (batch / runtime.worker_devices().len().max(1)).max(1),
         }
     }
-}
-
-/// Tokens of one sample of `spec` for a model of `info` (`None`: more than a `u128` counts,
-/// or a zero patch).
-fn tokens(info: &crate::model::ModelInfo, spec: &DataSpec) -> Option<u128> {
-    let axes = [spec.frames, spec.height, spec.width];
-    (axes.iter().zip(info.patch_size)).try_fold(1u128, |acc, (&size, patch)| {
-        acc.checked_mul(size.checked_div(patch)? as u128)
-    })
 }

@@ -209,7 +209,7 @@ impl fmt::Display for MemoryFloor {
 /// than a `u128` counts.
 pub fn block_input_bytes(
     batch: usize,
-    tokens: u128,
+    tokens: usize,
     hidden: usize,
     blocks: usize,
     precision: Precision,
@@ -218,9 +218,9 @@ pub fn block_input_bytes(
         Precision::Bf16 => 2,
         Precision::F32 => 4,
     };
-    [batch as u128, tokens, hidden as u128, blocks as u128]
+    [batch, tokens, hidden, blocks]
         .iter()
-        .try_fold(bytes, |acc: u128, &d| acc.checked_mul(d))
+        .try_fold(bytes, |acc: u128, &d| acc.checked_mul(d as u128))
 }
 
 #[cfg(test)]
@@ -365,7 +365,7 @@ mod tests {
         let bf16 = block_input_bytes(2, 8190, 1536, 30, Precision::Bf16).unwrap();
         assert_eq!(2 * bf16, f32);
         assert_eq!(
-            block_input_bytes(usize::MAX, u128::MAX, usize::MAX, 2, Precision::F32),
+            block_input_bytes(usize::MAX, usize::MAX, usize::MAX, 2, Precision::F32),
             None
         );
     }

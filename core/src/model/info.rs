@@ -65,10 +65,13 @@ impl ModelInfo {
         Ok(())
     }
 
-    /// Video tokens of a clip of `frames × height × width` latents (one per patch).
-    pub fn tokens(&self, frames: usize, height: usize, width: usize) -> usize {
-        let [pt, ph, pw] = self.patch_size;
-        (frames / pt) * (height / ph) * (width / pw)
+    /// Video tokens of a clip of `frames × height × width` latents (one per patch); `None`
+    /// when more than a `usize` counts (or a patch size is zero).
+    pub fn tokens(&self, frames: usize, height: usize, width: usize) -> Option<usize> {
+        let mut axes = [frames, height, width].into_iter().zip(self.patch_size);
+        axes.try_fold(1usize, |acc, (size, patch)| {
+            acc.checked_mul(size.checked_div(patch)?)
+        })
     }
 }
 
@@ -143,6 +146,7 @@ mod tests {
         );
         INFO.check_data("critic", &DataSpec::for_tests(4, 12, 12))
             .unwrap();
-        assert_eq!(INFO.tokens(8, 12, 12), 2 * 6 * 6);
+        assert_eq!(INFO.tokens(8, 12, 12), Some(2 * 6 * 6));
+        assert_eq!(INFO.tokens(usize::MAX, usize::MAX, 12), None);
     }
 }

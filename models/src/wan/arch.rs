@@ -88,16 +88,12 @@ impl WanArch {
             .map_err(|e| ConfigError::new("preset", e.to_string()))?;
         Ok(cfg)
     }
+}
 
-    /// The role's model with lazily initialised parameters: their shapes, no memory.
-    fn lazy_model(
-        &self,
-        resolve: &dyn Fn(&Path) -> PathBuf,
-    ) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
-        self.wan_config(resolve)?
-            .try_init(&Default::default(), 0)
-            .map_err(|e| ConfigError::new("preset", e.to_string()))
-    }
+/// The model of `cfg` with lazily initialised parameters: their shapes, no memory.
+fn lazy_model(cfg: &WanConfig) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
+    cfg.try_init(&Default::default(), 0)
+        .map_err(|e| ConfigError::new("preset", e.to_string()))
 }
 
 impl WanConfig {
@@ -140,11 +136,11 @@ impl ModelConfig for WanArch {
         role: &RoleConfig,
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<(), ConfigError> {
-        self.wan_config(resolve)?;
+        let cfg = self.wan_config(resolve)?;
         let Some(weights) = &role.weights else {
             return Ok(());
         };
-        let model = self.lazy_model(resolve)?;
+        let model = lazy_model(&cfg)?;
         super::weights::check_weights(&model, resolve(weights))
             .map_err(|e| ConfigError::new("weights", e.to_string()))
     }
@@ -165,7 +161,7 @@ impl ModelConfig for WanArch {
         _role: &RoleConfig,
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<Option<u64>, ConfigError> {
-        let model = self.lazy_model(resolve)?;
+        let model = lazy_model(&self.wan_config(resolve)?)?;
         let shapes = reel_core::params::named_param_shapes(&model);
         let count = |s: &reel_core::params::ParamShape| s.shape.iter().product::<usize>() as u64;
         Ok(Some(shapes.iter().map(count).sum()))
