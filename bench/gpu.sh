@@ -26,7 +26,8 @@
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
 # (when they are not the `cuda` default, cuBLAS on CubeCL's stream), and with each pin of
 # STEP_PINS (default "cublas-async": cuBLAS ordered on the device), and, with ATTENTION flash, once with
-# each value of REEL_FLASH in FLASH_PINS (default "cudnn": attention on cuDNN) and the fastest
+# each value of REEL_FLASH in FLASH_PINS (default "reel": Reel's tiled kernels, where the
+# `cuda` default is cuDNN's) and the fastest
 # matmul pin so far; then, with the variant (and pins) that was fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
 # autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
 # phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
@@ -118,10 +119,12 @@ case $PLAN in
     # which the matmul-alone run cannot rank in a step (it times each product alone).
     STEP_PINS=${STEP_PINS-"cublas-async"}
     # The 8190-token step again with each of these REEL_FLASH values (`flash` attention only):
-    # the attention on cuDNN's fused engines, PyTorch's on Hopper. The attention-alone run (a
-    # `flash cudnn` row) then runs whatever ATTENTION is.
-    FLASH_PINS=${FLASH_PINS-"cudnn"}
-    STEPS=${STEPS:-2}
+    # Reel's tiled kernels, where the `cuda` default is cuDNN's fused engines (PyTorch's on
+    # Hopper). The attention-alone run (its `flash` and `flash cudnn` rows) then runs whatever
+    # ATTENTION is.
+    FLASH_PINS=${FLASH_PINS-"reel"}
+    # Four timed steps: two left medians that were means of 588 and 703 ms (H200, 2026-11-30).
+    STEPS=${STEPS:-4}
     WARMUP=${WARMUP:-1}
     # One timed VAE decode/encode of 81x480x832 (after the warm-up) is enough for the table.
     ENCODER_STEPS=${ENCODER_STEPS:-1}
@@ -300,9 +303,14 @@ breakdown_job() { # RUN VARIANT SHAPE
   [[ $1 == *-flash ]] && attention=flash
   job breakdown method="$1" variant="$2" -- "$BIN_DIR/reel-cuda-$2" bench --breakdown \
     --backend cuda --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
-    --steps "$STEPS" --warmup "$WARMUP" --dtype bf16 --gradient-checkpointing \
+    --steps "$STEPS" --warmup "$(breakdown_warmup)" --dtype bf16 --gradient-checkpointing \
     --attention "$attention" "${extra[@]}" --json
 }
+
+# A breakdown's warm-up steps: at least two. An EMA's first update only copies the weights, so
+# its kernel first runs (and compiles) in the second step: after one warm-up step the
+# `callbacks` phase held that compile (413 ms of a 12.6-ms EMA; H200, 2026-11-30).
+breakdown_warmup() { echo $((WARMUP > 2 ? WARMUP : 2)); }
 
 # A shipped run config at FastVideo's 77x448x832 clips (20x56x104 latents, 29120 tokens):
 # random weights of its shapes, random data of that shape, the tensor-core attention on every
@@ -314,7 +322,7 @@ config_job() { # CONFIG VARIANT STEPS
     grep -q "^\[models.$role\]" "$1" && sets+=(--set "models.$role.attention=\"$ATTENTION\"")
   done
   job breakdown method="$1" variant="$2" attention="$(attention_label "$ATTENTION")" -- "$BIN_DIR/reel-cuda-$2" \
-    bench --breakdown --config "$1" --random-weights --steps "$3" --warmup 1 "${sets[@]}" --json
+    bench --breakdown --config "$1" --random-weights --steps "$3" --warmup "$(breakdown_warmup)" "${sets[@]}" --json
 }
 
 # The blocks' self-attention alone at SHAPE in bf16: every Reel kernel (`reel bench
@@ -367,7 +375,8 @@ PY
 # The attention mode for the manifest: with REEL_TILED_TILES set, its launch shapes too.
 # With REEL_BLOCK_KERNELS set (`off`: the norms, bias gradients and GELU as Burn tensor
 # operations), that too.
-# With REEL_MATMUL set (a pinned cubek matmul kernel), that too, and REEL_FLASH (`cudnn`).
+# With REEL_MATMUL set (a pinned cubek matmul kernel), that too, and REEL_FLASH (`reel` or
+# `cudnn`).
 attention_label() {
   echo "$1${REEL_TILED_TILES:+ (tiles $REEL_TILED_TILES)}${REEL_BLOCK_KERNELS:+ (block kernels $REEL_BLOCK_KERNELS)}${REEL_MATMUL:+ (matmul $REEL_MATMUL)}${REEL_FLASH:+ (flash $REEL_FLASH)}"
 }

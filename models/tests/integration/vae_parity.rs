@@ -414,12 +414,17 @@ fn tiled_decode_follows_diffusers_tiling() {
 }
 
 /// The golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda --test
-/// integration -- vae_parity::cuda`). Burn's CUDA matmul and convolution run float32 products on
-/// TF32 tensor cores, so the bar is TF32's (10-bit mantissa): 2e-3 · max(1, max|ref|).
+/// integration -- vae_parity::cuda`). The convolutions run as products on cuBLAS with TF32
+/// (`vae::conv_gemm`, as PyTorch's cuDNN convolutions do by default), so errors of TF32's
+/// 10-bit mantissa add up through the encoder's and decoder's thirty-odd convolutions: on an
+/// H200 (2026-11-30, `bench/results/2026-11-30-NVIDIA-H200-cuda-tests.log`) the largest was
+/// 5.0e-3 on the decoded video (max|ref| 1, clamped, from activations of up to 4.8) and
+/// 7.4e-3 on the last up block (max|ref| 4.8), where Burn's direct float32 convolutions had
+/// given 1.9e-3. The bar is twice that: 1e-2 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {
     #[test]
     fn cuda_vae_matches_diffusers() {
-        super::parity_on::<burn::backend::Cuda>(&Default::default(), |scale| 2e-3 * scale.max(1.0));
+        super::parity_on::<burn::backend::Cuda>(&Default::default(), |scale| 1e-2 * scale.max(1.0));
     }
 }

@@ -4,7 +4,8 @@
 //! `fused`, `flash`; `--attention <mode>` times that one alone) with the forward without gradients
 //! and the forward plus backward, and with `flash` one row of cubek's tensor-core flash forward by
 //! itself (the plain CubeCL backends only) and, in a `cuda` build, one of `flash` on cuDNN (`flash
-//! cudnn`, `REEL_FLASH`); `--tiles SPEC` adds a `flash` row per launch shape of the tiled kernels.
+//! cudnn`, the `cuda` default; the `flash` row is Reel's tiled kernels whatever `REEL_FLASH`
+//! says); `--tiles SPEC` adds a `flash` row per launch shape of the tiled kernels.
 //! A GPU session learns in seconds which kernel (and which shape) is slow, without the minutes of a
 //! full model step; `bench/pytorch/bench_wan.py --attention-only` times PyTorch's
 //! `scaled_dot_product_attention` on the same shapes.
@@ -179,6 +180,9 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         mode => vec![mode],
     };
     let mut rows = vec![];
+    // The `flash` rows time Reel's kernels; cuDNN's (the `cuda` default) get a row of their own.
+    #[cfg(feature = "cuda")]
+    reel_models::wan::fused_attention::cudnn::choose(Some(false));
     for &mode in &modes {
         let row = mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape, &check)?;
         rows.push(row);
@@ -192,6 +196,8 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         #[cfg(feature = "cuda")]
         rows.push(cudnn_row::<B>(args, [&q, &k, &v], shape, &check)?);
     }
+    #[cfg(feature = "cuda")]
+    reel_models::wan::fused_attention::cudnn::choose(None);
     Ok(rows)
 }
 
@@ -384,7 +390,7 @@ fn train_time<B: AutodiffBackend>(
     Ok(ms)
 }
 
-/// The `flash` row on cuDNN (`REEL_FLASH=cudnn`), or, where one untimed forward finds that
+/// The `flash` row on cuDNN (the `cuda` default), or, where one untimed forward finds that
 /// cuDNN does not run (another backend, no `libcudnn`, a shape it refuses: the reason is on
 /// stderr), a row saying so; a row whose backward fell back to Reel's kernels says that too.
 #[cfg(feature = "cuda")]

@@ -64,7 +64,8 @@ pub struct BenchArgs {
     /// Timed repetitions.
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
-    /// Untimed warm-up repetitions.
+    /// Untimed warm-up repetitions. With `--breakdown` and an EMA, keep two or more: an EMA's
+    /// first update only copies the weights, so its kernel first compiles in the second step.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Backend: `cpu` (ndarray, the default), `flex`, `cuda` (build with `--features cuda`),

@@ -626,6 +626,8 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
 #[test]
 fn cuda_tensor_core_tiled_attention_matches_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    // Reel's kernels, not cuDNN's (the `cuda` default of `flash`), on this test's thread.
+    cudnn::choose(Some(false));
     let wan = [(200, 150, 128, 128)];
     let (bf16, f16) = (
         burn::tensor::FloatDType::BF16,
@@ -646,6 +648,7 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 #[test]
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    cudnn::choose(Some(false));
     let wan = [(200, 150, 128, 128)];
     let (bf16, f16) = (
         burn::tensor::FloatDType::BF16,

@@ -1,8 +1,15 @@
-//! Attention on NVIDIA's cuDNN (`REEL_FLASH=cudnn`): the fused flash-attention engines
-//! PyTorch's `scaled_dot_product_attention` runs on Hopper, through cuDNN's graph API.
+//! Attention on NVIDIA's cuDNN (the `cuda` default; `REEL_FLASH=reel` opts out): the fused
+//! flash-attention engines PyTorch's `scaled_dot_product_attention` runs on Hopper, through
+//! cuDNN's graph API.
 //!
 //! With `attention = "flash"`, the bf16/f16 forwards (tracked or not) and backwards run here
-//! when the variable is set. cuDNN's saved statistics are Reel's log-sum-exp (both
+//! unless `REEL_FLASH=reel`. The default since the H200 run of 2026-11-30
+//! (`bench/results/2026-11-30-NVIDIA-H200-late.md`): the attention alone at Wan's 8190 tokens
+//! took 0.96 ms forward and 2.94 ms forward + backward on cuDNN against 2.26 and 8.84 ms on
+//! Reel's tiled kernels, and the 29120-token training step 0.93× PyTorch's. cuDNN's backward
+//! sums `dQ` with float32 atomics, so two GPU runs may differ in the last bits (PyTorch's
+//! default too); Reel's kernels make `dQ` in a pass of their own, and `REEL_FLASH=reel` gives
+//! runs that repeat bit for bit. cuDNN's saved statistics are Reel's log-sum-exp (both
 //! `max + ln Σ exp` of the scaled scores, float32, `[B, H, Sq]`), so a forward on one and a
 //! backward on the other agree. Where cuDNN cannot run a call (no `libcudnn`, another dtype,
 //! a head dim cuDNN does not take, no engine), one line on stderr says why and Reel's tiled
@@ -28,8 +35,8 @@ use burn_cubecl::CubeRuntime;
 use cubecl::cuda::CudaRuntime;
 use cudarc::cudnn::sys as dnn;
 
-/// The environment variable that picks the `flash` kernels' library: `cudnn`, or `reel` (the
-/// default).
+/// The environment variable that picks the `flash` kernels' library: `cudnn` (the default), or
+/// `reel` (Reel's tiled kernels, which repeat bit for bit).
 pub const FLASH_ENV: &str = "REEL_FLASH";
 
 /// Why cuDNN did not run an attention call.
@@ -65,18 +72,19 @@ thread_local! {
 }
 
 /// Whether the `flash` attention runs on cuDNN: this thread's [`choose`], else [`FLASH_ENV`]
-/// (read once; another value than `cudnn` or `reel` is named on stderr and means `reel`).
+/// (read once; unset is `cudnn`; another value than `cudnn` or `reel` is named on stderr and
+/// means `cudnn`).
 pub fn chosen() -> bool {
     static ENV: OnceLock<bool> = OnceLock::new();
     CHOSEN.with(Cell::get).unwrap_or_else(|| {
         *ENV.get_or_init(|| match std::env::var(FLASH_ENV).as_deref() {
-            Ok("cudnn") => true,
-            Ok("reel") | Err(_) => false,
+            Ok("cudnn") | Err(_) => true,
+            Ok("reel") => false,
             Ok(other) => {
                 eprintln!(
-                    "reel: {FLASH_ENV}={other:?} is neither \"cudnn\" nor \"reel\"; using reel"
+                    "reel: {FLASH_ENV}={other:?} is neither \"cudnn\" nor \"reel\"; using cudnn"
                 );
-                false
+                true
             }
         })
     })
@@ -132,7 +140,10 @@ fn noted<T>(result: Result<T, CudnnError>) -> Option<T> {
             let why = e.to_string();
             let mut noted = NOTED.lock().unwrap_or_else(|e| e.into_inner());
             if !noted.contains(&why) {
-                eprintln!("reel: {FLASH_ENV}=cudnn: {why}; Reel's attention kernels run instead");
+                eprintln!(
+                    "reel: flash attention on cuDNN: {why}; Reel's attention kernels run instead \
+                     ({FLASH_ENV}=reel chooses them from the start)"
+                );
                 noted.push(why);
             }
         })
