@@ -28,12 +28,15 @@
 # STEP_PINS (default "cublas-async": cuBLAS ordered on the device), and, with ATTENTION flash, once with
 # each value of REEL_FLASH in FLASH_PINS (default "reel": Reel's tiled kernels, where the
 # `cuda` default is cuDNN's) and the fastest
-# matmul pin so far; then, with the variant (and pins) that was fastest there, one step profiled per kernel (CubeCL's profiler, `profile_job`; with
-# autotune, its choices are logged too), the fine-tuning step's breakdown (`--breakdown`: each
+# matmul pin so far; then, with the variant (and pins) that was fastest there, one step
+# profiled per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged
+# too; at PROFILE_SHAPE, default 8,32,32: 2048 tokens, with PROFILE_CKPT, default 0: no
+# checkpointing), the fine-tuning step's breakdown (`--breakdown`: each
 # phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
 # tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
-# configs/finetune_wan.toml, and last UMT5 on 512 tokens and the VAE decode/encode of
+# configs/finetune_wan.toml, and last the VAE's encode and decode of a small clip profiled per
+# kernel (VAE_PROFILE, VAE_PROFILE_VIDEO), UMT5 on 512 tokens and the VAE decode/encode of
 # 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS).
 # What the budget leaves out is listed as skipped. PROFILE=0 skips the profiled step and
 # BLOCK_KERNELS_OFF=0 the step with REEL_BLOCK_KERNELS=off (both already measured once).
@@ -274,8 +277,10 @@ reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
 # unprofiled; the warm-up's launches include their compilation) and log one line per launch.
 # The summary keeps the later half of each kernel's launches (the timed step's, after the
 # warm-up step's) and adds them up per kernel.
-profile_job() { # VARIANT ATTENTION SHAPE
-  local f h w dir=$tmp/profile bin; read -r f h w <<<"${3//,/ }"
+profile_job() { # VARIANT ATTENTION SHAPE [CKPT, default 1]
+  local f h w dir=$tmp/profile-$3 bin ckpt=(--gradient-checkpointing)
+  read -r f h w <<<"${3//,/ }"
+  [[ ${4:-1} == 1 ]] || ckpt=()
   bin=$(realpath "$BIN_DIR/reel-cuda-$1")
   mkdir -p "$dir"
   # With `autotune`: a fresh tuning cache in the job's directory, and the kernel each tuning
@@ -284,14 +289,28 @@ profile_job() { # VARIANT ATTENTION SHAPE
     "$dir/cubecl.log" >"$dir/cubecl.toml"
   printf '[autotune]\ncache = "local"\n[autotune.logger]\nlevel = "minimal"\nfile = "%s"\nappend = false\n' \
     "$dir/autotune.log" >>"$dir/cubecl.toml"
-  job kernels variant="$1" attention="$(attention_label "$2")" shape="$3" log="$dir/cubecl.log" \
-    -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda --preset "$PRESET" \
-    --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 --attention "$2" \
-    --dtype bf16 --gradient-checkpointing --json
+  job kernels variant="$1" attention="$(attention_label "$2")" shape="$3" ckpt="${4:-1}" \
+    log="$dir/cubecl.log" -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda \
+    --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 \
+    --attention "$2" --dtype bf16 "${ckpt[@]}" --json
   if [[ -s $dir/autotune.log ]]; then
     cp "$dir/autotune.log" "$out-autotune.log"
     if [[ -n ${OUT:-} ]]; then cp "$dir/autotune.log" "$OUT/"; fi
   fi
+}
+
+# The VAE's OP (`encode` or `decode`) of a small clip (VAE_PROFILE_VIDEO, default "9 256 256":
+# F H W), profiled per kernel as profile_job profiles a step: where the pass's GPU time goes.
+vae_profile_job() { # VARIANT OP
+  local dir=$tmp/vae-profile-$2 bin video=${VAE_PROFILE_VIDEO:-9 256 256}
+  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
+  mkdir -p "$dir"
+  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false\n' \
+    "$dir/cubecl.log" >"$dir/cubecl.toml"
+  # shellcheck disable=SC2086 # the video's three numbers are three arguments
+  job kernels variant="$1" label="the VAE's $2 of ${video// /x} (one pass after one warm-up)" \
+    log="$dir/cubecl.log" -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda \
+    --vae wan2.1 --video $video --vae-op "$2" --steps 1 --warmup 1 --json
 }
 
 # `finetune-unfused`: AdamW and EMA as Burn tensor operations (optimizer.fused = false), for
@@ -489,7 +508,11 @@ long_runs() { # VARIANT
 
 # UMT5 and the VAE: each run of ENCODER_RUNS.
 encoder_runs() { # VARIANT
-  local specs spec
+  local specs spec op
+  # The VAE's passes per kernel first (seconds each; VAE_PROFILE=0 skips them).
+  if [[ ${VAE_PROFILE:-1} == 1 ]]; then
+    for op in encode decode; do vae_profile_job "$1" "$op"; done
+  fi
   IFS=';' read -r -a specs <<<"$ENCODER_RUNS"
   for spec in "${specs[@]}"; do encoder_job "$1" "$spec"; done
 }
@@ -559,7 +582,11 @@ elif [[ $PLAN == session ]]; then
   if [[ ${best_matmul:--} != - ]]; then export REEL_MATMUL=$best_matmul; fi
   if [[ ${best_flash:--} != - ]]; then export REEL_FLASH=$best_flash; fi
   echo "fastest variant at 8190 tokens: $best${REEL_MATMUL:+ with REEL_MATMUL=$REEL_MATMUL}${REEL_FLASH:+ REEL_FLASH=$REEL_FLASH}" >&2
-  if [[ ${PROFILE:-1} == 1 ]]; then profile_job "$best" "$ATTENTION" 21,30,52; fi
+  # One step per kernel at 2048 tokens without checkpointing, the row furthest from PyTorch's:
+  # the kernels' GPU time against the step's (PROFILE_SHAPE, PROFILE_CKPT).
+  if [[ ${PROFILE:-1} == 1 ]]; then
+    profile_job "$best" "$ATTENTION" "${PROFILE_SHAPE:-8,32,32}" "${PROFILE_CKPT:-0}"
+  fi
   # The fine-tuning step's phases, each with its host time (whether the GPU or the host sets
   # the pace; a breakdown run's attention follows its RUN name: `-flash` for flash).
   if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash "$best" 21,30,52

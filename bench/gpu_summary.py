@@ -211,22 +211,29 @@ def kernels_of(jobs):
         try:
             times = kernel_times(j["log"])
         except Exception as e:
-            out.append(dict(variant=j["variant"], attention=j["attention"], shape=j["shape"],
+            out.append(dict(what=profile_what(j),
                             error=error(j) if j["rc"] != "0" else f"no profile log ({e})"))
             continue
         total = sum(ms for _, _, ms in times) or 1.0
-        out.append(dict(variant=j["variant"], attention=j["attention"], shape=j["shape"],
-                        rc=j["rc"], total_ms=total,
+        out.append(dict(what=profile_what(j), rc=j["rc"], total_ms=total,
                         kernels=[dict(name=n, launches=c, ms=ms, share=ms / total)
                                  for n, c, ms in times]))
     return out
 
 
+def profile_what(j):
+    """What a profile job ran: its `label`, or the training step's settings."""
+    if "label" in j:
+        return f"{j['label']}, {j['variant']}"
+    ckpt = "checkpointing" if j.get("ckpt", "1") == "1" else "no checkpointing"
+    return (f"one profiled step ({j['variant']}, {j['attention']}, latent {j.get('shape', '')}, "
+            f"bf16, {ckpt})")
+
+
 def kernel_lines(profiles, top=15):
     lines = []
     for p in profiles:
-        lines += ["", f"Kernels of one profiled step ({p['variant']}, {p['attention']}, "
-                  f"latent {p.get('shape', '')}, bf16, checkpointing; each launch timed alone):"]
+        lines += ["", f"Kernels of {p['what']}; each launch timed alone:"]
         if "error" in p:
             lines.append(failed(p["error"]))
             continue

@@ -260,6 +260,21 @@ fn vae_and_text_encoder_timings_have_the_models_shapes() {
             "{err}"
         );
     }
+    // `--vae-op encode`: the encode alone, of a random video of the size asked for.
+    let out = Command::new(BIN)
+        .args([
+            "bench", "--json", "--steps", "1", "--warmup", "0", "--vae-op", "encode",
+        ])
+        .arg("--vae")
+        .arg(&vae)
+        .args(["--video", "5", "16", "24"])
+        .output()
+        .expect("reel runs");
+    let only: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(only.as_array().map(Vec::len), Some(1), "{only}");
+    assert_eq!(only[0]["op"], "vae encode");
+    assert_eq!(only[0]["input"], serde_json::json!([1, 3, 5, 16, 24]));
+    assert_eq!(&only[0]["output"], &rows[0]["input"]);
     let out = Command::new(BIN)
         .args(["bench", "--vae", "no/such/vae"])
         .output()

@@ -42,6 +42,17 @@ pub struct EncoderRow {
     pub kernels: String,
 }
 
+/// Which of the VAE's passes `reel bench --vae` times (`--vae-op`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VaeOp {
+    /// The decode of random latents, then the encode of the decoded video.
+    Both,
+    /// The decode alone.
+    Decode,
+    /// The encode alone, of a random video in [-1, 1].
+    Encode,
+}
+
 /// Wan's text encoder (`google/umt5-xxl`, as in `Wan2.1-T2V-*/text_encoder/config.json`).
 const UMT5_XXL: &str = r#"{"vocab_size": 256384, "d_model": 4096, "d_kv": 64, "d_ff": 10240,
   "num_layers": 24, "num_heads": 64, "feed_forward_proj": "gated-gelu"}"#;
@@ -101,36 +112,51 @@ fn vae_rows<B: Backend>(
     let tiling =
         (args.vae_tile.map(|t| Tiling::overlapping(t, s)).transpose()).context("--vae-tile")?;
     let mut rng = StreamRng::from_seed(0);
-    let z: Tensor<B, 5> = rng.normal_tensor([1, c.z_dim, lf, h / s, w / s], device);
-    let (ms, video) = time::<B, _>(args, "vae decode", device, || {
-        Ok(match &tiling {
-            Some(t) => vae.tiled_decode(z.clone(), t)?,
-            None => vae.decode(z.clone())?,
-        })
-    })?;
     let kernels = format!("conv {}, matmul {}", ConvImpl::of::<B>().name(), pin::<B>());
-    let mut rows = vec![EncoderRow {
-        op: "vae decode".into(),
-        input: z.dims().to_vec(),
-        output: video.dims().to_vec(),
+    let row = |op: &str, input: Vec<usize>, output: Vec<usize>, ms| EncoderRow {
+        op: op.into(),
+        input,
+        output,
         ms,
         peak_rss_mib: peak_rss_mib(),
         kernels: kernels.clone(),
-    }];
-    let (ms, mean) = time::<B, _>(args, "vae encode", device, || {
-        Ok(match &tiling {
-            Some(t) => vae.tiled_encode(video.clone(), t)?.mean,
-            None => vae.encode(video.clone())?.mean,
-        })
-    })?;
-    rows.push(EncoderRow {
-        op: "vae encode".into(),
-        input: video.dims().to_vec(),
-        output: mean.dims().to_vec(),
-        ms,
-        peak_rss_mib: peak_rss_mib(),
-        kernels,
-    });
+    };
+    let mut rows = vec![];
+    let mut video = None;
+    if args.vae_op != VaeOp::Encode {
+        let z: Tensor<B, 5> = rng.normal_tensor([1, c.z_dim, lf, h / s, w / s], device);
+        let (ms, out) = time::<B, _>(args, "vae decode", device, || {
+            Ok(match &tiling {
+                Some(t) => vae.tiled_decode(z.clone(), t)?,
+                None => vae.decode(z.clone())?,
+            })
+        })?;
+        rows.push(row(
+            "vae decode",
+            z.dims().to_vec(),
+            out.dims().to_vec(),
+            ms,
+        ));
+        video = Some(out);
+    }
+    if args.vae_op != VaeOp::Decode {
+        let video = video.unwrap_or_else(|| {
+            let v: Tensor<B, 5> = rng.normal_tensor([1, 3, f, h, w], device);
+            v.clamp(-1.0, 1.0)
+        });
+        let (ms, mean) = time::<B, _>(args, "vae encode", device, || {
+            Ok(match &tiling {
+                Some(t) => vae.tiled_encode(video.clone(), t)?.mean,
+                None => vae.encode(video.clone())?.mean,
+            })
+        })?;
+        rows.push(row(
+            "vae encode",
+            video.dims().to_vec(),
+            mean.dims().to_vec(),
+            ms,
+        ));
+    }
     Ok(rows)
 }
 

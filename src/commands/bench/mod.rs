@@ -131,6 +131,10 @@ pub struct BenchArgs {
     /// With `--vae`: decode and encode in overlapping square tiles of this many pixels.
     #[arg(long, requires = "vae")]
     pub vae_tile: Option<usize>,
+    /// With `--vae`: the passes to time: `both` (the decode, then the encode of the decoded
+    /// video), `decode`, or `encode` (of a random video).
+    #[arg(long, value_enum, default_value = "both", requires = "vae")]
+    pub vae_op: encoders::VaeOp,
     /// Time UMT5's encoding of `--batch` prompts of `--text-len` tokens instead of the DiT: a
     /// `text_encoder/` folder, a `config.json` (random weights), or `umt5-xxl` (random weights
     /// of Wan's text encoder).
