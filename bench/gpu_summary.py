@@ -287,6 +287,14 @@ def describe(job):
 
 
 STEP_LINE = re.compile(r"^bench: .*: step \d+/\d+ \(([^)]*)\) ([0-9.]+) ms$")
+SETUP_LINE = re.compile(r"^bench: .*, setup: inputs and random weights on the device in ([0-9.]+) s$")
+
+
+def setup_seconds(job):
+    """Seconds a `reel bench` run spent making its inputs and random weights (its stderr line);
+    None for runs that print none."""
+    found = [float(m.group(1)) for m in map(SETUP_LINE.match, err_lines(job)) if m]
+    return round(sum(found), 1) if found else None
 
 
 def step_seconds(job):
@@ -308,7 +316,7 @@ def timeline_of(jobs):
     for j in (j for j in jobs if j["rc"] != "skipped"):
         warmup_s, timed_s = step_seconds(j)
         out.append(dict(run=describe(j), rc=j["rc"], secs=int(j["secs"]) if j.get("secs") else None,
-                        warmup_s=warmup_s, timed_s=timed_s))
+                        warmup_s=warmup_s, timed_s=timed_s, setup_s=setup_seconds(j)))
     return out
 
 
@@ -316,15 +324,16 @@ def timeline_lines(timeline):
     if not timeline:
         return []
     lines = ["", "Wall time of each run (s; the machine's start and the transfers not counted; "
-             "Reel's warm-up steps hold the kernels' compilation, the rest is the start and the "
-             "random weights):", "",
-             "| run | exit | s | warm-up steps s | timed steps s | rest s |", "|---|---|---|---|---|---|"]
+             "Reel's warm-up steps hold the kernels' compilation, its setup the inputs and random "
+             "weights, the rest is the process's start and end):", "",
+             "| run | exit | s | setup s | warm-up steps s | timed steps s | rest s |",
+             "|---|---|---|---|---|---|---|"]
     for t in timeline:
-        warm, timed = t.get("warmup_s"), t.get("timed_s")
-        rest = (t["secs"] - warm - timed if t["secs"] is not None and warm is not None
-                and timed is not None else None)
-        lines.append(f"| {t['run']} | {t['rc']} | {fmt(t['secs'], 0)} | {fmt(warm)} | "
-                     f"{fmt(timed)} | {fmt(rest)} |")
+        warm, timed, setup = t.get("warmup_s"), t.get("timed_s"), t.get("setup_s")
+        rest = (t["secs"] - warm - timed - (setup or 0) if t["secs"] is not None
+                and warm is not None and timed is not None else None)
+        lines.append(f"| {t['run']} | {t['rc']} | {fmt(t['secs'], 0)} | {fmt(setup)} | "
+                     f"{fmt(warm)} | {fmt(timed)} | {fmt(rest)} |")
     return lines
 
 

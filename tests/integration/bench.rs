@@ -494,3 +494,34 @@ fn matmul_only_times_a_blocks_products_and_names_the_best_kernel() {
         "{err}"
     );
 }
+
+/// `reel bench` without `--breakdown`: one row for the preset with its parameter count (the
+/// built model's), its tokens (the shape under the preset's patch), timed steps, and the
+/// setup line on stderr (what a GPU session spends before the first step).
+#[test]
+fn a_presets_step_row_counts_its_parameters_and_tokens() {
+    let (f, h, w) = (2usize, 4usize, 4usize);
+    let dims = [f, h, w].map(|d| d.to_string());
+    let out = Command::new(BIN)
+        .args(["bench", "--json", "--steps", "1", "--warmup", "0"])
+        .args([
+            "--preset", "wan-tiny", "--shape", &dims[0], &dims[1], &dims[2],
+        ])
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    let cfg = reel_models::WanConfig::preset("wan-tiny").unwrap();
+    let model = cfg.init::<burn::backend::NdArray>(&Default::default());
+    let params = burn::module::Module::num_params(&model) as u64;
+    assert_eq!(rows[0]["trainable_params"].as_u64(), Some(params));
+    let tokens = cfg.model_info().tokens(f, h, w).unwrap() as u64;
+    assert_eq!(rows[0]["tokens"].as_u64(), Some(tokens));
+    assert!(rows[0]["train_step_ms"]["median"].as_f64().unwrap() > 0.0);
+    assert!(
+        err.contains(", setup: inputs and random weights on the device in "),
+        "{err}"
+    );
+}

@@ -37,7 +37,7 @@ use reel_core::config::Precision;
 use reel_core::flow::{add_noise, timesteps_from_sigmas};
 use reel_core::optim::OptimizerConfig;
 use reel_core::rng::StreamRng;
-use reel_core::role::{RoleHandle, TrainableRole};
+use reel_core::role::{RoleHandle, RoleModule, TrainableRole};
 use reel_core::with_backend;
 use reel_methods::{flow_matching_loss, loss_of_prediction};
 use reel_models::lora::{apply_lora, LoraSpec};
@@ -284,6 +284,7 @@ fn run_one<B: AutodiffBackend>(
     let (cfg, tokens) = preset_tokens(args, preset)?;
     let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
     let b = args.batch;
+    let built = std::time::Instant::now();
     let mut rng = StreamRng::from_seed(0);
     let x0: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
     let noise: Tensor<B, 5> = rng.normal_tensor([b, cfg.in_channels, f, h, w], device);
@@ -312,6 +313,14 @@ fn run_one<B: AutodiffBackend>(
     );
 
     let what = |phase: &str| format!("{preset} {tokens} tokens x{b}, {phase}");
+    // What a GPU session spends before the first step (the device's start and the random
+    // weights), apart from the steps' own lines.
+    let _ = B::sync(device);
+    eprintln!(
+        "bench: {}: inputs and random weights on the device in {:.1} s",
+        what("setup"),
+        built.elapsed().as_secs_f64()
+    );
     let m = role.model_valid();
     let (fwd, ()) = time::<B, _>(args, &what("forward"), device, || {
         let out = m.forward(
@@ -359,10 +368,12 @@ fn run_one<B: AutodiffBackend>(
         step += 1;
         Ok(())
     })?;
+    // Counted from the shapes: reading the values back would copy every weight to the host.
     let trainable_params: usize = role
-        .trainable_tensors()
+        .model()
+        .trainable_params()
         .iter()
-        .map(|(_, t)| t.num_elements())
+        .map(|p| p.shape.iter().product::<usize>())
         .sum();
     let ffl = forward_flops(&cfg, b, tokens, args.text_len);
     Ok(BenchRow {
