@@ -299,6 +299,24 @@ profile_job() { # VARIANT ATTENTION SHAPE [CKPT, default 1]
   fi
 }
 
+# A training step with CubeCL's memory log (`[memory.logger] level = "full"` in a `cubecl.toml`
+# in the job's folder): the summary lists its pools' page sizes, the pages the run made and
+# the pools' usage report at the last one (bytes in use then, bytes reserved), which tells
+# the pools' slack from the step's own need. CubeCL 0.10's CUDA pools take pages of a quarter
+# of a quarter of the GPU's memory for allocations up to half that (9 GB on an H200, 5 GB on
+# an H100), and Reel cannot configure them (`DeviceService::init` uses the default options).
+memlog_job() { # VARIANT ATTENTION SHAPE
+  local f h w dir=$tmp/memlog-$3 bin; read -r f h w <<<"${3//,/ }"
+  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
+  mkdir -p "$dir"
+  printf '[memory.logger]\nlevel = "full"\nfile = "%s"\nappend = false\n' \
+    "$dir/memory.log" >"$dir/cubecl.toml"
+  job memlog variant="$1" attention="$(attention_label "$2")" shape="$3" log="$dir/memory.log" \
+    -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda --preset "$PRESET" \
+    --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 --attention "$2" --dtype bf16 \
+    --gradient-checkpointing --json
+}
+
 # The VAE's OP (`encode` or `decode`) of a small clip (VAE_PROFILE_VIDEO, default "9 256 256":
 # F H W), profiled per kernel as profile_job profiles a step: where the pass's GPU time goes.
 vae_profile_job() { # VARIANT OP
@@ -315,14 +333,16 @@ vae_profile_job() { # VARIANT OP
 
 # `finetune-unfused`: AdamW and EMA as Burn tensor operations (optimizer.fused = false), for
 # the `clip + optimizer` and `callbacks` phases side by side; `-flash`: attention = "flash"
-# (cubek's flash forward where no gradient flows, Reel's tiled kernels for training in bf16).
+# (the tensor-core attention: cuDNN's, or Reel's kernels); `-nockpt`: no checkpointing.
 breakdown_job() { # RUN VARIANT SHAPE
-  local method=${1%%-*} attention=fused extra=() f h w; read -r f h w <<<"${3//,/ }"
-  [[ $1 == *-unfused ]] && extra=(--set optimizer.fused=false)
-  [[ $1 == *-flash ]] && attention=flash
+  local method=${1%%-*} attention=fused extra=(--gradient-checkpointing) f h w
+  read -r f h w <<<"${3//,/ }"
+  [[ $1 == *-unfused* ]] && extra+=(--set optimizer.fused=false)
+  [[ $1 == *-flash* ]] && attention=flash
+  [[ $1 == *-nockpt* ]] && extra=("${extra[@]:1}")
   job breakdown method="$1" variant="$2" -- "$BIN_DIR/reel-cuda-$2" bench --breakdown \
     --backend cuda --method "$method" --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" \
-    --steps "$STEPS" --warmup "$(breakdown_warmup)" --dtype bf16 --gradient-checkpointing \
+    --steps "$STEPS" --warmup "$(breakdown_warmup)" --dtype bf16 \
     --attention "$attention" "${extra[@]}" --json
 }
 
@@ -598,8 +618,14 @@ elif [[ $PLAN == session ]]; then
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   config_job configs/dmd2_wan.toml "$best" "$DMD2_STEPS"
+  # Reel's 29120-token step held 27 % more GPU memory than PyTorch's on 2026-11-30: how much
+  # of it is the pools' pages (MEMLOG=0 skips this).
+  if [[ ${MEMLOG:-1} == 1 ]]; then memlog_job "$best" "$ATTENTION" 20,56,104; fi
   torch_job 8,32,32 bf16 0
   reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
+  # Where the 2048-token step's time goes (its ratio was the largest on 2026-11-30).
+  if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$best" 8,32,32
+  else breakdown_job finetune-nockpt "$best" 8,32,32; fi
   config_job configs/finetune_wan.toml "$best" "$STEPS"
   if [[ ${ENCODERS:-1} == 1 ]]; then encoder_runs "$best"; fi
 else

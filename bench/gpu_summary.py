@@ -230,6 +230,42 @@ def profile_what(j):
             f"bf16, {ckpt})")
 
 
+def memlogs_of(jobs):
+    """CubeCL's memory pools in each `memlog` job (bench/gpu.sh's memlog_job): its pools' page
+    sizes, how many pages the run made, and the pools' usage report when it made its last one
+    (bytes in use then against bytes reserved)."""
+    out = []
+    for j in (j for j in jobs if j["kind"] == "memlog"):
+        what = f"{j['variant']}, {j['attention']}, latent {j['shape']}, bf16, checkpointing"
+        try:
+            text = open(j["log"]).read()
+        except Exception as e:
+            out.append(dict(what=what, error=error(j) if j["rc"] != "0" else f"no log ({e})"))
+            continue
+        pools = sorted(set(re.findall(r"pool_type: (\w+ \{[^}]*\})", text)))
+        pages = text.count("Allocated a new memory page")
+        last = text.rfind("Allocated a new memory page")
+        report = text.find("Memory Usage Report:", max(last, 0))
+        usage = []
+        if last >= 0 and report >= 0:
+            usage = [l.strip() for l in text[report:].splitlines()[1:6] if l.strip()]
+        out.append(dict(what=what, rc=j["rc"], pools=pools, pages=pages, last_page_usage=usage))
+    return out
+
+
+def memlog_lines(memlogs):
+    lines = []
+    for m in memlogs:
+        lines += ["", f"CubeCL's memory pools ({m['what']}):"]
+        if "error" in m:
+            lines.append(failed(m["error"]))
+            continue
+        lines += ["", f"- {m['pages']} pages made; at the last one: " +
+                  ("; ".join(m["last_page_usage"]) or "no usage report in the log")]
+        lines += [f"- pool `{p}`" for p in m["pools"]]
+    return lines
+
+
 def kernel_lines(profiles, top=15):
     lines = []
     for p in profiles:
@@ -358,7 +394,9 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
     for b in breakdowns:
         what = (f"{b['method']} as shipped ({b['variant']}; random weights and data of its "
                 f"shapes, attention {b.get('attention', 'flash')})" if b["method"].endswith(".toml")
-                else f"{b['method']} ({b['variant']}, bf16, checkpointing)")
+                else f"{b['method']} ({b['variant']}, bf16, "
+                     f"{'no checkpointing' if 'nockpt' in b['method'] else 'checkpointing'}"
+                     f"{', %s tokens' % b['tokens'] if 'tokens' in b else ''})")
         floor = (f" (the roles' floor: {fmt(b['floor_mib'], 0)} MiB)" if "floor_mib" in b
                  else "")
         lines += ["", f"Breakdown, {what}, GPU peak {fmt(b.get('gpu_mib'), 0)} MiB{floor}:"]
@@ -404,6 +442,7 @@ def main():
     jobs = [json.loads(l) for l in open(manifest) if l.strip()]
     rows, breakdowns, encoders = rows_of(jobs, gpu, date), breakdowns_of(jobs), encoders_of(jobs)
     attention, profiles, matmul = attention_of(jobs), kernels_of(jobs), matmul_of(jobs)
+    memlogs = memlogs_of(jobs)
     skipped = [describe(j) for j in jobs if j["rc"] == "skipped"]
     timeline = timeline_of(jobs)
     # Where the runs kept their compiled kernels (bench/gpu.sh; "off": every run compiled its own).
@@ -411,11 +450,13 @@ def main():
     json.dump(dict(device=gpu, date=date, commit=commit, plan=plan, kernel_cache=kernel_cache,
                    budget_s=int(budget) if budget else None,
                    rows=rows, attention=attention, matmul=matmul, kernels=profiles,
-                   breakdowns=breakdowns,
+                   breakdowns=breakdowns, memory_pools=memlogs,
                    encoders=encoders, skipped=skipped, timeline=timeline),
               open(out + ".json", "w"), indent=1)
     md = markdown(gpu, date, rows, breakdowns, encoders, skipped, attention, profiles, matmul,
                   timeline)
+    if memlogs:
+        md += "\n".join(memlog_lines(memlogs)) + "\n"
     if kernel_cache:
         md = f"Kernel cache (`REEL_KERNEL_CACHE`): `{kernel_cache}`.\n\n" + md
     if commit:
