@@ -3,7 +3,7 @@
 # libraries that Reel loads at run time (as CubeCL loads NVRTC) loadable:
 # - `libcublas.so.*`, for the `cublas*` matmul kernels (the `cuda` default);
 # - `libcupti.so.*`, with which `cublas-stream` finds CubeCL's stream;
-# - `libcudnn.so.*`, for the attention forward on cuDNN (`REEL_FLASH=cudnn`; cuDNN 9 loads
+# - `libcudnn.so.*`, for the attention on cuDNN (the `cuda` default of `flash`; cuDNN 9 loads
 #   its engine libraries from the same directory);
 # - `libnvrtc.so.*`, with which cuDNN compiles its runtime-fusion engines (the attention
 #   graphs' engines are of that kind); CubeCL finds NVRTC by its own search, cuDNN only

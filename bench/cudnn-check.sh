@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuDNN's attention graphs (`REEL_FLASH=cudnn`, models/src/wan/fused_attention/cudnn/) checked
+# cuDNN's attention graphs (the `cuda` default of `flash`, models/src/wan/fused_attention/cudnn/) checked
 # without a GPU: cuDNN's heuristics must propose engines for the forward and backward graphs on
 # an H100 described by its properties (`cuda_cudnn_heuristics_take_the_graphs`). A graph whose
 # pattern cuDNN's fused attention engines do not recognise gets none, which here costs a CPU

@@ -34,10 +34,12 @@
 # checkpointing), the fine-tuning step's breakdown (`--breakdown`: each
 # phase's time and host time), the 8190-token step with REEL_BLOCK_KERNELS=off,
 # 29120 tokens with checkpointing, the breakdown of configs/dmd2_wan.toml at its shipped 29120
-# tokens (random weights and data), 2048 tokens without checkpointing, the breakdown of
+# tokens (random weights and data), the 29120-token step again with CubeCL's memory log
+# (MEMLOG), 2048 tokens without checkpointing and that step's breakdown, the breakdown of
 # configs/finetune_wan.toml, and last the VAE's encode and decode of a small clip profiled per
-# kernel (VAE_PROFILE, VAE_PROFILE_VIDEO), UMT5 on 512 tokens and the VAE decode/encode of
-# 81x480x832 in 256-px tiles (one timed run each, ENCODER_STEPS).
+# kernel (VAE_PROFILE, VAE_PROFILE_VIDEO), then ENCODER_RUNS: the VAE decode/encode of
+# 81x480x832 in 256-px tiles, Burn's convolution against gemm on 5x240x416, UMT5 on 512
+# tokens (one timed run each, ENCODER_STEPS).
 # What the budget leaves out is listed as skipped. PROFILE=0 skips the profiled step and
 # BLOCK_KERNELS_OFF=0 the step with REEL_BLOCK_KERNELS=off (both already measured once).
 #
@@ -68,7 +70,11 @@
 # the first call's picks as ATTENTION (default flash), REEL_MATMUL and REEL_FLASH:
 #   ONLY=configs: 29120 tokens (PyTorch and Reel), configs/dmd2_wan.toml (DMD2_STEPS, default
 #     5: the config updates the generator every fifth step) and configs/finetune_wan.toml;
-#   ONLY=encoders: UMT5 and the VAE (ENCODER_RUNS); ENCODERS=only is the same.
+#   ONLY=encoders: the VAE's passes profiled per kernel (VAE_PROFILE), then the VAE and UMT5
+#     (ENCODER_RUNS); ENCODERS=only is the same;
+#   ONLY=small: 2048 tokens without checkpointing (PyTorch and Reel), that step profiled per
+#     kernel and its breakdown;
+#   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job).
 #   e.g. `ONLY="configs encoders" BUDGET_S=240 bench/gpu.sh`; results go to
 #   <date>-<gpu>-<ONLY's words joined by '-'> (TAG).
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
@@ -87,8 +93,8 @@ ONLY=${ONLY:-}
 if [[ ${ENCODERS:-1} == only ]]; then ONLY=${ONLY:-encoders}; fi
 for part in $ONLY; do
   case $part in
-    configs | encoders) ;;
-    *) echo "ONLY takes 'configs' and/or 'encoders', not '$part'" >&2; exit 2 ;;
+    configs | encoders | small | memory) ;;
+    *) echo "ONLY takes 'configs', 'encoders', 'small' and 'memory', not '$part'" >&2; exit 2 ;;
   esac
 done
 if [[ -n $ONLY ]]; then PLAN=session; fi
@@ -445,8 +451,11 @@ manifest, shape = sys.argv[1:]
 best = (float("inf"), "")
 for line in open(manifest):
     j = json.loads(line)
-    # Rows with the block kernels switched off are measurements, not candidates.
-    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and "block kernels" not in j["attention"]:
+    # Rows with the block kernels switched off, or with the attention's library pinned
+    # (`REEL_FLASH`: the default, cuDNN, against Reel's kernels, within the steps' noise),
+    # are measurements, not candidates.
+    measured = "block kernels" in j["attention"] or "(flash " in j["attention"]
+    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and not measured:
         pin = lambda name: (re.search(rf"\({name} ([^)]+)\)", j["attention"]) or [None, "-"])[1]
         try:
             ms = json.load(open(j["file"]))[0]["train_step_ms"]["median"]
@@ -513,7 +522,8 @@ summarize() {
     echo "bench/gpu_summary.py failed: the raw results are in gpu-logs.tgz" >&2
   if [[ -n ${OUT:-} ]]; then
     cp "$out.json" "$out.md" "$OUT/" 2>/dev/null
-    tar -C "$tmp" --exclude=profile -czf "$OUT/gpu-logs.tgz" . 2>/dev/null
+    tar -C "$tmp" --exclude='profile*' --exclude='vae-profile-*' --exclude='memlog-*' \
+      -czf "$OUT/gpu-logs.tgz" . 2>/dev/null
   fi
   return 0
 }
@@ -524,6 +534,16 @@ long_runs() { # VARIANT
   reel_job "$1" "$ATTENTION" 20,56,104 bf16 1
   config_job configs/dmd2_wan.toml "$1" "$DMD2_STEPS"
   config_job configs/finetune_wan.toml "$1" "$STEPS"
+}
+
+# 2048 tokens without checkpointing: PyTorch and Reel, the step profiled per kernel and its
+# breakdown (ONLY=small).
+small_runs() { # VARIANT
+  torch_job 8,32,32 bf16 0
+  reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
+  profile_job "$1" "$ATTENTION" 8,32,32 0
+  if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$1" 8,32,32
+  else breakdown_job finetune-nockpt "$1" 8,32,32; fi
 }
 
 # UMT5 and the VAE: each run of ENCODER_RUNS.
@@ -545,6 +565,8 @@ if [[ -n $ONLY ]]; then
     case $part in
       configs) long_runs "${VARIANTS%% *}" ;;
       encoders) encoder_runs "${VARIANTS%% *}" ;;
+      small) small_runs "${VARIANTS%% *}" ;;
+      memory) memlog_job "${VARIANTS%% *}" "$ATTENTION" 20,56,104 ;;
     esac
   done
 elif [[ $PLAN == session ]]; then
@@ -573,7 +595,8 @@ elif [[ $PLAN == session ]]; then
   for pin in $STEP_PINS; do
     if [[ $pin != "${pinned:-}" ]]; then REEL_MATMUL=$pin reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   done
-  # The attention on cuDNN, with the fastest matmul pin so far.
+  # The attention's other library (Reel's kernels; cuDNN is the default), with the fastest
+  # matmul pin so far: a measurement, never picked for the rest of the plan.
   if [[ $ATTENTION == flash && -n $FLASH_PINS ]]; then
     read -r _ so_far _ <<<"$(fastest_variant 21,30,52)"
     [[ ${so_far:--} == - ]] && so_far=

@@ -270,6 +270,8 @@ fn vae_and_text_encoder_timings_have_the_models_shapes() {
         .args(["--video", "5", "16", "24"])
         .output()
         .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     let only: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(only.as_array().map(Vec::len), Some(1), "{only}");
     assert_eq!(only[0]["op"], "vae encode");

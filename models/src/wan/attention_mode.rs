@@ -26,9 +26,9 @@ pub enum AttentionMode {
     /// without gradients, and the backward; float32 forwards no gradient flows through (a
     /// frozen teacher, DMD2's rollouts and critic scoring, sampling) run Burn's flash
     /// attention kernel (`cubek-attention`: float16 tiles, float32 accumulation; not under
-    /// Burn's `fusion` feature); everything else runs the fused kernels. With `REEL_FLASH=cudnn`
-    /// (a `cuda` build), the bf16/f16 attention runs on NVIDIA's cuDNN
-    /// (`fused_attention::cudnn`) where it can.
+    /// Burn's `fusion` feature); everything else runs the fused kernels. In a `cuda` build the
+    /// bf16/f16 attention runs on NVIDIA's cuDNN (`fused_attention::cudnn`) where it can, unless
+    /// `REEL_FLASH=reel`.
     Flash,
 }
 

@@ -235,7 +235,8 @@ fn a_frozen_bf16_model_stores_bf16_weight_matrices_and_computes_the_same_bits() 
 }
 
 /// The bf16 checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda --test
-/// precision`), with the fused kernels and with the tensor-core attention of `"flash"`.
+/// precision`), with the fused kernels and with the tensor-core attention of `"flash"` on
+/// Reel's tiled kernels and on cuDNN.
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;
@@ -245,17 +246,26 @@ mod cuda {
         burn::backend::cuda::CudaDevice::new(0)
     }
 
+    use reel_models::wan::fused_attention::cudnn;
+
+    /// `check` with `"fused"`, then `"flash"` on Reel's tiled kernels and on cuDNN (the
+    /// `cuda` default; calls it cannot run fall back to Reel's), on this test's thread.
+    fn each_attention(check: impl Fn(AttentionMode)) {
+        check(AttentionMode::Fused);
+        for on_cudnn in [false, true] {
+            cudnn::choose(Some(on_cudnn));
+            check(AttentionMode::Flash);
+        }
+        cudnn::choose(None);
+    }
+
     #[test]
     fn cuda_bf16_tracks_f32() {
-        for mode in [AttentionMode::Fused, AttentionMode::Flash] {
-            bf16_tracks_f32::<CudaAd>(&dev(), mode);
-        }
+        each_attention(|mode| bf16_tracks_f32::<CudaAd>(&dev(), mode));
     }
 
     #[test]
     fn cuda_bf16_checkpointed_matches_plain() {
-        for mode in [AttentionMode::Fused, AttentionMode::Flash] {
-            bf16_checkpointed_matches_plain::<CudaAd>(&dev(), mode);
-        }
+        each_attention(|mode| bf16_checkpointed_matches_plain::<CudaAd>(&dev(), mode));
     }
 }

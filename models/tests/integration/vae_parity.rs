@@ -417,10 +417,11 @@ fn tiled_decode_follows_diffusers_tiling() {
 /// integration -- vae_parity::cuda`). The convolutions run as products on cuBLAS with TF32
 /// (`vae::conv_gemm`, as PyTorch's cuDNN convolutions do by default), so errors of TF32's
 /// 10-bit mantissa add up through the encoder's and decoder's thirty-odd convolutions: on an
-/// H200 (2026-11-30, `bench/results/2026-11-30-NVIDIA-H200-cuda-tests.log`) the largest was
-/// 5.0e-3 on the decoded video (max|ref| 1, clamped, from activations of up to 4.8) and
-/// 7.4e-3 on the last up block (max|ref| 4.8), where Burn's direct float32 convolutions had
-/// given 1.9e-3. The bar is twice that: 1e-2 · max(1, max|ref|).
+/// H200 (2026-11-30, `bench/results/2026-11-30-NVIDIA-H200-cuda-tests.log`) the decoded video
+/// was 5.0e-3 off (max|ref| 1, clamped, from activations of up to 4.8; 1.9e-3 on Burn's
+/// direct float32 convolutions, 2026-11-26), the largest error relative to its bar of any
+/// tensor, and the last up block 7.4e-3 (max|ref| 4.8). The bar is twice the decoded video's:
+/// 1e-2 · max(1, max|ref|).
 #[cfg(feature = "cuda")]
 mod cuda {
     #[test]

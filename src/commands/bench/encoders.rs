@@ -49,7 +49,7 @@ pub enum VaeOp {
     Both,
     /// The decode alone.
     Decode,
-    /// The encode alone, of a random video in [-1, 1].
+    /// The encode alone, of a random video in [-1, 1] with the frames the decode would give.
     Encode,
 }
 
@@ -140,8 +140,10 @@ fn vae_rows<B: Backend>(
         video = Some(out);
     }
     if args.vae_op != VaeOp::Decode {
+        // The frames the decode would give (what `both` encodes): whole encoder chunks.
+        let frames = 1 + lf.saturating_sub(1) * c.temporal_factor();
         let video = video.unwrap_or_else(|| {
-            let v: Tensor<B, 5> = rng.normal_tensor([1, 3, f, h, w], device);
+            let v: Tensor<B, 5> = rng.normal_tensor([1, c.in_channels, frames, h, w], device);
             v.clamp(-1.0, 1.0)
         });
         let (ms, mean) = time::<B, _>(args, "vae encode", device, || {

@@ -313,6 +313,8 @@ fn run_one<B: AutodiffBackend>(
     );
 
     let what = |phase: &str| format!("{preset} {tokens} tokens x{b}, {phase}");
+    // Wan's parameters are drawn when first read: here, for the forward's model.
+    let m = role.model_valid();
     // What a GPU session spends before the first step (the device's start and the random
     // weights), apart from the steps' own lines.
     let _ = B::sync(device);
@@ -321,7 +323,6 @@ fn run_one<B: AutodiffBackend>(
         what("setup"),
         built.elapsed().as_secs_f64()
     );
-    let m = role.model_valid();
     let (fwd, ()) = time::<B, _>(args, &what("forward"), device, || {
         let out = m.forward(
             x0.clone().inner(),
@@ -387,7 +388,12 @@ fn run_one<B: AutodiffBackend>(
             && reel_models::wan::mem_attention::fused_kernels_apply::<B>(device)
         {
             let flash = args.attention == AttentionMode::Flash;
-            (if flash { "flash" } else { "fused" }).into()
+            (if flash {
+                flash_label(args.dtype)
+            } else {
+                "fused"
+            })
+            .into()
         } else if args.attention.use_memory_efficient(tokens) {
             "mem_eff".into()
         } else {
@@ -404,6 +410,17 @@ fn run_one<B: AutodiffBackend>(
         train_step_ms: train,
         peak_rss_mib: peak_rss_mib(),
     })
+}
+
+/// The `flash` attention's label: `flash cudnn` where its bf16/f16 calls go to cuDNN (a
+/// `cuda` build, `REEL_FLASH` not `reel`; calls cuDNN refuses fall back alone), else `flash`.
+fn flash_label(dtype: Precision) -> &'static str {
+    #[cfg(feature = "cuda")]
+    if dtype == Precision::Bf16 && reel_models::wan::fused_attention::cudnn::chosen() {
+        return "flash cudnn";
+    }
+    let _ = dtype;
+    "flash"
 }
 
 /// `name`, with `+fusion` / `+autotune` for the CubeCL backends (`cuda`, `wgpu`) when the

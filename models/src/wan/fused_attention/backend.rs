@@ -34,7 +34,7 @@ pub trait FusedKernels: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The forward's output alone, for a forward that is not differentiated; with `flash`,
-    /// cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`, [`super::cudnn`]), else the
+    /// cuDNN's where it is chosen and runs (the `cuda` default, [`super::cudnn`]), else the
     /// tiled tensor-core forward where it runs ([`tiled`], bf16/f16: the kernel the
     /// training forward runs), else the tensor-core flash kernel where it runs ([`flash`]),
     /// else [`Self::fused_forward`].
@@ -50,7 +50,7 @@ pub trait FusedKernels: Backend {
 
     /// The tiled forward of [`tiled`] (`(o, lse)`, same contract as [`Self::fused_forward`])
     /// with `products`, or `None` where it cannot run (then the fused kernels do); with
-    /// tensor-core products, cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`).
+    /// tensor-core products, cuDNN's where it is chosen and runs (the `cuda` default).
     fn tiled_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -59,7 +59,7 @@ pub trait FusedKernels: Backend {
     ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 
     /// The tiled backward of [`tiled`] (`(dq, dk, dv)`), or `None` where it cannot run; with
-    /// tensor-core products, cuDNN's where it is chosen and runs (`REEL_FLASH=cudnn`).
+    /// tensor-core products, cuDNN's where it is chosen and runs (the `cuda` default).
     fn tiled_backward(
         qkv: (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>),
         o: FloatTensor<Self>,

@@ -7,8 +7,9 @@
 //! sequence length, float32 softmax statistics, gradients of the exact softmax. Selected with
 //! `attention = "fused"`; on other backends that mode runs the blocked version. With the
 //! `fusion` feature the kernels also run under Burn's fusion layer (`fusion.rs`). With
-//! `attention = "flash"`, bf16/f16 training attention runs the tensor-core kernels of
-//! [`tiled`] instead, and forwards without gradients cubek's flash kernel ([`flash`]).
+//! `attention = "flash"`, bf16/f16 training attention runs on cuDNN (`cudnn`, the `cuda`
+//! default) or the tensor-core kernels of [`tiled`] instead, and float32 forwards without
+//! gradients cubek's flash kernel ([`flash`]).
 
 mod autodiff;
 mod backend;
@@ -100,7 +101,7 @@ fn cube_count(rows: usize, batch_heads: usize) -> CubeCount {
 /// An uninitialized float32 `[B, H, S]` tensor (the log-sum-exp or `Δ`) for the rows of `t`,
 /// packed (`[H·S, S, 1]`, where CubeCL would pad the rows): the kernels read any row strides,
 /// but cuDNN's frontend always declares the statistics packed, so a cuDNN backward after
-/// Reel's forward (`REEL_FLASH=cudnn`) gets them as cuDNN's own forward writes them.
+/// Reel's forward gets them as cuDNN's own forward writes them.
 fn empty_rows<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
     let s = t.meta.shape();
     let shape = Shape::new([s[0], s[1], s[2]]);

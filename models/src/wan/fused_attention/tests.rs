@@ -710,7 +710,7 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     tiles::set_tiles(tiles::TileChoice::default());
 }
 
-/// cuDNN's attention (`REEL_FLASH=cudnn`), forward and backward: at Wan's shapes (256 and
+/// cuDNN's attention (the `cuda` default of `flash`), forward and backward: at Wan's shapes (256 and
 /// 8190 tokens, random inputs) against Reel's tiled kernels, and against the naive attention in
 /// bf16 and f16, contiguous and strided. cuDNN runs the shapes whose head dims are multiples
 /// of 8 (Wan's 128 among them) and Reel's tiled kernels the others; a missing `libcudnn`, or a

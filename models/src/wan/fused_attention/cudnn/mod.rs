@@ -100,14 +100,22 @@ pub fn runs() -> (usize, usize) {
     (RUNS.with(Cell::get), BACKWARD_RUNS.with(Cell::get))
 }
 
-/// [`forward`] when cuDNN is [`chosen`] and `R` is CUDA: `None` when it is not, or when
-/// cuDNN could not run the call (each distinct reason is named once on stderr).
+/// Whether cuDNN is [`chosen`] for inputs of `dtype`: its graphs take bf16 and f16 only, so
+/// float32 calls (cubek's or the fused kernels' forwards) go elsewhere without a note.
+fn chosen_for(dtype: burn::tensor::DType) -> bool {
+    use burn::tensor::DType::{BF16, F16};
+    matches!(dtype, BF16 | F16) && chosen()
+}
+
+/// [`forward`] when cuDNN is [`chosen`], `R` is CUDA and the inputs are bf16 or f16: `None`
+/// when not, or when cuDNN could not run the call (each distinct reason is named once on
+/// stderr).
 pub(super) fn forward_if_chosen<R: CubeRuntime>(
     q: &CubeTensor<R>,
     k: &CubeTensor<R>,
     v: &CubeTensor<R>,
 ) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
-    if !chosen() {
+    if !chosen_for(q.dtype) {
         return None;
     }
     let [q, k, v] = [q, k, v].map(|t| as_cuda(t.clone()));
@@ -122,7 +130,7 @@ pub(super) fn backward_if_chosen<R: CubeRuntime>(
     lse: &CubeTensor<R>,
     d_out: &CubeTensor<R>,
 ) -> Option<(CubeTensor<R>, CubeTensor<R>, CubeTensor<R>)> {
-    if !chosen() {
+    if !chosen_for(qkv[0].dtype) {
         return None;
     }
     let [q, k, v] = qkv.map(|t| as_cuda(t.clone()));
