@@ -454,8 +454,8 @@ for line in open(manifest):
     # Rows with the block kernels switched off, or with the attention's library pinned
     # (`REEL_FLASH`: the default, cuDNN, against Reel's kernels, within the steps' noise),
     # are measurements, not candidates.
-    measured = "block kernels" in j["attention"] or "(flash " in j["attention"]
-    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and not measured:
+    measured = lambda: "block kernels" in j["attention"] or "(flash " in j["attention"]
+    if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and not measured():
         pin = lambda name: (re.search(rf"\({name} ([^)]+)\)", j["attention"]) or [None, "-"])[1]
         try:
             ms = json.load(open(j["file"]))[0]["train_step_ms"]["median"]
