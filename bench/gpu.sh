@@ -284,25 +284,45 @@ reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
 # The summary keeps the later half of each kernel's launches (the timed step's, after the
 # warm-up step's) and adds them up per kernel.
 profile_job() { # VARIANT ATTENTION SHAPE [CKPT, default 1]
-  local f h w dir=$tmp/profile-$3 bin ckpt=(--gradient-checkpointing)
-  read -r f h w <<<"${3//,/ }"
-  [[ ${4:-1} == 1 ]] || ckpt=()
-  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
-  mkdir -p "$dir"
+  local dir=$tmp/profile-$3 toml
   # With `autotune`: a fresh tuning cache in the job's directory, and the kernel each tuning
   # chose logged (kept as $out-autotune.log).
-  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false\n' \
-    "$dir/cubecl.log" >"$dir/cubecl.toml"
-  printf '[autotune]\ncache = "local"\n[autotune.logger]\nlevel = "minimal"\nfile = "%s"\nappend = false\n' \
-    "$dir/autotune.log" >>"$dir/cubecl.toml"
-  job kernels variant="$1" attention="$(attention_label "$2")" shape="$3" ckpt="${4:-1}" \
-    log="$dir/cubecl.log" -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda \
-    --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 \
-    --attention "$2" --dtype bf16 "${ckpt[@]}" --json
+  toml=$(profiling_toml "$dir/cubecl.log"
+    printf '\n[autotune]\ncache = "local"\n[autotune.logger]\nlevel = "minimal"\nfile = "%s"\nappend = false' \
+      "$dir/autotune.log")
+  step_job kernels "$dir" "$toml" "$1" "$2" "$3" "${4:-1}" log="$dir/cubecl.log"
   if [[ -s $dir/autotune.log ]]; then
     cp "$dir/autotune.log" "$out-autotune.log"
     if [[ -n ${OUT:-} ]]; then cp "$dir/autotune.log" "$OUT/"; fi
   fi
+}
+
+# CubeCL's profiling log (one line per launch, each timed alone) into LOG, as `cubecl.toml`.
+profiling_toml() { # LOG
+  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false' "$1"
+}
+
+# `reel-cuda-VARIANT bench --backend cuda ARGS...` as job KIND, run from folder DIR with TOML
+# as its `cubecl.toml` (CubeCL reads it from the working directory); FIELDS as for `job`.
+folder_job() { # KIND DIR TOML VARIANT FIELD... -- ARGS...
+  local kind=$1 dir=$2 toml=$3 variant=$4 bin fields=()
+  bin=$(realpath "$BIN_DIR/reel-cuda-$variant")
+  shift 4
+  while [[ $1 != -- ]]; do fields+=("$1"); shift; done
+  shift
+  mkdir -p "$dir"
+  printf '%s\n' "$toml" >"$dir/cubecl.toml"
+  job "$kind" variant="$variant" "${fields[@]}" -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" \
+    bench --backend cuda "$@"
+}
+
+# One bf16 training step of the preset at SHAPE (after one warm-up step) as a folder_job.
+step_job() { # KIND DIR TOML VARIANT ATTENTION SHAPE CKPT [FIELD...]
+  local f h w ckpt=(); read -r f h w <<<"${6//,/ }"
+  [[ $7 == 1 ]] && ckpt=(--gradient-checkpointing)
+  folder_job "$1" "$2" "$3" "$4" attention="$(attention_label "$5")" shape="$6" ckpt="$7" \
+    "${@:8}" -- --preset "$PRESET" --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 \
+    --attention "$5" --dtype bf16 "${ckpt[@]}" --json
 }
 
 # A training step with CubeCL's memory log (`[memory.logger] level = "full"` in a `cubecl.toml`
@@ -312,28 +332,18 @@ profile_job() { # VARIANT ATTENTION SHAPE [CKPT, default 1]
 # of a quarter of the GPU's memory for allocations up to half that (9 GB on an H200, 5 GB on
 # an H100), and Reel cannot configure them (`DeviceService::init` uses the default options).
 memlog_job() { # VARIANT ATTENTION SHAPE
-  local f h w dir=$tmp/memlog-$3 bin; read -r f h w <<<"${3//,/ }"
-  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
-  mkdir -p "$dir"
-  printf '[memory.logger]\nlevel = "full"\nfile = "%s"\nappend = false\n' \
-    "$dir/memory.log" >"$dir/cubecl.toml"
-  job memlog variant="$1" attention="$(attention_label "$2")" shape="$3" log="$dir/memory.log" \
-    -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda --preset "$PRESET" \
-    --shape "$f" "$h" "$w" --batch "$BATCH" --steps 1 --warmup 1 --attention "$2" --dtype bf16 \
-    --gradient-checkpointing --json
+  local dir=$tmp/memlog-$3
+  step_job memlog "$dir" "$(printf '[memory.logger]\nlevel = "full"\nfile = "%s"\nappend = false' \
+    "$dir/memory.log")" "$1" "$2" "$3" 1 log="$dir/memory.log"
 }
 
 # The VAE's OP (`encode` or `decode`) of a small clip (VAE_PROFILE_VIDEO, default "9 256 256":
 # F H W), profiled per kernel as profile_job profiles a step: where the pass's GPU time goes.
 vae_profile_job() { # VARIANT OP
-  local dir=$tmp/vae-profile-$2 bin video=${VAE_PROFILE_VIDEO:-9 256 256}
-  bin=$(realpath "$BIN_DIR/reel-cuda-$1")
-  mkdir -p "$dir"
-  printf '[profiling.logger]\nlevel = "basic"\nfile = "%s"\nappend = false\n' \
-    "$dir/cubecl.log" >"$dir/cubecl.toml"
+  local dir=$tmp/vae-profile-$2 video=${VAE_PROFILE_VIDEO:-9 256 256}
   # shellcheck disable=SC2086 # the video's three numbers are three arguments
-  job kernels variant="$1" label="the VAE's $2 of ${video// /x} (one pass after one warm-up)" \
-    log="$dir/cubecl.log" -- bash -c 'cd "$0" && exec "$@"' "$dir" "$bin" bench --backend cuda \
+  folder_job kernels "$dir" "$(profiling_toml "$dir/cubecl.log")" "$1" \
+    label="the VAE's $2 of ${video// /x} (one pass after one warm-up)" log="$dir/cubecl.log" -- \
     --vae wan2.1 --video $video --vae-op "$2" --steps 1 --warmup 1 --json
 }
 
@@ -538,10 +548,10 @@ long_runs() { # VARIANT
 
 # 2048 tokens without checkpointing: PyTorch and Reel, the step profiled per kernel and its
 # breakdown (ONLY=small).
-small_runs() { # VARIANT
+small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it before]
   torch_job 8,32,32 bf16 0
   reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
-  profile_job "$1" "$ATTENTION" 8,32,32 0
+  if [[ ${2:-1} == 1 ]]; then profile_job "$1" "$ATTENTION" 8,32,32 0; fi
   if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$1" 8,32,32
   else breakdown_job finetune-nockpt "$1" 8,32,32; fi
 }
@@ -644,11 +654,9 @@ elif [[ $PLAN == session ]]; then
   # Reel's 29120-token step held 27 % more GPU memory than PyTorch's on 2026-11-30: how much
   # of it is the pools' pages (MEMLOG=0 skips this).
   if [[ ${MEMLOG:-1} == 1 ]]; then memlog_job "$best" "$ATTENTION" 20,56,104; fi
-  torch_job 8,32,32 bf16 0
-  reel_job "$best" "$ATTENTION" 8,32,32 bf16 0
-  # Where the 2048-token step's time goes (its ratio was the largest on 2026-11-30).
-  if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$best" 8,32,32
-  else breakdown_job finetune-nockpt "$best" 8,32,32; fi
+  # 2048 tokens and where that step's time goes (its ratio was the largest on 2026-11-30);
+  # its profile ran above.
+  small_runs "$best" 0
   config_job configs/finetune_wan.toml "$best" "$STEPS"
   if [[ ${ENCODERS:-1} == 1 ]]; then encoder_runs "$best"; fi
 else
