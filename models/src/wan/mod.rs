@@ -31,6 +31,7 @@ pub mod mem_attention;
 pub mod model;
 pub mod norm;
 pub mod norm_ops;
+pub mod param_graph;
 pub mod presets;
 pub mod product;
 pub mod rope;

@@ -12,6 +12,7 @@ use super::init::{InitKind, ParamInit};
 use super::linear::Linear;
 use super::mem_attention::{to_dtype, to_f32, AttentionMode};
 use super::norm::layer_norm_affine;
+use super::param_graph::gather_params;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
 
@@ -373,6 +374,9 @@ impl<B: Backend> WanModel<B> {
         let dim = cfg.inner_dim();
         let device = hidden_states.device();
 
+        // The trained parameters join the input's autodiff graph first, so that recording
+        // the forward merges no graphs (`param_graph`).
+        let hidden_states = gather_params(self, hidden_states);
         // Patch embedding: [B, C, F, H, W] -> [B, N, dim].
         let mut x = self.embed_tokens(hidden_states);
         if rec.0.is_some() {
