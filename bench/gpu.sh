@@ -74,7 +74,9 @@
 #     (ENCODER_RUNS); ENCODERS=only is the same;
 #   ONLY=small: 2048 tokens without checkpointing (PyTorch and Reel), that step profiled per
 #     kernel and its breakdown;
-#   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job).
+#   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job);
+#   ONLY=host: bench/host-overhead.sh on cuda (the host's cost per step by depth, kernels
+#     next to nothing), its table in <results>-host.md.
 #   e.g. `ONLY="configs encoders" BUDGET_S=240 bench/gpu.sh`; results go to
 #   <date>-<gpu>-<ONLY's words joined by '-'> (TAG).
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
@@ -93,8 +95,8 @@ ONLY=${ONLY:-}
 if [[ ${ENCODERS:-1} == only ]]; then ONLY=${ONLY:-encoders}; fi
 for part in $ONLY; do
   case $part in
-    configs | encoders | small | memory) ;;
-    *) echo "ONLY takes 'configs', 'encoders', 'small' and 'memory', not '$part'" >&2; exit 2 ;;
+    configs | encoders | small | memory | host) ;;
+    *) echo "ONLY takes 'configs', 'encoders', 'small', 'memory' and 'host', not '$part'" >&2; exit 2 ;;
   esac
 done
 if [[ -n $ONLY ]]; then PLAN=session; fi
@@ -556,6 +558,17 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
   else breakdown_job finetune-nockpt "$1" 8,32,32; fi
 }
 
+# The host's own cost per step by depth (bench/host-overhead.sh on cuda; ONLY=host): a table
+# of its own in $out-host.md, within the time left.
+host_runs() { # VARIANT
+  if (($(left) < 60)); then echo "host: skipped, $(left) s left" >&2; return 0; fi
+  echo "[$((SECONDS - start)) s] host overhead" >&2
+  BACKEND=cuda REEL=$BIN_DIR/reel-cuda-$1 STEPS=$STEPS timeout -k 5 "$(left)" \
+    bench/host-overhead.sh >"$out-host.md" 2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
+  cat "$out-host.md" >&2
+  if [[ -n ${OUT:-} ]]; then cp "$out-host.md" "$OUT/"; fi
+}
+
 # UMT5 and the VAE: each run of ENCODER_RUNS.
 encoder_runs() { # VARIANT
   local specs spec op
@@ -577,6 +590,7 @@ if [[ -n $ONLY ]]; then
       encoders) encoder_runs "${VARIANTS%% *}" ;;
       small) small_runs "${VARIANTS%% *}" ;;
       memory) memlog_job "${VARIANTS%% *}" "$ATTENTION" 20,56,104 ;;
+      host) host_runs "${VARIANTS%% *}" ;;
     esac
   done
 elif [[ $PLAN == session ]]; then

@@ -23,7 +23,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # The run config of `method` over the model config `$1`.
 run_config() {
   local model=$1 method=$2 role
-  printf '[runtime]\nbackend = "%s"\nseed = 1\noutput_dir = "%s/out"\n' "$BACKEND" "$tmp"
+  printf '[runtime]\nbackend = "cpu"\nseed = 1\noutput_dir = "%s/out"\n' "$tmp"
   roles=(student); [[ $method == dmd2 ]] && roles=(student teacher critic)
   for role in "${roles[@]}"; do
     local trained=true; [[ $role == teacher ]] && trained=false
@@ -57,9 +57,10 @@ for layers in $LAYERS; do
     '"cross_attn_norm": true, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 32' \
     >"$model"
   for method in $METHODS; do
-    run_config "$model" "$method" >"$tmp/run.toml"
+    run_config "$model" "$method" >"$tmp/host-overhead.toml"
     out=$tmp/out.txt
-    "$REEL" bench --breakdown --config "$tmp/run.toml" --steps "$STEPS" >"$out" 2>"$tmp/err.txt" || {
+    "$REEL" bench --breakdown --config "$tmp/host-overhead.toml" --set "runtime.backend=$BACKEND" \
+      --steps "$STEPS" >"$out" 2>"$tmp/err.txt" || {
       echo "| $method | $layers | failed: $(tail -1 "$tmp/err.txt") | | | |"
       continue
     }
