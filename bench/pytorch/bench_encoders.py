@@ -7,8 +7,9 @@ Random weights of the real shapes (timing does not depend on their values), floa
 FastVideo runs both models for Wan (`vae_precision` and `text_encoder_precisions` fp32), with
 PyTorch's defaults: cuDNN convolutions may use TF32 (`torch.backends.cudnn.allow_tf32`),
 matrix products do not. The VAE decodes normal latents of the video's latent shape, then
-encodes the decoded video; `--vae-tile N` tiles both as `reel bench` does (N-pixel tiles, a
-stride of 3/4 N rounded down to a multiple of 8).
+encodes the decoded video (`--vae-op decode` or `encode` times one pass, the encode of a
+random video in [-1, 1], as `reel bench` does); `--vae-tile N` tiles both as `reel bench` does
+(N-pixel tiles, a stride of 3/4 N rounded down to a multiple of 8).
 
 Usage: bench_encoders.py --device cuda --vae wan2.1 --video 81 480 832 [--vae-tile 256] --json
        bench_encoders.py --device cuda --text-encoder umt5-xxl --text-len 512 --batch 1 --json
@@ -79,11 +80,17 @@ def vae_rows(args, dev):
     g = torch.Generator(device=dev).manual_seed(0)
     z = torch.randn(1, vae.config.z_dim, latent_frames, h // s, w // s, generator=g, device=dev)
     kernels = f"torch {torch.__version__}, cudnn tf32 {torch.backends.cudnn.allow_tf32}"
+    rows, video = [], None
     with torch.no_grad():
-        stats, video = timed(args, dev, lambda: vae.decode(z).sample)
-        rows = [row("vae decode", z.shape, video.shape, stats, dev, kernels)]
-        stats, mean = timed(args, dev, lambda: vae.encode(video).latent_dist.mean)
-        rows.append(row("vae encode", video.shape, mean.shape, stats, dev, kernels))
+        if args.vae_op != "encode":
+            stats, video = timed(args, dev, lambda: vae.decode(z).sample)
+            rows.append(row("vae decode", z.shape, video.shape, stats, dev, kernels))
+        if args.vae_op != "decode":
+            if video is None:  # a random video of the frames the decode would give
+                frames = 1 + (latent_frames - 1) * 4
+                video = torch.randn(1, 3, frames, h, w, generator=g, device=dev).clamp(-1, 1)
+            stats, mean = timed(args, dev, lambda: vae.encode(video).latent_dist.mean)
+            rows.append(row("vae encode", video.shape, mean.shape, stats, dev, kernels))
     return rows
 
 
@@ -110,6 +117,8 @@ def main():
     p.add_argument("--vae")
     p.add_argument("--video", type=int, nargs=3, default=[17, 64, 64], metavar=("F", "H", "W"))
     p.add_argument("--vae-tile", type=int)
+    p.add_argument("--vae-op", choices=["both", "decode", "encode"], default="both",
+                   help="the decode, then the encode of the decoded video (both), or one pass")
     p.add_argument("--text-encoder")
     p.add_argument("--text-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=1)
