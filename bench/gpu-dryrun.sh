@@ -31,10 +31,10 @@ while [[ \$# -gt 0 ]]; do
     --preset) args+=(--preset wan-tiny); shift 2 ;;
     --shape) args+=(--shape 1 4 4); shift 4 ;;
     --dtype) shift 2 ;;
-    # bench/host-overhead.sh's configs are small: they run, on the CPU.
+    # bench/host-overhead.sh's configs are small: they run, on the CPU (Flex, which takes bf16).
     --config) [[ \$2 == */host-overhead.toml ]] || { echo "dry run: \$1 is too large for the CPU stand-in" >&2; exit 1; }
       args+=("\$1" "\$2"); shift 2 ;;
-    --set) [[ \$2 == runtime.backend=* ]] && args+=(--set runtime.backend=cpu) || args+=(--set "\$2"); shift 2 ;;
+    --set) [[ \$2 == runtime.backend=* ]] && args+=(--set runtime.backend=flex) || args+=(--set "\$2"); shift 2 ;;
     --text-encoder | --vae) echo "dry run: \$1 is too large for the CPU stand-in" >&2; exit 1 ;;
     *) args+=("\$1"); shift ;;
   esac

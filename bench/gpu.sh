@@ -558,12 +558,12 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
   else breakdown_job finetune-nockpt "$1" 8,32,32; fi
 }
 
-# The host's own cost per step by depth (bench/host-overhead.sh on cuda; ONLY=host): a table
-# of its own in $out-host.md, within the time left.
+# The host's own cost per step by depth (bench/host-overhead.sh on cuda, bf16 and the
+# session's attention as the real rows; ONLY=host): a table of its own in $out-host.md.
 host_runs() { # VARIANT
   if (($(left) < 60)); then echo "host: skipped, $(left) s left" >&2; return 0; fi
   echo "[$((SECONDS - start)) s] host overhead" >&2
-  BACKEND=cuda REEL=$BIN_DIR/reel-cuda-$1 STEPS=$STEPS timeout -k 5 "$(left)" \
+  BACKEND=cuda DTYPE=bf16 ATTENTION=$ATTENTION REEL=$BIN_DIR/reel-cuda-$1 STEPS=$STEPS timeout -k 5 "$(left)" \
     bench/host-overhead.sh >"$out-host.md" 2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
   cat "$out-host.md" >&2
   if [[ -n ${OUT:-} ]]; then cp "$out-host.md" "$OUT/"; fi

@@ -8,6 +8,7 @@
 #   bench/host-overhead.sh                    # cpu backend
 #   BACKEND=cuda REEL=path/to/reel bench/host-overhead.sh
 #   LAYERS="30 40" METHODS=finetune STEPS=10 bench/host-overhead.sh
+#   DTYPE=bf16 ATTENTION=flash BACKEND=cuda ...   # runtime.dtype and every role's attention
 #
 # REEL is the reel binary (default: the release build under CARGO_TARGET_DIR, else target/).
 set -euo pipefail
@@ -16,6 +17,8 @@ BACKEND=${BACKEND:-cpu}
 LAYERS=${LAYERS:-"10 30 60"}
 METHODS=${METHODS:-"finetune dmd2"}
 STEPS=${STEPS:-6}
+DTYPE=${DTYPE:-}
+ATTENTION=${ATTENTION:-}
 REEL=${REEL:-${CARGO_TARGET_DIR:-target}/release/reel}
 [[ -x $REEL ]] || { echo "host-overhead: no reel binary at $REEL (cargo build --release)" >&2; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -58,8 +61,15 @@ for layers in $LAYERS; do
     >"$model"
   for method in $METHODS; do
     run_config "$model" "$method" >"$tmp/host-overhead.toml"
+    sets=(--set "runtime.backend=$BACKEND")
+    [[ -n $DTYPE ]] && sets+=(--set "runtime.dtype=$DTYPE")
+    if [[ -n $ATTENTION ]]; then
+      for role in $(grep -o '^\[models\.[a-z]*' "$tmp/host-overhead.toml" | cut -d. -f2); do
+        sets+=(--set "models.$role.attention=$ATTENTION")
+      done
+    fi
     out=$tmp/out.txt
-    "$REEL" bench --breakdown --config "$tmp/host-overhead.toml" --set "runtime.backend=$BACKEND" \
+    "$REEL" bench --breakdown --config "$tmp/host-overhead.toml" "${sets[@]}" \
       --steps "$STEPS" >"$out" 2>"$tmp/err.txt" || {
       echo "| $method | $layers | failed: $(tail -1 "$tmp/err.txt") | | | |"
       continue
