@@ -23,12 +23,14 @@ REEL=${REEL:-${CARGO_TARGET_DIR:-target}/release/reel}
 [[ -x $REEL ]] || { echo "host-overhead: no reel binary at $REEL (cargo build --release)" >&2; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
+# The roles of method `$1`.
+roles_of() { if [[ $1 == dmd2 ]]; then echo student teacher critic; else echo student; fi; }
+
 # The run config of `method` over the model config `$1`.
 run_config() {
   local model=$1 method=$2 role
   printf '[runtime]\nbackend = "cpu"\nseed = 1\noutput_dir = "%s/out"\n' "$tmp"
-  roles=(student); [[ $method == dmd2 ]] && roles=(student teacher critic)
-  for role in "${roles[@]}"; do
+  for role in $(roles_of "$method"); do
     local trained=true; [[ $role == teacher ]] && trained=false
     printf '[models.%s]\narch = "wan"\nconfig = "%s"\ntrainable = %s\n' "$role" "$model" "$trained"
   done
@@ -64,7 +66,7 @@ for layers in $LAYERS; do
     sets=(--set "runtime.backend=$BACKEND")
     [[ -n $DTYPE ]] && sets+=(--set "runtime.dtype=$DTYPE")
     if [[ -n $ATTENTION ]]; then
-      for role in $(grep -o '^\[models\.[a-z]*' "$tmp/host-overhead.toml" | cut -d. -f2); do
+      for role in $(roles_of "$method"); do
         sets+=(--set "models.$role.attention=$ATTENTION")
       done
     fi
