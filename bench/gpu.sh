@@ -77,6 +77,9 @@
 #   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job);
 #   ONLY=host: bench/host-overhead.sh on cuda (the host's cost per step by depth, kernels
 #     next to nothing), its table in <results>-host.md.
+#   GPU_MEMORY (default "exact"): REEL_GPU_MEMORY modes run beside the default `pages`: in
+#     `small` a Reel row at 2048 tokens each, in `memory` the 29120-token step each (GPU
+#     memory beside pages'), in `host` a table each ("" runs pages alone).
 #   e.g. `ONLY="configs encoders" BUDGET_S=240 bench/gpu.sh`; results go to
 #   <date>-<gpu>-<ONLY's words joined by '-'> (TAG).
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
@@ -106,6 +109,7 @@ BATCH=${BATCH:-1}
 BIN_DIR=${BIN_DIR:-bench/bin}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-1}
+GPU_MEMORY=${GPU_MEMORY-exact}
 case $PLAN in
   session)
     # `fusion` trained 4x slower than `plain` on an H200 (2026-11-26, 8190 tokens); it stays in
@@ -272,10 +276,13 @@ torch_job() { # SHAPE DTYPE CKPT
     "${extra[@]}" --json
 }
 
-reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT
-  local f h w extra=(--dtype "$4"); read -r f h w <<<"${3//,/ }"
+# MEMORY (optional): the run's REEL_GPU_MEMORY, named in its row; unset, the default (pages).
+reel_job() { # VARIANT ATTENTION SHAPE DTYPE CKPT [MEMORY]
+  local f h w extra=(--dtype "$4") mem=(); read -r f h w <<<"${3//,/ }"
   [[ $5 == 1 ]] && extra+=(--gradient-checkpointing)
-  job reel variant="$1" attention="$(attention_label "$2")" shape="$3" dtype="$4" ckpt="$5" -- \
+  [[ -n ${6:-} ]] && mem=(memory="$6")
+  job reel variant="$1" attention="$(attention_label "$2")" shape="$3" dtype="$4" ckpt="$5" \
+    "${mem[@]}" -- env REEL_GPU_MEMORY="${6:-pages}" \
     "$BIN_DIR/reel-cuda-$1" bench --backend cuda --preset "$PRESET" --shape "$f" "$h" "$w" \
     --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --attention "$2" "${extra[@]}" --json
 }
@@ -465,8 +472,9 @@ for line in open(manifest):
     j = json.loads(line)
     # Rows with the block kernels switched off, or with the attention's library pinned
     # (`REEL_FLASH`: the default, cuDNN, against Reel's kernels, within the steps' noise),
-    # are measurements, not candidates.
-    measured = lambda: "block kernels" in j["attention"] or "(flash " in j["attention"]
+    # or with REEL_GPU_MEMORY set, are measurements, not candidates.
+    measured = lambda: ("block kernels" in j["attention"] or "(flash " in j["attention"]
+                        or "memory" in j)
     if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and not measured():
         pin = lambda name: (re.search(rf"\({name} ([^)]+)\)", j["attention"]) or [None, "-"])[1]
         try:
@@ -551,8 +559,10 @@ long_runs() { # VARIANT
 # 2048 tokens without checkpointing: PyTorch and Reel, the step profiled per kernel and its
 # breakdown (ONLY=small).
 small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it before]
+  local m
   torch_job 8,32,32 bf16 0
   reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
+  for m in $GPU_MEMORY; do reel_job "$1" "$ATTENTION" 8,32,32 bf16 0 "$m"; done
   if [[ ${2:-1} == 1 ]]; then profile_job "$1" "$ATTENTION" 8,32,32 0; fi
   if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$1" 8,32,32
   else breakdown_job finetune-nockpt "$1" 8,32,32; fi
@@ -561,12 +571,26 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
 # The host's own cost per step by depth (bench/host-overhead.sh on cuda, bf16 and the
 # session's attention as the real rows; ONLY=host): a table of its own in $out-host.md.
 host_runs() { # VARIANT
-  if (($(left) < 60)); then echo "host: skipped, $(left) s left" >&2; return 0; fi
-  echo "[$((SECONDS - start)) s] host overhead" >&2
-  BACKEND=cuda DTYPE=bf16 ATTENTION=$ATTENTION REEL=$BIN_DIR/reel-cuda-$1 STEPS=$STEPS timeout -k 5 "$(left)" \
-    bench/host-overhead.sh >"$out-host.md" 2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
+  local m
+  : >"$out-host.md"
+  for m in pages $GPU_MEMORY; do
+    if (($(left) < 60)); then echo "host ($m): skipped, $(left) s left" >&2; return 0; fi
+    echo "[$((SECONDS - start)) s] host overhead, REEL_GPU_MEMORY=$m" >&2
+    printf '\nREEL_GPU_MEMORY=%s\n\n' "$m" >>"$out-host.md"
+    REEL_GPU_MEMORY=$m BACKEND=cuda DTYPE=bf16 ATTENTION=$ATTENTION REEL=$BIN_DIR/reel-cuda-$1 \
+      STEPS=$STEPS timeout -k 5 "$(left)" bench/host-overhead.sh >>"$out-host.md" \
+      2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
+  done
   cat "$out-host.md" >&2
   if [[ -n ${OUT:-} ]]; then cp "$out-host.md" "$OUT/"; fi
+}
+
+# The 29120-token step with CubeCL's memory log, then that step with each GPU_MEMORY mode: its
+# GPU memory and time beside the default pages' (ONLY=memory).
+memory_runs() { # VARIANT
+  local m
+  memlog_job "$1" "$ATTENTION" 20,56,104
+  for m in $GPU_MEMORY; do reel_job "$1" "$ATTENTION" 20,56,104 bf16 1 "$m"; done
 }
 
 # UMT5 and the VAE: each run of ENCODER_RUNS.
@@ -589,7 +613,7 @@ if [[ -n $ONLY ]]; then
       configs) long_runs "${VARIANTS%% *}" ;;
       encoders) encoder_runs "${VARIANTS%% *}" ;;
       small) small_runs "${VARIANTS%% *}" ;;
-      memory) memlog_job "${VARIANTS%% *}" "$ATTENTION" 20,56,104 ;;
+      memory) memory_runs "${VARIANTS%% *}" ;;
       host) host_runs "${VARIANTS%% *}" ;;
     esac
   done
@@ -662,12 +686,14 @@ elif [[ $PLAN == session ]]; then
   if [[ ${BLOCK_KERNELS_OFF:-1} == 1 ]]; then
     REEL_BLOCK_KERNELS=off reel_job "$best" "$ATTENTION" 21,30,52 bf16 1
   fi
+  # The same step with device memory in exact-size buffers (REEL_GPU_MEMORY), side by side.
+  for m in $GPU_MEMORY; do reel_job "$best" "$ATTENTION" 21,30,52 bf16 1 "$m"; done
   torch_job 20,56,104 bf16 1
   reel_job "$best" "$ATTENTION" 20,56,104 bf16 1
   config_job configs/dmd2_wan.toml "$best" "$DMD2_STEPS"
   # Reel's 29120-token step held 27 % more GPU memory than PyTorch's on 2026-11-30: how much
-  # of it is the pools' pages (MEMLOG=0 skips this).
-  if [[ ${MEMLOG:-1} == 1 ]]; then memlog_job "$best" "$ATTENTION" 20,56,104; fi
+  # of it is the pools' pages, and that step in exact-size buffers (MEMLOG=0 skips this).
+  if [[ ${MEMLOG:-1} == 1 ]]; then memory_runs "$best"; fi
   # 2048 tokens and where that step's time goes (its ratio was the largest on 2026-11-30);
   # its profile ran above.
   small_runs "$best" 0

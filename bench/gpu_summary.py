@@ -73,7 +73,9 @@ def rows_of(jobs, gpu, date):
         r = first(j)
         tj = torch.get((j["shape"], j["dtype"], j["ckpt"]))
         t = first(tj) if tj else None
-        row = dict(device=gpu, date=date, variant=j["variant"], attention=j["attention"],
+        # A run with REEL_GPU_MEMORY set names its mode beside the variant.
+        variant = j["variant"] + (f", {j['memory']} memory" if j.get("memory") else "")
+        row = dict(device=gpu, date=date, variant=variant, attention=j["attention"],
                    dtype=j["dtype"], gradient_checkpointing=j["ckpt"] == "1",
                    shape=[int(x) for x in j["shape"].split(",")],
                    tokens=r["tokens"] if r else None,

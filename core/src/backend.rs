@@ -40,12 +40,16 @@ macro_rules! backend_list {
             /// Burn's CUDA backend with autodiff (cargo feature `cuda`).
             Cuda "cuda" CudaBackend = burn::backend::Cuda, "cuda",
                 |i| {
-                    crate::kernel_cache::before_cuda_device();
+                    crate::device_setup::before_gpu_device(true);
                     burn::backend::cuda::CudaDevice::new(i)
                 };
             /// Burn's wgpu backend with autodiff (cargo feature `wgpu`): Vulkan, Metal, DX12,
             /// or Mesa's software Vulkan driver on a machine without a GPU.
-            Wgpu "wgpu" WgpuBackend = burn::backend::Wgpu, "wgpu", |_i| Default::default();
+            Wgpu "wgpu" WgpuBackend = burn::backend::Wgpu, "wgpu",
+                |_i| {
+                    crate::device_setup::before_gpu_device(false);
+                    Default::default()
+                };
         }
     };
 }

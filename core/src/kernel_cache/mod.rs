@@ -61,65 +61,61 @@ pub fn root(setting: Option<&OsStr>, xdg: Option<&OsStr>, home: Option<&OsStr>) 
     }
 }
 
-/// Before the first CUDA device is made: point CubeCL's compilation cache at this binary's
-/// folder if [`enable`] was called (once per process; one line on stderr when the cache
-/// cannot be used).
+/// Point CubeCL's compilation cache in `config` (read as CubeCL reads it) at this binary's
+/// folder if [`enable`] was called; whether `config` changed. One line on stderr when the
+/// cache cannot be used. Called once, before the first CUDA device is made
+/// ([`crate::device_setup`]).
 #[cfg(feature = "cuda")]
-pub(crate) fn before_cuda_device() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
+pub(crate) fn configure(config: &mut cubecl::config::CubeClRuntimeConfig) -> bool {
     if !ENABLED.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
-    ONCE.call_once(|| {
-        if let Err(why) = cuda::use_cache() {
-            eprintln!("reel: no kernel cache ({why}); set {KERNEL_CACHE_ENV}=off to silence this");
+    match cuda::cache_folder(config) {
+        Ok(Some(dir)) => {
+            config.compilation.cache = Some(cubecl::config::cache::CacheConfig::File(dir));
+            true
         }
-    });
+        Ok(None) => false,
+        Err(why) => {
+            eprintln!("reel: no kernel cache ({why}); set {KERNEL_CACHE_ENV}=off to silence this");
+            false
+        }
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::Arc;
+    use std::path::PathBuf;
 
-    use cubecl::config::cache::CacheConfig;
-    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    use cubecl::config::CubeClRuntimeConfig;
     use cudarc::driver::result as driver;
     use cudarc::driver::sys::CUdevice_attribute as Attr;
 
     use super::{folder, root, KERNEL_CACHE_ENV};
 
-    /// Set CubeCL's configuration (its `cubecl.toml` and environment, read as CubeCL reads
-    /// them) with this binary's folder as the compilation cache. `Ok` without a cache when it
-    /// is off, when the configuration sets one or logs kernels, or without a CUDA driver
-    /// (CubeCL then says so itself).
-    pub(super) fn use_cache() -> Result<(), String> {
+    /// This binary's cache folder for `config`, made ready. `None` when the cache is off, when
+    /// the configuration sets one or logs kernels, or without a CUDA driver (CubeCL then says
+    /// so itself).
+    pub(super) fn cache_folder(config: &CubeClRuntimeConfig) -> Result<Option<PathBuf>, String> {
         let env = |k: &str| std::env::var_os(k);
         let Some(root) = root(
             env(KERNEL_CACHE_ENV).as_deref(),
             env("XDG_CACHE_HOME").as_deref(),
             env("HOME").as_deref(),
         ) else {
-            return Ok(());
+            return Ok(None);
         };
         if env("CUBECL_DEBUG_LOG").is_some() || env("CUBECL_DEBUG_OPTION").is_some() {
-            return Ok(());
+            return Ok(None);
         }
-        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         // SAFETY: only looks for the driver library.
         if config.compilation.cache.is_some() || !unsafe { cudarc::driver::sys::is_culib_present() }
         {
-            return Ok(());
+            return Ok(None);
         }
         let gpu = machine()?;
         let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
-        let dir = folder::prepare_for(&root, &exe, &gpu)?;
-        config.compilation.cache = Some(CacheConfig::File(dir));
-        let mut slot = CubeClRuntimeConfig::storage().lock();
-        if slot.is_some() {
-            return Err("CubeCL's configuration was read before the first device".into());
-        }
-        *slot = Some(Arc::new(config));
-        Ok(())
+        folder::prepare_for(&root, &exe, &gpu).map(Some)
     }
 
     /// One line for the GPUs and the CUDA software that make the PTX: the GPU model (name,

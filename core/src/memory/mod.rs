@@ -2,7 +2,9 @@
 //! host's memory ([`check_batch_memory`]), and the roles' floor (weights, AdamW, gradients,
 //! the blocks' kept inputs) against each device's ([`MemoryFloor`]). A config that cannot fit
 //! is an error naming the sizes, not an allocation failure minutes into loading weights.
+//! [`allocator`] chooses how the GPU backends hand that memory out (`REEL_GPU_MEMORY`).
 
+pub mod allocator;
 mod batch;
 mod floor;
 

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use reel_core::backend::ReelBackend;
 use reel_core::config::{parse_run_config, LoadedConfig};
+use reel_core::memory::allocator::pool_usage;
 use reel_core::profile;
 use reel_core::trainer::{TrainOptions, Trainer};
 use reel_core::with_backend;
@@ -60,6 +61,19 @@ pub struct Breakdown {
     /// The roles' memory floor per device, MiB ([`reel_core::memory::MemoryFloor`]): what
     /// the run holds at least, beside the peak a GPU session samples.
     pub floor_mib: f64,
+    /// CubeCL's pools on the main device after the timed steps (`cuda`, `wgpu`; `null`
+    /// elsewhere): MiB of live tensors then, and MiB the pools hold, which is the run's peak
+    /// (the pools give nothing back). `REEL_GPU_MEMORY` chooses how they hand memory out.
+    pub pools_mib: Option<PoolsMib>,
+}
+
+/// [`reel_core::memory::allocator::PoolUsage`] in MiB.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PoolsMib {
+    /// MiB of live tensors after the timed steps.
+    pub in_use: f64,
+    /// MiB the pools hold from the device.
+    pub reserved: f64,
 }
 
 /// Run the breakdown for every preset × LoRA rank (or the `--config`), print it.
@@ -253,7 +267,13 @@ fn bench_run<B: ReelBackend>(
         plain.push(step(&mut trainer, "timed")?);
     }
     let spec = trainer_spec(loaded)?;
-    Ok(summarize(label, loaded, spec, &steps, plain))
+    let mut b = summarize(label, loaded, spec, &steps, plain);
+    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+    b.pools_mib = pool_usage::<B>(&device).map(|u| PoolsMib {
+        in_use: mib(u.in_use),
+        reserved: mib(u.reserved),
+    });
+    Ok(b)
 }
 
 /// Samples per step, tokens per sample (of the run's data and first Wan-like role) and the
@@ -323,6 +343,7 @@ fn summarize(
         profiled_step_ms: profiled,
         step_ms: stats(plain),
         floor_mib,
+        pools_mib: None,
     }
 }
 
@@ -354,4 +375,11 @@ fn print_table(b: &Breakdown) {
         row("step, profiled (sum of the phases)", &b.profiled_step_ms)
     );
     println!("{}", row("step, unprofiled", &b.step_ms));
+    if let Some(p) = b.pools_mib {
+        println!(
+            "  device memory (CubeCL's pools, after the timed steps): {:.0} MiB in use, {:.0} \
+             MiB reserved",
+            p.in_use, p.reserved
+        );
+    }
 }

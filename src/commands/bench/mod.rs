@@ -434,6 +434,10 @@ fn backend_label(name: BackendName) -> String {
         if cfg!(feature = "autotune") {
             label.push_str("+autotune");
         }
+        let memory = reel_core::memory::allocator::GpuMemory::of_process();
+        if memory != Default::default() {
+            label.push_str(&format!("+{memory}-memory"));
+        }
     }
     label
 }
