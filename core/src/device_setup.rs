@@ -38,10 +38,16 @@ fn configure(cuda: bool) {
     }
     let mut slot = CubeClRuntimeConfig::storage().lock();
     if slot.is_some() {
+        let mut unapplied = Vec::new();
+        if cache_set {
+            unapplied.push("the kernel cache".to_string());
+        }
+        if memory_set {
+            unapplied.push(format!("{}={memory}", allocator::GPU_MEMORY_ENV));
+        }
         eprintln!(
-            "reel: CubeCL's configuration was read before the first device; the kernel cache \
-             and {} = {memory} are not applied",
-            allocator::GPU_MEMORY_ENV
+            "reel: CubeCL's configuration was read before the first device; not applied: {}",
+            unapplied.join(" and ")
         );
         return;
     }

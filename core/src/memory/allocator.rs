@@ -84,7 +84,7 @@ impl fmt::Display for GpuMemory {
 /// What CubeCL's pools hold on one device: the bytes of live tensors and the bytes the pools
 /// have taken from the device (pages or exact-size buffers, used or kept for reuse). Neither
 /// pool mode gives memory back during a run, so `reserved` at the end of a run is its peak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
     /// Bytes of the tensors alive now.
     pub in_use: u64,

@@ -44,16 +44,29 @@ impl<B: Backend> ResidualBlock<B> {
 
     /// One chunk `[B, in_dim, t, H, W] -> [B, out_dim, t, H, W]` (two cache slots).
     pub fn forward(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
-        let h = match &self.conv_shortcut {
+        let norms = [&self.norm1, &self.norm2];
+        let convs = [&self.conv1, &self.conv2];
+        Self::forward_parts(norms, convs, self.conv_shortcut.as_ref(), x, cache)
+    }
+
+    /// [`Self::forward`] on borrowed modules (`[norm1, norm2]`, `[conv1, conv2]`,
+    /// `conv_shortcut`), for the encoder's flat entries, which hold them as their own fields.
+    /// Borrowing matters: a clone of a not yet initialized parameter gets its own lazy value,
+    /// so a block built from clones for every chunk would draw and upload its random weights
+    /// again each time.
+    pub fn forward_parts(
+        [norm1, norm2]: [&RmsNorm<B>; 2],
+        [conv1, conv2]: [&CausalConv3d<B>; 2],
+        conv_shortcut: Option<&CausalConv3d<B>>,
+        x: Tensor<B, 5>,
+        cache: &mut FeatCache<B>,
+    ) -> Tensor<B, 5> {
+        let h = match conv_shortcut {
             Some(conv) => conv.forward(x.clone(), None, cache.conv()),
             None => x.clone(),
         };
-        let x = self
-            .conv1
-            .forward_cached(silu(self.norm1.forward(x)), cache);
-        let x = self
-            .conv2
-            .forward_cached(silu(self.norm2.forward(x)), cache);
+        let x = conv1.forward_cached(silu(norm1.forward(x)), cache);
+        let x = conv2.forward_cached(silu(norm2.forward(x)), cache);
         x + h
     }
 }
@@ -83,18 +96,27 @@ impl<B: Backend> AttentionBlock<B> {
     /// `[B, C, T, H, W] -> [B, C, T, H, W]`: every frame attends over its `H * W` pixels
     /// with scale `1 / sqrt(C)` (`F.scaled_dot_product_attention` with one head).
     pub fn forward(&self, x: Tensor<B, 5>) -> Tensor<B, 5> {
+        Self::forward_parts(&self.norm, [&self.to_qkv, &self.proj], x)
+    }
+
+    /// [`Self::forward`] on borrowed modules (`norm`, `[to_qkv, proj]`), for the encoder's
+    /// flat entries (see [`ResidualBlock::forward_parts`]).
+    pub fn forward_parts(
+        norm: &ImageRmsNorm<B>,
+        [to_qkv, proj]: [&Conv1x1<B>; 2],
+        x: Tensor<B, 5>,
+    ) -> Tensor<B, 5> {
         let [b, c, t, h, w] = x.dims();
-        let tokens = self
-            .norm
+        let tokens = norm
             .forward(x.clone())
             .permute([0, 2, 3, 4, 1])
             .reshape([b * t, h * w, c]);
-        let qkv = self.to_qkv.forward(tokens);
+        let qkv = to_qkv.forward(tokens);
         let q = qkv.clone().narrow(2, 0, c);
         let k = qkv.clone().narrow(2, c, c);
         let v = qkv.narrow(2, 2 * c, c);
         let scores = q.matmul(k.transpose()).mul_scalar(1.0 / (c as f64).sqrt());
-        let out = self.proj.forward(softmax(scores, 2).matmul(v));
+        let out = proj.forward(softmax(scores, 2).matmul(v));
         let out = out.reshape([b, t, h, w, c]).permute([0, 4, 1, 2, 3]);
         out + x
     }

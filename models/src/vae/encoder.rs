@@ -109,37 +109,28 @@ impl<B: Backend> DownLayer<B> {
         }
     }
 
-    /// One chunk through the block this entry holds (the parameters are shared handles, so
-    /// rebuilding the typed block is cheap).
+    /// One chunk through the block this entry holds, run on its fields as borrowed (cloning
+    /// them into a typed block would re-draw not yet initialized random weights every chunk:
+    /// [`ResidualBlock::forward_parts`]).
     pub fn forward(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
         match self.kind {
             DownKind::Residual => match (&self.norm1, &self.conv1, &self.norm2, &self.conv2) {
-                (Some(norm1), Some(conv1), Some(norm2), Some(conv2)) => ResidualBlock {
-                    norm1: norm1.clone(),
-                    conv1: conv1.clone(),
-                    norm2: norm2.clone(),
-                    conv2: conv2.clone(),
-                    conv_shortcut: self.conv_shortcut.clone(),
+                (Some(norm1), Some(conv1), Some(norm2), Some(conv2)) => {
+                    let shortcut = self.conv_shortcut.as_ref();
+                    ResidualBlock::forward_parts([norm1, norm2], [conv1, conv2], shortcut, x, cache)
                 }
-                .forward(x, cache),
                 _ => x,
             },
             DownKind::Attention => match (&self.norm, &self.to_qkv, &self.proj) {
-                (Some(norm), Some(to_qkv), Some(proj)) => AttentionBlock {
-                    norm: norm.clone(),
-                    to_qkv: to_qkv.clone(),
-                    proj: proj.clone(),
+                (Some(norm), Some(to_qkv), Some(proj)) => {
+                    AttentionBlock::forward_parts(norm, [to_qkv, proj], x)
                 }
-                .forward(x),
                 _ => x,
             },
             DownKind::Resample(mode) => match &self.resample {
-                Some(resample) => Resample {
-                    resample: resample.clone(),
-                    time_conv: self.time_conv.clone(),
-                    mode,
+                Some((_, conv)) => {
+                    Resample::forward_parts((conv, self.time_conv.as_ref()), mode, x, cache)
                 }
-                .forward(x, cache),
                 None => x,
             },
         }

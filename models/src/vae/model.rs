@@ -345,6 +345,39 @@ mod tests {
         close(vae.decode_raw(z, &mut cache(ConvImpl::Gemm)), want);
     }
 
+    /// Counts the parameters whose lazy random value has not been made.
+    struct Uninitialized(usize);
+
+    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Uninitialized {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            self.0 += usize::from(!param.is_initialized());
+        }
+    }
+
+    /// Random weights are lazy (made on first use, so a checkpoint's never are): a pass must
+    /// use the model's own parameters, not clones of them, or every chunk would make (and on
+    /// a GPU upload) the weights it uses again, and the model would keep none of them.
+    #[test]
+    fn an_encode_and_a_decode_make_every_random_weight_once_in_the_model() {
+        let dev = Default::default();
+        let vae = WanVae::<TestBackend>::init(&small_config(), &dev, 3).unwrap();
+        let count = |vae: &WanVae<TestBackend>| {
+            let mut v = Uninitialized(0);
+            vae.visit(&mut v);
+            v.0
+        };
+        let total = named_param_shapes::<TestBackend, _>(&vae).len();
+        assert_eq!(count(&vae), total, "nothing is made before a pass");
+        let video = Tensor::<TestBackend, 5>::random([1, 3, 5, 8, 8], Distribution::Default, &dev);
+        let z = vae.encode(video).unwrap().mean;
+        vae.decode(z).unwrap();
+        assert_eq!(
+            count(&vae),
+            0,
+            "of {total} parameters, after a 5-frame encode and decode"
+        );
+    }
+
     #[test]
     fn bad_inputs_are_errors() {
         let dev = Default::default();

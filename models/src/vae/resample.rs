@@ -89,8 +89,20 @@ impl<B: Backend> Resample<B> {
     /// One chunk `[B, C, t, H, W]` -> `[B, C / 2, t', 2H, 2W]` (up) or
     /// `[B, C, t', H / 2, W / 2]` (down); `t'` follows the cache rules in the module docs.
     pub fn forward(&self, x: Tensor<B, 5>, cache: &mut FeatCache<B>) -> Tensor<B, 5> {
-        let (conv, how) = (&self.resample.1, cache.conv());
-        match (self.mode, &self.time_conv) {
+        let parts = (&self.resample.1, self.time_conv.as_ref());
+        Self::forward_parts(parts, self.mode, x, cache)
+    }
+
+    /// [`Self::forward`] on borrowed modules (`(resample.1, time_conv)`), for the encoder's
+    /// flat entries (see [`ResidualBlock::forward_parts`](super::blocks::ResidualBlock::forward_parts)).
+    pub fn forward_parts(
+        (conv, time_conv): (&FrameConv2d<B>, Option<&CausalConv3d<B>>),
+        mode: ResampleMode,
+        x: Tensor<B, 5>,
+        cache: &mut FeatCache<B>,
+    ) -> Tensor<B, 5> {
+        let how = cache.conv();
+        match (mode, time_conv) {
             (ResampleMode::Upsample3d, Some(tc)) => {
                 conv.forward(upsample_nearest2(time_upsample(tc, x, cache)), 1, 1, how)
             }

@@ -268,10 +268,9 @@ fn bench_run<B: ReelBackend>(
     }
     let spec = trainer_spec(loaded)?;
     let mut b = summarize(label, loaded, spec, &steps, plain);
-    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
     b.pools_mib = pool_usage::<B>(&device).map(|u| PoolsMib {
-        in_use: mib(u.in_use),
-        reserved: mib(u.reserved),
+        in_use: mib(u.in_use.into()),
+        reserved: mib(u.reserved.into()),
     });
     Ok(b)
 }
@@ -282,7 +281,7 @@ fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize, f64)> {
     let cfg = &loaded.config;
     let source = cfg.data.build(&loaded.base_dir)?;
     let s = source.spec();
-    let floor = loaded.memory_floor(&s).total() as f64 / (1u64 << 20) as f64;
+    let floor = mib(loaded.memory_floor(&s).total());
     let patch = cfg
         .models
         .values()
@@ -295,6 +294,11 @@ fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize, f64)> {
         tokens,
         floor,
     ))
+}
+
+/// `bytes` in MiB.
+fn mib(bytes: u128) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
 }
 
 fn summarize(
