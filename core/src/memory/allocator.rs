@@ -68,8 +68,9 @@ impl GpuMemory {
         *MODE.get_or_init(|| {
             let v = std::env::var(GPU_MEMORY_ENV).ok();
             Self::from_setting(v.as_deref()).unwrap_or_else(|why| {
-                eprintln!("reel: {why}; using `pages`");
-                Self::default()
+                let fallback = Self::default();
+                eprintln!("reel: {why}; using `{fallback}`");
+                fallback
             })
         })
     }
