@@ -12,7 +12,7 @@ use burn::tensor::ops::PadMode;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::cache::{cache_tail, CacheEntry, FeatCache};
-use super::conv_gemm::{conv3d_with, ConvImpl};
+use super::conv_gemm::{conv3d_with, ConvImpl, FramePad};
 use crate::wan::init::{join, ParamInit};
 
 /// `nn.Conv3d` with causal time padding: `weight [out, in, kt, kh, kw]`, `bias [out]`.
@@ -79,7 +79,14 @@ impl<B: Backend> CausalConv3d<B> {
             x = x.pad([(front, 0), (0, 0), (0, 0)], PadMode::Constant(0.0));
         }
         let bias = Some(self.bias.val());
-        conv3d_with(x, self.weight.val(), bias, self.stride, [ph, pw], how)
+        conv3d_with(
+            x,
+            self.weight.val(),
+            bias,
+            self.stride,
+            [(ph, ph), (pw, pw)],
+            how,
+        )
     }
 
     /// [`Self::forward`] on one chunk with this convolution's slot of `cache`: the cached
@@ -116,18 +123,18 @@ impl<B: Backend> FrameConv2d<B> {
         }
     }
 
-    /// Every frame of `x [B, C, T, H, W]` convolved with spatial `stride` and symmetric
-    /// `padding` `-> [B, out, T, H', W']`, on `how`.
+    /// Every frame of `x [B, C, T, H, W]` zero-padded by `pad` and convolved with spatial
+    /// `stride` `-> [B, out, T, H', W']`, on `how`.
     pub fn forward(
         &self,
         x: Tensor<B, 5>,
         stride: usize,
-        padding: usize,
+        pad: FramePad,
         how: ConvImpl,
     ) -> Tensor<B, 5> {
         let w = self.weight.val().unsqueeze_dim::<5>(2);
         let bias = Some(self.bias.val());
-        conv3d_with(x, w, bias, [1, stride, stride], [padding; 2], how)
+        conv3d_with(x, w, bias, [1, stride, stride], pad, how)
     }
 }
 

@@ -14,16 +14,19 @@
 //! (`REEL_MATMUL`; cuBLAS on `cuda`, with TF32 for f32 as PyTorch's cuDNN convolutions use
 //! by default). The patch matrix is built for at most [`PIECE_ELEMENTS`] values at a time
 //! (a few output frames, or a band of rows of one frame), so its memory stays bounded
-//! whatever the frame size.
+//! whatever the frame size. It reaches the product as a view of its rows
+//! (`wan::rows::flatten_rows`): on CUDA its rows are pitched (a row of `kt * kh * kw * C`
+//! values rounded up to 512 bytes unless that is a multiple already), and Burn's reshape
+//! would copy it whole.
 
 use std::sync::OnceLock;
 
 use burn::tensor::module::conv3d;
-use burn::tensor::ops::conv::calculate_conv_output_sizes;
 use burn::tensor::ops::{ConvOptions, PadMode};
 use burn::tensor::{backend::Backend, Slice, Tensor};
 
 use crate::wan::matmul::{matmul, pin};
+use crate::wan::rows::flatten_rows;
 
 /// The environment variable that chooses [`ConvImpl`]: `gemm` or `burn`.
 pub const VAE_CONV_ENV: &str = "REEL_VAE_CONV";
@@ -87,24 +90,55 @@ impl ConvImpl {
     }
 }
 
+/// Zero padding of every frame: `[(top, bottom), (left, right)]`, in rows and columns.
+pub type FramePad = [(usize, usize); 2];
+
+/// The same zero padding `p` on every side of a frame.
+pub fn even_pad(p: usize) -> FramePad {
+    [(p, p); 2]
+}
+
 /// `x [B, C, T, H, W]` convolved with `weight [O, C, kt, kh, kw]` plus `bias [O]`, with
-/// `stride` `(t, h, w)` and zero `padding` `(h, w)` on both sides of every frame (time is
-/// padded by the caller) `-> [B, O, T', H', W']`, on `how`.
+/// `stride` `(t, h, w)` and zero padding `pad` around every frame (time is padded by the
+/// caller) `-> [B, O, T', H', W']`, on `how`.
 pub fn conv3d_with<B: Backend>(
     x: Tensor<B, 5>,
     weight: Tensor<B, 5>,
     bias: Option<Tensor<B, 1>>,
     stride: [usize; 3],
-    padding: [usize; 2],
+    pad: FramePad,
     how: ConvImpl,
 ) -> Tensor<B, 5> {
     match how {
         ConvImpl::Burn => {
-            let options = ConvOptions::new(stride, [0, padding[0], padding[1]], [1; 3], 1);
-            conv3d(x, weight, bias, options)
+            let [(top, bottom), (left, right)] = pad;
+            // Burn pads both sides alike; other padding is added to the input first.
+            let (x, padding) = if top == bottom && left == right {
+                (x, [0, top, left])
+            } else {
+                let zero = PadMode::Constant(0.0);
+                (x.pad([(0, 0), (top, bottom), (left, right)], zero), [0; 3])
+            };
+            conv3d(
+                x,
+                weight,
+                bias,
+                ConvOptions::new(stride, padding, [1; 3], 1),
+            )
         }
-        ConvImpl::Gemm => conv3d_gemm(x, weight, bias, stride, padding, PIECE_ELEMENTS),
+        ConvImpl::Gemm => conv3d_gemm(x, weight, bias, stride, pad, PIECE_ELEMENTS),
     }
+}
+
+/// Outputs of a convolution along one axis: `len` inputs plus `pad` zeros, kernel `k`,
+/// stride `s`. The VAE's shape checks keep every axis at least a kernel long.
+fn out_len(len: usize, pad: usize, k: usize, s: usize) -> usize {
+    let padded = len + pad;
+    assert!(
+        padded >= k && s > 0,
+        "a convolution of kernel {k}, stride {s} over {len} inputs padded by {pad}"
+    );
+    (padded - k) / s + 1
 }
 
 /// The sizes of one convolution.
@@ -144,25 +178,34 @@ fn conv3d_gemm<B: Backend>(
     weight: Tensor<B, 5>,
     bias: Option<Tensor<B, 1>>,
     stride: [usize; 3],
-    [ph, pw]: [usize; 2],
+    pad: FramePad,
     budget: usize,
 ) -> Tensor<B, 5> {
     let [batch, channels, t, h, w] = x.dims();
     let [o, _, kt, kh, kw] = weight.dims();
-    let kernel = [kt, kh, kw];
-    let out = calculate_conv_output_sizes(&kernel, &stride, &[0, ph, pw], &[1; 3], &[t, h, w]);
+    let [(top, bottom), (left, right)] = pad;
     let g = Geometry {
         batch,
         channels,
-        kernel,
+        kernel: [kt, kh, kw],
         stride,
-        out: [out[0], out[1], out[2]],
+        out: [
+            out_len(t, 0, kt, stride[0]),
+            out_len(h, top + bottom, kh, stride[1]),
+            out_len(w, left + right, kw, stride[2]),
+        ],
     };
-    // Channels-last `[B, T, H + 2ph, W + 2pw, C]`; the kernel as `[kt * kh * kw * C, O]`,
-    // rows in the order of the patch columns (tap-major, then channel).
+    // Channels-last `[B, T, top + H + bottom, left + W + right, C]`; the kernel as
+    // `[kt * kh * kw * C, O]`, rows in the order of the patch columns (tap-major, then
+    // channel). With more than one tap the input is padded even by zero: the pad is a
+    // channels-last copy, so every tap then reads whole channel rows, where the permuted view
+    // of `x` would have each tap read across channels, `T * H * W` values apart.
     let mut xl = x.permute([0, 2, 3, 4, 1]);
-    if ph + pw > 0 {
-        xl = xl.pad([(ph, ph), (pw, pw), (0, 0)], PadMode::Constant(0.0));
+    if kt * kh * kw > 1 || top + bottom + left + right > 0 {
+        xl = xl.pad(
+            [(top, bottom), (left, right), (0, 0)],
+            PadMode::Constant(0.0),
+        );
     }
     let wm = weight.permute([2, 3, 4, 1, 0]).reshape([g.columns(), o]);
     let bias = bias.map(|b| b.reshape([1, o]));
@@ -176,11 +219,7 @@ fn conv3d_gemm<B: Backend>(
             let span = [t0..t_out.min(t0 + frames), h0..h_out.min(h0 + rows)];
             let cols = patches(&xl, &g, span);
             let [n, nt, nh, nw, _] = cols.dims();
-            let mut y = matmul(
-                cols.reshape([n * nt * nh * nw, g.columns()]),
-                wm.clone(),
-                matmul_kernel,
-            );
+            let mut y = matmul(flatten_rows(cols), wm.clone(), matmul_kernel);
             if let Some(b) = &bias {
                 y = y + b.clone();
             }
@@ -247,7 +286,7 @@ mod tests {
         out: usize,
         kernel: [usize; 3],
         stride: [usize; 3],
-        padding: [usize; 2],
+        pad: FramePad,
         budget: usize,
     ) -> f32 {
         let dev = Default::default();
@@ -264,10 +303,10 @@ mod tests {
             weight.clone(),
             Some(bias.clone()),
             stride,
-            padding,
+            pad,
             how,
         );
-        let got = conv3d_gemm(input, weight, Some(bias), stride, padding, budget);
+        let got = conv3d_gemm(input, weight, Some(bias), stride, pad, budget);
         assert_eq!(got.dims(), want.dims());
         let scale: f32 = want.clone().abs().max().into_scalar().elem();
         let diff: f32 = (got - want).abs().max().into_scalar().elem();
@@ -275,8 +314,8 @@ mod tests {
     }
 
     /// A convolution to check: input `[B, C, T, H, W]`, out channels, kernel, stride,
-    /// padding and patch budget.
-    pub(super) type Case = ([usize; 5], usize, [usize; 3], [usize; 3], [usize; 2], usize);
+    /// padding of every frame and patch budget.
+    pub(super) type Case = ([usize; 5], usize, [usize; 3], [usize; 3], FramePad, usize);
 
     /// [`gemm_vs_burn`] on the CPU for every case, within float32 rounding.
     fn agree(cases: &[Case]) {
@@ -292,15 +331,40 @@ mod tests {
     fn gemm_equals_burns_convolution_for_the_vae_shapes() {
         // The causal 3x3x3 convolution (time already padded), a pointwise one, the temporal
         // resamplers (3x1x1, stride 1 or 2 in time) and the per-frame 3x3 convolutions (stride
-        // 1 with padding, stride 2 without), on batches of 1 and 2 and odd sizes.
+        // 1 with padding, stride 2 without, and stride 2 after a zero row and column at the
+        // bottom and right, as the downsamplers pad), on batches of 1 and 2 and odd sizes.
         let all = PIECE_ELEMENTS;
         agree(&[
-            ([1, 3, 6, 7, 5], 4, [3, 3, 3], [1, 1, 1], [1, 1], all),
-            ([2, 5, 3, 4, 6], 3, [1, 1, 1], [1, 1, 1], [0, 0], all),
-            ([1, 4, 5, 3, 4], 8, [3, 1, 1], [1, 1, 1], [0, 0], all),
-            ([2, 4, 7, 3, 3], 4, [3, 1, 1], [2, 1, 1], [0, 0], all),
-            ([1, 6, 2, 9, 8], 5, [1, 3, 3], [1, 1, 1], [1, 1], all),
-            ([2, 3, 2, 9, 7], 3, [1, 3, 3], [1, 2, 2], [0, 0], all),
+            ([1, 3, 6, 7, 5], 4, [3, 3, 3], [1, 1, 1], even_pad(1), all),
+            ([2, 5, 3, 4, 6], 3, [1, 1, 1], [1, 1, 1], even_pad(0), all),
+            ([1, 4, 5, 3, 4], 8, [3, 1, 1], [1, 1, 1], even_pad(0), all),
+            ([2, 4, 7, 3, 3], 4, [3, 1, 1], [2, 1, 1], even_pad(0), all),
+            ([1, 6, 2, 9, 8], 5, [1, 3, 3], [1, 1, 1], even_pad(1), all),
+            ([2, 3, 2, 9, 7], 3, [1, 3, 3], [1, 2, 2], even_pad(0), all),
+            (
+                [1, 6, 2, 8, 8],
+                5,
+                [1, 3, 3],
+                [1, 2, 2],
+                [(0, 1), (0, 1)],
+                all,
+            ),
+            (
+                [2, 3, 3, 9, 6],
+                4,
+                [1, 3, 3],
+                [1, 2, 2],
+                [(0, 1), (0, 1)],
+                all,
+            ),
+            (
+                [1, 2, 2, 5, 7],
+                3,
+                [1, 3, 3],
+                [1, 1, 1],
+                [(2, 0), (1, 3)],
+                all,
+            ),
         ]);
     }
 
@@ -312,10 +376,17 @@ mod tests {
         let frame = 4 * 4 * 27 * 2;
         let [rows, row] = [3 * 5 * 54, 2 * 4 * 27];
         agree(&[
-            ([1, 2, 8, 4, 4], 3, [3, 3, 3], [1, 1, 1], [1, 1], 2 * frame),
-            ([1, 2, 6, 8, 5], 3, [3, 3, 3], [1, 1, 1], [1, 1], rows),
-            ([2, 3, 2, 11, 9], 4, [1, 3, 3], [1, 2, 2], [0, 0], row),
-            ([1, 2, 3, 3, 3], 2, [3, 3, 3], [1, 1, 1], [1, 1], 1),
+            (
+                [1, 2, 8, 4, 4],
+                3,
+                [3, 3, 3],
+                [1, 1, 1],
+                even_pad(1),
+                2 * frame,
+            ),
+            ([1, 2, 6, 8, 5], 3, [3, 3, 3], [1, 1, 1], even_pad(1), rows),
+            ([2, 3, 2, 11, 9], 4, [1, 3, 3], [1, 2, 2], even_pad(0), row),
+            ([1, 2, 3, 3, 3], 2, [3, 3, 3], [1, 1, 1], even_pad(1), 1),
         ]);
     }
 
@@ -367,9 +438,23 @@ mod cuda {
         // strided per-frame one; TF32 products against Burn's float32 kernel.
         let [all, bands] = [PIECE_ELEMENTS, 28 * 2592 * 5];
         let cases: [super::tests::Case; 3] = [
-            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], [1, 1], all),
-            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], [1, 1], bands),
-            ([2, 32, 3, 17, 15], 64, [1, 3, 3], [1, 2, 2], [0, 0], all),
+            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], even_pad(1), all),
+            (
+                [1, 96, 6, 20, 28],
+                96,
+                [3, 3, 3],
+                [1; 3],
+                even_pad(1),
+                bands,
+            ),
+            (
+                [2, 32, 3, 17, 15],
+                64,
+                [1, 3, 3],
+                [1, 2, 2],
+                [(0, 1), (0, 1)],
+                all,
+            ),
         ];
         for (x, out, kernel, stride, padding, budget) in cases {
             let err = gemm_vs_burn::<Cube>(x, out, kernel, stride, padding, budget);

@@ -15,11 +15,11 @@
 use std::marker::PhantomData;
 
 use burn::module::Module;
-use burn::tensor::ops::PadMode;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::cache::{last_frame, CacheEntry, FeatCache, CACHE_T};
 use super::conv::{CausalConv3d, FrameConv2d};
+use super::conv_gemm::even_pad;
 use crate::wan::init::{join, ParamInit};
 
 /// What a [`Resample`] does (diffusers' `mode` string).
@@ -103,15 +103,18 @@ impl<B: Backend> Resample<B> {
     ) -> Tensor<B, 5> {
         let how = cache.conv();
         match (mode, time_conv) {
-            (ResampleMode::Upsample3d, Some(tc)) => {
-                conv.forward(upsample_nearest2(time_upsample(tc, x, cache)), 1, 1, how)
-            }
+            (ResampleMode::Upsample3d, Some(tc)) => conv.forward(
+                upsample_nearest2(time_upsample(tc, x, cache)),
+                1,
+                even_pad(1),
+                how,
+            ),
             (ResampleMode::Upsample2d | ResampleMode::Upsample3d, _) => {
-                conv.forward(upsample_nearest2(x), 1, 1, how)
+                conv.forward(upsample_nearest2(x), 1, even_pad(1), how)
             }
             (mode, time_conv) => {
-                let padded = x.pad([(0, 0), (0, 1), (0, 1)], PadMode::Constant(0.0));
-                let y = conv.forward(padded, 2, 0, how);
+                // One zero row at the bottom and column at the right, as diffusers' `ZeroPad2d`.
+                let y = conv.forward(x, 2, [(0, 1), (0, 1)], how);
                 match (mode, time_conv) {
                     (ResampleMode::Downsample3d, Some(tc)) => time_downsample(tc, y, cache),
                     _ => y,

@@ -16,6 +16,7 @@ pub mod bias;
 pub mod block;
 mod block_kernels;
 pub use block_kernels::matmul;
+pub(crate) use block_kernels::rows;
 pub mod checkpointed;
 pub mod config;
 mod custom_op;

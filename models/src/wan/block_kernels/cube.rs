@@ -10,6 +10,7 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+use cubecl::zspace::metadata::Metadata;
 use reel_core::backend::downcast_tensor;
 
 use super::device as kernels;
@@ -43,6 +44,22 @@ pub(super) fn wrap<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
     let t = Tensor::<Cube<R, BT>, D>::from_primitive(TensorPrimitive::Float(t));
     downcast_tensor::<Cube<R, BT>, B, D>(t)
         .unwrap_or_else(|_| unreachable!("the caller checked that B is the CubeCL backend"))
+}
+
+/// [`super::rows::flatten_rows`] on a plain CubeCL backend: `t` as `[rows, cols]`, a view
+/// with the rows' own stride when [`super::rows::row_stride`] finds one, else a reshape.
+pub(super) fn flatten_rows<B: Backend, R: CubeRuntime, BT: BoolElement, const D: usize>(
+    t: Tensor<B, D>,
+    [rows, cols]: [usize; 2],
+) -> Tensor<B, 2> {
+    let mut p = prim::<B, R, BT, D>(t);
+    match super::rows::row_stride(p.meta.shape(), p.meta.strides()) {
+        Some(stride) => {
+            *p.meta = Metadata::new([rows, cols], [stride, 1]);
+            wrap::<B, R, BT, 2>(p)
+        }
+        None => wrap::<B, R, BT, D>(p).reshape([rows, cols]),
+    }
 }
 
 /// `(rows per chunk, chunks)` for column sums over `rows` rows: about `sqrt(rows)` of each,

@@ -65,6 +65,7 @@ mod matmul_pin;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod matmul_tests;
 pub(crate) mod norms;
+pub(crate) mod rows;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod tests;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
