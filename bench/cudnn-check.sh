@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cuDNN's attention graphs (the `cuda` default of `flash`, models/src/wan/fused_attention/cudnn/) checked
 # without a GPU: cuDNN's heuristics must propose engines for the forward and backward graphs on
-# an H100 described by its properties (`cuda_cudnn_heuristics_take_the_graphs`). A graph whose
+# an H100 described by its properties (`cuda_cudnn_heuristics_take_the_graphs`), and so must
+# the VAE's convolution graphs (`REEL_VAE_CONV=cudnn`; `..._take_the_conv_graphs`). A graph whose
 # pattern cuDNN's fused attention engines do not recognise gets none, which here costs a CPU
 # build instead of a GPU session. Making the plans needs the device: on the GPU machine,
 # `bench/gpu-tests.sh` runs the rest (`cuda_cudnn_attention_matches_naive`).
@@ -52,4 +53,4 @@ fi
 
 export LD_LIBRARY_PATH=$CACHE/lib:$CACHE/stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cargo test --release -p reel-models --features cuda --lib -- \
-  cuda_cudnn_heuristics_take_the_graphs --nocapture
+  cuda_cudnn_heuristics_take_the --nocapture

@@ -146,9 +146,10 @@ case $PLAN in
     # Five steps of the DMD2 config: it updates the generator every fifth step.
     DMD2_STEPS=${DMD2_STEPS:-5}
     # The VAE's decode and encode alone on 17x240x416 in 256-px tiles (the encode took over
-    # three times the decode's on CUDA, 2026-11-30, where lavapipe's is shorter), then the
-    # decode of 81x480x832 (30.9 s, 2026-11-30), then UMT5; each with PyTorch's run beside it.
-    ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op decode;--vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op encode;--vae wan2.1 --video 81 480 832 --vae-tile 256 --vae-op decode;--text-encoder umt5-xxl --text-len 512 --batch 1"}
+    # three times the decode's on CUDA, 2026-11-30, where lavapipe's is shorter), the same two
+    # on cuDNN's convolutions (REEL_VAE_CONV=cudnn, opt-in until measured), then the decode of
+    # 81x480x832 (30.9 s, 2026-11-30), then UMT5; each with PyTorch's run beside it.
+    ENCODER_RUNS=${ENCODER_RUNS:-"--vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op decode;--vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op encode;REEL_VAE_CONV=cudnn --vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op decode;REEL_VAE_CONV=cudnn --vae wan2.1 --video 17 240 416 --vae-tile 256 --vae-op encode;--vae wan2.1 --video 81 480 832 --vae-tile 256 --vae-op decode;--text-encoder umt5-xxl --text-len 512 --batch 1"}
     BUDGET_S=${BUDGET_S-500}
     ;;
   matrix)

@@ -42,14 +42,20 @@ pub enum ConvImpl {
     Burn,
     /// Patch matrices times the kernel on the linear layers' matmul kernel (module docs).
     Gemm,
+    /// cuDNN's convolution on the plain `cuda` backend, as PyTorch runs `nn.Conv3d` (opt-in
+    /// until a GPU session has timed it against `gemm`). Where cuDNN cannot run a call
+    /// (another backend, no `libcudnn`, no engine), one line on stderr says why and
+    /// [`Gemm`](Self::Gemm) runs it.
+    Cudnn,
 }
 
 impl ConvImpl {
-    /// `gemm` or `burn`.
+    /// `gemm`, `burn` or `cudnn`.
     pub fn parse(text: &str) -> Option<Self> {
         match text.trim() {
             "gemm" => Some(Self::Gemm),
             "burn" => Some(Self::Burn),
+            "cudnn" => Some(Self::Cudnn),
             _ => None,
         }
     }
@@ -59,6 +65,7 @@ impl ConvImpl {
         match self {
             Self::Burn => "burn",
             Self::Gemm => "gemm",
+            Self::Cudnn => "cudnn",
         }
     }
 
@@ -75,7 +82,9 @@ impl ConvImpl {
             let v = std::env::var(VAE_CONV_ENV).ok()?;
             let parsed = Self::parse(&v);
             if parsed.is_none() {
-                eprintln!("reel: {VAE_CONV_ENV}={v}: expected gemm or burn; using the default");
+                eprintln!(
+                    "reel: {VAE_CONV_ENV}={v}: expected gemm, burn or cudnn; using the default"
+                );
             }
             parsed
         });
@@ -127,7 +136,42 @@ pub fn conv3d_with<B: Backend>(
             )
         }
         ConvImpl::Gemm => conv3d_gemm(x, weight, bias, stride, pad, PIECE_ELEMENTS),
+        ConvImpl::Cudnn => match on_cudnn(x.clone(), weight.clone(), stride, pad) {
+            Some(y) => match bias {
+                Some(b) => y + b.reshape([1, weight.dims()[0], 1, 1, 1]),
+                None => y,
+            },
+            None => conv3d_gemm(x, weight, bias, stride, pad, PIECE_ELEMENTS),
+        },
     }
+}
+
+/// The convolution (no bias) on cuDNN, or `None` after naming why not on stderr (each
+/// distinct reason once).
+fn on_cudnn<B: Backend>(
+    x: Tensor<B, 5>,
+    weight: Tensor<B, 5>,
+    stride: [usize; 3],
+    pad: FramePad,
+) -> Option<Tensor<B, 5>> {
+    #[cfg(feature = "cuda")]
+    let result = crate::wan::fused_attention::cudnn::conv3d_on(x, weight, stride, pad)
+        .map_err(|e| e.to_string());
+    #[cfg(not(feature = "cuda"))]
+    let result: Result<Tensor<B, 5>, String> = {
+        let _ = (x, weight, stride, pad);
+        Err("this build has no `cuda` feature".into())
+    };
+    static NOTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    result
+        .map_err(|why| {
+            let mut noted = NOTED.lock().unwrap_or_else(|e| e.into_inner());
+            if !noted.contains(&why) {
+                eprintln!("reel: {VAE_CONV_ENV}=cudnn: {why}; the gemm convolution runs instead");
+                noted.push(why);
+            }
+        })
+        .ok()
 }
 
 /// Outputs of a convolution along one axis: `len` inputs plus `pad` zeros, kernel `k`,
@@ -289,24 +333,35 @@ mod tests {
         pad: FramePad,
         budget: usize,
     ) -> f32 {
+        let seed = x.iter().sum::<usize>() * 31 + budget;
+        against_burn::<B>((x, out, kernel, stride, pad, seed), |x, w, b| {
+            conv3d_gemm(x, w, Some(b), stride, pad, budget)
+        })
+    }
+
+    /// `run(input, weight, bias)` against Burn's convolution of random values (the case's last
+    /// field seeds them) on backend `B`: the largest difference relative to the largest output.
+    pub(super) fn against_burn<B: Backend>(
+        (x, out, kernel, stride, pad, seed): Case,
+        run: impl FnOnce(Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 1>) -> Tensor<B, 5>,
+    ) -> f32 {
         let dev = Default::default();
-        let mut rng = StreamRng::from_seed((x.iter().sum::<usize>() * 31 + budget) as u64);
+        let mut rng = StreamRng::from_seed(seed as u64);
         let [kt, kh, kw] = kernel;
         let fan_in = (x[1] * kt * kh * kw) as f64;
         let input: Tensor<B, 5> = rng.normal_tensor(x, &dev);
         let weight: Tensor<B, 5> = rng.normal_tensor([out, x[1], kt, kh, kw], &dev);
         let weight = weight.div_scalar(fan_in.sqrt());
         let bias = rng.normal_tensor([out], &dev);
-        let how = ConvImpl::Burn;
         let want = conv3d_with(
             input.clone(),
             weight.clone(),
             Some(bias.clone()),
             stride,
             pad,
-            how,
+            ConvImpl::Burn,
         );
-        let got = conv3d_gemm(input, weight, Some(bias), stride, pad, budget);
+        let got = run(input, weight, bias);
         assert_eq!(got.dims(), want.dims());
         let scale: f32 = want.clone().abs().max().into_scalar().elem();
         let diff: f32 = (got - want).abs().max().into_scalar().elem();
@@ -314,7 +369,7 @@ mod tests {
     }
 
     /// A convolution to check: input `[B, C, T, H, W]`, out channels, kernel, stride,
-    /// padding of every frame and patch budget.
+    /// padding of every frame and patch budget (or, for [`against_burn`], the seed).
     pub(super) type Case = ([usize; 5], usize, [usize; 3], [usize; 3], FramePad, usize);
 
     /// [`gemm_vs_burn`] on the CPU for every case, within float32 rounding.
@@ -369,6 +424,22 @@ mod tests {
     }
 
     #[test]
+    fn cudnn_off_the_cuda_backend_falls_back_to_the_gemm_convolution() {
+        let case = (
+            [1, 3, 2, 9, 7],
+            4,
+            [1, 3, 3],
+            [1, 2, 2],
+            [(0, 1), (0, 1)],
+            5,
+        );
+        let err = against_burn::<TestBackend>(case, |x, w, b| {
+            conv3d_with(x, w, Some(b), case.3, case.4, ConvImpl::Cudnn)
+        });
+        assert!(err < 1e-5, "relative error {err}");
+    }
+
+    #[test]
     fn pieces_of_frames_or_of_rows_give_the_same_convolution() {
         // Pieces of two output frames (a frame's patches: 4 * 4 rows of 27 * 2 values), bands
         // of 3 rows of one frame (the last band shorter), bands of one strided row, and a
@@ -409,7 +480,7 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_only_flex_defaults_to_burns_convolution() {
-        for how in [ConvImpl::Burn, ConvImpl::Gemm] {
+        for how in [ConvImpl::Burn, ConvImpl::Gemm, ConvImpl::Cudnn] {
             assert_eq!(ConvImpl::parse(how.name()), Some(how));
         }
         assert_eq!(ConvImpl::parse("direct"), None);
@@ -426,7 +497,7 @@ mod tests {
 /// Burn's direct kernel, at a VAE layer's width.
 #[cfg(all(test, feature = "cuda"))]
 mod cuda {
-    use super::tests::gemm_vs_burn;
+    use super::tests::{against_burn, gemm_vs_burn};
     use super::*;
 
     type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
@@ -462,6 +533,34 @@ mod cuda {
                 err <= 1e-2,
                 "x {x:?} k {kernel:?} b {budget}: relative error {err}"
             );
+        }
+    }
+
+    /// cuDNN's convolution (`REEL_VAE_CONV=cudnn`) against Burn's direct kernel: the causal
+    /// 3x3x3 at 96 channels, a downsampler's 1x3x3 (stride 2, one zero row and column), the
+    /// temporal 3x1x1 (stride 2) and a pointwise one, on cuDNN itself (not the fallback).
+    #[test]
+    fn cuda_vae_cudnn_conv_matches_burns_direct_kernel() {
+        use crate::wan::fused_attention::cudnn::conv3d_on;
+        let cases: [super::tests::Case; 4] = [
+            ([1, 96, 6, 20, 28], 96, [3, 3, 3], [1; 3], even_pad(1), 0),
+            (
+                [2, 32, 3, 17, 15],
+                64,
+                [1, 3, 3],
+                [1, 2, 2],
+                [(0, 1), (0, 1)],
+                0,
+            ),
+            ([1, 48, 5, 6, 10], 48, [3, 1, 1], [2, 1, 1], even_pad(0), 0),
+            ([1, 40, 2, 9, 11], 24, [1, 1, 1], [1; 3], even_pad(0), 0),
+        ];
+        for (x, out, kernel, stride, pad, seed) in cases {
+            let err = against_burn::<Cube>((x, out, kernel, stride, pad, seed), |x, w, b| {
+                let y = conv3d_on(x, w, stride, pad).unwrap_or_else(|e| panic!("{e}"));
+                y + b.reshape([1, out, 1, 1, 1])
+            });
+            assert!(err <= 1e-2, "x {x:?} k {kernel:?}: relative error {err}");
         }
     }
 }

@@ -124,14 +124,15 @@ impl Desc {
     }
 }
 
-/// A tensor of a graph: `uid` names it in the variant pack; a virtual one lives inside the
-/// fused kernel only; a by-value one is a host scalar passed at execution.
+/// A tensor of `R` dimensions (the attention graphs' 4, a 3-D convolution's 5) of a graph:
+/// `uid` names it in the variant pack; a virtual one lives inside the fused kernel only; a
+/// by-value one is a host scalar passed at execution.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct TensorSpec {
+pub(super) struct TensorSpec<const R: usize = 4> {
     pub uid: i64,
     pub dtype: dnn::cudnnDataType_t,
-    pub dims: [i64; 4],
-    pub strides: [i64; 4],
+    pub dims: [i64; R],
+    pub strides: [i64; R],
     pub is_virtual: bool,
     pub by_value: bool,
 }
@@ -146,6 +147,25 @@ impl TensorSpec {
             dims,
             strides,
             is_virtual: true,
+            by_value: false,
+        }
+    }
+}
+
+impl<const R: usize> TensorSpec<R> {
+    /// A device tensor (neither virtual nor by value).
+    pub fn device(
+        uid: i64,
+        dtype: dnn::cudnnDataType_t,
+        dims: [i64; R],
+        strides: [i64; R],
+    ) -> Self {
+        Self {
+            uid,
+            dtype,
+            dims,
+            strides,
+            is_virtual: false,
             by_value: false,
         }
     }
@@ -229,6 +249,20 @@ pub(super) fn described_device(json: &str) -> Result<Desc, CudnnError> {
     )?;
     desc.finalize()
 }
+
+/// An H100 80GB HBM3 as cuDNN's device properties describe it (the values of the
+/// CUDA device attributes cuDNN reads).
+#[cfg(test)]
+pub(super) const H100: &str = r#"{"deviceVer": 900, "driverVer": 12080, "cudaDeviceId": 0,
+    "totalGlobalMem": 85045968896, "maxGridSize": [2147483647, 65535, 65535],
+    "maxBlockSize": [1024, 1024, 64], "regsPerBlock": 65536, "multiProcessorCount": 132,
+    "smCountOrigin": 0, "warpSize": 32, "maxSharedMemoryPerBlock": 49152,
+    "maxSharedMemoryPerBlockOptin": 232448, "oversizedSharedMemoryPerBlock": 0,
+    "reservedSharedMemoryPerBlock": 1024, "maxRegistersPerSM": 65536, "maxCtasPerSM": 32,
+    "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "pciDeviceId": 9008,
+    "isTccDriver": 0, "supportCoopLaunch": 1, "smClockRateKHz": 1980000,
+    "memClockRateKHz": 2619000, "memoryBusWidth": 5120, "l2CacheSize": 52428800,
+    "deviceName": "NVIDIA H100 80GB HBM3"}"#;
 
 impl Plan {
     /// The first engine configuration of cuDNN's heuristics (mode A) that can run the graph

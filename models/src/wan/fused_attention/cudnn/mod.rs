@@ -15,12 +15,15 @@
 //! a head dim cuDNN does not take, no engine), one line on stderr says why and Reel's tiled
 //! kernels ([`super::tiled`]) run it.
 //!
+//! The VAE's convolutions may run here too (`REEL_VAE_CONV=cudnn`, [`conv3d`]).
+//!
 //! The graphs follow the pattern cuDNN's frontend builds for attention (`sdpa_graph.rs`); cuDNN's
 //! heuristics pick the fused engine, and plans are made once per shape and layout, per thread
 //! and device (`run.rs`). Ordering with CubeCL's kernels as for cuBLAS
 //! (`block_kernels/cublas.rs`): on CubeCL's own stream where CUPTI finds it, else host syncs
 //! around the call.
 
+mod conv;
 mod graph;
 mod ops;
 mod run;
@@ -29,6 +32,8 @@ mod sdpa_graph;
 
 use std::cell::Cell;
 use std::sync::{Mutex, OnceLock};
+
+pub use conv::{conv3d, conv3d_on};
 
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -58,7 +63,7 @@ pub enum CudnnError {
     #[error("{0}")]
     Call(String),
     /// No engine of cuDNN's heuristics runs the graph (each one's reason).
-    #[error("no cuDNN engine runs the attention graph: {0}")]
+    #[error("no cuDNN engine runs the graph: {0}")]
     NoEngine(String),
 }
 

@@ -1,5 +1,7 @@
-//! The operations of cuDNN's attention graphs: matrix products, element-wise operations
-//! (with the index, comparison and select ones of a padding mask), reductions and reshapes (views), each an operation descriptor over tensor descriptors.
+//! The operations of Reel's cuDNN graphs, each an operation descriptor over tensor
+//! descriptors: for attention, matrix products, element-wise operations (with the index,
+//! comparison and select ones of a padding mask), reductions and reshapes (views); for the
+//! VAE, the convolution.
 
 use cudarc::cudnn::sys as dnn;
 use dnn::cudnnBackendAttributeName_t as Attr;
@@ -168,5 +170,75 @@ pub(super) fn reshape(x: &Desc, y: &Desc) -> Result<Desc, CudnnError> {
     let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)?;
     op.descs(Attr::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[x])?
         .descs(Attr::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[y])?;
+    op.finalize()
+}
+
+/// The operation `y = conv(x, w)`: a cross-correlation (PyTorch's and Burn's convolution) over
+/// `stride.len()` spatial dims, with zero padding `pre` before and `post` after each, float32
+/// accumulation (TF32 products on tensor cores where an engine uses them, as PyTorch's cuDNN
+/// convolutions do by default). Tensors `x [N, C, spatial..]`, `w [O, C, kernel..]`,
+/// `y [N, O, spatial'..]`.
+pub(super) fn convolution_forward(
+    [x, w, y]: [&Desc; 3],
+    stride: &[i64],
+    pre: &[i64],
+    post: &[i64],
+) -> Result<Desc, CudnnError> {
+    let dims = stride.len() as i64;
+    let desc = Desc::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+    desc.set(
+        Attr::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+        Ty::CUDNN_TYPE_DATA_TYPE,
+        &[F32],
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+        Ty::CUDNN_TYPE_CONVOLUTION_MODE,
+        &[dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
+        Ty::CUDNN_TYPE_INT64,
+        &[dims],
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_DILATIONS,
+        Ty::CUDNN_TYPE_INT64,
+        &vec![1i64; stride.len()],
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+        Ty::CUDNN_TYPE_INT64,
+        stride,
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
+        Ty::CUDNN_TYPE_INT64,
+        pre,
+    )?
+    .set(
+        Attr::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
+        Ty::CUDNN_TYPE_INT64,
+        post,
+    )?;
+    let desc = desc.finalize()?;
+    let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
+    op.descs(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, &[x])?
+        .descs(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, &[w])?
+        .descs(Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, &[y])?
+        .descs(
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+            &[&desc],
+        )?
+        .set(
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+            Ty::CUDNN_TYPE_FLOAT,
+            &[1.0f32],
+        )?
+        .set(
+            Attr::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+            Ty::CUDNN_TYPE_FLOAT,
+            &[0.0f32],
+        )?;
     op.finalize()
 }

@@ -15,16 +15,18 @@ use cudarc::cudnn::sys as dnn;
 use cudarc::driver::result as driver;
 use cudarc::driver::sys::{CUcontext, CUstream};
 
+use super::conv::ConvKey;
 use super::graph::{self, Desc, Plan, Target};
 use super::sdpa::Key;
 use super::CudnnError;
 use crate::wan::block_kernels::{cublas, cublas_stream};
 
-/// Which graph a plan runs: the attention forward or backward of a [`Key`].
+/// Which graph a plan runs: the attention forward or backward of a [`Key`], or a convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum PlanKey {
     Forward(Key),
     Backward(Key),
+    Conv(ConvKey),
 }
 
 /// One execution: the plan's key and how to build its graph the first time, the device

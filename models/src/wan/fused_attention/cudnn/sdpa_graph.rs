@@ -294,21 +294,8 @@ mod tests {
         }
     }
 
-    /// An H100 80GB HBM3 as cuDNN's device properties describe it (the values of the
-    /// CUDA device attributes cuDNN reads).
-    const H100: &str = r#"{"deviceVer": 900, "driverVer": 12080, "cudaDeviceId": 0,
-        "totalGlobalMem": 85045968896, "maxGridSize": [2147483647, 65535, 65535],
-        "maxBlockSize": [1024, 1024, 64], "regsPerBlock": 65536, "multiProcessorCount": 132,
-        "smCountOrigin": 0, "warpSize": 32, "maxSharedMemoryPerBlock": 49152,
-        "maxSharedMemoryPerBlockOptin": 232448, "oversizedSharedMemoryPerBlock": 0,
-        "reservedSharedMemoryPerBlock": 1024, "maxRegistersPerSM": 65536, "maxCtasPerSM": 32,
-        "maxThreadsPerBlock": 1024, "maxThreadsPerSM": 2048, "pciDeviceId": 9008,
-        "isTccDriver": 0, "supportCoopLaunch": 1, "smClockRateKHz": 1980000,
-        "memClockRateKHz": 2619000, "memoryBusWidth": 5120, "l2CacheSize": 52428800,
-        "deviceName": "NVIDIA H100 80GB HBM3"}"#;
-
     /// cuDNN's heuristics propose engines for both graphs on an H100 described by its
-    /// properties ([`H100`]), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
+    /// properties (`graph::H100`), in bf16 and f16, at Wan's 8190 tokens and at uneven lengths: the
     /// graphs have the pattern of cuDNN's fused attention engines (a graph they do not
     /// recognise gets none); the backward also with padded statistics, and with the padding
     /// mask cuDNN 9.15.0 and older need off the 128 grid (in the form this version needs).
@@ -316,7 +303,7 @@ mod tests {
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
     fn cuda_cudnn_heuristics_take_the_graphs() {
-        use super::super::graph::{described_device, engine_index, Plan, Target};
+        use super::super::graph::{described_device, engine_index, Plan, Target, H100};
         let version =
             crate::wan::fused_attention::cudnn::present().unwrap_or_else(|e| panic!("{e}"));
         if version < 90800 {
