@@ -206,7 +206,7 @@ mod tests {
     /// (9.8 or later) but no GPU: `bench/cudnn-check.sh` runs it without one.
     #[test]
     fn cuda_cudnn_heuristics_take_the_conv_graphs() {
-        use super::super::graph::{described_device, engine_index, Plan, Target, H100};
+        use super::super::graph::{assert_engines, described_device, H100};
         let version = super::super::present().unwrap_or_else(|e| panic!("{e}"));
         if version < 90800 {
             eprintln!("cuDNN {version} cannot describe a device (9.8 can): not checked here");
@@ -253,18 +253,7 @@ mod tests {
         for (x, w, stride, pre, post) in cases {
             let what = format!("x {x:?} w {w:?} stride {stride:?} pad {pre:?}/{post:?}");
             let key = ConvKey::new(x, w, stride, pre, post).unwrap_or_else(|e| panic!("{e}"));
-            let ops = key.ops().unwrap_or_else(|e| panic!("{what}: {e}"));
-            let (_graph, _heuristics, configs) = Plan::configs(Target::Described(&device), &ops)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let engines: Vec<_> = configs
-                .iter()
-                .map(|c| engine_index(c).unwrap_or(-1))
-                .collect();
-            eprintln!("{what}: cuDNN's engines {engines:?}");
-            assert!(
-                !engines.is_empty(),
-                "{what}: cuDNN's heuristics propose no engine"
-            );
+            assert_engines(&device, &what, key.ops());
         }
     }
 }

@@ -264,6 +264,25 @@ pub(super) const H100: &str = r#"{"deviceVer": 900, "driverVer": 12080, "cudaDev
     "memClockRateKHz": 2619000, "memoryBusWidth": 5120, "l2CacheSize": 52428800,
     "deviceName": "NVIDIA H100 80GB HBM3"}"#;
 
+/// Asserts that cuDNN's heuristics propose engines for the graph of `ops` on `device` (a
+/// described one, [`described_device`]), and prints them after `what`; the tests that check
+/// graphs without a GPU (`bench/cudnn-check.sh`).
+#[cfg(test)]
+pub(super) fn assert_engines(device: &Desc, what: &str, ops: Result<Vec<Desc>, CudnnError>) {
+    let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (_graph, _heuristics, configs) =
+        Plan::configs(Target::Described(device), &ops).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let engines: Vec<_> = configs
+        .iter()
+        .map(|c| engine_index(c).unwrap_or(-1))
+        .collect();
+    eprintln!("{what}: cuDNN's engines {engines:?}");
+    assert!(
+        !engines.is_empty(),
+        "{what}: cuDNN's heuristics propose no engine"
+    );
+}
+
 impl Plan {
     /// The first engine configuration of cuDNN's heuristics (mode A) that can run the graph
     /// of `ops` on `target` within [`MAX_WORKSPACE`].

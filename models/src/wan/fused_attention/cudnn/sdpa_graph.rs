@@ -37,14 +37,7 @@ pub(super) mod uid {
 
 /// A non-virtual tensor.
 fn real(uid: i64, dtype: dnn::cudnnDataType_t, dims: [i64; 4], strides: [i64; 4]) -> TensorSpec {
-    TensorSpec {
-        uid,
-        dtype,
-        dims,
-        strides,
-        is_virtual: false,
-        by_value: false,
-    }
+    TensorSpec::device(uid, dtype, dims, strides)
 }
 
 /// A host scalar (float32), broadcast.
@@ -303,7 +296,7 @@ mod tests {
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
     fn cuda_cudnn_heuristics_take_the_graphs() {
-        use super::super::graph::{described_device, engine_index, Plan, Target, H100};
+        use super::super::graph::{assert_engines, described_device, H100};
         let version =
             crate::wan::fused_attention::cudnn::present().unwrap_or_else(|e| panic!("{e}"));
         if version < 90800 {
@@ -330,20 +323,7 @@ mod tests {
                     ("backward, padded statistics", backward_ops(&padded)),
                     ("backward, padding mask", backward_ops(&masked)),
                 ] {
-                    let what = format!("{name} {dtype:?} {shape:?}");
-                    let ops = ops.unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let (_graph, _heuristics, configs) =
-                        Plan::configs(Target::Described(&device), &ops)
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    let engines: Vec<_> = configs
-                        .iter()
-                        .map(|c| engine_index(c).unwrap_or(-1))
-                        .collect();
-                    eprintln!("{what}: cuDNN's engines {engines:?}");
-                    assert!(
-                        !engines.is_empty(),
-                        "{what}: cuDNN's heuristics propose no engine"
-                    );
+                    assert_engines(&device, &format!("{name} {dtype:?} {shape:?}"), ops);
                 }
             }
         }
