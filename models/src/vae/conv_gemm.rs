@@ -175,14 +175,19 @@ fn on_cudnn<B: Backend>(
 }
 
 /// Outputs of a convolution along one axis: `len` inputs plus `pad` zeros, kernel `k`,
-/// stride `s`. The VAE's shape checks keep every axis at least a kernel long.
-fn out_len(len: usize, pad: usize, k: usize, s: usize) -> usize {
+/// stride `s`; `None` when there is none (the padded axis shorter than the kernel, or a zero
+/// stride).
+pub(crate) fn out_len(len: usize, pad: usize, k: usize, s: usize) -> Option<usize> {
     let padded = len + pad;
-    assert!(
-        padded >= k && s > 0,
-        "a convolution of kernel {k}, stride {s} over {len} inputs padded by {pad}"
-    );
-    (padded - k) / s + 1
+    (padded >= k && s > 0).then(|| (padded - k) / s + 1)
+}
+
+/// [`out_len`] of a convolution the VAE runs: its shape checks keep every axis at least a
+/// kernel long.
+fn vae_out_len(len: usize, pad: usize, k: usize, s: usize) -> usize {
+    out_len(len, pad, k, s).unwrap_or_else(|| {
+        panic!("a convolution of kernel {k}, stride {s} over {len} inputs padded by {pad}")
+    })
 }
 
 /// The sizes of one convolution.
@@ -234,9 +239,9 @@ fn conv3d_gemm<B: Backend>(
         kernel: [kt, kh, kw],
         stride,
         out: [
-            out_len(t, 0, kt, stride[0]),
-            out_len(h, top + bottom, kh, stride[1]),
-            out_len(w, left + right, kw, stride[2]),
+            vae_out_len(t, 0, kt, stride[0]),
+            vae_out_len(h, top + bottom, kh, stride[1]),
+            vae_out_len(w, left + right, kw, stride[2]),
         ],
     };
     // Channels-last `[B, T, top + H + bottom, left + W + right, C]`; the kernel as

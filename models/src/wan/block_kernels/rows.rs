@@ -118,20 +118,19 @@ mod cube_tests {
     use cubecl::zspace::metadata::Metadata;
 
     fn check_view<R: CubeRuntime, BT: BoolElement>() {
-        type T<R, BT> = Cube<R, BT>;
         let dev = Default::default();
-        let base = Tensor::<T<R, BT>, 1, Int>::arange(0..2 * 3 * 128, &dev)
+        let base = Tensor::<Cube<R, BT>, 1, Int>::arange(0..2 * 3 * 128, &dev)
             .float()
             .div_scalar(100.0)
             .reshape([2, 3, 128]);
         // The first 81 values of each row, as a view (Burn's `slice` copies a slice whose
         // end is not on the memory alignment).
-        let mut p = prim::<T<R, BT>, R, BT, 3>(base);
+        let mut p = prim::<Cube<R, BT>, R, BT, 3>(base);
         *p.meta = Metadata::new([2, 3, 81], [384, 128, 1]);
-        let sliced = wrap::<T<R, BT>, R, BT, 3>(p);
+        let sliced = wrap::<Cube<R, BT>, R, BT, 3>(p);
         let keep = sliced.clone();
         let view = flatten_rows(sliced);
-        let p = prim::<T<R, BT>, R, BT, 2>(view.clone());
+        let p = prim::<Cube<R, BT>, R, BT, 2>(view.clone());
         assert_eq!(
             p.meta.strides().to_vec(),
             vec![128, 1],
@@ -143,14 +142,14 @@ mod cube_tests {
         );
         let packed = keep.reshape([6, 81]);
         assert_eq!(view.clone().into_data(), packed.clone().into_data());
-        let w = Tensor::<T<R, BT>, 1, Int>::arange(0..81 * 5, &dev)
+        let w = Tensor::<Cube<R, BT>, 1, Int>::arange(0..81 * 5, &dev)
             .float()
             .div_scalar(400.0)
             .reshape([81, 5]);
         let want = packed.matmul(w.clone());
         let scale: f32 = want.clone().abs().max().into_scalar().elem();
         // Relative to the largest value: within TF32 rounding on CUDA's tensor cores.
-        let off = |got: Tensor<T<R, BT>, 2>| -> f32 {
+        let off = |got: Tensor<Cube<R, BT>, 2>| -> f32 {
             (got - want.clone()).abs().max().into_scalar().elem::<f32>() / scale
         };
         assert!(off(view.clone().matmul(w.clone())) <= 5e-3, "Burn's matmul");

@@ -20,6 +20,7 @@ use super::graph::{Desc, TensorSpec, F32};
 use super::ops;
 use super::run::{self, Call, PlanKey};
 use super::CudnnError;
+use crate::vae::conv_gemm::out_len;
 
 /// The plain CUDA backend as Reel builds it.
 type Cuda = CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -56,13 +57,12 @@ impl ConvKey {
         }
         let mut y = [x[0], w[0], 0, 0, 0];
         for i in 0..3 {
-            let padded = x[i + 2] + pre[i] + post[i];
-            if stride[i] == 0 || padded < w[i + 2] {
+            let Some(len) = out_len(x[i + 2], pre[i] + post[i], w[i + 2], stride[i]) else {
                 return unsupported(format!(
                     "x {x:?}, kernel {w:?}, stride {stride:?}, padding {pre:?}/{post:?}: no output"
                 ));
-            }
-            y[i + 2] = (padded - w[i + 2]) / stride[i] + 1;
+            };
+            y[i + 2] = len;
         }
         let dims = [x, w, y];
         let wide = |a: [usize; 3]| a.map(|v| v as i64);
@@ -100,17 +100,6 @@ fn packed_strides(dims: [usize; 5]) -> [i64; 5] {
     strides
 }
 
-/// `x` packed row-major: itself when it is, else a packed copy.
-fn packed(x: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
-    let dims: [usize; 5] = std::array::from_fn(|i| x.meta.shape()[i]);
-    let strides: Vec<i64> = x.meta.strides().iter().map(|&s| s as i64).collect();
-    if strides == packed_strides(dims) {
-        x
-    } else {
-        into_contiguous(x)
-    }
-}
-
 /// `y [N, O, T', H', W']` (packed) of float32 `x [N, C, T, H, W]` and `w [O, C, kt, kh, kw]`
 /// on cuDNN, with `stride` and zero padding `pre` before and `post` after each of `T, H, W`.
 pub fn conv3d(
@@ -133,7 +122,9 @@ pub fn conv3d(
             .map_err(|_| CudnnError::Unsupported(format!("a convolution of a {s:?} tensor")))
     };
     let key = ConvKey::new(rank5(&x)?, rank5(&w)?, stride, pre, post)?;
-    let (x, w) = (packed(x), packed(w));
+    // Packed row-major, as the key describes them (`into_contiguous` copies only a tensor
+    // that is not).
+    let (x, w) = (into_contiguous(x), into_contiguous(w));
     let y = empty_device_contiguous_dtype(
         x.client.clone(),
         x.device.clone(),
