@@ -25,9 +25,10 @@
 # Reel row beside PyTorch's: 8190 tokens with checkpointing for every variant (default
 # VARIANTS="plain"), and again with REEL_MATMUL pinning the matmul-alone run's fastest kernels
 # (when they are not the `cuda` default, cuBLAS on CubeCL's stream), and with each pin of
-# STEP_PINS (default "cublas-async": cuBLAS ordered on the device), and, with ATTENTION flash, once with
-# each value of REEL_FLASH in FLASH_PINS (default "reel": Reel's tiled kernels, where the
-# `cuda` default is cuDNN's) and the fastest
+# STEP_PINS (default "cublas-queued": cuBLAS on CubeCL's stream, queued on CubeCL's server
+# thread), and, with ATTENTION flash, once with
+# each value of REEL_FLASH in FLASH_PINS (default "cudnn-queued": cuDNN called from CubeCL's
+# server thread, where the `cuda` default calls it from the training thread) and the fastest
 # matmul pin so far; then, with the variant (and pins) that was fastest there, one step
 # profiled per kernel (CubeCL's profiler, `profile_job`; with autotune, its choices are logged
 # too; at PROFILE_SHAPE, default 8,32,32: 2048 tokens, with PROFILE_CKPT, default 0: no
@@ -72,11 +73,13 @@
 #     5: the config updates the generator every fifth step) and configs/finetune_wan.toml;
 #   ONLY=encoders: the VAE's passes profiled per kernel (VAE_PROFILE), then the VAE and UMT5
 #     (ENCODER_RUNS); ENCODERS=only is the same;
-#   ONLY=small: 2048 tokens without checkpointing (PyTorch and Reel), that step profiled per
-#     kernel and its breakdown;
+#   ONLY=small: 2048 tokens without checkpointing (PyTorch and Reel; Reel again with the
+#     `cuda` defaults when REEL_MATMUL or REEL_FLASH pin others, else with each of STEP_PINS,
+#     alone and with each of FLASH_PINS), that step profiled per kernel and its breakdown;
 #   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job);
 #   ONLY=host: bench/host-overhead.sh on cuda (the host's cost per step by depth, kernels
-#     next to nothing), its table in <results>-host.md.
+#     next to nothing), its table in <results>-host.md, once per GPU_MEMORY mode and once
+#     with each of STEP_PINS.
 #   GPU_MEMORY (default "exact"): REEL_GPU_MEMORY modes run beside the default `pages`: in
 #     `small` a Reel row at 2048 tokens each, in `memory` the 29120-token step each (GPU
 #     memory beside pages'), in `host` a table each ("" runs pages alone).
@@ -126,18 +129,22 @@ case $PLAN in
     # The kernels timed on the blocks' products (`reel bench --matmul-only`) beside Burn's
     # matmul: NVIDIA's cuBLAS, ordered by host syncs (`cublas`), by flags
     # on the device (`cublas-async`) and on CubeCL's own stream (`cublas-stream`, the `cuda`
-    # default since the H200 run of 2026-11-30), and
+    # default since the H200 run of 2026-11-30; `cublas-queued` from CubeCL's server thread), and
     # the fastest cubek kernel of the H100 run of 2026-11-27 for reference. When the fastest is
     # not the default, the 8190-token step runs again pinned to it.
-    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async cublas-stream specialized-tma-mma"}
-    # The 8190-token step again with each of these pins: another ordering than the default,
-    # which the matmul-alone run cannot rank in a step (it times each product alone).
-    STEP_PINS=${STEP_PINS-"cublas-async"}
+    MATMUL_KERNELS=${MATMUL_KERNELS-"cublas cublas-async cublas-stream cublas-queued specialized-tma-mma"}
+    # The 8190-token and 2048-token steps again with each of these pins: another ordering than
+    # the default, which the matmul-alone run cannot rank in a step (it times each product
+    # alone). `cublas-async` took 1045 ms against the default's 678 (H200, 2026-11-30);
+    # `cublas-queued` spares the host the default's three waits a product for CubeCL's server
+    # thread (block_kernels/cublas_queued.rs).
+    STEP_PINS=${STEP_PINS-"cublas-queued"}
     # The 8190-token step again with each of these REEL_FLASH values (`flash` attention only):
-    # Reel's tiled kernels, where the `cuda` default is cuDNN's fused engines (PyTorch's on
-    # Hopper). The attention-alone run (its `flash` and `flash cudnn` rows) then runs whatever
-    # ATTENTION is.
-    FLASH_PINS=${FLASH_PINS-"reel"}
+    # cuDNN called from CubeCL's server thread (`cudnn-queued`), where the `cuda` default calls
+    # it from the training thread (Reel's tiled kernels, `reel`, took 678 ms against cuDNN's
+    # 646 on the H200, 2026-11-30; the attention alone at 8190 tokens, both libraries, is in
+    # that session's results).
+    FLASH_PINS=${FLASH_PINS-"cudnn-queued"}
     # Four timed steps: two left medians that were means of 588 and 703 ms (H200, 2026-11-30).
     STEPS=${STEPS:-4}
     WARMUP=${WARMUP:-1}
@@ -471,10 +478,10 @@ manifest, shape = sys.argv[1:]
 best = (float("inf"), "")
 for line in open(manifest):
     j = json.loads(line)
-    # Rows with the block kernels switched off, or with the attention's library pinned
-    # (`REEL_FLASH`: the default, cuDNN, against Reel's kernels, within the steps' noise),
-    # or with REEL_GPU_MEMORY set, are measurements, not candidates.
-    measured = lambda: ("block kernels" in j["attention"] or "(flash " in j["attention"]
+    # Rows with the block kernels switched off, or with the attention on Reel's kernels
+    # (`REEL_FLASH=reel`: against the default, cuDNN, within the steps' noise), or with
+    # REEL_GPU_MEMORY set, are measurements, not candidates; `cudnn-queued` is a candidate.
+    measured = lambda: ("block kernels" in j["attention"] or "(flash reel)" in j["attention"]
                         or "memory" in j)
     if j["kind"] == "reel" and j["shape"] == shape and j["rc"] == "0" and not measured():
         pin = lambda name: (re.search(rf"\({name} ([^)]+)\)", j["attention"]) or [None, "-"])[1]
@@ -516,7 +523,7 @@ for line in open(manifest):
                 # A row whose results are wrong (`error`: beyond the tolerance) never wins.
                 ok = not r.get("error")
                 # cuDNN's row is tried as a whole step (FLASH_PINS), not as launch shapes.
-                other = r["kernel"] in ("cubek", "flash cudnn")
+                other = r["kernel"] == "cubek" or r["kernel"].startswith("flash cudnn")
                 if ok and not other and r.get("forward_ms") and r.get("train_ms"):
                     fwd, train = r["forward_ms"]["median"], r["train_ms"]["median"]
                     rows.append((fwd, train - fwd, r["kernel"]))
@@ -560,9 +567,19 @@ long_runs() { # VARIANT
 # 2048 tokens without checkpointing: PyTorch and Reel, the step profiled per kernel and its
 # breakdown (ONLY=small).
 small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it before]
-  local m
+  local m pin flash
   torch_job 8,32,32 bf16 0
   reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
+  # Beside the row above (the host's share of the step is largest here): the `cuda` defaults
+  # when the plan picked pins, else each of STEP_PINS with each of FLASH_PINS.
+  if [[ ${REEL_MATMUL:-cublas-stream} != cublas-stream || ${REEL_FLASH:-cudnn} != cudnn ]]; then
+    REEL_MATMUL=cublas-stream REEL_FLASH=cudnn reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
+  else
+    for pin in $STEP_PINS; do
+      REEL_MATMUL=$pin reel_job "$1" "$ATTENTION" 8,32,32 bf16 0
+      for flash in $FLASH_PINS; do REEL_MATMUL=$pin REEL_FLASH=$flash reel_job "$1" "$ATTENTION" 8,32,32 bf16 0; done
+    done
+  fi
   for m in $GPU_MEMORY; do reel_job "$1" "$ATTENTION" 8,32,32 bf16 0 "$m"; done
   if [[ ${2:-1} == 1 ]]; then profile_job "$1" "$ATTENTION" 8,32,32 0; fi
   if [[ $ATTENTION == flash ]]; then breakdown_job finetune-flash-nockpt "$1" 8,32,32
@@ -572,14 +589,16 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
 # The host's own cost per step by depth (bench/host-overhead.sh on cuda, bf16 and the
 # session's attention as the real rows; ONLY=host): a table of its own in $out-host.md.
 host_runs() { # VARIANT
-  local m
+  local set m pin settings=()
   : >"$out-host.md"
-  for m in pages $GPU_MEMORY; do
-    if (($(left) < 60)); then echo "host ($m): skipped, $(left) s left" >&2; return 0; fi
-    echo "[$((SECONDS - start)) s] host overhead, REEL_GPU_MEMORY=$m" >&2
-    printf '\nREEL_GPU_MEMORY=%s\n\n' "$m" >>"$out-host.md"
-    REEL_GPU_MEMORY=$m BACKEND=cuda DTYPE=bf16 ATTENTION=$ATTENTION REEL=$BIN_DIR/reel-cuda-$1 \
-      STEPS=$STEPS timeout -k 5 "$(left)" bench/host-overhead.sh >>"$out-host.md" \
+  for m in pages $GPU_MEMORY; do settings+=("REEL_GPU_MEMORY=$m"); done
+  for pin in $STEP_PINS; do settings+=("REEL_MATMUL=$pin"); done
+  for set in "${settings[@]}"; do
+    if (($(left) < 60)); then echo "host ($set): skipped, $(left) s left" >&2; return 0; fi
+    echo "[$((SECONDS - start)) s] host overhead, $set" >&2
+    printf '\n%s\n\n' "$set" >>"$out-host.md"
+    env "$set" BACKEND=cuda DTYPE=bf16 ATTENTION="$ATTENTION" REEL="$BIN_DIR/reel-cuda-$1" \
+      STEPS="$STEPS" timeout -k 5 "$(left)" bench/host-overhead.sh >>"$out-host.md" \
       2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
   done
   cat "$out-host.md" >&2
@@ -621,7 +640,7 @@ if [[ -n $ONLY ]]; then
 elif [[ $PLAN == session ]]; then
   # With the attention named and no launch shapes to try, the attention-alone run decides
   # nothing: it is skipped.
-  if [[ $ATTENTION == pick || -n $TILES || -n $FLASH_PINS ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
+  if [[ $ATTENTION == pick || -n $TILES ]]; then attention_job "${VARIANTS%% *}" 21,30,52; fi
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
@@ -644,8 +663,8 @@ elif [[ $PLAN == session ]]; then
   for pin in $STEP_PINS; do
     if [[ $pin != "${pinned:-}" ]]; then REEL_MATMUL=$pin reel_job "${VARIANTS%% *}" "$ATTENTION" 21,30,52 bf16 1; fi
   done
-  # The attention's other library (Reel's kernels; cuDNN is the default), with the fastest
-  # matmul pin so far: a measurement, never picked for the rest of the plan.
+  # Each of FLASH_PINS with the fastest matmul pin so far: `cudnn-queued` may be picked for
+  # the rest of the plan; `reel` (Reel's kernels, where cuDNN is the default) is a measurement.
   if [[ $ATTENTION == flash && -n $FLASH_PINS ]]; then
     read -r _ so_far _ <<<"$(fastest_variant 21,30,52)"
     [[ ${so_far:--} == - ]] && so_far=

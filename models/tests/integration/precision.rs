@@ -252,8 +252,8 @@ mod cuda {
     /// `cuda` default; calls it cannot run fall back to Reel's), on this test's thread.
     fn each_attention(check: impl Fn(AttentionMode)) {
         check(AttentionMode::Fused);
-        for on_cudnn in [false, true] {
-            cudnn::choose(Some(on_cudnn));
+        for flash in [cudnn::Flash::Reel, cudnn::Flash::Cudnn] {
+            cudnn::choose(Some(flash));
             check(AttentionMode::Flash);
         }
         cudnn::choose(None);

@@ -182,7 +182,9 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
     let mut rows = vec![];
     // The `flash` rows time Reel's kernels; cuDNN's (the `cuda` default) get a row of their own.
     #[cfg(feature = "cuda")]
-    reel_models::wan::fused_attention::cudnn::choose(Some(false));
+    reel_models::wan::fused_attention::cudnn::choose(Some(
+        reel_models::wan::fused_attention::cudnn::Flash::Reel,
+    ));
     for &mode in &modes {
         let row = mode_row::<B>(args, mode, label(mode), [&q, &k, &v], shape, &check)?;
         rows.push(row);
@@ -400,9 +402,15 @@ fn cudnn_row<B: ReelBackend>(
     shape: [usize; 4],
     check: &Check<B::InnerBackend>,
 ) -> anyhow::Result<AttentionRow> {
-    use reel_models::wan::fused_attention::cudnn;
-    let kernel = "flash cudnn".to_string();
-    cudnn::choose(Some(true));
+    use reel_models::wan::fused_attention::cudnn::{self, Flash};
+    // cuDNN as REEL_FLASH calls it (`cudnn-queued` or `cudnn`), whatever this thread chose.
+    cudnn::choose(None);
+    let flash = match cudnn::flash() {
+        Flash::Reel => Flash::Cudnn,
+        other => other,
+    };
+    cudnn::choose(Some(flash));
+    let kernel = format!("flash {}", flash.name());
     let before = cudnn::runs();
     let _ = attention(q.clone(), k.clone(), v.clone(), AttentionMode::Flash);
     let row = if cudnn::runs().0 > before.0 {

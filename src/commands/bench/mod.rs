@@ -412,12 +412,18 @@ fn run_one<B: AutodiffBackend>(
     })
 }
 
-/// The `flash` attention's label: `flash cudnn` where its bf16/f16 calls go to cuDNN (a
-/// `cuda` build, `REEL_FLASH` not `reel`; calls cuDNN refuses fall back alone), else `flash`.
+/// The `flash` attention's label: `flash cudnn` (or `flash cudnn-queued`) where its bf16/f16
+/// calls go to cuDNN (a `cuda` build, `REEL_FLASH` not `reel`; calls cuDNN refuses fall back
+/// alone), else `flash`.
 fn flash_label(dtype: Precision) -> &'static str {
     #[cfg(feature = "cuda")]
-    if dtype == Precision::Bf16 && reel_models::wan::fused_attention::cudnn::chosen() {
-        return "flash cudnn";
+    {
+        use reel_models::wan::fused_attention::cudnn::{flash, Flash};
+        match flash() {
+            Flash::Cudnn if dtype == Precision::Bf16 => return "flash cudnn",
+            Flash::CudnnQueued if dtype == Precision::Bf16 => return "flash cudnn-queued",
+            _ => {}
+        }
     }
     let _ = dtype;
     "flash"

@@ -127,7 +127,10 @@ pub(super) fn matmul<B: Backend, R: CubeRuntime, BT: BoolElement>(
 ) -> Result<Tensor<B, 2>, MatmulError> {
     if matches!(
         kernel,
-        MatmulKernel::Cublas | MatmulKernel::CublasAsync | MatmulKernel::CublasStream
+        MatmulKernel::Cublas
+            | MatmulKernel::CublasAsync
+            | MatmulKernel::CublasStream
+            | MatmulKernel::CublasQueued
     ) {
         return cublas::<B, R, BT>(lhs, rhs, kernel);
     }
@@ -168,6 +171,7 @@ fn cublas<B: Backend, R: CubeRuntime, BT: BoolElement>(
         let order = match kernel {
             MatmulKernel::CublasAsync => Order::Device,
             MatmulKernel::CublasStream => Order::Stream,
+            MatmulKernel::CublasQueued => Order::Queued,
             _ => Order::Host,
         };
         return super::cublas::matmul::<B, BT>(lhs, rhs, order);
@@ -241,7 +245,7 @@ fn strategy(kernel: MatmulKernel) -> Strategy {
             Strategy::SpecializedTmaCmma(BlueprintStrategy::Inferred(().into()))
         }
         K::SpecializedTmaMma => Strategy::SpecializedTmaMma(BlueprintStrategy::Inferred(().into())),
-        K::Cublas | K::CublasAsync | K::CublasStream => {
+        K::Cublas | K::CublasAsync | K::CublasStream | K::CublasQueued => {
             unreachable!("cuBLAS products are not launched through cubek")
         }
     }

@@ -15,7 +15,11 @@
 //! - `cublas-async` ([`Order::Device`]) orders the two streams on the device, through flags in
 //!   memory ([`super::cublas_order`]);
 //! - `cublas-stream` ([`Order::Stream`]) runs cuBLAS on CubeCL's own stream, whose handle is
-//!   learned through CUPTI ([`super::cublas_stream`]), so nothing needs ordering.
+//!   learned through CUPTI ([`super::cublas_stream`]), so nothing needs ordering;
+//! - `cublas-queued` ([`Order::Queued`]) does the same from CubeCL's server thread, as a task
+//!   queued after the kernels before it ([`super::server_queue`]): the caller does not wait
+//!   for that thread to hand over the buffers' addresses, as `cublas-stream` does three times
+//!   a product.
 //!
 //! Row-major `C [m, n] = A [m, k] · B [k, n]` is column-major `Cᵀ = Bᵀ · Aᵀ`: a row-major
 //! operand is its own transpose in cuBLAS's column-major view, and a transposed view (a weight
@@ -84,6 +88,9 @@ pub(super) enum Order {
     /// On CubeCL's own stream, which needs no ordering (`cublas-stream`,
     /// [`super::cublas_stream`]).
     Stream,
+    /// On CubeCL's own stream, queued on CubeCL's server thread (`cublas-queued`,
+    /// [`super::server_queue`]).
+    Queued,
 }
 
 /// Set when device ordering failed (a wait gave up, the flags or their kernels could not be
@@ -150,26 +157,42 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
     let (a, a_op) = readable::<B, BT>(lhs);
     let (b, b_op) = readable::<B, BT>(rhs);
     let c = empty(&a, &[m, n], a.dtype);
-    // Taking the buffers orders this thread's CubeCL stream after any other stream that
-    // wrote them (and, the call being answered by CubeCL's server, after every kernel this
-    // thread queued before); the sync then waits for that stream.
-    let (pa, pb, pc) = (pointer(&a)?, pointer(&b)?, pointer(&c)?);
-    let plan = plan(order, &c);
     let gemm = Gemm {
         dims: [m, n, k],
-        a: (pa.ptr, a_op),
-        b: (pb.ptr, b_op),
-        c: pc.ptr as *mut c_void,
+        a_op,
+        b_op,
         // CubeCL pads the rows of what it allocates (on CUDA, rows of 512 bytes or more to a
         // multiple of 512 bytes, shorter ones to a power of two): `c`'s own row stride.
         ldc: c.meta.strides()[0],
         a_type,
         compute,
     };
+    match plan(order, &c) {
+        Plan::Queued(stream) => super::cublas_queued::queue(gemm, [&a, &b, &c], stream)?,
+        plan => run_here(plan, &gemm, [&a, &b, &c], || {
+            B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))
+        })?,
+    }
+    Ok(wrap::<B, CudaRuntime, BT, 2>(c))
+}
+
+/// Runs `gemm` on `[a, b, c]` from this thread, ordered by `plan` (not [`Plan::Queued`]);
+/// `sync` waits for the device (the host-ordered plan's first sync).
+fn run_here(
+    plan: Plan,
+    gemm: &Gemm,
+    [a, b, c]: [&CubeTensor<CudaRuntime>; 3],
+    sync: impl FnOnce() -> Result<(), MatmulError>,
+) -> Result<(), MatmulError> {
+    // Taking the buffers orders this thread's CubeCL stream after any other stream that
+    // wrote them (and, the call being answered by CubeCL's server, after every kernel this
+    // thread queued before); the sync then waits for that stream.
+    let (pa, pb, pc) = (pointer(a)?, pointer(b)?, pointer(c)?);
+    let buffers = [pa.ptr, pb.ptr, pc.ptr];
     with_blas(a.device.index, |blas| unsafe {
         let host_ordered = |blas: &mut Blas| {
-            B::sync(&device).map_err(|e| refused(format!("sync before the product: {e:?}")))?;
-            gemm.run(blas.handle)?;
+            sync()?;
+            gemm.run(blas.handle, buffers)?;
             // CubeCL may reuse the operands' and the output's memory once this returns.
             driver::stream::synchronize(blas.stream)
                 .map_err(|e| refused(format!("stream sync: {e}")))
@@ -180,14 +203,14 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
                 // The flags and their kernels are made on the first device-ordered product.
                 // Where they cannot be made, or a product's opening signal cannot be queued,
                 // the products run host-ordered rather than on Burn's matmul.
-                let number = match blas.make_flags(&c).and_then(|()| blas.ordered_before()) {
+                let number = match blas.make_flags(c).and_then(|()| blas.ordered_before()) {
                     Ok(number) => number,
                     Err(why) => {
                         device_order_fails(&why.to_string());
                         return host_ordered(blas);
                     }
                 };
-                gemm.run(blas.handle)?;
+                gemm.run(blas.handle, buffers)?;
                 let after = blas.ordered_after(number);
                 if let Err(e) = &after {
                     // The product is queued and nothing holds CubeCL back: it must finish
@@ -197,11 +220,12 @@ pub(super) fn matmul<B: Backend, BT: BoolElement>(
                 }
                 after
             }
-            Plan::Stream(stream) => gemm.run(blas.on(stream)?),
+            Plan::Stream(stream) => gemm.run(blas.on(stream)?, buffers),
+            Plan::Queued(_) => unreachable!("a queued product runs on CubeCL's server thread"),
         }
     })?;
     drop((pa, pb, pc));
-    Ok(wrap::<B, CudaRuntime, BT, 2>(c))
+    Ok(())
 }
 
 /// How one product is ordered, once the failures of earlier ones are taken into account.
@@ -211,6 +235,8 @@ enum Plan {
     Device,
     /// On CubeCL's own stream, this one.
     Stream(CUstream),
+    /// On CubeCL's own stream, this one, from CubeCL's server thread.
+    Queued(CUstream),
 }
 
 /// The plan for `order` on `like`'s device and stream: host syncs where device ordering has
@@ -222,7 +248,8 @@ fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
         Order::Host => Plan::Host,
         Order::Device if DEVICE_ORDER_FAILED.load(Ordering::Relaxed) => Plan::Host,
         Order::Device => Plan::Device,
-        Order::Stream => match super::cublas_stream::cubecl_stream(like) {
+        Order::Stream | Order::Queued => match super::cublas_stream::cubecl_stream(like) {
+            Ok(stream) if order == Order::Queued => Plan::Queued(stream),
             Ok(stream) => Plan::Stream(stream),
             Err(why) => {
                 static WARNED: AtomicBool = AtomicBool::new(false);
@@ -237,12 +264,11 @@ fn plan(order: Order, like: &CubeTensor<CudaRuntime>) -> Plan {
 
 /// One `cublasGemmEx` call: row-major `C [m, n] = A [m, k] · B [k, n]` as column-major
 /// `Cᵀ = Bᵀ · Aᵀ`, float32 scalars.
-struct Gemm {
+pub(super) struct Gemm {
     /// `[m, n, k]`.
     dims: [usize; 3],
-    a: (*const c_void, Operand),
-    b: (*const c_void, Operand),
-    c: *mut c_void,
+    a_op: Operand,
+    b_op: Operand,
     /// `c`'s row stride, in elements (`n` or more).
     ldc: usize,
     a_type: cudaDataType,
@@ -250,14 +276,18 @@ struct Gemm {
 }
 
 impl Gemm {
-    /// Queues the product on `handle`'s stream.
+    /// Queues the product of the buffers `[a, b, c]` (device addresses) on `handle`'s stream.
     ///
     /// # Safety
     /// The pointers are live device buffers of the handle's context, large enough for the
     /// dimensions and leading dimensions.
-    unsafe fn run(&self, handle: cublasHandle_t) -> Result<(), MatmulError> {
+    pub(super) unsafe fn run(
+        &self,
+        handle: cublasHandle_t,
+        [pa, pb, pc]: [*const c_void; 3],
+    ) -> Result<(), MatmulError> {
         let [m, n, k] = self.dims.map(|d| d as i32);
-        let ((pa, a_op), (pb, b_op)) = (self.a, self.b);
+        let (a_op, b_op) = (self.a_op, self.b_op);
         let (alpha, beta) = (1f32, 0f32);
         unsafe {
             blas::gemm_ex(
@@ -275,7 +305,7 @@ impl Gemm {
                 self.a_type,
                 a_op.ld as i32,
                 (&beta as *const f32).cast(),
-                self.c,
+                pc as *mut c_void,
                 self.a_type,
                 self.ldc as i32,
                 self.compute,
@@ -347,7 +377,7 @@ pub(crate) fn pointer(t: &CubeTensor<CudaRuntime>) -> Result<Pointer, MatmulErro
 }
 
 /// A cuBLAS handle on a stream of its own, in the device's primary context (CubeCL's).
-struct Blas {
+pub(super) struct Blas {
     context: CUcontext,
     handle: cublasHandle_t,
     stream: CUstream,
@@ -359,7 +389,7 @@ struct Blas {
 
 impl Blas {
     /// A handle of this context bound to `stream` (one of CubeCL's), made the first time.
-    fn on(&mut self, stream: CUstream) -> Result<cublasHandle_t, MatmulError> {
+    pub(super) fn on(&mut self, stream: CUstream) -> Result<cublasHandle_t, MatmulError> {
         if let Some(handle) = self.shared.get(&(stream as usize)) {
             return Ok(*handle);
         }
@@ -417,7 +447,7 @@ thread_local! {
 }
 
 /// `f` with this thread's cuBLAS handle and stream for device `index`, its context current.
-fn with_blas<T>(
+pub(super) fn with_blas<T>(
     index: usize,
     f: impl FnOnce(&mut Blas) -> Result<T, MatmulError>,
 ) -> Result<T, MatmulError> {
@@ -469,7 +499,7 @@ pub(crate) fn primary_context(index: usize) -> Result<CUcontext, String> {
     }
 }
 
-fn refused(why: String) -> MatmulError {
+pub(super) fn refused(why: String) -> MatmulError {
     MatmulError::Refused(format!("cuBLAS: {why}"))
 }
 

@@ -17,9 +17,9 @@
 //! - `reel bench --matmul-only` times every kernel on the products of a preset's blocks, so
 //!   that one GPU call says which name to pin.
 //!
-//! Besides cubek's kernels, `cublas`, `cublas-async` and `cublas-stream` run the products on
-//! NVIDIA's cuBLAS, on the `cuda` backend (`block_kernels/cublas.rs`); they differ in how
-//! cuBLAS's work is ordered with CubeCL's.
+//! Besides cubek's kernels, `cublas`, `cublas-async`, `cublas-stream` and `cublas-queued` run
+//! the products on NVIDIA's cuBLAS, on the `cuda` backend (`block_kernels/cublas.rs`); they
+//! differ in how cuBLAS's work is ordered with CubeCL's.
 //!
 //! A product that the pinned kernel cannot run (a kernel without hardware support, a shape it
 //! rejects) runs on Burn's matmul, with one line on stderr the first time.
@@ -88,10 +88,14 @@ pub enum MatmulKernel {
     /// cuBLAS on CubeCL's own stream, found through CUPTI (`block_kernels/cublas_stream.rs`):
     /// no ordering needed; host syncs where the stream is not found.
     CublasStream,
+    /// `CublasStream` run from CubeCL's server thread, queued there after the kernels before
+    /// it (`block_kernels/cublas_queued.rs`): the caller does not wait for the buffers'
+    /// addresses.
+    CublasQueued,
 }
 
 /// Every kernel with its name, in the order `reel bench --matmul-only` times them.
-pub const MATMUL_KERNELS: [(MatmulKernel, &str); 23] = [
+pub const MATMUL_KERNELS: [(MatmulKernel, &str); 24] = [
     (MatmulKernel::SimpleUnit, "simple-unit"),
     (MatmulKernel::DoubleUnit, "double-unit"),
     (MatmulKernel::SimpleCmma, "simple-cmma"),
@@ -118,6 +122,7 @@ pub const MATMUL_KERNELS: [(MatmulKernel, &str); 23] = [
     (MatmulKernel::Cublas, "cublas"),
     (MatmulKernel::CublasAsync, "cublas-async"),
     (MatmulKernel::CublasStream, "cublas-stream"),
+    (MatmulKernel::CublasQueued, "cublas-queued"),
 ];
 
 /// The name that stands for Burn's own matmul.

@@ -205,7 +205,7 @@ fn cuda_matmul_kernels_in_bf16() {
 }
 
 /// cuBLAS on CUDA, in each of its orderings (host syncs, flags on the device, CubeCL's own
-/// stream), runs every problem (a missing `libcublas` fails here rather than falling back
+/// stream from this thread and from CubeCL's server thread), runs every problem (a missing `libcublas` fails here rather than falling back
 /// quietly) in float32 (TF32), float16 and bf16; operands inside wider buffers (a column
 /// slice's leading dimension, rows from an offset); the linear product's autodiff operation
 /// on it; and a chain of products and CubeCL additions, each consuming the last one's output
@@ -218,6 +218,7 @@ fn cuda_cublas_runs_every_problem() {
         MatmulKernel::Cublas,
         MatmulKernel::CublasAsync,
         MatmulKernel::CublasStream,
+        MatmulKernel::CublasQueued,
     ];
     for kernel in orderings {
         let check = |what: &str, lhs: Tensor<Cube, 2>, rhs: Tensor<Cube, 2>, tol: f32| {
@@ -266,7 +267,8 @@ fn cuda_cublas_runs_every_problem() {
 
 /// CUPTI finds the CUDA stream CubeCL runs a thread's kernels on (`cublas-stream` does not
 /// fall back to host syncs here), the same handle each time; another thread, with a CubeCL
-/// stream id of its own, finds its own and its products and additions stay in order.
+/// stream id of its own, finds its own, and its products (made there, and queued on CubeCL's
+/// server thread) and additions stay in order.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_stream_is_cubecls() {
@@ -282,6 +284,7 @@ fn cuda_cublas_stream_is_cubecls() {
     assert_eq!(found(), stream, "found again");
     let other = std::thread::spawn(move || {
         check_chain::<Cube>(MatmulKernel::CublasStream);
+        check_chain::<Cube>(MatmulKernel::CublasQueued);
         found()
     })
     .join()

@@ -53,6 +53,8 @@ pub(crate) mod cublas;
 #[cfg(feature = "cuda")]
 mod cublas_order;
 #[cfg(feature = "cuda")]
+mod cublas_queued;
+#[cfg(feature = "cuda")]
 pub(crate) mod cublas_stream;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device;
@@ -66,6 +68,9 @@ mod matmul_pin;
 mod matmul_tests;
 pub(crate) mod norms;
 pub(crate) mod rows;
+// Used by `cuda`'s queued cuBLAS products; tested on `wgpu` too.
+#[cfg(any(feature = "cuda", all(test, feature = "wgpu")))]
+pub(crate) mod server_queue;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]
 mod tests;
 #[cfg(all(test, any(feature = "cuda", feature = "wgpu")))]

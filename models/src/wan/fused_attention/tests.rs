@@ -627,7 +627,7 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
 fn cuda_tensor_core_tiled_attention_matches_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     // Reel's kernels, not cuDNN's (the `cuda` default of `flash`), on this test's thread.
-    cudnn::choose(Some(false));
+    cudnn::choose(Some(cudnn::Flash::Reel));
     let wan = [(200, 150, 128, 128)];
     let (bf16, f16) = (
         burn::tensor::FloatDType::BF16,
@@ -648,7 +648,7 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 #[test]
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-    cudnn::choose(Some(false));
+    cudnn::choose(Some(cudnn::Flash::Reel));
     let wan = [(200, 150, 128, 128)];
     let (bf16, f16) = (
         burn::tensor::FloatDType::BF16,
@@ -714,10 +714,28 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
 /// 8190 tokens, random inputs) against Reel's tiled kernels, and against the naive attention in
 /// bf16 and f16, contiguous and strided. cuDNN runs the shapes whose head dims are multiples
 /// of 8 (Wan's 128 among them) and Reel's tiled kernels the others; a missing `libcudnn`, or a
-/// graph no cuDNN engine takes, fails the first calls with cuDNN's reason.
+/// graph no cuDNN engine takes, fails the first calls with cuDNN's reason. All of it twice:
+/// called from this thread (`cudnn`), and queued on CubeCL's server thread (`cudnn-queued`),
+/// where every call after a key's first returns before cuDNN has run.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cudnn_attention_matches_naive() {
+    for flash in [cudnn::Flash::Cudnn, cudnn::Flash::CudnnQueued] {
+        cudnn::choose(Some(flash));
+        let queued = cudnn::queued_runs();
+        check_cudnn_attention(flash);
+        cudnn::choose(None);
+        // (A process-wide count: other tests' threads may queue calls too.)
+        let queued = cudnn::queued_runs() - queued;
+        if flash == cudnn::Flash::CudnnQueued {
+            assert!(queued > 0, "no call was queued (stderr may say why)");
+        }
+    }
+}
+
+/// [`cuda_cudnn_attention_matches_naive`] with `flash` chosen on this thread.
+#[cfg(feature = "cuda")]
+fn check_cudnn_attention(flash: cudnn::Flash) {
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     let device = Default::default();
     let (bf16, f16) = (
@@ -737,19 +755,23 @@ fn cuda_cudnn_attention_matches_naive() {
             .into_data()
     };
     // Wan's heads at 256 tokens and at 8190 (21×30×52 latents: off the 128 grid), random
-    // inputs, against Reel's tiled kernels: the output and the three gradients.
+    // inputs, against Reel's tiled kernels: the output and the three gradients. Twice each:
+    // the second call of a key is the one queued.
     let tc = Products::TensorCores;
-    for tokens in [256, 8190] {
+    for tokens in [256, 256, 8190, 8190] {
         let [q, k, v, d_out] = [0; 4].map(|_| t([1, 12, tokens, 128]));
-        let (o, lse) = cudnn::forward(q.clone(), k.clone(), v.clone())
-            .unwrap_or_else(|e| panic!("cuDNN's forward cannot run Wan's {tokens} tokens: {e}"));
+        let (o, lse) = cudnn::forward(q.clone(), k.clone(), v.clone()).unwrap_or_else(|e| {
+            panic!("{flash:?}: cuDNN's forward cannot run Wan's {tokens} tokens: {e}")
+        });
         let grads = cudnn::backward(
             [q.clone(), k.clone(), v.clone()],
             o.clone(),
             lse,
             d_out.clone(),
         )
-        .unwrap_or_else(|e| panic!("cuDNN's backward cannot run Wan's {tokens} tokens: {e}"));
+        .unwrap_or_else(|e| {
+            panic!("{flash:?}: cuDNN's backward cannot run Wan's {tokens} tokens: {e}")
+        });
         let (o_reel, lse_reel) = tiled::forward(q.clone(), k.clone(), v.clone(), tc)
             .unwrap_or_else(|e| panic!("Reel's tiled forward: {e:?}"));
         let (dq, dk, dv) = tiled::backward((q, k, v), o_reel.clone(), lse_reel, d_out, tc)
@@ -763,17 +785,15 @@ fn cuda_cudnn_attention_matches_naive() {
             let diff = rel_diff(data(want), data(got));
             assert!(
                 diff < 3e-2,
-                "{tokens} tokens: cuDNN's {name} differs from Reel's by {diff} of its max"
+                "{flash:?}, {tokens} tokens: cuDNN's {name} differs from Reel's by {diff} of its max"
             );
         }
     }
     let wan = [(200, 150, 128, 128), (64, 300, 64, 64)];
-    cudnn::choose(Some(true));
     let before = cudnn::runs();
     check_tiled::<Cube>(&device, Products::TensorCores, bf16, 3e-2, &wan);
     check_tiled::<Cube>(&device, Products::TensorCores, f16, 1e-2, &wan);
     let after = cudnn::runs();
-    cudnn::choose(None);
     // Each extra shape: one forward and backward alone, then contiguous and strided, in two
     // dtypes, all on cuDNN: the key counts off the 128 grid (150, 300) too, behind the
     // padding mask on cuDNN 9.15.0 and older (`cudnn::padding`).
@@ -782,8 +802,8 @@ fn cuda_cudnn_attention_matches_naive() {
     let want = 6 * wan.len();
     assert!(
         ran.0 >= want && ran.1 >= want,
-        "cuDNN {version} ran {} forwards and {} backwards, not at least {want} of each; the \
-         rest fell back to Reel's kernels",
+        "{flash:?}: cuDNN {version} ran {} forwards and {} backwards, not at least {want} of \
+         each; the rest fell back to Reel's kernels",
         ran.0,
         ran.1
     );

@@ -21,11 +21,14 @@
 //! heuristics pick the fused engine, and plans are made once per shape and layout, per thread
 //! and device (`run.rs`). Ordering with CubeCL's kernels as for cuBLAS
 //! (`block_kernels/cublas.rs`): on CubeCL's own stream where CUPTI finds it, else host syncs
-//! around the call.
+//! around the call. `REEL_FLASH=cudnn-queued` makes the attention's calls from CubeCL's server
+//! thread, queued there after the kernels before them (`queued.rs`), as `cublas-queued` does
+//! for the products.
 
 mod conv;
 mod graph;
 mod ops;
+mod queued;
 mod run;
 mod sdpa;
 mod sdpa_graph;
@@ -34,15 +37,40 @@ use std::cell::Cell;
 use std::sync::{Mutex, OnceLock};
 
 pub use conv::{conv3d, conv3d_on};
+pub use queued::queued_runs;
 
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::cuda::CudaRuntime;
 use cudarc::cudnn::sys as dnn;
 
-/// The environment variable that picks the `flash` kernels' library: `cudnn` (the default), or
-/// `reel` (Reel's tiled kernels, which repeat bit for bit).
+/// The environment variable that picks the `flash` kernels' library ([`Flash`]): `cudnn` (the
+/// default), `cudnn-queued`, or `reel` (Reel's tiled kernels, which repeat bit for bit).
 pub const FLASH_ENV: &str = "REEL_FLASH";
+
+/// Which library runs the `flash` attention's bf16/f16 calls on `cuda` ([`FLASH_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flash {
+    /// Reel's tiled kernels (`reel`).
+    Reel,
+    /// cuDNN, called from the training thread (`cudnn`, the default): it waits for CubeCL's
+    /// server thread to hand over each buffer's address.
+    Cudnn,
+    /// cuDNN, called from CubeCL's server thread as a task queued after the kernels before it
+    /// (`cudnn-queued`; `run.rs`): the training thread does not wait.
+    CudnnQueued,
+}
+
+impl Flash {
+    /// The [`FLASH_ENV`] value that names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flash::Reel => "reel",
+            Flash::Cudnn => "cudnn",
+            Flash::CudnnQueued => "cudnn-queued",
+        }
+    }
+}
 
 /// Why cuDNN did not run an attention call.
 #[derive(Debug, thiserror::Error)]
@@ -69,35 +97,45 @@ pub enum CudnnError {
 
 thread_local! {
     /// This thread's override of [`FLASH_ENV`] (the tests' choice).
-    static CHOSEN: Cell<Option<bool>> = const { Cell::new(None) };
+    static CHOSEN: Cell<Option<Flash>> = const { Cell::new(None) };
     /// Forwards cuDNN ran on this thread.
     static RUNS: Cell<usize> = const { Cell::new(0) };
     /// Backwards cuDNN ran on this thread.
     static BACKWARD_RUNS: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Whether the `flash` attention runs on cuDNN: this thread's [`choose`], else [`FLASH_ENV`]
-/// (read once; unset is `cudnn`; another value than `cudnn` or `reel` is named on stderr and
-/// means `cudnn`).
-pub fn chosen() -> bool {
-    static ENV: OnceLock<bool> = OnceLock::new();
+/// The library of the `flash` attention: this thread's [`choose`], else [`FLASH_ENV`] (read
+/// once; unset is `cudnn`; another value is named on stderr and means `cudnn`).
+pub fn flash() -> Flash {
+    static ENV: OnceLock<Flash> = OnceLock::new();
     CHOSEN.with(Cell::get).unwrap_or_else(|| {
-        *ENV.get_or_init(|| match std::env::var(FLASH_ENV).as_deref() {
-            Ok("cudnn") | Err(_) => true,
-            Ok("reel") => false,
-            Ok(other) => {
-                eprintln!(
-                    "reel: {FLASH_ENV}={other:?} is neither \"cudnn\" nor \"reel\"; using cudnn"
-                );
-                true
+        *ENV.get_or_init(|| {
+            let all = [Flash::Cudnn, Flash::CudnnQueued, Flash::Reel];
+            match std::env::var(FLASH_ENV) {
+                Err(_) => Flash::Cudnn,
+                Ok(value) => all
+                    .into_iter()
+                    .find(|f| f.name() == value)
+                    .unwrap_or_else(|| {
+                        eprintln!(
+                        "reel: {FLASH_ENV}={value:?} is none of \"cudnn\", \"cudnn-queued\" and \
+                         \"reel\"; using cudnn"
+                    );
+                        Flash::Cudnn
+                    }),
             }
         })
     })
 }
 
+/// Whether the `flash` attention runs on cuDNN ([`flash`] is not [`Flash::Reel`]).
+pub fn chosen() -> bool {
+    flash() != Flash::Reel
+}
+
 /// Sets this thread's choice (`None`: back to [`FLASH_ENV`]).
-pub fn choose(cudnn: Option<bool>) {
-    CHOSEN.with(|c| c.set(cudnn));
+pub fn choose(flash: Option<Flash>) {
+    CHOSEN.with(|c| c.set(flash));
 }
 
 /// How many forwards and backwards cuDNN has run on this thread.

@@ -1,0 +1,131 @@
+//! Work run on a CubeCL server's own thread, in line with the kernels queued there.
+//!
+//! CubeCL runs each device's server on a thread of its own: a client's kernel launch is a task
+//! queued for that thread (`ComputeClient::launch`), which returns at once. A call that needs
+//! the server's state, such as a buffer's device address (`ComputeClient::get_resource`), waits
+//! for the thread to run everything queued before it, and the thread may be asleep (it sleeps
+//! in 150-µs steps when idle, `cubecl-common`'s channel). A library call on CubeCL's buffers
+//! made from the caller's thread (cuBLAS) takes that wait for each buffer.
+//!
+//! [`queue`] hands such a call to the server's thread as one more task: it runs after the
+//! kernels queued before it, with the server's state at hand, and the caller goes on at once.
+//! CubeCL finds a device's server by the device's id and the server's type
+//! (`cubecl_common`'s `DeviceHandle::new`), the way its own clients are made; nothing new is
+//! started. [`wait`] runs a task there and waits for its result.
+//!
+//! A queued task cannot hand an error back: the caller has gone on with its outputs. One that
+//! fails calls [`fail`], which names the reason on stderr at once; the next [`check`] (each
+//! queued call makes one before queueing) panics with it rather than go on from wrong values.
+
+use cubecl::device::Device;
+use cubecl::device_handle::DeviceHandle;
+use cubecl::Runtime;
+
+/// Why a queued task failed: the first failure.
+#[cfg(feature = "cuda")]
+static FAILED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Records that a queued task failed (`why`), naming it on stderr; [`check`] panics from then
+/// on.
+#[cfg(feature = "cuda")]
+pub(crate) fn fail(why: String) {
+    eprintln!("reel: a call queued on CubeCL's server thread failed: {why}");
+    let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+    failed.get_or_insert(why);
+}
+
+/// Panics when a queued task failed before ([`fail`]): its outputs, and what was computed from
+/// them, are wrong.
+#[cfg(feature = "cuda")]
+pub(crate) fn check() {
+    if let Some(why) = FAILED.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        panic!(
+            "a call queued on CubeCL's server thread failed ({why}): its outputs, and what was \
+             computed from them, are wrong"
+        );
+    }
+}
+
+/// The handle of `device`'s server, the one its clients queue their kernels on.
+fn server<R: Runtime>(device: &R::Device) -> DeviceHandle<R::Server> {
+    DeviceHandle::new(device.to_id())
+}
+
+/// Queues `task` on `device`'s server thread, after everything this thread queued there
+/// before, and returns at once. `task` runs with this thread's CubeCL stream id as the current
+/// one. It must not panic: a panic there stops the server.
+pub(crate) fn queue<R: Runtime>(
+    device: &R::Device,
+    task: impl FnOnce(&mut R::Server) + Send + 'static,
+) {
+    server::<R>(device).submit(task);
+}
+
+/// Runs `task` on `device`'s server thread, after everything this thread queued there before,
+/// and waits for its result.
+pub(crate) fn wait<R: Runtime, T: Send>(
+    device: &R::Device,
+    task: impl FnOnce(&mut R::Server) -> T + Send,
+) -> Result<T, String> {
+    server::<R>(device)
+        .submit_blocking(task)
+        .map_err(|e| format!("CubeCL's server thread did not answer: {e:?}"))
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use burn::tensor::{Distribution, Tensor};
+    use cubecl::server::ComputeServer;
+    use cubecl::wgpu::WgpuRuntime;
+
+    use super::*;
+    use crate::wan::block_kernels::cube::prim;
+
+    type Cube = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;
+
+    /// A task queued on the tensors' server takes their buffers there (the server is the
+    /// tensors' own: another would not know their memory) and runs in order with the kernels
+    /// queued around it, while the caller goes on.
+    #[test]
+    fn wgpu_queued_tasks_take_buffers_in_order_with_the_kernels() {
+        let device = Default::default();
+        let x = Tensor::<Cube, 2>::random([37, 24], Distribution::Default, &device);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (sizes, got) = mpsc::channel();
+        for step in 0..3u64 {
+            // A kernel, then a task on its output: the output's buffer is there for the task.
+            let y = prim::<Cube, WgpuRuntime, u32, 2>(x.clone().mul_scalar(step as f32));
+            let (binding, dev) = (y.handle.clone().binding(), y.device.clone());
+            let (order, sizes) = (order.clone(), sizes.clone());
+            queue::<WgpuRuntime>(&dev, move |server| {
+                let stream = cubecl::stream_id::StreamId::current();
+                let size = server
+                    .get_resource(binding, stream)
+                    .map(|r| r.resource().size);
+                order.lock().unwrap().push(step);
+                sizes.send(size.map_err(|e| format!("{e:?}"))).unwrap();
+            });
+        }
+        // The tasks wait in the queue like kernels; a call that waits for the server runs them.
+        let answer = wait::<WgpuRuntime, _>(&device, |_| order.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            answer,
+            vec![0, 1, 2],
+            "the tasks ran before the wait, in order"
+        );
+        for _ in 0..3 {
+            let size = got
+                .recv_timeout(Duration::from_secs(60))
+                .expect("a task's answer");
+            let size = size.unwrap_or_else(|e| panic!("the task's buffer: {e}"));
+            assert!(
+                size >= 37 * 24 * 4,
+                "a buffer of {size} bytes for 37 x 24 floats"
+            );
+        }
+    }
+}
