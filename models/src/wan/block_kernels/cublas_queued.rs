@@ -49,9 +49,7 @@ pub(super) fn queue(
     prepare(&device, stream)?;
     let bindings = tensors.map(|t| t.handle.clone().binding());
     server_queue::queue::<CudaRuntime>(&device, move |server| {
-        if let Err(e) = run(server, &gemm, bindings, index, stream as CUstream) {
-            server_queue::fail(e.to_string());
-        }
+        run(server, &gemm, bindings, index, stream as CUstream).map_err(|e| e.to_string())
     });
     Ok(())
 }
@@ -59,17 +57,23 @@ pub(super) fn queue(
 /// Makes the server thread's cuBLAS handle for `stream` on `device` the first time, and waits
 /// for it.
 fn prepare(device: &CudaDevice, stream: usize) -> Result<(), MatmulError> {
-    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
-    let ready = ready.get_or_insert_with(HashSet::new);
     let index = device.index;
-    if ready.contains(&(index, stream)) {
+    let ready = || READY.lock().unwrap_or_else(|e| e.into_inner());
+    if ready()
+        .as_ref()
+        .is_some_and(|r| r.contains(&(index, stream)))
+    {
         return Ok(());
     }
+    // Not holding the lock while the server thread works: another device's first product
+    // need not wait for this one (making the handle twice is harmless: `Blas::on` keeps one).
     server_queue::wait::<CudaRuntime, _>(device, move |_| {
         with_blas(index, |blas| blas.on(stream as CUstream).map(|_| ()))
     })
     .map_err(refused)??;
-    ready.insert((index, stream));
+    ready()
+        .get_or_insert_with(HashSet::new)
+        .insert((index, stream));
     Ok(())
 }
 

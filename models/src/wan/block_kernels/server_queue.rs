@@ -13,22 +13,24 @@
 //! (`cubecl_common`'s `DeviceHandle::new`), the way its own clients are made; nothing new is
 //! started. [`wait`] runs a task there and waits for its result.
 //!
-//! A queued task cannot hand an error back: the caller has gone on with its outputs. One that
-//! fails calls [`fail`], which names the reason on stderr at once; the next [`check`] (each
-//! queued call makes one before queueing) panics with it rather than go on from wrong values.
+//! A queued task cannot hand an error back: the caller has gone on with its outputs. A task
+//! that fails (returns an error or panics: CubeCL's server thread catches a task's panic and
+//! only logs it) is named on stderr at once, and the next [`check`] (each queued call makes one
+//! before queueing) panics with it rather than go on from wrong values.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
 
 use cubecl::device::Device;
 use cubecl::device_handle::DeviceHandle;
 use cubecl::Runtime;
 
 /// Why a queued task failed: the first failure.
-#[cfg(feature = "cuda")]
-static FAILED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+static FAILED: Mutex<Option<String>> = Mutex::new(None);
 
 /// Records that a queued task failed (`why`), naming it on stderr; [`check`] panics from then
 /// on.
-#[cfg(feature = "cuda")]
-pub(crate) fn fail(why: String) {
+fn fail(why: String) {
     eprintln!("reel: a call queued on CubeCL's server thread failed: {why}");
     let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
     failed.get_or_insert(why);
@@ -36,9 +38,11 @@ pub(crate) fn fail(why: String) {
 
 /// Panics when a queued task failed before ([`fail`]): its outputs, and what was computed from
 /// them, are wrong.
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", test))]
 pub(crate) fn check() {
-    if let Some(why) = FAILED.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+    // The reason is copied out first: a panic holding the lock would poison it.
+    let failed = FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(why) = failed {
         panic!(
             "a call queued on CubeCL's server thread failed ({why}): its outputs, and what was \
              computed from them, are wrong"
@@ -53,12 +57,22 @@ fn server<R: Runtime>(device: &R::Device) -> DeviceHandle<R::Server> {
 
 /// Queues `task` on `device`'s server thread, after everything this thread queued there
 /// before, and returns at once. `task` runs with this thread's CubeCL stream id as the current
-/// one. It must not panic: a panic there stops the server.
+/// one; its error or panic is recorded for [`check`].
 pub(crate) fn queue<R: Runtime>(
     device: &R::Device,
-    task: impl FnOnce(&mut R::Server) + Send + 'static,
+    task: impl FnOnce(&mut R::Server) -> Result<(), String> + Send + 'static,
 ) {
-    server::<R>(device).submit(task);
+    server::<R>(device).submit(move |server| {
+        match catch_unwind(AssertUnwindSafe(|| task(server))) {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => fail(why),
+            Err(panic) => {
+                let why = (panic.downcast_ref::<String>().cloned())
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+                fail(format!("a panic: {}", why.unwrap_or_default()))
+            }
+        }
+    });
 }
 
 /// Runs `task` on `device`'s server thread, after everything this thread queued there before,
@@ -108,6 +122,7 @@ mod tests {
                     .map(|r| r.resource().size);
                 order.lock().unwrap().push(step);
                 sizes.send(size.map_err(|e| format!("{e:?}"))).unwrap();
+                Ok(())
             });
         }
         // The tasks wait in the queue like kernels; a call that waits for the server runs them.
@@ -127,5 +142,31 @@ mod tests {
                 "a buffer of {size} bytes for 37 x 24 floats"
             );
         }
+    }
+
+    /// A queued task that fails, by an error or by a panic (which CubeCL's server thread would
+    /// only log), is recorded, and `check` then panics. (Not in CUDA builds: the record is
+    /// process-wide, and the CUDA tests queue real calls that `check` first.)
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn wgpu_a_failing_queued_task_is_recorded() {
+        let device = Default::default();
+        let failure = |task: fn(&mut <WgpuRuntime as Runtime>::Server) -> Result<(), String>| {
+            queue::<WgpuRuntime>(&device, task);
+            wait::<WgpuRuntime, _>(&device, |_| ()).expect("the server thread answers");
+            let caught = std::panic::catch_unwind(check).is_err();
+            let why = FAILED.lock().unwrap().take();
+            (caught, why)
+        };
+        let (caught, why) = failure(|_| Err("the product failed".into()));
+        assert_eq!(why.as_deref(), Some("the product failed"));
+        assert!(caught, "check did not panic after an error");
+        let (caught, why) = failure(|_| panic!("a task's panic"));
+        assert_eq!(why.as_deref(), Some("a panic: a task's panic"));
+        assert!(caught, "check did not panic after a panic");
+        assert!(
+            std::panic::catch_unwind(check).is_ok(),
+            "nothing recorded now"
+        );
     }
 }

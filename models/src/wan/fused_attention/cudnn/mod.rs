@@ -111,7 +111,7 @@ pub fn flash() -> Flash {
     CHOSEN.with(Cell::get).unwrap_or_else(|| {
         *ENV.get_or_init(|| {
             let all = [Flash::Cudnn, Flash::CudnnQueued, Flash::Reel];
-            match std::env::var(FLASH_ENV) {
+            let flash = match std::env::var(FLASH_ENV) {
                 Err(_) => Flash::Cudnn,
                 Ok(value) => all
                     .into_iter()
@@ -123,7 +123,17 @@ pub fn flash() -> Flash {
                     );
                         Flash::Cudnn
                     }),
+            };
+            // Under Burn's fusion layer the attention runs inside the fusion thread's tasks,
+            // whose panics CubeCL catches: a queued call's failure could not stop the run.
+            if cfg!(feature = "fusion") && flash == Flash::CudnnQueued {
+                eprintln!(
+                    "reel: {FLASH_ENV}=cudnn-queued is not available with Burn's fusion layer; \
+                     using cudnn"
+                );
+                return Flash::Cudnn;
             }
+            flash
         })
     })
 }

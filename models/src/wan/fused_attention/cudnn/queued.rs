@@ -10,8 +10,9 @@
 //!
 //! What can fail is done first, waiting, so that a failure refuses the call (Reel's kernels
 //! run it): the first call of each plan key makes the plan on the server thread and runs it
-//! there once, waited for. Later calls of the key are queued; one that fails names the reason
-//! on stderr, and the next queued call panics with it (`server_queue::check`).
+//! there once, waited for; a key refused there is refused at once after. Later calls of the key
+//! are queued; one that fails names the reason on stderr, and the next queued call panics with
+//! it (`server_queue::check`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -37,23 +38,24 @@ pub fn queued_runs() -> usize {
     QUEUED.load(Ordering::Relaxed)
 }
 
-/// The workspace bytes of each (device ordinal, key) planned and run once on the server thread.
-static PLANNED: Mutex<Option<HashMap<(usize, PlanKey), usize>>> = Mutex::new(None);
+/// Each (device ordinal, key) whose first call was made on the server thread: its plan's
+/// workspace bytes, or why cuDNN refused it (asked again, it is refused at once).
+type Planned = HashMap<(usize, PlanKey), Result<usize, String>>;
 
-/// The workspace bytes of `(index, key)` when it was planned and run there, else `None`.
-fn planned(index: usize, key: PlanKey) -> Option<usize> {
+static PLANNED: Mutex<Option<Planned>> = Mutex::new(None);
+
+/// What the first call of `(index, key)` found, if it was made.
+fn planned(index: usize, key: PlanKey) -> Option<Result<usize, String>> {
     let planned = PLANNED.lock().unwrap_or_else(|e| e.into_inner());
-    planned.as_ref().and_then(|p| p.get(&(index, key)).copied())
+    planned.as_ref().and_then(|p| p.get(&(index, key)).cloned())
 }
 
-/// Records (`Some`) or forgets (`None`) the workspace bytes of `(index, key)`.
-fn set_planned(index: usize, key: PlanKey, bytes: Option<usize>) {
+/// Records what the first call of `(index, key)` found.
+fn remember(index: usize, key: PlanKey, found: Result<usize, String>) {
     let mut planned = PLANNED.lock().unwrap_or_else(|e| e.into_inner());
-    let planned = planned.get_or_insert_with(HashMap::new);
-    match bytes {
-        Some(bytes) => planned.insert((index, key), bytes),
-        None => planned.remove(&(index, key)),
-    };
+    planned
+        .get_or_insert_with(HashMap::new)
+        .insert((index, key), found);
 }
 
 /// Runs `call` from CubeCL's server thread on `like`'s device, on CubeCL's `stream`: the
@@ -77,12 +79,15 @@ pub(super) fn execute(
     let device = like.device.clone();
     let (index, key) = (device.index, call.key);
     let known = planned(index, key);
-    let bytes = match known {
-        Some(bytes) => bytes,
+    let bytes = match &known {
+        Some(found) => found.clone().map_err(CudnnError::Call)?,
         None => {
             let graph = call.graph;
-            server_queue::wait::<CudaRuntime, _>(&device, move |_| run::plan(index, key, graph))
-                .map_err(CudnnError::Call)??
+            let made = server_queue::wait::<CudaRuntime, _>(&device, move |_| {
+                run::plan(index, key, graph)
+            });
+            made.map_err(CudnnError::Call)?
+                .inspect_err(|e| remember(index, key, Err(e.to_string())))?
         }
     };
     let workspace = run::workspace(like, bytes);
@@ -106,14 +111,17 @@ pub(super) fn execute(
     if known.is_some() {
         QUEUED.fetch_add(1, Ordering::Relaxed);
         server_queue::queue::<CudaRuntime>(&device, move |server| {
-            if let Err(e) = task(server) {
-                server_queue::fail(format!("cuDNN {key:?}: {e}"));
-            }
+            task(server).map_err(|e| format!("cuDNN {key:?}: {e}"))
         });
     } else {
-        // The key's first run, waited for there: a failure refuses this call.
-        server_queue::wait::<CudaRuntime, _>(&device, task).map_err(CudnnError::Call)??;
-        set_planned(index, key, Some(bytes));
+        // The key's first run, waited for there: a failure refuses this call and the key.
+        let ran = server_queue::wait::<CudaRuntime, _>(&device, task).map_err(CudnnError::Call)?;
+        remember(
+            index,
+            key,
+            ran.as_ref().map(|()| bytes).map_err(|e| e.to_string()),
+        );
+        ran?;
     }
     // The task holds the workspace's buffer until cuDNN has queued its kernels.
     drop(workspace);
