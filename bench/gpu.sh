@@ -79,7 +79,7 @@
 #   ONLY=memory: the 29120-token step with CubeCL's memory log (memlog_job);
 #   ONLY=host: bench/host-overhead.sh on cuda (the host's cost per step by depth, kernels
 #     next to nothing), its table in <results>-host.md, once per GPU_MEMORY mode and once
-#     with each of STEP_PINS.
+#     with each of STEP_PINS, alone and with each of FLASH_PINS.
 #   GPU_MEMORY (default "exact"): REEL_GPU_MEMORY modes run beside the default `pages`: in
 #     `small` a Reel row at 2048 tokens each, in `memory` the 29120-token step each (GPU
 #     memory beside pages'), in `host` a table each ("" runs pages alone).
@@ -589,15 +589,19 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
 # The host's own cost per step by depth (bench/host-overhead.sh on cuda, bf16 and the
 # session's attention as the real rows; ONLY=host): a table of its own in $out-host.md.
 host_runs() { # VARIANT
-  local set m pin settings=()
+  local set m pin flash settings=()
   : >"$out-host.md"
   for m in pages $GPU_MEMORY; do settings+=("REEL_GPU_MEMORY=$m"); done
-  for pin in $STEP_PINS; do settings+=("REEL_MATMUL=$pin"); done
+  for pin in $STEP_PINS; do
+    settings+=("REEL_MATMUL=$pin")
+    for flash in $FLASH_PINS; do settings+=("REEL_MATMUL=$pin REEL_FLASH=$flash"); done
+  done
   for set in "${settings[@]}"; do
     if (($(left) < 60)); then echo "host ($set): skipped, $(left) s left" >&2; return 0; fi
     echo "[$((SECONDS - start)) s] host overhead, $set" >&2
     printf '\n%s\n\n' "$set" >>"$out-host.md"
-    env "$set" BACKEND=cuda DTYPE=bf16 ATTENTION="$ATTENTION" REEL="$BIN_DIR/reel-cuda-$1" \
+    # shellcheck disable=SC2086 # one or two NAME=value words
+    env $set BACKEND=cuda DTYPE=bf16 ATTENTION="$ATTENTION" REEL="$BIN_DIR/reel-cuda-$1" \
       STEPS="$STEPS" timeout -k 5 "$(left)" bench/host-overhead.sh >>"$out-host.md" \
       2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
   done
