@@ -60,9 +60,10 @@ pub fn load(text: &str, overrides: &[&str]) -> LoadedConfig {
 /// In-process trainings of this test binary take turns through this lock. Burn 0.21's
 /// autodiff graph cleanup is process-wide: a `backward()` on one thread can free graph steps
 /// another thread is still building (tracel-ai/burn#5573), which the staged backward of
-/// gradient checkpointing exposes. Plain runs share the lock (they run side by side, as they
-/// always have); [`run_alone`] takes it whole. (One training per process, as `reel train`
-/// runs, is not affected.)
+/// gradient checkpointing exposes. Every training takes `reel-core`'s process-wide turn
+/// around its graphs and backwards (`Seat::autodiff_turn`, since a one-device DMD2 run side by
+/// side with the others lost a gradient about one test run in six), so plain runs share the
+/// lock and run side by side; [`run_alone`] still takes it whole.
 static TRAININGS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// Train in `dir`, side by side with the binary's other plain runs.

@@ -67,9 +67,10 @@ impl ParallelError {
 
 /// Burn 0.21's autodiff graph cleanup is process-global: a `backward()` on one thread can
 /// free graph steps another thread is still building (tracel-ai/burn#5573), silently losing
-/// a gradient. Workers in one process therefore build graphs and run backwards one at a time
-/// (they take turns), and give the turn away while they wait in a collective call. Kernels
-/// run asynchronously on GPUs, so devices still compute side by side.
+/// a gradient. Trainings in one process (a group's workers, or separate runs) therefore build
+/// graphs and run backwards one at a time (they take turns), and give the turn away while they
+/// wait in a collective call. Kernels run asynchronously on GPUs, so devices still compute
+/// side by side.
 struct Turn {
     taken: Mutex<bool>,
     free: Condvar,
@@ -196,13 +197,13 @@ impl<B: Backend> Seat<B> {
         self.collective.as_ref()
     }
 
-    /// A group worker's turn to build graphs and run backwards (workers take turns because
-    /// of tracel-ai/burn#5573; collective calls give the turn away while they wait); `None`
-    /// in a one-device run.
-    pub fn autodiff_turn(&self) -> Option<TurnGuard> {
-        self.collective.as_ref().map(|_| {
-            TURN.take();
-            TurnGuard(())
-        })
+    /// This worker's turn to build graphs and run backwards: the workers of a group take
+    /// turns because of tracel-ai/burn#5573 (collective calls give the turn away while they
+    /// wait), and so does a one-device run, which otherwise races with any other training in
+    /// the process (a test binary's runs side by side, a library's caller): such a race lost a
+    /// DMD2 discriminator's gradient about one full test run in six (2026-12-01).
+    pub fn autodiff_turn(&self) -> TurnGuard {
+        TURN.take();
+        TurnGuard(())
     }
 }
