@@ -11,7 +11,9 @@
 //! `worker-panic` (once per worker and step, at the step's end) panics the thread of the
 //! worker that reaches the `n`-th hit, to test that a failed data-parallel worker stops the
 //! others; `device-out-of-memory` (same place) panics as CubeCL does when a device allocation
-//! fails, to test the out-of-memory hint.
+//! fails, to test the out-of-memory hint; `device-fault` (at each [`crate::device_fault::check`]:
+//! after each step's host sync and before each checkpoint's commit) reports a failed queued
+//! device call, to test that the run stops and saves nothing computed from it.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -10,6 +10,7 @@ pub mod callback;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device_fault;
 mod device_setup;
 pub mod fault;
 pub mod fixtures;

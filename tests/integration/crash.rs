@@ -2,7 +2,8 @@
 //! checkpoint file write, before the manifest, before the rename, after a step) and at
 //! random moments with SIGKILL; each time `--resume latest` finishes with exactly the weights
 //! of an uninterrupted run. Ctrl-C writes a checkpoint and a resume continues from it. A
-//! device that runs out of memory ends the run with a hint on what to change.
+//! device that runs out of memory ends the run with a hint on what to change; a failed queued
+//! device call stops it before any checkpoint holds its values.
 
 use crate::common;
 
@@ -331,6 +332,57 @@ fn running_out_of_device_memory_says_what_to_change_and_keeps_the_checkpoints() 
     );
     // Steps 1 and 2 were saved and resume to the uninterrupted result.
     assert!(ckpt(&out, 2).join("manifest.json").is_file(), "{err}");
+    finish(&config, &out);
+    let clean = tmp.path().join("clean");
+    finish(&config, &clean);
+    assert_eq!(final_weights(&out), final_weights(&clean));
+}
+
+/// A device call that fails after its caller went on (a queued cuBLAS or cuDNN call; here the
+/// `device-fault` fault point) stops the run with an error at the step's host sync, before
+/// the update, or before a checkpoint's commit: no checkpoint holds values computed from it,
+/// and resuming from the last good one gives the uninterrupted result.
+#[test]
+fn a_failed_queued_device_call_stops_the_run_before_any_checkpoint_holds_its_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let out = tmp.path().join("run");
+    let latest = || std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    // Checks: step 0's host sync (1), checkpoint 1 (2), step 1's host sync (3).
+    let o = reel(&config, &out, &[], Some("device-fault:3"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("step 1: a device call queued by REEL_FAULT failed")
+            && err.contains("step-00000001")
+            && !err.contains("panicked"),
+        "the error names the step, the failure and the last good checkpoint: {err}"
+    );
+    assert!(!ckpt(&out, 2).exists(), "{err}");
+    assert_eq!(latest(), "step-00000001");
+    // Resumed: step 1's host sync (1), then checkpoint 2 (2) is not committed.
+    let o = reel(
+        &config,
+        &out,
+        &["--resume", "latest"],
+        Some("device-fault:2"),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("step 2: a device call"), "{err}");
+    assert!(!ckpt(&out, 2).exists(), "{err}");
+    assert_eq!(latest(), "step-00000001");
+    let leftovers: Vec<_> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary folders left: {leftovers:?}"
+    );
     finish(&config, &out);
     let clean = tmp.path().join("clean");
     finish(&config, &clean);

@@ -25,7 +25,7 @@ pub use state::{ema_file, optim_file, weights_file};
 
 use crate::backend::ReelBackend;
 use crate::callback::CallbackError;
-use crate::checkpoint::{CheckpointError, TrainerState};
+use crate::checkpoint::{CheckpointError, CheckpointStore, TrainerState};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::data::{DataError, DataSource};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
@@ -59,6 +59,22 @@ pub enum TrainError {
         /// Which losses / gradient norms.
         what: String,
         /// Checkpoint holding the last good state.
+        checkpoint: String,
+    },
+    /// A device call failed after the call that queued it returned
+    /// ([`crate::device_fault`]): the step's values are wrong, so the run stops before its
+    /// update and saves nothing more.
+    #[error(
+        "step {step}: {fault}; the step was not applied and nothing was saved after it: \
+         the last good state is {checkpoint}"
+    )]
+    DeviceFault {
+        /// The step (0-based) at whose host sync the failure was found, or the completed
+        /// steps of the checkpoint it stopped.
+        step: u64,
+        /// What failed.
+        fault: crate::device_fault::DeviceFault,
+        /// The newest checkpoint (or that there is none yet).
         checkpoint: String,
     },
     /// Interrupted (Ctrl-C) after writing a checkpoint.
@@ -239,6 +255,19 @@ pub fn run_dir_error(
         Some(_) => ConfigError::new("--output", message),
         None => ConfigError::new("runtime.output_dir", message).in_file(&loaded.path),
     }
+}
+
+/// [`crate::device_fault::check`] as the trainer's error: a failure at `step` names the newest
+/// checkpoint in `store`, the last good state.
+fn check_device(store: &CheckpointStore, step: u64) -> Result<(), TrainError> {
+    crate::device_fault::check().map_err(|fault| TrainError::DeviceFault {
+        step,
+        fault,
+        checkpoint: match store.list().first() {
+            Some((_, dir)) => dir.display().to_string(),
+            None => "the run's start (no checkpoint was written yet)".into(),
+        },
+    })
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {

@@ -91,6 +91,8 @@ pub(super) fn save<B: AutodiffBackend>(
     for cb in callbacks.iter_mut() {
         cb.on_checkpoint(ctx, pending.dir())?;
     }
+    // The tensors were read back: every call queued before has run.
+    super::check_device(store, at.step)?;
     Ok(store.commit(pending, at.fingerprint)?)
 }
 

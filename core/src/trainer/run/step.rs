@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
-use super::super::TrainError;
+use super::super::{check_device, TrainError};
 use super::Trainer;
 use crate::backend::ReelBackend;
 use crate::callback::StepReport;
@@ -57,6 +57,8 @@ impl<B: ReelBackend> Trainer<'_, B> {
         profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads())?;
         let reduced =
             profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts))?;
+        // Every call queued during the step has run by the host sync.
+        check_device(&self.store, self.step)?;
         self.stop_agreed = reduced.interrupted;
         let _turn = self.seat.autodiff_turn();
         let bad = reduced.non_finite();

@@ -16,10 +16,13 @@
 //! A queued task cannot hand an error back: the caller has gone on with its outputs. A task
 //! that fails (returns an error or panics: CubeCL's server thread catches a task's panic and
 //! only logs it) is named on stderr at once, and the next [`check`] (each queued call makes one
-//! before queueing) panics with it rather than go on from wrong values.
+//! before queueing) panics with it rather than go on from wrong values. The trainer finds it
+//! too, through `reel_core::device_fault` (after each step's host sync and before each
+//! checkpoint's commit), so that a failure among a run's last calls stops the run with an
+//! error and reaches no checkpoint.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{Mutex, Once};
 
 use cubecl::device::Device;
 use cubecl::device_handle::DeviceHandle;
@@ -27,6 +30,11 @@ use cubecl::Runtime;
 
 /// Why a queued task failed: the first failure.
 static FAILED: Mutex<Option<String>> = Mutex::new(None);
+
+/// The first queued task's failure, for `reel_core::device_fault`.
+fn failure() -> Option<String> {
+    FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
 
 /// Records that a queued task failed (`why`), naming it on stderr; [`check`] panics from then
 /// on.
@@ -41,8 +49,7 @@ fn fail(why: String) {
 #[cfg(any(feature = "cuda", test))]
 pub(crate) fn check() {
     // The reason is copied out first: a panic holding the lock would poison it.
-    let failed = FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some(why) = failed {
+    if let Some(why) = failure() {
         panic!(
             "a call queued on CubeCL's server thread failed ({why}): its outputs, and what was \
              computed from them, are wrong"
@@ -62,6 +69,13 @@ pub(crate) fn queue<R: Runtime>(
     device: &R::Device,
     task: impl FnOnce(&mut R::Server) -> Result<(), String> + Send + 'static,
 ) {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        reel_core::device_fault::register(
+            "reel-models (cuBLAS/cuDNN on CubeCL's server thread)",
+            failure,
+        )
+    });
     server::<R>(device).submit(move |server| {
         match catch_unwind(AssertUnwindSafe(|| task(server))) {
             Ok(Ok(())) => {}
@@ -145,28 +159,32 @@ mod tests {
     }
 
     /// A queued task that fails, by an error or by a panic (which CubeCL's server thread would
-    /// only log), is recorded, and `check` then panics. (Not in CUDA builds: the record is
+    /// only log), is recorded: `check` then panics, and the trainer's
+    /// `reel_core::device_fault::check` returns it. (Not in CUDA builds: the record is
     /// process-wide, and the CUDA tests queue real calls that `check` first.)
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn wgpu_a_failing_queued_task_is_recorded() {
         let device = Default::default();
-        let failure = |task: fn(&mut <WgpuRuntime as Runtime>::Server) -> Result<(), String>| {
+        let fail_with = |task: fn(&mut <WgpuRuntime as Runtime>::Server) -> Result<(), String>| {
             queue::<WgpuRuntime>(&device, task);
             wait::<WgpuRuntime, _>(&device, |_| ()).expect("the server thread answers");
             let caught = std::panic::catch_unwind(check).is_err();
+            let trainer_sees = reel_core::device_fault::check().map_err(|f| f.why);
             let why = FAILED.lock().unwrap().take();
+            assert_eq!(trainer_sees, Err(why.clone().unwrap_or_default()));
             (caught, why)
         };
-        let (caught, why) = failure(|_| Err("the product failed".into()));
+        let (caught, why) = fail_with(|_| Err("the product failed".into()));
         assert_eq!(why.as_deref(), Some("the product failed"));
         assert!(caught, "check did not panic after an error");
-        let (caught, why) = failure(|_| panic!("a task's panic"));
+        let (caught, why) = fail_with(|_| panic!("a task's panic"));
         assert_eq!(why.as_deref(), Some("a panic: a task's panic"));
         assert!(caught, "check did not panic after a panic");
         assert!(
             std::panic::catch_unwind(check).is_ok(),
             "nothing recorded now"
         );
+        assert_eq!(reel_core::device_fault::check(), Ok(()));
     }
 }
