@@ -62,11 +62,12 @@ pub enum TrainError {
         checkpoint: String,
     },
     /// A device call failed after the call that queued it returned
-    /// ([`crate::device_fault`]): the step's values are wrong, so the run stops before its
-    /// update and saves nothing more.
+    /// ([`crate::device_fault`]): what was computed from it is wrong, so the run stops
+    /// (found at a step's host sync: before that step's update; found before a checkpoint's
+    /// commit: without committing it).
     #[error(
-        "step {step}: {fault}; the step was not applied and nothing was saved after it: \
-         the last good state is {checkpoint}"
+        "step {step}: {fault}; nothing computed from it was applied or saved: the last good \
+         state is {checkpoint}"
     )]
     DeviceFault {
         /// The step (0-based) at whose host sync the failure was found, or the completed
