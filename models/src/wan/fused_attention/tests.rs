@@ -112,10 +112,17 @@ fn assert_outputs_close(want: [TensorData; 4], got: [TensorData; 4], context: &s
     }
 }
 
+/// Shapes `(sq, sk, d, dv)` of the fused kernels' checks: uneven lengths, `d ≠ dv`, head dims
+/// that are not powers of two, and the shorter tiles of head dims 128 and 256. Only the first
+/// has head dims under 32: Mesa's software Vulkan driver (CI's lavapipe) takes minutes to
+/// compile these kernels at small head dims (it unrolls the short head-dim loops inside the
+/// 32-row tile loop, and its LLVM then schedules one very long block). From an empty shader
+/// cache (2026-12-01, 2 cores), this check took 70 s at head dims 16 and 229 s at 24, and 3 s
+/// at 48 and at 40/36: 344 s in all before, 45 s now (docs/architecture.md, "Tests").
 const SHAPES: [(usize, usize, usize, usize); 5] = [
     (37, 53, 8, 5),
-    (130, 70, 16, 16),
-    (20, 7, 24, 24),
+    (130, 70, 48, 48),
+    (20, 7, 40, 36),
     (65, 33, 128, 128),
     (17, 40, 256, 256),
 ];
@@ -144,13 +151,14 @@ fn check_against_naive<A: AutodiffBackend>(device: &A::Device) {
     }
 }
 
-/// Inputs of the forward-only checks: `q [1, 2, 45, 32]`, `k [1, 2, 77, 32]`,
-/// `v [1, 2, 77, 16]` (uneven lengths), and the naive output on the CPU.
+/// Inputs of the forward-only checks: `q [1, 2, 45, 48]`, `k [1, 2, 77, 48]`,
+/// `v [1, 2, 77, 40]` (uneven lengths; head dims above 32 as in [`SHAPES`]), and the naive
+/// output on the CPU.
 fn forward_case() -> ([TensorData; 3], TensorData) {
     let (q, k, v) = (
-        rand([1, 2, 45, 32], 5),
-        rand([1, 2, 77, 32], 6),
-        rand([1, 2, 77, 16], 7),
+        rand([1, 2, 45, 48], 5),
+        rand([1, 2, 77, 48], 6),
+        rand([1, 2, 77, 40], 7),
     );
     let cpu = Default::default();
     let want = naive_attention(
@@ -206,7 +214,7 @@ fn check_cubek_flash<R: CubeRuntime>(
             .unwrap_or_else(|e| panic!("{routine:?} flash forward cannot run: {e:?}"));
         assert_eq!(
             o.meta.shape().dims::<4>(),
-            [1, 2, 45, 16],
+            [1, 2, 45, 40],
             "{routine:?} rows {rows}"
         );
         let got = Tensor::<K<R>, 4>::from_primitive(TensorPrimitive::Float(o)).into_data();
