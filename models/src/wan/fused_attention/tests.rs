@@ -151,14 +151,22 @@ fn check_against_naive<A: AutodiffBackend>(device: &A::Device) {
     }
 }
 
-/// Inputs of the forward-only checks: `q [1, 2, 45, 48]`, `k [1, 2, 77, 48]`,
-/// `v [1, 2, 77, 40]` (uneven lengths; head dims above 32 as in [`SHAPES`]), and the naive
-/// output on the CPU.
-fn forward_case() -> ([TensorData; 3], TensorData) {
+/// Head dims `(d, dv)` of the forward checks of Reel's kernels: above 32, as in [`SHAPES`].
+const FORWARD_DIMS: (usize, usize) = (64, 48);
+
+/// Head dims `(d, dv)` of the checks of cubek's flash routines: multiples of the 16-wide tiles
+/// of its tensor-core routine (the CUDA test), and small, because lavapipe compiles its unit
+/// routine longer as they grow (from an empty shader cache, 2026-12-01: 22 s at 32/16, 60 s
+/// at 48/40, 189 s at 64/48 beside a build).
+const CUBEK_DIMS: (usize, usize) = (32, 16);
+
+/// Inputs of the forward-only checks at head dims `(d, dv)`: `q [1, 2, 45, d]`,
+/// `k [1, 2, 77, d]`, `v [1, 2, 77, dv]` (uneven lengths), and the naive output on the CPU.
+fn forward_case((d, dv): (usize, usize)) -> ([TensorData; 3], TensorData) {
     let (q, k, v) = (
-        rand([1, 2, 45, 48], 5),
-        rand([1, 2, 77, 48], 6),
-        rand([1, 2, 77, 40], 7),
+        rand([1, 2, 45, d], 5),
+        rand([1, 2, 77, d], 6),
+        rand([1, 2, 77, dv], 7),
     );
     let cpu = Default::default();
     let want = naive_attention(
@@ -173,7 +181,7 @@ fn forward_case() -> ([TensorData; 3], TensorData) {
 /// CPU (`flash`: the tensor-core kernel where the device has one): inference on the inner
 /// backend, or on an autodiff backend with untracked inputs (a frozen teacher).
 fn check_inference<B: Backend>(device: &B::Device, flash: bool, tol: f32) {
-    let ([q, k, v], want) = forward_case();
+    let ([q, k, v], want) = forward_case(FORWARD_DIMS);
     let got = try_fused_attention(
         Tensor::<B, 4>::from_data(q, device),
         Tensor::<B, 4>::from_data(k, device),
@@ -197,7 +205,7 @@ fn check_cubek_flash<R: CubeRuntime>(
     rows: usize,
 ) {
     type K<R> = CubeBackend<R, f32, i32, u32>;
-    let ([q, k, v], want) = forward_case();
+    let ([q, k, v], want) = forward_case(CUBEK_DIMS);
     for strided in [false, true] {
         let t = |d: &TensorData| {
             let t = Tensor::<K<R>, 4>::from_data(d.clone(), device);
@@ -214,7 +222,7 @@ fn check_cubek_flash<R: CubeRuntime>(
             .unwrap_or_else(|e| panic!("{routine:?} flash forward cannot run: {e:?}"));
         assert_eq!(
             o.meta.shape().dims::<4>(),
-            [1, 2, 45, 40],
+            [1, 2, 45, CUBEK_DIMS.1],
             "{routine:?} rows {rows}"
         );
         let got = Tensor::<K<R>, 4>::from_primitive(TensorPrimitive::Float(o)).into_data();
