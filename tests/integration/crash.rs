@@ -85,6 +85,14 @@ fn finish(config: &Path, out: &Path) {
     );
 }
 
+/// Resumes the stopped run in `out` to its end ([`finish`]) and asserts that its final weights
+/// equal those of an uninterrupted run of `config` in `clean`.
+fn finish_like_a_clean_run(config: &Path, out: &Path, clean: &Path) {
+    finish(config, out);
+    finish(config, clean);
+    assert_eq!(final_weights(out), final_weights(clean));
+}
+
 #[test]
 fn killed_at_every_fault_point_resume_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -332,10 +340,7 @@ fn running_out_of_device_memory_says_what_to_change_and_keeps_the_checkpoints() 
     );
     // Steps 1 and 2 were saved and resume to the uninterrupted result.
     assert!(ckpt(&out, 2).join("manifest.json").is_file(), "{err}");
-    finish(&config, &out);
-    let clean = tmp.path().join("clean");
-    finish(&config, &clean);
-    assert_eq!(final_weights(&out), final_weights(&clean));
+    finish_like_a_clean_run(&config, &out, &tmp.path().join("clean"));
 }
 
 /// A device call that fails after its caller went on (a queued cuBLAS or cuDNN call; here the
@@ -383,8 +388,5 @@ fn a_failed_queued_device_call_stops_the_run_before_any_checkpoint_holds_its_val
         leftovers.is_empty(),
         "temporary folders left: {leftovers:?}"
     );
-    finish(&config, &out);
-    let clean = tmp.path().join("clean");
-    finish(&config, &clean);
-    assert_eq!(final_weights(&out), final_weights(&clean));
+    finish_like_a_clean_run(&config, &out, &tmp.path().join("clean"));
 }
