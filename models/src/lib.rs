@@ -1,10 +1,12 @@
 //! Reel models: the Wan video diffusion transformer in the diffusers layout (module paths
 //! equal checkpoint keys), its presets and its weight I/O, registered as `arch = "wan"`, and
 //! its LoRA adapter (`kind = "lora"`); the Wan2.1 video VAE ([`vae`]) and the UMT5 text
-//! encoder ([`umt5`]) that turn videos and prompts into the DiT's inputs.
+//! encoder ([`umt5`]) that turn videos and prompts into the DiT's inputs. [`golden`] reads the
+//! diffusers golden fixtures for the parity tests.
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod golden;
 pub mod lora;
 pub mod umt5;
 pub mod vae;

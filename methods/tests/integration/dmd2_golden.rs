@@ -9,15 +9,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use reel_core::io::read_safetensors;
-use reel_core::params::PathStack;
 use reel_methods::dmd2::{
     critic_loss, data_latent_input, dmd_scores, generator_loss, student_x0, CfgForm,
     DenoisingSchedule, DmdScores, RolloutDraws,
 };
+use reel_models::golden::present_grads;
 use reel_models::{WanConfig, WanModel};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -98,38 +96,6 @@ impl Report {
             );
         }
     }
-}
-
-/// Every parameter's gradient, keyed by its diffusers name.
-fn named_grads<Bk: AutodiffBackend, M: Module<Bk>>(
-    module: &M,
-    grads: &Bk::Gradients,
-) -> BTreeMap<String, TensorData> {
-    struct V<'a, Bk: AutodiffBackend> {
-        path: PathStack,
-        grads: &'a Bk::Gradients,
-        out: BTreeMap<String, TensorData>,
-    }
-    impl<Bk: AutodiffBackend> ModuleVisitor<Bk> for V<'_, Bk> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name);
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
-            if let Some(g) = param.val().grad(self.grads) {
-                self.out.insert(self.path.joined(), g.into_data());
-            }
-        }
-    }
-    let mut v = V::<Bk> {
-        path: PathStack::default(),
-        grads,
-        out: BTreeMap::new(),
-    };
-    module.visit(&mut v);
-    v.out
 }
 
 fn data<Bk: burn::tensor::backend::Backend, const D: usize>(t: &Tensor<Bk, D>) -> TensorData {
@@ -243,7 +209,7 @@ fn dmd2_generator_and_critic_match_fastvideo() {
     let loss = generator_loss(x0, s.grad);
     r.check("loss", scalar(&loss), &g["loss"], OUT);
     let grads = loss.backward();
-    let student_grads = named_grads(&student, &grads);
+    let student_grads = present_grads(&student, &grads);
     let mut n = 0;
     for (k, want) in g.iter().filter(|(k, _)| k.starts_with("grad.student.")) {
         let name = &k["grad.student.".len()..];
@@ -270,7 +236,7 @@ fn dmd2_generator_and_critic_match_fastvideo() {
     r.check("critic.target", data(&c.target), &g["critic.target"], OUT);
     r.check("critic.loss", scalar(&c.loss), &g["critic.loss"], OUT);
     let grads = c.loss.backward();
-    let critic_grads = named_grads(&critic, &grads);
+    let critic_grads = present_grads(&critic, &grads);
     let mut n = 0;
     for (k, want) in g.iter().filter(|(k, _)| k.starts_with("grad.critic.")) {
         let name = &k["grad.critic.".len()..];
@@ -303,7 +269,7 @@ fn dmd2_generator_and_critic_match_fastvideo() {
     let loss = generator_loss(x0, s.grad);
     r.check("fastvideo.loss", scalar(&loss), &g["fastvideo.loss"], OUT);
     let grads = loss.backward();
-    let student_grads = named_grads(&student, &grads);
+    let student_grads = present_grads(&student, &grads);
     let mut n = 0;
     for (k, want) in g
         .iter()

@@ -33,6 +33,8 @@ pub mod model;
 pub mod norm;
 pub mod norm_ops;
 pub mod param_graph;
+#[cfg(test)]
+mod parity;
 pub mod presets;
 pub mod product;
 pub mod rope;

@@ -1,13 +1,21 @@
 //! Numerical parity with the diffusers golden fixtures (`$REEL_WAN_FIXTURES`, else the
-//! repository's `tests/fixtures/wan_tiny`); every shape and count comes from the fixture.
+//! repository's `tests/fixtures/wan_tiny`); every shape and count comes from the fixture. On
+//! the CPU here, on CUDA (`cuda_*`, `--features cuda`) and on wgpu (`wgpu_*`, `--features
+//! wgpu`).
 //!
 //! Tolerances follow the fixture README: float32 forward to ~1e-5 absolute (scaled by the
 //! reference magnitude when it exceeds 1), gradients to ~1e-4 relative per tensor.
+//!
+//! These are unit tests, not integration tests, so that CI's kernel tests on lavapipe build
+//! only the library's test binary with `wgpu` (docs/architecture.md, "CI from a cold cache").
 
-use crate::common;
+use crate::golden::*;
+use crate::{AttentionMode, WanConfig};
 
-use common::*;
-use reel_models::{AttentionMode, WanConfig};
+/// Inference backend of the CPU checks.
+type Cpu = burn::backend::NdArray;
+/// Training backend of the CPU checks.
+type TestBackend = burn::backend::Autodiff<Cpu>;
 
 /// How close a backend must come to the golden data.
 #[derive(Clone, Copy)]
@@ -193,7 +201,7 @@ fn training_parity_on<B: burn::tensor::backend::AutodiffBackend>(
 }
 
 /// The same golden checks on Burn's CUDA backend (`cargo test -p reel-models --features cuda
-/// --test integration -- parity::cuda`; needs an NVIDIA GPU).
+/// --lib -- wan::parity::cuda`; needs an NVIDIA GPU).
 ///
 /// Burn 0.21's CUDA matmul runs float32 products on TF32 tensor cores (cubek-matmul switches
 /// f32 operands to tf32 whenever the GPU has them, with no opt-out), so the bar is TF32's:
@@ -247,8 +255,8 @@ mod cuda {
     }
 }
 
-/// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu --test
-/// integration -- parity::wgpu`): the CubeCL code path without an NVIDIA GPU. On a machine without
+/// The same golden checks on Burn's wgpu backend (`cargo test -p reel-models --features wgpu --lib
+/// -- wan::parity::wgpu`): the CubeCL code path without an NVIDIA GPU. On a machine without
 /// a GPU it runs on Mesa's software Vulkan driver (lavapipe, Debian package `mesa-vulkan-drivers`).
 #[cfg(feature = "wgpu")]
 mod wgpu {
