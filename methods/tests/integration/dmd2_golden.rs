@@ -15,7 +15,7 @@ use reel_methods::dmd2::{
     critic_loss, data_latent_input, dmd_scores, generator_loss, student_x0, CfgForm,
     DenoisingSchedule, DmdScores, RolloutDraws,
 };
-use reel_models::golden::present_grads;
+use reel_models::golden::{max_err, present_grads};
 use reel_models::{WanConfig, WanModel};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
@@ -55,15 +55,8 @@ struct Report(Vec<(String, f64, f64)>);
 impl Report {
     /// `max|got − want| <= rel · max(1, max|want|)`.
     fn check(&mut self, name: &str, got: TensorData, want: &TensorData, rel: f64) {
-        assert_eq!(got.shape, want.shape, "{name}: shape");
-        let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
-        let mut err = 0f64;
-        let mut scale = 1f64;
-        for (a, b) in g.iter().zip(&w) {
-            assert!(a.is_finite(), "{name}: non-finite value");
-            err = err.max((*a as f64 - *b as f64).abs());
-            scale = scale.max((*b as f64).abs());
-        }
+        let (err, scale) = max_err(name, &got, want);
+        let scale = scale.max(1.0);
         assert!(
             err <= rel * scale,
             "{name}: max abs error {err:e} > {rel:e} x {scale}"
@@ -73,13 +66,7 @@ impl Report {
 
     /// Gradients: `max|got − want| <= rel · max|want|` (relative to the tensor's magnitude).
     fn check_grad(&mut self, name: &str, got: TensorData, want: &TensorData, rel: f64) {
-        assert_eq!(got.shape, want.shape, "{name}: shape");
-        let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
-        let scale = w.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-        let err = g
-            .iter()
-            .zip(&w)
-            .fold(0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
+        let (err, scale) = max_err(name, &got, want);
         assert!(scale > 0.0, "{name}: zero golden gradient");
         assert!(
             err <= rel * scale,
