@@ -41,15 +41,19 @@ def identities(path):
     return [(u, ident(i)) for i, u in enumerate(units)]
 
 
+def name_version(unit):
+    """`name@version` of a unit's package."""
+    return unit["pkg_id"].split("#")[-1]
+
+
 def own_packages(base, step):
     """Registry packages (`name@version`) whose units in `step` are all absent from `base`
     and that build target code (not only build scripts and proc macros)."""
     reused = {h for _, h in base}
     units = defaultdict(list)
     for u, h in step:
-        pkg_id = u["pkg_id"]
-        if pkg_id.startswith("registry+"):
-            units[pkg_id.split("#")[-1]].append((u, h not in reused))
+        if u["pkg_id"].startswith("registry+"):
+            units[name_version(u)].append((u, h not in reused))
     return sorted(
         nv for nv, us in units.items()
         if all(own for _, own in us)
@@ -64,7 +68,7 @@ def main():
     packages = own_packages(base, step)
     versions = defaultdict(set)
     for u, _ in step:
-        nv = u["pkg_id"].split("#")[-1]
+        nv = name_version(u)
         versions[nv.rsplit("@", 1)[0]].add(nv)
     print(f"# {len(packages)} packages built for this step alone (.ci/own_deps_profile.py)")
     for nv in packages:
