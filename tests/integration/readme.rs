@@ -66,12 +66,63 @@ fn readme_commands_are_on_the_first_screen() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let first: String = readme.lines().take(25).collect::<Vec<_>>().join("\n");
     assert!(first.contains("cargo run --release -- train configs/quickstart.toml"));
-    assert!(first.contains("cargo test --release --workspace"));
+    let test_command = first
+        .lines()
+        .find(|l| l.starts_with("cargo test "))
+        .expect("README.md: a `cargo test` command on the first screen");
+    assert!(
+        test_command.starts_with("cargo test --release --workspace"),
+        "README.md's test command tests the whole workspace in release: `{test_command}`"
+    );
     let ci = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/run")).unwrap();
     assert!(
-        ci.contains("cargo test --release --workspace"),
-        ".ci/run must run the README's test command"
+        ci.contains(test_command),
+        ".ci/run must run the README's test command `{test_command}`"
     );
+}
+
+/// Every workspace member but the proc-macro crate has its entry in `tests/profile.toml`
+/// (the test command's opt-level 1), and the file sets nothing else: a member without one
+/// would compile its generic code again in every crate that uses it.
+#[test]
+fn test_profile_covers_every_workspace_member() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &std::path::Path| -> toml::Table {
+        let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        text.parse()
+            .unwrap_or_else(|e| panic!("{}: not TOML: {e}", p.display()))
+    };
+    let manifest = read(&root.join("Cargo.toml"));
+    let members = manifest["workspace"]["members"].as_array().unwrap();
+    let mut want = vec![manifest["package"]["name"].as_str().unwrap().to_string()];
+    for member in members {
+        let m = read(&root.join(member.as_str().unwrap()).join("Cargo.toml"));
+        let proc_macro = m
+            .get("lib")
+            .and_then(|l| l.get("proc-macro"))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        if !proc_macro {
+            want.push(m["package"]["name"].as_str().unwrap().to_string());
+        }
+    }
+    let profile = read(&root.join("tests/profile.toml"));
+    assert_eq!(profile.keys().collect::<Vec<_>>(), ["profile"]);
+    let packages = profile["profile"]["release"]["package"].as_table().unwrap();
+    for name in &want {
+        let entry = packages
+            .get(name)
+            .unwrap_or_else(|| panic!("tests/profile.toml: no entry for member `{name}`"));
+        assert_eq!(
+            entry.as_table().unwrap().to_string().trim(),
+            "opt-level = 1",
+            "tests/profile.toml: `{name}`"
+        );
+    }
+    let mut got: Vec<_> = packages.keys().cloned().collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "tests/profile.toml names exactly the members");
 }
 
 #[test]
