@@ -8,10 +8,11 @@
 #![allow(non_snake_case)]
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::{gelu, gelu_approximate, relu, silu};
+use burn::tensor::activation::{gelu, relu, silu};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 use super::config::Activation;
+use crate::wan::gelu::gelu_tanh;
 use crate::wan::init::{join, InitKind, ParamInit};
 use crate::wan::Linear;
 
@@ -71,12 +72,13 @@ impl<B: Backend> T5LayerNorm<B> {
     }
 }
 
-/// Apply `act` element-wise.
+/// Apply `act` element-wise. `gelu_new` is Wan's [`gelu_tanh`]: one kernel on the CubeCL
+/// backends, and on the CPU backends a form without a tanh (ndarray's tanh runs in float64).
 pub fn activate<B: Backend, const D: usize>(x: Tensor<B, D>, act: Activation) -> Tensor<B, D> {
     match act {
         Activation::Relu => relu(x),
         Activation::Gelu => gelu(x),
-        Activation::GeluNew => gelu_approximate(x),
+        Activation::GeluNew => gelu_tanh(x),
         Activation::Silu => silu(x),
     }
 }

@@ -228,8 +228,9 @@ const CUBIC: f32 = crate::wan::gelu::CUBIC as f32;
 /// Three times [`CUBIC`], rounded once from float64 (as the tensor formulation's scalar).
 const CUBIC_3: f32 = (3.0 * crate::wan::gelu::CUBIC) as f32;
 
-/// `GELU_tanh(x)` element by element over the flat buffers `x` and `y` (grid stride), in the
-/// tensor formulation's operation order: `x · (tanh((x + x³·c)·√(2/π)) + 1) · 0.5`.
+/// `GELU_tanh(x)` element by element over the flat buffers `x` and `y` (grid stride):
+/// `x · (tanh((x + x³·c)·√(2/π)) + 1) · 0.5` (GPUs have a fast float32 tanh; the tensor
+/// formulation's sigmoid form gives the same values to float32 rounding).
 #[cube(launch)]
 pub fn gelu_forward<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, #[define(F)] _dtype: StorageType) {
     let stride = (CUBE_DIM_X * CUBE_COUNT_X) as usize;
