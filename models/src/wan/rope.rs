@@ -14,6 +14,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
+use std::any::TypeId;
 
 use super::block_kernels::elementwise;
 use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
@@ -31,10 +32,9 @@ pub struct RopeTables<B: Backend> {
     pub cos: Tensor<B, 2>,
     /// `sin(angle)` `[N, head_dim]`.
     pub sin: Tensor<B, 2>,
-    /// `cos` of each channel pair, `[1, N, 1, head_dim/2, 1]` (broadcast shape for `apply`).
-    cos_pair: Tensor<B, 5>,
-    /// `sin` of each channel pair, `[1, N, 1, head_dim/2, 1]`.
-    sin_pair: Tensor<B, 5>,
+    /// The pair swap of [`Self::rotate_swapped`], `[k, k]` for a block of `k` channels (`k`
+    /// divides `head_dim`): `(x · swap)[2j] = −x[2j+1]`, `(x · swap)[2j+1] = x[2j]`.
+    swap: Tensor<B, 2>,
 }
 
 /// Host tables `(cos, sin)`, each `N * head_dim` row-major, for a post-patch `grid = [f, h,
@@ -93,6 +93,33 @@ pub fn rope_host_tables(
     (cos, sin)
 }
 
+/// Whether `B` is one of Reel's CPU backends (ndarray, Flex), whose float32 matrix product
+/// is exact for the pair swap.
+fn on_cpu<B: Backend>() -> bool {
+    let b = TypeId::of::<B>();
+    b == TypeId::of::<burn::backend::NdArray>() || b == TypeId::of::<burn::backend::Flex>()
+}
+
+/// The block size of [`RopeTables`]' pair swap for `head_dim`: the largest of 16, 8, 4 and
+/// 2 that divides it (`head_dim` is even). A larger block is fewer, larger products.
+fn swap_block(head_dim: usize) -> usize {
+    [16, 8, 4, 2]
+        .into_iter()
+        .find(|&k| head_dim.is_multiple_of(k))
+        .unwrap_or_else(|| panic!("RoPE head_dim {head_dim} is odd"))
+}
+
+/// The `[k, k]` pair swap: column `2j` holds −1 at row `2j+1`, column `2j+1` holds 1 at row
+/// `2j`, so a row `x` times it is `(−x[1], x[0], −x[3], x[2], ...)`.
+fn pair_swap(k: usize) -> TensorData {
+    let mut m = vec![0f32; k * k];
+    for j in (0..k).step_by(2) {
+        m[(j + 1) * k + j] = -1.0;
+        m[j * k + j + 1] = 1.0;
+    }
+    TensorData::new(m, [k, k])
+}
+
 impl<B: Backend> RopeTables<B> {
     /// Tables for a post-patch `grid = [f, h, w]` of a model with config `cfg`.
     pub fn new(cfg: &WanConfig, grid: [usize; 3], device: &B::Device) -> Self {
@@ -100,15 +127,10 @@ impl<B: Backend> RopeTables<B> {
         let hd = cfg.attention_head_dim;
         let (cos, sin) = rope_host_tables(grid, hd, [s.t, s.h, s.w], cfg.rope_max_seq_len);
         let n = grid.iter().product::<usize>();
-        let pairs = |t: &[f32]| {
-            let even: Vec<f32> = t.iter().step_by(2).copied().collect();
-            Tensor::from_data(TensorData::new(even, [1, n, 1, hd / 2, 1]), device)
-        };
         Self {
-            cos_pair: pairs(&cos),
-            sin_pair: pairs(&sin),
             cos: Tensor::from_data(TensorData::new(cos, [n, hd]), device),
             sin: Tensor::from_data(TensorData::new(sin, [n, hd]), device),
+            swap: Tensor::from_data(pair_swap(swap_block(hd)), device),
         }
     }
 
@@ -129,7 +151,7 @@ impl<B: Backend> RopeTables<B> {
     ///
     /// One operation with its own backward (the rotation back) on Reel's autodiff backends,
     /// which keeps nothing of `x`; on the plain CubeCL backends the forward and the gradient
-    /// are one kernel each (`block_kernels::elementwise`), elsewhere [`Self::rotate_plain`].
+    /// are one kernel each (`block_kernels::elementwise`), elsewhere [`Self::rotate_ops`].
     pub fn apply(&self, x: Tensor<B, 4>, out: DType) -> Tensor<B, 4> {
         dispatch(Rope {
             x,
@@ -138,16 +160,28 @@ impl<B: Backend> RopeTables<B> {
         })
     }
 
-    /// The rotation of [`Self::apply`] in Burn tensor operations, in `x`'s dtype; with
-    /// `inverse`, the rotation back (`sin` negated).
+    /// The rotation of [`Self::apply`] in Burn tensor operations, in `x [B, S, H, D]`'s
+    /// dtype; with `inverse`, the rotation back: [`Self::rotate_swapped`] on Reel's CPU
+    /// backends, [`Self::rotate_plain`] elsewhere (the same float32 values).
+    pub(crate) fn rotate_ops(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
+        match on_cpu::<B>() {
+            true => self.rotate_swapped(x, inverse),
+            false => self.rotate_plain(x, inverse),
+        }
+    }
+
+    /// The rotation of [`Self::apply`] pair by pair in Burn tensor operations, in `x [B, S,
+    /// H, D]`'s dtype; with `inverse`, the rotation back (`sin` negated). The reference
+    /// formulation.
     pub fn rotate_plain(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
         self.check(x.dims());
         let [b, s, h, d] = x.dims();
         let half = d / 2;
-        let cos = self.cos_pair.clone();
+        let pairs = |t: &Tensor<B, 2>| t.clone().reshape([1, s, 1, half, 2]).narrow(4, 0, 1);
+        let cos = pairs(&self.cos);
         let sin = match inverse {
-            true => self.sin_pair.clone().neg(),
-            false => self.sin_pair.clone(),
+            true => pairs(&self.sin).neg(),
+            false => pairs(&self.sin),
         };
         let x = x.reshape([b, s, h, half, 2]);
         let x1 = x.clone().narrow(4, 0, 1);
@@ -157,13 +191,41 @@ impl<B: Backend> RopeTables<B> {
         Tensor::cat(vec![o1, o2], 4).reshape([b, s, h, d])
     }
 
+    /// [`Self::rotate_plain`] without slicing the pairs apart, for the CPU backends, where a
+    /// slice of a last axis of length 2 is a strided copy one value at a time (it made the
+    /// rotation four times slower on ndarray and fifteen times on Flex; docs/performance.md,
+    /// "RoPE without slices").
+    ///
+    /// Computed as `x ⊙ cos + (x · swap) ⊙ sin` on rows of `S·H·D` values, `x · swap` being
+    /// a matrix product with the constant pair swap. Every value of that product is one `±x`
+    /// times 1 plus zeros, so the result is the pairwise formula's float32 value where the
+    /// product is exact, as on the CPU; CubeCL's rounds float32 operands to TF32 on CUDA.
+    fn rotate_swapped(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
+        self.check(x.dims());
+        let [b, s, h, d] = x.dims();
+        let k = self.swap.dims()[0];
+        let row = |t: &Tensor<B, 2>| {
+            t.clone()
+                .reshape([1, s, 1, d])
+                .expand([1, s, h, d])
+                .reshape([1, s * h * d])
+        };
+        let swap = match inverse {
+            true => self.swap.clone().neg(),
+            false => self.swap.clone(),
+        };
+        let swapped = x.clone().reshape([b * s * h * d / k, k]).matmul(swap);
+        let swapped = swapped.reshape([b, s * h * d]);
+        let y = x.reshape([b, s * h * d]) * row(&self.cos) + swapped * row(&self.sin);
+        y.reshape([b, s, h, d])
+    }
+
     /// The tables as tensors of the backend inside `Autodiff<I>` (`B` being that backend).
     fn inner<I: Backend>(self) -> RopeTables<I> {
         RopeTables {
             cos: next_input::<B, I, 2>(self.cos).inner(),
             sin: next_input::<B, I, 2>(self.sin).inner(),
-            cos_pair: next_input::<B, I, 5>(self.cos_pair).inner(),
-            sin_pair: next_input::<B, I, 5>(self.sin_pair).inner(),
+            swap: next_input::<B, I, 2>(self.swap).inner(),
         }
     }
 }
@@ -292,6 +354,44 @@ mod tests {
             assert_eq!(y[i], vals[i]);
         }
         assert_ne!(y[28], vals[28]);
+    }
+
+    #[test]
+    fn the_swap_product_equals_the_pairwise_rotation_for_every_block_size() {
+        let dev = Default::default();
+        assert!(on_cpu::<burn::backend::NdArray>() && on_cpu::<B>());
+        assert!(!on_cpu::<burn::backend::Autodiff<B>>());
+        // head_dim 6, 12, 24, 48: swap blocks of 2, 4, 8 and 16 channels.
+        for (hd, block) in [(6, 2), (12, 4), (24, 8), (48, 16)] {
+            let mut cfg = WanConfig::preset("wan-tiny").unwrap();
+            cfg.attention_head_dim = hd;
+            let grid = [2, 2, 3];
+            let tables = RopeTables::<B>::new(&cfg, grid, &dev);
+            assert_eq!(tables.swap.dims(), [block, block]);
+            let (b, n, h) = (2, 12, 3);
+            let vals: Vec<f32> = (0..b * n * h * hd)
+                .map(|i| (i as f32 * 0.61 + 0.3).sin() * 3.0)
+                .collect();
+            let x = Tensor::<B, 4>::from_data(TensorData::new(vals.clone(), [b, n, h, hd]), &dev);
+            let cos = tables.cos.clone().into_data().to_vec::<f32>().unwrap();
+            let sin = tables.sin.clone().into_data().to_vec::<f32>().unwrap();
+            for inverse in [false, true] {
+                let y = tables.rotate_swapped(x.clone(), inverse);
+                let y = y.into_data().to_vec::<f32>().unwrap();
+                for (i, &got) in y.iter().enumerate() {
+                    let (c, t) = (i % hd, i / (h * hd) % n);
+                    let (co, si) = (cos[t * hd + c], sin[t * hd + c]);
+                    let si = if inverse { -si } else { si };
+                    let j = i - c % 2;
+                    let (x1, x2) = (vals[j], vals[j + 1]);
+                    let want = match c % 2 {
+                        0 => x1 * co - x2 * si,
+                        _ => x1 * si + x2 * co,
+                    };
+                    assert_eq!(got, want, "head_dim {hd}, inverse {inverse}, value {i}");
+                }
+            }
+        }
     }
 
     #[test]

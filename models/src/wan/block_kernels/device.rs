@@ -225,7 +225,7 @@ pub fn column_sums<E: Float>(
 const SQRT_2_OVER_PI: f32 = crate::wan::gelu::SQRT_2_OVER_PI as f32;
 /// The GELU's cubic coefficient in float32.
 const CUBIC: f32 = crate::wan::gelu::CUBIC as f32;
-/// Three times [`CUBIC`], rounded once from float64 (as the tensor formulation's scalar).
+/// Three times [`CUBIC`], rounded once from float64.
 const CUBIC_3: f32 = (3.0 * crate::wan::gelu::CUBIC) as f32;
 
 /// `GELU_tanh(x)` element by element over the flat buffers `x` and `y` (grid stride):

@@ -111,7 +111,7 @@ pub(crate) fn rope_ops<B: Backend>(
     out: DType,
     inverse: bool,
 ) -> Tensor<B, 4> {
-    to_dtype(tables.rotate_plain(to_f32(x), inverse), out)
+    to_dtype(tables.rotate_ops(to_f32(x), inverse), out)
 }
 
 /// Whether a kernel has work on `t` (an empty tensor takes the tensor operations).
