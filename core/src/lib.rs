@@ -15,6 +15,7 @@ mod device_setup;
 pub mod fault;
 pub mod fixtures;
 pub mod flow;
+pub mod host;
 pub mod io;
 pub mod kernel_cache;
 pub mod memory;

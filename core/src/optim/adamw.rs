@@ -91,24 +91,26 @@ pub type EmaPair<B> = (Tensor<B, 1>, Tensor<B, 1>);
 ///  p ← p − (lr / (1−β1^k)) · m / (sqrt(v) / sqrt(1−β2^k) + ε)`
 ///
 /// With `fused` and float32 parameters on a CubeCL backend (`cuda`, `wgpu`) the step is one
-/// kernel launch per group of parameters (`optim::fused`, same operation order); otherwise
-/// Burn tensor operations, parameter by parameter.
+/// kernel launch per group of parameters (`optim::fused`, same operation order); on a CPU
+/// backend (ndarray, Flex) one loop over each parameter's host memory, bit-identical to the
+/// tensor operations (`optim::host`); otherwise Burn tensor operations, parameter by
+/// parameter.
 pub fn adamw_updates<B: Backend>(
     s: &AdamWScalars,
     fused: bool,
-    items: Vec<AdamWInputs<B>>,
+    mut items: Vec<AdamWInputs<B>>,
 ) -> Vec<AdamWOutput<B>> {
-    #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let items = if fused {
+    if fused {
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
         match super::fused::try_adamw(items, s) {
             Ok(out) => return out,
-            Err(items) => items,
+            Err(back) => items = back,
         }
-    } else {
-        items
-    };
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
-    let _ = fused;
+        match super::host::try_adamw(items, s) {
+            Ok(out) => return out,
+            Err(back) => items = back,
+        }
+    }
     items
         .into_iter()
         .map(|(param, grad, moments)| reference_update(s, param, grad, moments))
@@ -185,24 +187,25 @@ pub fn squared_norm<B: Backend>(fused: bool, tensors: Vec<Tensor<B, 1>>) -> Opti
 }
 
 /// One EMA step of each flattened parameter's shadow of `pairs` (`(shadow, param)`), in
-/// order: `shadow·decay + param·(1 − decay)`; one kernel launch per group of parameters with
-/// `fused` on a CubeCL backend (see [`adamw_updates`]).
+/// order: `shadow·decay + param·(1 − decay)`; with `fused`, one kernel launch per group of
+/// parameters on a CubeCL backend, or one loop per shadow on a CPU backend (see
+/// [`adamw_updates`]).
 pub fn ema_updates<B: Backend>(
     fused: bool,
-    pairs: Vec<EmaPair<B>>,
+    mut pairs: Vec<EmaPair<B>>,
     decay: f64,
 ) -> Vec<Tensor<B, 1>> {
-    #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let pairs = if fused {
+    if fused {
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
         match super::fused::try_ema(pairs, decay) {
             Ok(out) => return out,
-            Err(pairs) => pairs,
+            Err(back) => pairs = back,
         }
-    } else {
-        pairs
-    };
-    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
-    let _ = fused;
+        match super::host::try_ema(pairs, decay) {
+            Ok(out) => return out,
+            Err(back) => pairs = back,
+        }
+    }
     pairs
         .into_iter()
         .map(|(shadow, param)| shadow.mul_scalar(decay).add(param.mul_scalar(1.0 - decay)))

@@ -42,10 +42,11 @@ pub struct OptimizerConfig {
     /// Final learning rate as a fraction of `lr` (linear / cosine schedules).
     #[serde(default)]
     pub min_lr_ratio: f64,
-    /// Fused kernels for the AdamW and EMA updates and the gradient norm on the CubeCL
-    /// backends (`cuda`, `wgpu`): one launch per group of up to 16 parameter tensors, same
-    /// results up to fused multiply-adds; `false` runs Burn tensor operations. No effect on
-    /// CPU backends or under Burn's `fusion` feature.
+    /// Fused AdamW and EMA updates: on the CubeCL backends (`cuda`, `wgpu`) one kernel
+    /// launch per group of up to 16 parameter tensors (the gradient norm too), the same
+    /// results up to fused multiply-adds; on the CPU backends (`cpu`, `flex`) one loop over
+    /// each parameter's memory, bit-identical to the tensor operations. `false` runs Burn
+    /// tensor operations. No effect under Burn's `fusion` feature.
     #[serde(default = "default_fused")]
     pub fused: bool,
 }

@@ -3,5 +3,6 @@ mod adamw;
 mod config;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod fused;
+mod host;
 pub use adamw::*;
 pub use config::*;

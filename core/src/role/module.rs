@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use burn::module::{AutodiffModule, Param};
 use burn::tensor::{backend::AutodiffBackend, backend::Backend, Tensor};
 
+use crate::host::reshape;
 use crate::params::{map_named, visit_named, NamedParamMapper, NamedParamVisitor};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -58,7 +59,7 @@ impl<B: AutodiffBackend> NamedParamVisitor<B> for GradCollector<'_, B> {
         }
         if let Some(g) = value.grad(self.grads) {
             let n = g.dims().iter().product::<usize>();
-            self.out.insert(path.to_string(), g.reshape([n]));
+            self.out.insert(path.to_string(), reshape(g, [n]));
         }
     }
 }
@@ -79,7 +80,7 @@ impl<B: AutodiffBackend> NamedParamVisitor<B> for FlatCollector<B> {
         let n = shape.iter().product::<usize>();
         self.out.push(FlatParam {
             path: path.to_string(),
-            value: value.inner().reshape([n]),
+            value: reshape(value.inner(), [n]),
             shape,
         });
     }
@@ -118,9 +119,9 @@ impl<B: AutodiffBackend> NamedParamMapper<B> for Replace<'_, B> {
         let require_grad = tensor.is_require_grad();
         if let Some(old) = self.old.as_deref_mut() {
             let n = dims.iter().product::<usize>();
-            old.insert(path.to_string(), tensor.inner().reshape([n]));
+            old.insert(path.to_string(), reshape(tensor.inner(), [n]));
         }
-        let mut t = Tensor::<B, D>::from_inner(new.reshape(dims));
+        let mut t = Tensor::<B, D>::from_inner(reshape(new, dims));
         if require_grad {
             t = t.require_grad();
         }

@@ -8,6 +8,7 @@ use super::init::{join, ParamInit};
 use super::linear::Linear;
 use super::mem_attention::{self, to_dtype, AttentionMode};
 use super::norm::RmsNorm;
+use super::reshape::reshape;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
 
@@ -92,9 +93,9 @@ impl<B: Backend> WanAttention<B> {
         let q = self.norm_q.forward(self.to_q.forward(x));
         let k = self.norm_k.forward(self.to_k.forward(kv.clone()));
         let v = self.to_v.forward(kv);
-        let mut q = q.reshape([b, s, h, hd]);
-        let mut k = k.reshape([b, l, h, hd]);
-        let v = v.reshape([b, l, h, hd]);
+        let mut q = reshape(q, [b, s, h, hd]);
+        let mut k = reshape(k, [b, l, h, hd]);
+        let v = reshape(v, [b, l, h, hd]);
         // RoPE computes in float32 and writes the attention's dtype directly.
         if let Some(rope) = rope {
             q = rope.apply(q, self.precision.dtype());
@@ -105,7 +106,7 @@ impl<B: Backend> WanAttention<B> {
         // merging the heads below is a view, not a copy.
         let c = |t: Tensor<B, 4>| to_dtype(t, self.precision.dtype()).swap_dims(1, 2);
         let o = to_dtype(mem_attention::attention(c(q), c(k), c(v), self.mode), dtype);
-        let o = o.swap_dims(1, 2).reshape([b, s, dim]);
+        let o = reshape(o.swap_dims(1, 2), [b, s, dim]);
         self.to_out[0].forward(o)
     }
 }

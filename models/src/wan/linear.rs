@@ -14,6 +14,7 @@ use super::init::{join, ParamInit};
 use super::matmul::pin;
 use super::mem_attention::to_dtype;
 use super::product::linear_product;
+use super::reshape::reshape;
 
 /// One LoRA factor: a bare weight matrix, so its key is `<module>.lora_A.weight` (or
 /// `lora_B`), as in PEFT where the factors are bias-free `nn.Linear` layers.
@@ -212,7 +213,7 @@ impl<B: Backend> Linear<B> {
         let w = self.weight.val();
         let d_out = w.dims()[0];
         // Flatten to 2-D so every backend runs one plain GEMM.
-        let x = x.reshape([rows, d_in]);
+        let x = reshape(x, [rows, d_in]);
         let dtype = x.dtype();
         // Products in bf16 for `Bf16`, else in the input's dtype (the weights follow it).
         let compute_dtype = match self.precision {
@@ -242,7 +243,7 @@ impl<B: Backend> Linear<B> {
         }
         let mut out = dims;
         out[D - 1] = d_out;
-        y.reshape(out)
+        reshape(y, out)
     }
 }
 

@@ -37,6 +37,7 @@ pub mod param_graph;
 mod parity;
 pub mod presets;
 pub mod product;
+mod reshape;
 pub mod rope;
 pub mod weights;
 

@@ -13,6 +13,7 @@ use super::linear::Linear;
 use super::mem_attention::{to_dtype, to_f32, AttentionMode};
 use super::norm::layer_norm_affine;
 use super::param_graph::gather_params;
+use super::reshape::reshape;
 use super::rope::RopeTables;
 use reel_core::config::Precision;
 
@@ -32,7 +33,7 @@ impl<B: Backend> Captured<B> {
         let n = shape.iter().product::<usize>();
         Self {
             shape,
-            flat: t.reshape([n]),
+            flat: reshape(t, [n]),
         }
     }
 
@@ -43,7 +44,7 @@ impl<B: Backend> Captured<B> {
             .clone()
             .try_into()
             .unwrap_or_else(|_| panic!("captured tensor has rank {}", self.shape.len()));
-        self.flat.clone().reshape(dims)
+        reshape(self.flat.clone(), dims)
     }
 
     /// Copy to the host with its shape.
@@ -395,7 +396,7 @@ impl<B: Backend> WanModel<B> {
         rec.put("temb", &cond.temb);
         rec.put("timestep_proj", &cond.timestep_proj);
         rec.put("text_embeds", &cond.text_embeds);
-        let modulation = cond.timestep_proj.reshape([b, 6, dim]);
+        let modulation = reshape(cond.timestep_proj, [b, 6, dim]);
 
         let mut kept: Vec<Option<Tensor<B, 3>>> = vec![None; self.blocks.len()];
         for (i, block) in self.blocks.iter().enumerate() {

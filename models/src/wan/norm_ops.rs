@@ -27,6 +27,7 @@ use burn::tensor::{DType, Tensor};
 use super::block_kernels::norms::{self, Grouping, Rows, Stats, Wanted};
 use super::custom_op::{register, tensor};
 use super::mem_attention::{to_dtype, to_f32};
+use super::reshape::reshape;
 
 /// The backward of the affine LayerNorm `y = LN(x) · scale + shift` of rank `D`.
 #[derive(Debug)]
@@ -211,7 +212,7 @@ impl<B: Backend, const D: usize> Backward<B, 2> for RmsNormBackward<D> {
         };
         let d = norms::backward(g, groups.rows(x), tensor(w), stats, wanted);
         register::<B>(grads, pw, || {
-            let dw = d.scale.expect("a wanted gradient").reshape([dims[D - 1]]);
+            let dw = reshape(d.scale.expect("a wanted gradient"), [dims[D - 1]]);
             to_dtype(dw, w_dtype).into_primitive().tensor()
         });
         register::<B>(grads, px, || {
@@ -226,7 +227,7 @@ fn rms_rows<B: Backend, const D: usize>(x: Tensor<B, D>, w32: Tensor<B, 1>) -> R
     let dim = w32.dims()[0];
     Rows {
         x: Grouping::new(x.dims(), &[]).rows(x),
-        scale: w32.reshape([1, 1, dim]),
+        scale: reshape(w32, [1, 1, dim]),
         shift: None,
     }
 }
@@ -240,7 +241,7 @@ pub(crate) fn rms_norm_rows<B: Backend, const D: usize>(
 ) -> Tensor<B, D> {
     let dims = x.dims();
     let rows = rms_rows(x, to_f32(weight));
-    norms::forward(rows, eps, DType::F32).0.reshape(dims)
+    reshape(norms::forward(rows, eps, DType::F32).0, dims)
 }
 
 /// [`super::norm::rms_norm`] as one autodiff operation on `Autodiff<B, C>`.
@@ -259,7 +260,7 @@ pub fn autodiff_rms_norm<B: Backend, C: CheckpointStrategy, const D: usize>(
     let rows = rms_rows(tensor::<B, D>(x.primitive.clone()), w32);
     let w32 = rows.scale.clone();
     let (y, stats) = norms::forward(rows, eps, DType::F32);
-    let y = y.reshape(dims).into_primitive().tensor();
+    let y = reshape(y, dims).into_primitive().tensor();
     let out = match RmsNormBackward::<D>
         .prepare::<C>([x.node, weight.node])
         .compute_bound()

@@ -14,10 +14,11 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{unary, Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData};
-use std::any::TypeId;
+use reel_core::host::is_host;
 
 use super::block_kernels::elementwise;
 use super::custom_op::{dispatch, first_input, next_input, output, tensor, CustomBackward};
+use super::reshape::reshape;
 
 use super::config::WanConfig;
 
@@ -93,13 +94,6 @@ pub fn rope_host_tables(
     (cos, sin)
 }
 
-/// Whether `B` is one of Reel's CPU backends (ndarray, Flex), whose float32 matrix product
-/// is exact for the pair swap.
-fn on_cpu<B: Backend>() -> bool {
-    let b = TypeId::of::<B>();
-    b == TypeId::of::<burn::backend::NdArray>() || b == TypeId::of::<burn::backend::Flex>()
-}
-
 /// The block size of [`RopeTables`]' pair swap for `head_dim`: the largest of 16, 8, 4 and
 /// 2 that divides it (`head_dim` is even). A larger block is fewer, larger products.
 fn swap_block(head_dim: usize) -> usize {
@@ -164,7 +158,7 @@ impl<B: Backend> RopeTables<B> {
     /// dtype; with `inverse`, the rotation back: [`Self::rotate_swapped`] on Reel's CPU
     /// backends, [`Self::rotate_plain`] elsewhere (the same float32 values).
     pub(crate) fn rotate_ops(&self, x: Tensor<B, 4>, inverse: bool) -> Tensor<B, 4> {
-        match on_cpu::<B>() {
+        match is_host::<B>() {
             true => self.rotate_swapped(x, inverse),
             false => self.rotate_plain(x, inverse),
         }
@@ -214,10 +208,10 @@ impl<B: Backend> RopeTables<B> {
             true => self.swap.clone().neg(),
             false => self.swap.clone(),
         };
-        let swapped = x.clone().reshape([b * s * h * d / k, k]).matmul(swap);
-        let swapped = swapped.reshape([b, s * h * d]);
-        let y = x.reshape([b, s * h * d]) * row(&self.cos) + swapped * row(&self.sin);
-        y.reshape([b, s, h, d])
+        let swapped = reshape(x.clone(), [b * s * h * d / k, k]).matmul(swap);
+        let swapped = reshape(swapped, [b, s * h * d]);
+        let y = reshape(x, [b, s * h * d]) * row(&self.cos) + swapped * row(&self.sin);
+        reshape(y, [b, s, h, d])
     }
 
     /// The tables as tensors of the backend inside `Autodiff<I>` (`B` being that backend).
@@ -359,8 +353,8 @@ mod tests {
     #[test]
     fn the_swap_product_equals_the_pairwise_rotation_for_every_block_size() {
         let dev = Default::default();
-        assert!(on_cpu::<burn::backend::NdArray>() && on_cpu::<B>());
-        assert!(!on_cpu::<burn::backend::Autodiff<B>>());
+        assert!(is_host::<burn::backend::NdArray>() && is_host::<B>());
+        assert!(!is_host::<burn::backend::Autodiff<B>>());
         // head_dim 6, 12, 24, 48: swap blocks of 2, 4, 8 and 16 channels.
         for (hd, block) in [(6, 2), (12, 4), (24, 8), (48, 16)] {
             let mut cfg = WanConfig::preset("wan-tiny").unwrap();

@@ -19,6 +19,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::wan::mem_attention::{to_dtype, to_f32};
 use crate::wan::norm::{normalized, rms_normalized};
+use crate::wan::reshape::reshape;
 
 /// `t` summed over the axes where `shape` is 1 (the gradient of a broadcast operand).
 fn reduce_to<B: Backend, const D: usize>(mut t: Tensor<B, D>, shape: [usize; D]) -> Tensor<B, D> {
@@ -70,12 +71,12 @@ impl<const D: usize> Grouping<D> {
 
     /// `x` (or its gradient) as `[G, P, dim]`.
     pub(crate) fn rows<B: Backend>(&self, x: Tensor<B, D>) -> Tensor<B, 3> {
-        x.reshape(self.dims())
+        reshape(x, self.dims())
     }
 
     /// `[G, P, dim]` back to `x`'s dims.
     pub(crate) fn unrows<B: Backend>(&self, t: Tensor<B, 3>) -> Tensor<B, D> {
-        t.reshape(self.x)
+        reshape(t, self.x)
     }
 
     /// An operand as `[G, 1, dim]`.
@@ -90,7 +91,7 @@ impl<const D: usize> Grouping<D> {
         d: Tensor<B, 3>,
         shape: [usize; D],
     ) -> Tensor<B, D> {
-        reduce_to(d.reshape(self.expanded()), shape)
+        reduce_to(reshape(d, self.expanded()), shape)
     }
 }
 
@@ -170,7 +171,7 @@ pub(crate) fn sum_rows<B: Backend>(t: Tensor<B, 2>) -> Tensor<B, 1> {
 /// [`sum_rows`] with tensor operations.
 pub(crate) fn sum_rows_ops<B: Backend>(t: Tensor<B, 2>) -> Tensor<B, 1> {
     let cols = t.dims()[1];
-    to_f32(t).sum_dim(0).reshape([cols])
+    reshape(to_f32(t).sum_dim(0), [cols])
 }
 
 /// [`forward`] with tensor operations: the operations (and their order) of the plain

@@ -16,6 +16,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
+use crate::wan::reshape::reshape;
+
 /// `t [d0, .., cols]` as `[d0 · .. , cols]`: on a plain CubeCL backend, a view with the rows'
 /// own stride when the leading dimensions are evenly strided ([`row_stride`]); otherwise
 /// Burn's `reshape` (which copies a non-contiguous tensor).
@@ -27,7 +29,7 @@ pub fn flatten_rows<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, 2>
         t,
         [rows, cols]
     ));
-    t.reshape([rows, cols])
+    reshape(t, [rows, cols])
 }
 
 /// The row stride of `[rows, cols]`, the leading dimensions of `shape` merged into `rows`

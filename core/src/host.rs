@@ -1,0 +1,192 @@
+//! Host memory on the CPU backends: which backends keep their tensors there, and two
+//! operations that Burn's ndarray backend does with a copy and Reel does without one.
+//!
+//! - Burn's ndarray `reshape` copies every tensor it reshapes (it builds the new shape as a
+//!   view and turns the view into a new array), where a reshape of a contiguous tensor only
+//!   needs a new shape over the same buffer. On the quickstart's training step those copies
+//!   were about 9 % of the CPU time: flattening every parameter and gradient for the
+//!   optimizer and back, and the reshapes inside the model's own operations. [`reshape`]
+//!   shares the buffer (ndarray's reference-counted arrays copy on a later write only where
+//!   the buffer is still shared, as every ndarray operation of Burn does).
+//! - Burn's ndarray `into_data` of a tensor whose buffer is shared walks it one value at a
+//!   time; [`into_data`] copies the contiguous values at once, and moves the buffer where
+//!   the tensor is its only owner.
+//!
+//! Both hand every other backend to Burn's own operation (Flex's `reshape` already shares the
+//! buffer).
+
+use std::any::TypeId;
+
+use burn::backend::ndarray::NdArrayTensor;
+use burn::backend::NdArray;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
+
+use crate::backend::downcast_tensor;
+
+/// Whether `B` is the inner backend of `cpu` or `flex` (Burn's ndarray or Flex backend),
+/// whose tensors live in host memory: their float32 element-wise operations and matrix
+/// products are plain IEEE float32 arithmetic, and [`TensorData`] reaches their values
+/// without a transfer. Not their `Autodiff` wrappers.
+pub fn is_host<B: Backend>() -> bool {
+    let b = TypeId::of::<B>();
+    b == TypeId::of::<NdArray>() || b == TypeId::of::<burn::backend::Flex>()
+}
+
+/// `t` with the shape `shape` (the same number of values, in the same row-major order):
+/// `Tensor::reshape`, without its copy on ndarray when `t` is contiguous (float32).
+pub fn reshape<B: Backend, const D: usize, const D2: usize>(
+    t: Tensor<B, D>,
+    shape: [usize; D2],
+) -> Tensor<B, D2> {
+    match downcast_tensor::<B, NdArray, D>(t) {
+        Ok(t) => back(ndarray_reshape(t, shape)),
+        Err(t) => t.reshape(shape),
+    }
+}
+
+/// The values of `t` (`Tensor::into_data`), copied at once rather than one by one on
+/// ndarray when another tensor shares its contiguous float32 buffer.
+pub fn into_data<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
+    match downcast_tensor::<B, NdArray, D>(t) {
+        Ok(t) => ndarray_data(t),
+        Err(t) => t.into_data(),
+    }
+}
+
+/// [`reshape`] on ndarray.
+fn ndarray_reshape<const D: usize, const D2: usize>(
+    t: Tensor<NdArray, D>,
+    shape: [usize; D2],
+) -> Tensor<NdArray, D2> {
+    let array = match t.into_primitive() {
+        TensorPrimitive::Float(NdArrayTensor::F32(storage)) => storage.into_shared(),
+        other => return Tensor::<NdArray, D>::from_primitive(other).reshape(shape),
+    };
+    if !array.is_standard_layout() {
+        let t = Tensor::<NdArray, D>::from_primitive(TensorPrimitive::Float(array.into()));
+        return t.reshape(shape);
+    }
+    let from = array.shape().to_vec();
+    match array.into_shape_with_order(shape.to_vec()) {
+        Ok(array) => Tensor::from_primitive(TensorPrimitive::Float(array.into())),
+        Err(e) => panic!("reshape of {from:?} to {shape:?}: {e}"),
+    }
+}
+
+/// [`into_data`] on ndarray.
+fn ndarray_data<const D: usize>(t: Tensor<NdArray, D>) -> TensorData {
+    let primitive = t.into_primitive();
+    if let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = &primitive {
+        if !storage.is_unique() {
+            if let Some(values) = storage.view().as_slice() {
+                return TensorData::new(values.to_vec(), Shape::from(storage.shape().to_vec()));
+            }
+        }
+    }
+    Tensor::<NdArray, D>::from_primitive(primitive).into_data()
+}
+
+/// `t` as a tensor of `B`, which is ndarray.
+fn back<B: Backend, const D: usize>(t: Tensor<NdArray, D>) -> Tensor<B, D> {
+    downcast_tensor::<NdArray, B, D>(t)
+        .unwrap_or_else(|_| panic!("the backend was ndarray a moment ago"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::DType;
+
+    type B = NdArray;
+
+    fn t23() -> Tensor<B, 2> {
+        let v: Vec<f32> = (0..6).map(|i| i as f32 * 1.5 - 2.0).collect();
+        Tensor::from_data(TensorData::new(v, [2, 3]), &Default::default())
+    }
+
+    fn values<const D: usize>(t: Tensor<B, D>) -> (Vec<usize>, Vec<f32>) {
+        let dims = t.dims().to_vec();
+        (
+            dims,
+            t.into_data()
+                .convert::<f32>()
+                .to_vec()
+                .expect("float values"),
+        )
+    }
+
+    /// Whether `t`'s float32 buffer has no other owner than `t`.
+    fn unique<const D: usize>(t: Tensor<B, D>) -> bool {
+        matches!(
+            t.into_primitive(),
+            TensorPrimitive::Float(NdArrayTensor::F32(s)) if s.is_unique()
+        )
+    }
+
+    #[test]
+    fn reshape_equals_burns_reshape_for_every_layout_and_dtype() {
+        let cases: Vec<(&str, Tensor<B, 2>)> = vec![
+            ("contiguous", t23()),
+            ("transposed", t23().swap_dims(0, 1)),
+            ("float64", t23().cast(DType::F64)),
+        ];
+        for (what, t) in cases {
+            let [r, c] = t.dims();
+            assert_eq!(
+                values(reshape(t.clone(), [c, 1, r])),
+                values(t.clone().reshape([c, 1, r])),
+                "{what}"
+            );
+            assert_eq!(
+                values(reshape(t.clone(), [r * c])),
+                values(t.reshape([r * c])),
+                "{what}"
+            );
+        }
+    }
+
+    /// The reshaped tensor shares the buffer, and writing to either leaves the other as it
+    /// was.
+    #[test]
+    fn reshape_shares_the_buffer_and_copies_on_write() {
+        let a = t23();
+        let before = values(a.clone());
+        let b = reshape(a.clone(), [6]);
+        match (a.clone().into_primitive(), b.clone().into_primitive()) {
+            (
+                TensorPrimitive::Float(NdArrayTensor::F32(x)),
+                TensorPrimitive::Float(NdArrayTensor::F32(y)),
+            ) => assert_eq!(x.view().as_ptr(), y.view().as_ptr(), "not the same buffer"),
+            _ => panic!("float32 ndarray tensors expected"),
+        }
+        let doubled = b.mul_scalar(2.0);
+        assert_eq!(
+            values(a.clone()),
+            before,
+            "the write reached the shared buffer"
+        );
+        let (_, d) = values(doubled);
+        assert_eq!(d, before.1.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+        // Burn's own reshape copies: its result owns its buffer alone; this one does not.
+        assert!(unique(a.clone().reshape([6])));
+        assert!(!unique(reshape(a.clone(), [6])));
+    }
+
+    #[test]
+    fn into_data_of_a_shared_or_strided_tensor_equals_burns() {
+        let a = t23();
+        let _kept = a.clone();
+        assert_eq!(into_data(a.clone()), a.clone().into_data());
+        let strided = a.swap_dims(0, 1);
+        assert_eq!(into_data(strided.clone()), strided.into_data());
+        let flex = Tensor::<burn::backend::Flex, 1>::from_floats([1.0, 2.0], &Default::default());
+        assert_eq!(into_data(flex.clone()), flex.into_data());
+    }
+
+    #[test]
+    fn only_the_plain_cpu_backends_are_host_backends() {
+        assert!(is_host::<NdArray>() && is_host::<burn::backend::Flex>());
+        assert!(!is_host::<burn::backend::Autodiff<NdArray>>());
+    }
+}
