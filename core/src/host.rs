@@ -1,13 +1,17 @@
-//! Host memory on the CPU backends: which backends keep their tensors there, and two
-//! operations that Burn's ndarray backend does with a copy and Reel does without one.
+//! Host memory on the CPU backends: which backends keep their tensors there, and three
+//! operations that Burn's ndarray backend does with copies and Reel does without them.
 //!
 //! - Burn's ndarray `reshape` copies every tensor it reshapes (it builds the new shape as a
 //!   view and turns the view into a new array), where a reshape of a contiguous tensor only
 //!   needs a new shape over the same buffer. On the quickstart's training step those copies
-//!   were about 9 % of the CPU time: flattening every parameter and gradient for the
-//!   optimizer and back, and the reshapes inside the model's own operations. [`reshape`]
+//!   (with the matmul's below) were about 18 % of the CPU time: flattening every parameter
+//!   and gradient for the optimizer and back, the model's own reshapes, and the products'
+//!   operands. [`reshape`]
 //!   shares the buffer (ndarray's reference-counted arrays copy on a later write only where
 //!   the buffer is still shared, as every ndarray operation of Burn does).
+//! - Burn's ndarray `matmul` reshapes its operands and its result through that `reshape`
+//!   (a transposed operand, such as a linear layer's weight, value by value); [`matmul`]
+//!   multiplies 2-D operands where they are.
 //! - Burn's ndarray `into_data` of a tensor whose buffer is shared walks it one value at a
 //!   time; [`into_data`] copies the contiguous values at once, and moves the buffer where
 //!   the tensor is its only owner.
@@ -21,6 +25,8 @@ use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView2, Ix2};
 
 use crate::backend::downcast_tensor;
 
@@ -52,6 +58,55 @@ pub fn into_data<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
         Ok(t) => ndarray_data(t),
         Err(t) => t.into_data(),
     }
+}
+
+/// `a · b` for `a [m, k]` and `b [k, n]` (`Tensor::matmul`): on ndarray with float32 operands
+/// that are contiguous or transposed, one product straight from their buffers.
+///
+/// Burn's ndarray matmul reshapes both operands to `[batch, rows, cols]` and its result back,
+/// and its reshape copies each of them (a transposed operand value by value). Here ndarray's
+/// `general_mat_mul` reads the operands where they are, with their strides: the same
+/// `matrixmultiply` kernel, which packs its operands into panels of the same values whatever
+/// their strides, so the results are bit-identical to Burn's (tested).
+pub fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    match downcast_tensor::<B, NdArray, 2>(a) {
+        Ok(a) => {
+            let b = downcast_tensor::<B, NdArray, 2>(b)
+                .unwrap_or_else(|_| unreachable!("both operands are tensors of B"));
+            back(ndarray_matmul(a, b))
+        }
+        Err(a) => a.matmul(b),
+    }
+}
+
+/// [`matmul`] on ndarray.
+fn ndarray_matmul(a: Tensor<NdArray, 2>, b: Tensor<NdArray, 2>) -> Tensor<NdArray, 2> {
+    let (a, b) = (a.into_primitive(), b.into_primitive());
+    if let (
+        TensorPrimitive::Float(NdArrayTensor::F32(x)),
+        TensorPrimitive::Float(NdArrayTensor::F32(y)),
+    ) = (&a, &b)
+    {
+        let (x, y) = (x.view(), y.view());
+        if let (Ok(x), Ok(y)) = (
+            x.into_dimensionality::<Ix2>(),
+            y.into_dimensionality::<Ix2>(),
+        ) {
+            if plain_or_transposed(&x) && plain_or_transposed(&y) && x.ncols() == y.nrows() {
+                let mut c = Array2::<f32>::zeros((x.nrows(), y.ncols()));
+                general_mat_mul(1.0, &x, &y, 0.0, &mut c);
+                let c: NdArrayTensor = c.into_dyn().into_shared().into();
+                return Tensor::from_primitive(TensorPrimitive::Float(c));
+            }
+        }
+    }
+    let a = Tensor::<NdArray, 2>::from_primitive(a);
+    a.matmul(Tensor::from_primitive(b))
+}
+
+/// Whether `m` is row-major or column-major (a transposed row-major matrix) without gaps.
+fn plain_or_transposed(m: &ArrayView2<'_, f32>) -> bool {
+    m.is_standard_layout() || m.t().is_standard_layout()
 }
 
 /// [`reshape`] on ndarray.
@@ -182,6 +237,42 @@ mod tests {
         assert_eq!(into_data(strided.clone()), strided.into_data());
         let flex = Tensor::<burn::backend::Flex, 1>::from_floats([1.0, 2.0], &Default::default());
         assert_eq!(into_data(flex.clone()), flex.into_data());
+    }
+
+    fn det(rows: usize, cols: usize, phase: f32) -> Tensor<B, 2> {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 0.61 + phase).sin() * 3.0)
+            .collect();
+        Tensor::from_data(TensorData::new(v, [rows, cols]), &Default::default())
+    }
+
+    /// Every layout the product takes from the buffers (plain and transposed operands), with
+    /// sizes past `matrixmultiply`'s blocks, and the layouts it hands to Burn (a column
+    /// slice, float64): bit-identical to Burn's matmul.
+    #[test]
+    fn matmul_equals_burns_bit_for_bit_for_every_layout() {
+        let (m, k, n) = (37, 300, 19);
+        let lhs = [
+            ("plain", det(m, k, 0.1)),
+            ("transposed", det(k, m, 0.1).transpose()),
+        ];
+        let rhs = [
+            ("plain", det(k, n, 0.7)),
+            ("transposed", det(n, k, 0.7).transpose()),
+        ];
+        for (la, a) in &lhs {
+            for (lb, b) in &rhs {
+                let ours = matmul(a.clone(), b.clone()).into_data();
+                assert_eq!(ours, a.clone().matmul(b.clone()).into_data(), "{la} x {lb}");
+            }
+        }
+        let sliced = det(m, k + 5, 0.3).narrow(1, 2, k);
+        let b = det(k, n, 0.9);
+        let burn = sliced.clone().matmul(b.clone()).into_data();
+        assert_eq!(matmul(sliced, b.clone()).into_data(), burn, "column slice");
+        let (a64, b64) = (det(m, k, 0.2).cast(DType::F64), b.cast(DType::F64));
+        let burn = a64.clone().matmul(b64.clone()).into_data();
+        assert_eq!(matmul(a64, b64).into_data(), burn, "float64");
     }
 
     #[test]

@@ -4,6 +4,9 @@
 // are PEFT's key names.
 #![allow(non_snake_case)]
 
+use std::any::TypeId;
+
+use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
@@ -225,10 +228,11 @@ impl<B: Backend> Linear<B> {
         // `x · mᵀ` (or `GELU(x) · mᵀ`) in the compute dtype, for the weight and LoRA's `A`;
         // `x` is cast once (the GELU casts its own output).
         // With matmul kernels pinned (`REEL_MATMUL`), the products and their gradients run
-        // on the kernels pinned for their layouts.
+        // on the kernels pinned for their layouts; on ndarray, without Burn's copies.
         let x = if gelu_input { x } else { compute(x) };
         let pinned = pin::<B>();
-        let times = |m: Tensor<B, 2>| match (gelu_input, pinned.any()) {
+        let own_product = pinned.any() || on_ndarray::<B>();
+        let times = |m: Tensor<B, 2>| match (gelu_input, own_product) {
             (true, _) => gelu_matmul(x.clone(), compute(m)),
             (false, false) => x.clone().matmul(compute(m).transpose()),
             (false, true) => linear_product(x.clone(), compute(m), pinned),
@@ -245,6 +249,14 @@ impl<B: Backend> Linear<B> {
         out[D - 1] = d_out;
         reshape(y, out)
     }
+}
+
+/// Whether `B` is the `cpu` backend's ndarray, with or without autodiff: there the linear
+/// product is [`linear_product`], whose products (forward and both gradients) run without
+/// Burn's ndarray copies of the operands ([`reel_core::host::matmul`]).
+fn on_ndarray<B: Backend>() -> bool {
+    let b = TypeId::of::<B>();
+    b == TypeId::of::<NdArray>() || b == TypeId::of::<Autodiff<NdArray>>()
 }
 
 #[cfg(test)]

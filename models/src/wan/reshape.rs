@@ -93,9 +93,9 @@ mod tests {
     #[test]
     fn values_and_gradients_equal_burns_reshape() {
         for strided in [false, true] {
-            let weights = || {
-                let w: Vec<f32> = (0..24).map(|i| i as f32 - 7.5).collect();
-                Tensor::<A, 2>::from_data(TensorData::new(w, [6, 4]), &Default::default())
+            let weights = |rows: usize, cols: usize| {
+                let w: Vec<f32> = (0..rows * cols).map(|i| i as f32 - 7.5).collect();
+                Tensor::<A, 2>::from_data(TensorData::new(w, [rows, cols]), &Default::default())
             };
             let run = |ours: bool| {
                 let x = input(strided);
@@ -104,7 +104,7 @@ mod tests {
                     true => reshape(x.clone(), [a * b, c]),
                     false => x.clone().reshape([a * b, c]),
                 };
-                let grads = (y.clone() * weights()).sum().backward();
+                let grads = (y.clone() * weights(a * b, c)).sum().backward();
                 let g = x.grad(&grads).expect("a gradient for the input");
                 (y.into_data(), g.into_data())
             };

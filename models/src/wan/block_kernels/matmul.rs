@@ -206,7 +206,8 @@ pub fn matmul_on<B: Backend>(
     Err(MatmulError::NotCubeBackend)
 }
 
-/// `lhs · rhs` on `kernel` when one is given, on Burn's matmul otherwise.
+/// `lhs · rhs` on `kernel` when one is given, on Burn's matmul otherwise (on ndarray without
+/// its copies, [`reel_core::host::matmul`]).
 ///
 /// The kernel is trusted only where it has proven right: the first product of each kind
 /// (kernel, shape, which operands are transposed, dtype) also runs on Burn's matmul, and
@@ -223,7 +224,7 @@ pub fn matmul<B: Backend>(
     kernel: Option<MatmulKernel>,
 ) -> Tensor<B, 2> {
     let Some(kernel) = kernel else {
-        return lhs.matmul(rhs);
+        return reel_core::host::matmul(lhs, rhs);
     };
     if lhs.dtype() != rhs.dtype() {
         let (a, b) = (lhs.dtype(), rhs.dtype());
