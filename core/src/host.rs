@@ -6,8 +6,7 @@
 //!   needs a new shape over the same buffer. On the quickstart's training step those copies
 //!   (with the matmul's below) were about 18 % of the CPU time: flattening every parameter
 //!   and gradient for the optimizer and back, the model's own reshapes, and the products'
-//!   operands. [`reshape`]
-//!   shares the buffer (ndarray's reference-counted arrays copy on a later write only where
+//!   operands. [`reshape`] shares the buffer (ndarray's reference-counted arrays copy on a later write only where
 //!   the buffer is still shared, as every ndarray operation of Burn does).
 //! - Burn's ndarray `matmul` reshapes its operands and its result through that `reshape`
 //!   (a transposed operand, such as a linear layer's weight, value by value); [`matmul`]
@@ -16,8 +15,8 @@
 //!   time; [`into_data`] copies the contiguous values at once, and moves the buffer where
 //!   the tensor is its only owner.
 //!
-//! Both hand every other backend to Burn's own operation (Flex's `reshape` already shares the
-//! buffer).
+//! All three hand every other backend to Burn's own operation (Flex's `reshape` already
+//! shares the buffer).
 
 use std::any::TypeId;
 
@@ -37,6 +36,13 @@ use crate::backend::downcast_tensor;
 pub fn is_host<B: Backend>() -> bool {
     let b = TypeId::of::<B>();
     b == TypeId::of::<NdArray>() || b == TypeId::of::<burn::backend::Flex>()
+}
+
+/// Whether `B` is Burn's ndarray backend, with or without its `Autodiff` wrapper: the
+/// backend whose operations [`reshape`] and [`matmul`] replace.
+pub fn is_ndarray<B: Backend>() -> bool {
+    let b = TypeId::of::<B>();
+    b == TypeId::of::<NdArray>() || b == TypeId::of::<burn::backend::Autodiff<NdArray>>()
 }
 
 /// `t` with the shape `shape` (the same number of values, in the same row-major order):
@@ -279,5 +285,12 @@ mod tests {
     fn only_the_plain_cpu_backends_are_host_backends() {
         assert!(is_host::<NdArray>() && is_host::<burn::backend::Flex>());
         assert!(!is_host::<burn::backend::Autodiff<NdArray>>());
+    }
+
+    #[test]
+    fn ndarray_is_ndarray_with_or_without_autodiff() {
+        assert!(is_ndarray::<NdArray>() && is_ndarray::<burn::backend::Autodiff<NdArray>>());
+        assert!(!is_ndarray::<burn::backend::Flex>());
+        assert!(!is_ndarray::<burn::backend::Autodiff<burn::backend::Flex>>());
     }
 }

@@ -18,6 +18,7 @@ mod atomic;
 mod error;
 mod module;
 mod safetensors;
+mod serialize;
 
 pub use self::atomic::*;
 pub use self::safetensors::*;

@@ -9,6 +9,7 @@ use burn::tensor::{DType, TensorData};
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
 use super::error::{format_err, io_err, WeightError};
+use super::serialize::write_file;
 
 /// Storage dtype for [`write_safetensors_as`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -306,7 +307,8 @@ pub fn write_safetensors(
 
 /// Write tensors to a safetensors file in the given storage dtype. The file is written to a
 /// temporary sibling, synced and renamed into place ([`replace_file_with`](super::replace_file_with)),
-/// so a crash never leaves a truncated file.
+/// so a crash never leaves a truncated file. The same tensors and metadata give the same
+/// bytes in every process (the metadata is written sorted by key).
 pub fn write_safetensors_as(
     path: impl AsRef<Path>,
     tensors: &[(String, TensorData)],
@@ -328,12 +330,8 @@ pub fn write_safetensors_as(
     super::replace_file_with(
         path,
         |tmp| {
-            safetensors::serialize_to_file(raw.iter().map(|(k, v)| (*k, v)), metadata, tmp).map_err(
-                |e| match e {
-                    safetensors::SafeTensorError::IoError(io) => io_err(path, io),
-                    other => format_err(path, other),
-                },
-            )
+            write_file(tmp, raw.iter().map(|(k, v)| (*k, v)), metadata.as_ref())
+                .map_err(|e| io_err(path, e))
         },
         |e| io_err(path, e),
     )

@@ -99,6 +99,35 @@ fn write_read_roundtrip_f32_is_bit_exact_and_keeps_metadata() {
 }
 
 #[test]
+fn the_same_weights_and_metadata_write_the_same_bytes() {
+    // A checkpoint's metadata has several keys; each save builds its own `HashMap`, whose
+    // iteration order differs from the last one's.
+    let dir = tempfile::tempdir().unwrap();
+    let t = vec![(
+        "w".to_string(),
+        TensorData::new(vec![1.5f32, -2.0, 0.25], [3]),
+    )];
+    let meta = || {
+        let keys = ["role", "step", "format", "method", "seed"];
+        Some(
+            keys.iter()
+                .map(|k| (k.to_string(), format!("{k}!")))
+                .collect(),
+        )
+    };
+    let files: Vec<Vec<u8>> = (0..4)
+        .map(|i| {
+            let path = dir.path().join(format!("{i}.safetensors"));
+            write_safetensors(&path, &t, meta()).unwrap();
+            std::fs::read(path).unwrap()
+        })
+        .collect();
+    assert!(files.windows(2).all(|w| w[0] == w[1]));
+    let (_, read_meta) = read_safetensors(dir.path().join("0.safetensors")).unwrap();
+    assert_eq!(read_meta, meta());
+}
+
+#[test]
 fn half_precision_files_are_read_as_f32() {
     let dir = tempfile::tempdir().unwrap();
     let vals = vec![1.0f32, -2.5, 0.1, 3.0e-3];

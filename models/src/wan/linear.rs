@@ -4,9 +4,6 @@
 // are PEFT's key names.
 #![allow(non_snake_case)]
 
-use std::any::TypeId;
-
-use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, DType, Tensor};
 use reel_core::config::Precision;
@@ -231,7 +228,7 @@ impl<B: Backend> Linear<B> {
         // on the kernels pinned for their layouts; on ndarray, without Burn's copies.
         let x = if gelu_input { x } else { compute(x) };
         let pinned = pin::<B>();
-        let own_product = pinned.any() || on_ndarray::<B>();
+        let own_product = pinned.any() || reel_core::host::is_ndarray::<B>();
         let times = |m: Tensor<B, 2>| match (gelu_input, own_product) {
             (true, _) => gelu_matmul(x.clone(), compute(m)),
             (false, false) => x.clone().matmul(compute(m).transpose()),
@@ -254,11 +251,6 @@ impl<B: Backend> Linear<B> {
 /// Whether `B` is the `cpu` backend's ndarray, with or without autodiff: there the linear
 /// product is [`linear_product`], whose products (forward and both gradients) run without
 /// Burn's ndarray copies of the operands ([`reel_core::host::matmul`]).
-fn on_ndarray<B: Backend>() -> bool {
-    let b = TypeId::of::<B>();
-    b == TypeId::of::<NdArray>() || b == TypeId::of::<Autodiff<NdArray>>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
