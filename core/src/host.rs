@@ -1,5 +1,6 @@
-//! Host memory on the CPU backends: which backends keep their tensors there, and three
-//! operations that Burn's ndarray backend does with copies and Reel does without them.
+//! Host memory on the CPU backends: which backends keep their tensors there, three
+//! operations that Burn's ndarray backend does with copies and Reel does without them, and
+//! element-wise formulas in one pass ([`zip_map`]).
 //!
 //! - Burn's ndarray `reshape` copies every tensor it reshapes (it builds the new shape as a
 //!   view and turns the view into a new array), where a reshape of a contiguous tensor only
@@ -25,7 +26,7 @@ use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayView2, Ix2};
+use ndarray::{Array2, ArrayD, ArrayView2, Ix2};
 
 use crate::backend::downcast_tensor;
 
@@ -83,6 +84,61 @@ pub fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
         }
         Err(a) => a.matmul(b),
     }
+}
+
+/// `f` of the values at each position of `inputs` (tensors of one shape), as a new float32
+/// tensor: on ndarray, where every input is a contiguous float32 tensor, one pass over their
+/// buffers, which are read where they are. Elsewhere (another backend, dtype, layout or
+/// shapes) the inputs come back untouched for the caller's tensor operations.
+///
+/// A formula written as Burn tensor operations on ndarray makes one pass and one new buffer
+/// per operation; `f` written with the same float32 operations in the same order gives the
+/// same values in one pass (ndarray's element-wise operations are plain IEEE float32
+/// arithmetic and `f32::exp`/`f32::ln`, and Rust does not contract `a * b + c` into a fused
+/// multiply-add).
+pub fn zip_map<B: Backend, const D: usize, const N: usize>(
+    inputs: [Tensor<B, D>; N],
+    f: impl Fn([f32; N]) -> f32,
+) -> Result<Tensor<B, D>, [Tensor<B, D>; N]> {
+    if TypeId::of::<B>() != TypeId::of::<NdArray>() {
+        return Err(inputs);
+    }
+    let primitives = inputs.map(|t| {
+        downcast_tensor::<B, NdArray, D>(t)
+            .unwrap_or_else(|_| unreachable!("B is ndarray"))
+            .into_primitive()
+    });
+    match ndarray_zip_map(&primitives, f) {
+        Some(out) => Ok(back(out)),
+        None => Err(primitives.map(|p| back(Tensor::from_primitive(p)))),
+    }
+}
+
+/// [`zip_map`] on ndarray; `None` unless every input is a contiguous float32 array of one
+/// shape.
+fn ndarray_zip_map<const D: usize, const N: usize>(
+    inputs: &[TensorPrimitive<NdArray>; N],
+    f: impl Fn([f32; N]) -> f32,
+) -> Option<Tensor<NdArray, D>> {
+    let mut slices: Vec<&[f32]> = Vec::with_capacity(N);
+    let mut shape: Option<&[usize]> = None;
+    for input in inputs {
+        let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = input else {
+            return None;
+        };
+        let view = storage.view();
+        if *shape.get_or_insert(storage.shape()) != storage.shape() {
+            return None;
+        }
+        slices.push(view.to_slice()?);
+    }
+    let n = slices.first()?.len();
+    let values: Vec<f32> = (0..n)
+        .map(|i| f(std::array::from_fn(|j| slices[j][i])))
+        .collect();
+    let array = ArrayD::from_shape_vec(shape?.to_vec(), values).ok()?;
+    let out: NdArrayTensor = array.into_shared().into();
+    Some(Tensor::from_primitive(TensorPrimitive::Float(out)))
 }
 
 /// [`matmul`] on ndarray.
@@ -279,6 +335,44 @@ mod tests {
         let (a64, b64) = (det(m, k, 0.2).cast(DType::F64), b.cast(DType::F64));
         let burn = a64.clone().matmul(b64.clone()).into_data();
         assert_eq!(matmul(a64, b64).into_data(), burn, "float64");
+    }
+
+    #[test]
+    fn zip_map_runs_on_contiguous_float32_and_hands_back_the_rest() {
+        let f = |[a, b]: [f32; 2]| a * 2.0 - b;
+        let (a, b) = (t23(), t23() * 0.5 + 1.0);
+        let want = values(a.clone() * 2.0 - b.clone());
+        let Ok(got) = zip_map([a.clone(), b.clone()], f) else {
+            panic!("contiguous float32 tensors of ndarray take the loop")
+        };
+        assert_eq!(values(got), want);
+        let Ok(exp) = zip_map([a.clone()], |[x]| x.exp()) else {
+            panic!("one input takes the loop")
+        };
+        assert_eq!(values(exp), values(a.clone().exp()));
+
+        let handed_back: Vec<(&str, [Tensor<B, 2>; 2])> = vec![
+            (
+                "strided",
+                [a.clone().swap_dims(0, 1), b.clone().swap_dims(0, 1)],
+            ),
+            ("float64", [a.clone().cast(DType::F64), b.clone()]),
+            ("shapes", [a.clone(), b.clone().reshape([3, 2])]),
+        ];
+        for (what, inputs) in handed_back {
+            let want: Vec<_> = inputs.iter().map(|t| values(t.clone())).collect();
+            let Err(back) = zip_map(inputs, f) else {
+                panic!("{what}: took the loop")
+            };
+            let got: Vec<_> = back.into_iter().map(values).collect();
+            assert_eq!(got, want, "{what}: the inputs come back as they were");
+        }
+        let dev = Default::default();
+        let flex = Tensor::<burn::backend::Flex, 1>::from_data(
+            TensorData::new(vec![1.0f32; 4], [4]),
+            &dev,
+        );
+        assert!(zip_map([flex], |[x]| x).is_err(), "other backends");
     }
 
     #[test]
