@@ -7,8 +7,9 @@
 //!   needs a new shape over the same buffer. On the quickstart's training step those copies
 //!   (with the matmul's below) were about 18 % of the CPU time: flattening every parameter
 //!   and gradient for the optimizer and back, the model's own reshapes, and the products'
-//!   operands. [`reshape`] shares the buffer (ndarray's reference-counted arrays copy on a later write only where
-//!   the buffer is still shared, as every ndarray operation of Burn does).
+//!   operands. [`reshape`] shares the buffer (ndarray's reference-counted arrays copy on a
+//!   later write only where the buffer is still shared, as every ndarray operation of Burn
+//!   does).
 //! - Burn's ndarray `matmul` reshapes its operands and its result through that `reshape`
 //!   (a transposed operand, such as a linear layer's weight, value by value); [`matmul`]
 //!   multiplies 2-D operands where they are.

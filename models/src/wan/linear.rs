@@ -248,9 +248,6 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-/// Whether `B` is the `cpu` backend's ndarray, with or without autodiff: there the linear
-/// product is [`linear_product`], whose products (forward and both gradients) run without
-/// Burn's ndarray copies of the operands ([`reel_core::host::matmul`]).
 #[cfg(test)]
 mod tests {
     use super::*;
