@@ -105,14 +105,36 @@ impl Turn {
     }
 }
 
-/// This worker's turn to build graphs and run backwards; given back when dropped.
+/// This thread's turn to build graphs and run backwards; given back when dropped (by the
+/// guard that took it: a guard taken while the thread already held the turn leaves it held).
 #[derive(Debug)]
-pub struct TurnGuard(());
+pub struct TurnGuard {
+    outermost: bool,
+}
 
 impl Drop for TurnGuard {
     fn drop(&mut self) {
-        TURN.give();
+        if self.outermost {
+            TURN.give();
+        }
     }
+}
+
+/// This thread's turn to build autodiff graphs and run backwards, held until the guard drops.
+///
+/// Burn 0.21's autodiff graph cleanup is process-wide (tracel-ai/burn#5573): a `backward()`
+/// on one thread can free the graph steps another thread is still building, which silently
+/// loses a gradient. The trainer takes this turn around every step's graphs and backwards;
+/// code that drives methods or models directly on several threads of one process (a test
+/// binary's tests, a library's caller) takes it around each forward-and-backward too. A
+/// thread that already holds the turn gets it again at once (the inner guard leaves it held).
+/// Do not hold it while waiting for another thread that takes it (a training's workers).
+pub fn autodiff_turn() -> TurnGuard {
+    if HOLDS_TURN.with(|h| h.get()) {
+        return TurnGuard { outermost: false };
+    }
+    TURN.take();
+    TurnGuard { outermost: true }
 }
 
 /// Run `wait` (a blocking collective call) without holding the turn, so the other workers
@@ -203,7 +225,33 @@ impl<B: Backend> Seat<B> {
     /// the process (a test binary's runs side by side, a library's caller): such a race lost a
     /// DMD2 discriminator's gradient about one full test run in six (2026-12-01).
     pub fn autodiff_turn(&self) -> TurnGuard {
-        TURN.take();
-        TurnGuard(())
+        autodiff_turn()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::autodiff_turn;
+
+    #[test]
+    fn a_nested_turn_leaves_the_turn_held_until_the_outer_guard_drops() {
+        let outer = autodiff_turn();
+        drop(autodiff_turn());
+        let (tx, rx) = mpsc::channel();
+        let other = std::thread::spawn(move || {
+            let _turn = autodiff_turn();
+            tx.send(()).expect("the test waits for this");
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "another thread took the turn while this one held it"
+        );
+        drop(outer);
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the turn given back reaches the waiting thread");
+        other.join().expect("the other thread");
     }
 }

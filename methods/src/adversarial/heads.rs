@@ -214,6 +214,7 @@ mod tests {
 
     #[test]
     fn block_selection_by_stride_or_list() {
+        let _turn = reel_core::parallel::autodiff_turn();
         assert_eq!(
             cfg(5, None).block_indices(30).unwrap(),
             [4, 9, 14, 19, 24, 29]
@@ -248,6 +249,7 @@ mod tests {
     /// the input) but no parameter of a frozen feature network.
     #[test]
     fn heads_over_wan_hidden_states() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let dev = Default::default();
         let wan = WanConfig::preset("wan-tiny").unwrap();
         let feature = wan.init_seeded::<Ad>(&dev, 1).no_grad();

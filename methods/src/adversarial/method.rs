@@ -287,6 +287,7 @@ mod tests {
 
     #[test]
     fn generator_step_never_touches_the_discriminator() {
+        let _turn = reel_core::parallel::autodiff_turn();
         // Step 1 with interval 2: only the generator step runs.
         let mut m = method(2);
         let out = m.micro_step(&batch(), &ctx(1)).unwrap();
@@ -304,6 +305,7 @@ mod tests {
 
     #[test]
     fn discriminator_step_never_touches_the_student_or_the_teacher() {
+        let _turn = reel_core::parallel::autodiff_turn();
         // Step 3: interval 3 runs the discriminator step, interval 2 does not. The student's
         // update must be identical, the heads must move, the teacher must not.
         let (mut with_d, mut without_d) = (method(3), method(2));

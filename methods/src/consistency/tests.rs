@@ -56,6 +56,7 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn euler_solver_reproduces_the_teachers_50_step_sample() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let teacher: WanModel<I> = tiny().init_seeded(&dev, 3);
     let (g, shift) = (2.5, 3.0);
@@ -95,6 +96,7 @@ fn euler_solver_reproduces_the_teachers_50_step_sample() {
 
 #[test]
 fn target_maps_the_target_networks_prediction_to_the_phase_end() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let model: WanModel<I> = tiny().init_seeded(&dev, 5);
     let solver = EulerSolver::new(8, 3.0);
@@ -187,6 +189,7 @@ fn step(m: &mut Consistency<B>, s: u64) -> Vec<String> {
 
 #[test]
 fn the_ema_target_follows_the_student_and_never_gets_gradients() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let d = 0.5;
     let mut m = method(TargetNetwork::Ema, d);
     let names: Vec<String> = m.roles().iter().map(|r| r.name().to_string()).collect();
@@ -238,6 +241,7 @@ fn the_ema_target_follows_the_student_and_never_gets_gradients() {
 
 #[test]
 fn targets_carry_no_gradient_into_the_student() {
+    let _turn = reel_core::parallel::autodiff_turn();
     // At step 0 the EMA target equals the student, so the student's update must be the same
     // with either target: no gradient flows through the target's prediction.
     let mut ema = method(TargetNetwork::Ema, 0.9);
@@ -256,6 +260,7 @@ fn targets_carry_no_gradient_into_the_student() {
 
 #[test]
 fn sampler_takes_one_step_per_phase() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let mut m = method(TargetNetwork::Student, 0.9);
     let a = m.sample(&request(None, None)).unwrap();
     assert_eq!((a.len(), a[0].len()), (2, SPEC.latent_numel()));
@@ -285,6 +290,7 @@ fn sampler_takes_one_step_per_phase() {
 
 #[test]
 fn phase_count_follows_the_schedule() {
+    let _turn = reel_core::parallel::autodiff_turn();
     // "2-2,4-4": (1-based) steps 1-2 use two phases, then four.
     let m = method(TargetNetwork::Student, 0.9);
     assert_eq!(

@@ -59,6 +59,7 @@ fn ctx(step: u64) -> StepContext {
 
 #[test]
 fn cadence_losses_and_a_frozen_teacher() {
+    let _turn = reel_core::parallel::autodiff_turn();
     for rollout in [Rollout::Simulate, Rollout::DataLatent] {
         let mut m = method(rollout);
         let b = batch();
@@ -151,6 +152,7 @@ fn after_one_step(mut m: Dmd2<B>) -> Vec<(String, f32, Vec<Vec<f32>>)> {
 
 #[test]
 fn gan_terms_reach_only_their_own_roles() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let base = after_one_step(gan_method(1.0, 1.0));
     let roles: Vec<&str> = base.iter().map(|r| r.0.as_str()).collect();
     assert_eq!(roles, ["student", "critic", "discriminator"]);
@@ -182,6 +184,7 @@ fn gan_terms_reach_only_their_own_roles() {
 
 #[test]
 fn sampler_is_deterministic_and_honours_steps() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let mut m = method(Rollout::Simulate);
     let spec = TINY_SPEC;
     let prompt = |v: f32| Prompt {

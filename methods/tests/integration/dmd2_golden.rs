@@ -147,6 +147,7 @@ fn scores(
 
 #[test]
 fn dmd2_generator_and_critic_match_fastvideo() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let g = fixture("dmd2.safetensors");
     let teacher: WanModel<I> = model("model.safetensors");
     let critic_i: WanModel<I> = model("critic.safetensors");

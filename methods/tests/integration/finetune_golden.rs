@@ -115,6 +115,7 @@ fn worst_excess(got: &[f64], want: &[f64], allowed: impl Fn(usize) -> f64) -> (f
 
 #[test]
 fn finetune_step_and_two_adamw_steps_match_torch() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let golden = fixture("train_step.safetensors");
     let base = fixture("model.safetensors");
     let cfg = WanConfig::from_json_file(fixtures_dir().join("config.json")).unwrap();

@@ -83,6 +83,7 @@ fn train(loss: GanLoss) -> (f32, f32) {
 
 #[test]
 fn hinge_generator_moves_to_the_data_distribution() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let (before, after) = train(GanLoss::Hinge);
     eprintln!("hinge: W1 {before:.3} -> {after:.3}");
     assert!(after < before / 5.0, "W1 {before:.3} -> {after:.3}");
@@ -90,6 +91,7 @@ fn hinge_generator_moves_to_the_data_distribution() {
 
 #[test]
 fn non_saturating_generator_moves_to_the_data_distribution() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let (before, after) = train(GanLoss::NonSaturating);
     eprintln!("non-saturating: W1 {before:.3} -> {after:.3}");
     assert!(after < before / 5.0, "W1 {before:.3} -> {after:.3}");

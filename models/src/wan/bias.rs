@@ -138,6 +138,7 @@ mod tests {
 
     #[test]
     fn bias_gradients_are_the_sums_over_rows() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type Ad = Autodiff<burn::backend::NdArray>;
         for shape in [[1, 3], [7, 5], [130, 9]] {
             let got = case::<Ad>(add_bias, shape);

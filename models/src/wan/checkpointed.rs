@@ -209,11 +209,13 @@ mod tests {
 
     #[test]
     fn checkpointed_gradients_equal_plain_backward() {
+        let _turn = reel_core::parallel::autodiff_turn();
         both(&WanConfig::preset("wan-tiny").unwrap(), false);
     }
 
     #[test]
     fn checkpointed_gradients_with_temporal_patch_and_lora() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let mut c = WanConfig::preset("wan-tiny").unwrap();
         c.patch_size = [2, 1, 1];
         c.num_layers = 3;

@@ -219,6 +219,7 @@ mod tests {
 
     #[test]
     fn gradients_match_the_plain_formulation() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type Ad = Autodiff<burn::backend::NdArray>;
         let tracked = [
             [true, true, true],
@@ -246,6 +247,7 @@ mod tests {
 
     #[test]
     fn bf16_rounds_once_from_float32() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type Ad = Autodiff<burn::backend::Flex>;
         let all = [true; 3];
         let [out, dx, dy, dgate] = case::<Ad>(gated_residual, [2, 6, 8], 2, FloatDType::BF16, all);

@@ -208,6 +208,7 @@ mod tests {
 
     #[test]
     fn one_operation_matches_the_plain_formulation_and_its_gradient() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let (y, g) = output_and_grad::<TestBackend>(gelu_tanh, FloatDType::F32);
         let (y_ref, g_ref) = output_and_grad::<TestBackend>(gelu_tanh_plain, FloatDType::F32);
         // The forward is the same function (on ndarray with a one-`exp` sigmoid, so within
@@ -242,6 +243,7 @@ mod tests {
 
     #[test]
     fn the_sigmoid_form_equals_the_tanh_formula_and_its_derivative() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         let p: Vec<f32> = points()
@@ -269,6 +271,7 @@ mod tests {
 
     #[test]
     fn the_one_pass_cpu_gelu_is_the_tanh_formula_and_its_gradient_the_tensor_operations() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         // The useful range, tiny, huge and signed-zero inputs, and irregular values.
@@ -308,6 +311,7 @@ mod tests {
 
     #[test]
     fn bf16_inputs_compute_in_float32_and_stay_bf16() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type Flex = Autodiff<burn::backend::Flex>;
         let (y16, g16) = output_and_grad::<Flex>(gelu_tanh, FloatDType::BF16);
         let (y32, g32) = output_and_grad::<Flex>(gelu_tanh, FloatDType::F32);
@@ -319,6 +323,7 @@ mod tests {
 
     #[test]
     fn without_autodiff_the_plain_formulation_runs() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         let p = points();

@@ -190,6 +190,7 @@ mod tests {
 
     #[test]
     fn one_operation_matches_gelu_then_product() {
+        let _turn = reel_core::parallel::autodiff_turn();
         for track_w in [true, false] {
             let (y, gu, gw) = case::<NdAd>(gelu_matmul, FloatDType::F32, track_w);
             let (y_ref, gu_ref, gw_ref) = case::<NdAd>(gelu_matmul_plain, FloatDType::F32, track_w);
@@ -203,6 +204,7 @@ mod tests {
 
     #[test]
     fn bf16_products_match_gelu_then_product_in_bf16() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let (y, gu, gw) = case::<FlexAd>(gelu_matmul, FloatDType::BF16, true);
         let (y_ref, gu_ref, gw_ref) = case::<FlexAd>(gelu_matmul_plain, FloatDType::BF16, true);
         assert_eq!(y, y_ref, "the forward is the same computation");
@@ -215,6 +217,7 @@ mod tests {
     /// outputs, and the gradients of the input, the weight and the adapter's factors.
     #[test]
     fn linear_forward_gelu_equals_forward_of_the_gelu() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type B = NdAd;
         let dev = Default::default();
         let mut lin = Linear::<B>::from_params(

@@ -395,6 +395,7 @@ mod tests {
 
     #[test]
     fn cpu_backends_run_no_fused_kernels() {
+        let _turn = reel_core::parallel::autodiff_turn();
         assert!(!fused_kernels_apply::<Inner>(&Default::default()));
         assert!(!fused_kernels_apply::<Ad>(&Default::default()));
         assert!(!fused_kernels_apply::<burn::backend::Flex>(
@@ -437,6 +438,7 @@ mod tests {
 
     #[test]
     fn blocked_forward_matches_naive_with_online_softmax() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let q = rand::<Inner>([2, 3, 37, 8], 1);
         let k = rand::<Inner>([2, 3, 53, 8], 2);
         let v = rand::<Inner>([2, 3, 53, 5], 3);
@@ -462,6 +464,7 @@ mod tests {
 
     #[test]
     fn custom_backward_matches_naive_gradients() {
+        let _turn = reel_core::parallel::autodiff_turn();
         for (sq, sk, bq, bk) in [(37, 53, 16, 16), (24, 24, 64, 4096), (20, 7, 3, 2)] {
             let naive = grads(naive_attention, [2, 3, sq, 8], [2, 3, sk, 8]);
             let blocked = grads(
@@ -484,6 +487,7 @@ mod tests {
 
     #[test]
     fn dispatch_uses_the_custom_op_and_matches() {
+        let _turn = reel_core::parallel::autodiff_turn();
         // Through the public entry point on Reel's CPU autodiff backend.
         let naive = grads(naive_attention, [1, 2, 40, 16], [1, 2, 40, 16]);
         let eff = grads(memory_efficient_attention, [1, 2, 40, 16], [1, 2, 40, 16]);
@@ -503,6 +507,7 @@ mod tests {
 
     #[test]
     fn frozen_inputs_record_no_gradient() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let q = rand::<Ad>([1, 1, 8, 4], 1).require_grad();
         let k = rand::<Ad>([1, 1, 8, 4], 2);
         let v = rand::<Ad>([1, 1, 8, 4], 3);
@@ -515,6 +520,7 @@ mod tests {
 
     #[test]
     fn auto_mode_switches_at_the_threshold() {
+        let _turn = reel_core::parallel::autodiff_turn();
         assert!(!AttentionMode::Auto.use_memory_efficient(AUTO_MIN_TOKENS - 1));
         assert!(AttentionMode::Auto.use_memory_efficient(AUTO_MIN_TOKENS));
         assert!(AttentionMode::MemoryEfficient.use_memory_efficient(1));

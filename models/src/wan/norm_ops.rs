@@ -342,6 +342,7 @@ mod tests {
 
     #[test]
     fn layer_norm_matches_the_plain_formulation_and_its_gradients() {
+        let _turn = reel_core::parallel::autodiff_turn();
         // Modulation ([B, 1, dim]), an affine weight ([1, 1, dim]), a mix of the two, and
         // per-token operands (groups of one row each, the shift expanded over the batch).
         let shapes = [
@@ -376,6 +377,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "must broadcast into x")]
     fn a_scale_wider_than_x_is_refused() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let x = det::<NdAd, 3>([2, 1, 8], 0.3, 0.5).require_grad();
         let scale = det::<NdAd, 3>([2, 5, 8], 1.1, 1.0);
         let _ = layer_norm_affine(x, scale, det::<NdAd, 3>([1, 1, 8], 2.7, 0.0), 1e-6);
@@ -400,6 +402,7 @@ mod tests {
 
     #[test]
     fn rms_norm_matches_the_plain_formulation_and_its_gradients() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let (y, gx, gw) = rms_case::<NdAd>(rms_norm, FloatDType::F32);
         let (y_ref, gx_ref, gw_ref) = rms_case::<NdAd>(rms_norm_plain, FloatDType::F32);
         assert_eq!(y, y_ref, "the forward is the same computation");
@@ -409,6 +412,7 @@ mod tests {
 
     #[test]
     fn bf16_inputs_compute_in_float32() {
+        let _turn = reel_core::parallel::autodiff_turn();
         // Only the input (and the LayerNorm's output) are rounded to bf16.
         let ln =
             |dtype| layer_norm_case::<FlexAd>(layer_norm_affine, [[2, 1, 8]; 2], dtype, [true; 3]);
@@ -431,6 +435,7 @@ mod tests {
 
     #[test]
     fn without_autodiff_the_plain_formulations_run() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let x = det::<B, 3>([2, 3, 4], 0.1, 0.0);
         let (s, b) = (

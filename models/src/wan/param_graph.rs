@@ -206,6 +206,7 @@ mod tests {
     /// of the plain forward.
     #[test]
     fn gathering_changes_no_value_and_no_gradient() {
+        let _turn = reel_core::parallel::autodiff_turn();
         for n in [1, 62, 63, 200, 1000, 4100] {
             let m = many(n, true);
             let (plain, gathered) = (grads(&m, false), grads(&m, true));
@@ -218,6 +219,7 @@ mod tests {
     /// flows; without autodiff the input comes back as it is.
     #[test]
     fn frozen_parameters_and_plain_backends_pass_the_input_through() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let m = many(3, false);
         let (plain, gathered) = (grads(&m, false), grads(&m, true));
         assert!(gathered.2.is_empty());

@@ -183,6 +183,7 @@ mod tests {
     /// Burn's matmul does); every gradient asked for is Burn's.
     #[test]
     fn gradients_are_those_of_burns_product() {
+        let _turn = reel_core::parallel::autodiff_turn();
         type Ad = Autodiff<burn::backend::NdArray>;
         let close = |a: Option<Vec<f32>>, b: Option<Vec<f32>>, what: &str| {
             assert_eq!(a.is_some(), b.is_some(), "{what}");

@@ -92,6 +92,7 @@ mod tests {
     /// reshape, for a contiguous and a transposed input.
     #[test]
     fn values_and_gradients_equal_burns_reshape() {
+        let _turn = reel_core::parallel::autodiff_turn();
         for strided in [false, true] {
             let weights = |rows: usize, cols: usize| {
                 let w: Vec<f32> = (0..rows * cols).map(|i| i as f32 - 7.5).collect();
@@ -115,6 +116,7 @@ mod tests {
     /// Without autodiff the operation is [`host::reshape`]; on another backend, Burn's.
     #[test]
     fn plain_backends_reshape_the_same_values() {
+        let _turn = reel_core::parallel::autodiff_turn();
         let flex =
             Tensor::<burn::backend::Flex, 2>::from_floats([[1.0, 2.0, 3.0]], &Default::default());
         assert_eq!(

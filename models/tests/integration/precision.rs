@@ -98,11 +98,13 @@ fn bf16_tracks_f32<B: AutodiffBackend>(dev: &B::Device, mode: AttentionMode) {
 
 #[test]
 fn bf16_compute_tracks_f32_and_trains_float32_master_weights() {
+    let _turn = reel_core::parallel::autodiff_turn();
     bf16_tracks_f32::<Ad>(&Default::default(), AttentionMode::Naive);
 }
 
 #[test]
 fn bf16_hidden_states_are_bfloat16_between_blocks() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let mut rng = StreamRng::from_seed(5);
     let x: Tensor<Ad, 5> = rng.normal_tensor([1, 4, 4, 8, 8], &dev);
@@ -138,6 +140,7 @@ fn bf16_hidden_states_are_bfloat16_between_blocks() {
 
 #[test]
 fn bf16_checkpointed_gradients_match_the_plain_bf16_backward() {
+    let _turn = reel_core::parallel::autodiff_turn();
     bf16_checkpointed_matches_plain::<Ad>(&Default::default(), AttentionMode::MemoryEfficient);
 }
 
@@ -172,6 +175,7 @@ fn bf16_checkpointed_matches_plain<B: AutodiffBackend>(dev: &B::Device, mode: At
 
 #[test]
 fn bf16_with_memory_efficient_attention_matches_bf16_naive() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let (o_naive, g_naive) = run(&model(Precision::Bf16, AttentionMode::Naive));
     let (o_eff, g_eff) = run(&model(Precision::Bf16, AttentionMode::MemoryEfficient));
     let e = rel_err(&o_eff, &o_naive);
@@ -184,6 +188,7 @@ fn bf16_with_memory_efficient_attention_matches_bf16_naive() {
 
 #[test]
 fn f32_memory_efficient_attention_matches_naive_on_flex() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let (o_naive, g_naive) = run(&model(Precision::F32, AttentionMode::Naive));
     let (o_eff, g_eff) = run(&model(Precision::F32, AttentionMode::MemoryEfficient));
     assert!(rel_err(&o_eff, &o_naive) < 1e-5);
@@ -205,6 +210,7 @@ fn forward_only(m: &WanModel<Ad>) -> Vec<f32> {
 
 #[test]
 fn a_frozen_bf16_model_stores_bf16_weight_matrices_and_computes_the_same_bits() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let master = model(Precision::Bf16, AttentionMode::Naive).no_grad();
     let stored = model(Precision::Bf16, AttentionMode::Naive)
         .no_grad()
@@ -261,11 +267,13 @@ mod cuda {
 
     #[test]
     fn cuda_bf16_tracks_f32() {
+        let _turn = reel_core::parallel::autodiff_turn();
         each_attention(|mode| bf16_tracks_f32::<CudaAd>(&dev(), mode));
     }
 
     #[test]
     fn cuda_bf16_checkpointed_matches_plain() {
+        let _turn = reel_core::parallel::autodiff_turn();
         each_attention(|mode| bf16_checkpointed_matches_plain::<CudaAd>(&dev(), mode));
     }
 }

@@ -168,6 +168,7 @@ macro_rules! matmul_tests {
 
             #[test]
             fn pinned_matmul_kernels_match_burns_matmul() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 // TF32 products on CUDA's tensor cores: about 1e-3 of the largest value.
                 check_kernels::<Cube>(FloatDType::F32, 5e-3);
                 check_kernels::<Cube>(FloatDType::F16, 1e-2);
@@ -175,11 +176,13 @@ macro_rules! matmul_tests {
 
             #[test]
             fn matmul_check_refuses_wrong_products() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_judge::<Cube>();
             }
 
             #[test]
             fn linear_product_on_a_kernel_matches_burns_product() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_product::<Cube>(MatmulKernel::SimpleUnit, $product_tol);
                 check_product::<Cube>(MatmulKernel::DoubleUnit, $product_tol);
             }
@@ -197,6 +200,7 @@ matmul_tests!(cuda, cubecl::cuda::CudaRuntime, u8, 5e-3);
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_matmul_kernels_in_bf16() {
+    let _turn = reel_core::parallel::autodiff_turn();
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     // Which tensor-core kernels run these small, uneven shapes is cubek's business (they may
     // refuse them); whatever `matmul` gives must be right, and the list goes to the log.
@@ -213,6 +217,7 @@ fn cuda_matmul_kernels_in_bf16() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_runs_every_problem() {
+    let _turn = reel_core::parallel::autodiff_turn();
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     let orderings = [
         MatmulKernel::Cublas,
@@ -272,6 +277,7 @@ fn cuda_cublas_runs_every_problem() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_stream_is_cubecls() {
+    let _turn = reel_core::parallel::autodiff_turn();
     use cubecl::cuda::CudaRuntime;
     type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
     let found = || {

@@ -329,22 +329,26 @@ macro_rules! backend_tests {
 
             #[test]
             fn norms_match_tensor_operations() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_rows::<Cube>(on_kernels(), FloatDType::F32, 1e-5);
                 check_rows::<Cube>(on_kernels(), FloatDType::F16, 2e-3);
             }
 
             #[test]
             fn column_sums_match_sum_dim() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_sum_rows::<Cube>(on_kernels());
             }
 
             #[test]
             fn gelu_matches_tensor_operations() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_gelu::<Cube>(on_kernels());
             }
 
             #[test]
             fn norm_autodiff_operations_on_kernels_match_the_plain_formulations() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_autodiff::<Cube>(FloatDType::F32, 1e-5);
                 check_autodiff::<Cube>(FloatDType::F16, 2e-3);
             }
@@ -362,6 +366,7 @@ backend_tests!(cuda, cubecl::cuda::CudaRuntime, u8);
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_block_kernels_in_bf16() {
+    let _turn = reel_core::parallel::autodiff_turn();
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     let on_kernels = kernels_on() && cube::is::<Cube, cubecl::cuda::CudaRuntime, u8>();
     check_gelu::<Cube>(on_kernels);

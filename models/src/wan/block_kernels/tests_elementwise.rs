@@ -158,11 +158,13 @@ macro_rules! backend_tests {
 
             #[test]
             fn gated_residual_matches_tensor_operations() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_gate::<Cube>(on_kernels());
             }
 
             #[test]
             fn rope_matches_tensor_operations() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_rope::<Cube>(on_kernels());
             }
         }

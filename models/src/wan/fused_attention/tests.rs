@@ -413,6 +413,7 @@ fn check_vector_sizes<R: CubeRuntime>(device: &R::Device) {
 
 #[test]
 fn tiles_fit_the_shared_memory_budget() {
+    let _turn = reel_core::parallel::autodiff_turn();
     assert_eq!(tile_rows(8, 5, 48 << 10), MAX_TILE);
     assert_eq!(tile_rows(128, 128, 48 << 10), 31);
     assert_eq!(tile_rows(256, 256, 48 << 10), 15);
@@ -428,6 +429,7 @@ fn tiles_fit_the_shared_memory_budget() {
 
 #[test]
 fn cpu_backends_get_no_fused_kernel() {
+    let _turn = reel_core::parallel::autodiff_turn();
     let t = || Tensor::<CpuAd, 4>::zeros([1, 1, 4, 8], &Default::default());
     assert!(try_fused_attention(t(), t(), t(), false).is_err());
     assert!(!fused_kernels_apply::<CpuAd>(&Default::default()));
@@ -465,16 +467,19 @@ macro_rules! backend_tests {
 
             #[test]
             fn fused_attention_matches_naive_forward_and_gradients() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_against_naive::<Autodiff<Cube>>(&Default::default());
             }
 
             #[test]
             fn fused_inference_matches_naive() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_inference::<Cube>(&Default::default(), false, 2e-5);
             }
 
             #[test]
             fn flash_forwards_match_naive() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 // The tensor-core kernel (float16 tiles) where the device has one, else the
                 // fused kernel; with and without autodiff.
                 check_inference::<Cube>(&Default::default(), true, 1e-2);
@@ -484,6 +489,7 @@ macro_rules! backend_tests {
 
             #[test]
             fn cubek_unit_flash_forward_matches_naive() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 // Unpadded, and padded as the tensor-core routine pads its queries (45 → 64).
                 for rows in [1, 64] {
                     check_cubek_flash::<$runtime>(
@@ -496,16 +502,19 @@ macro_rules! backend_tests {
 
             #[test]
             fn outputs_and_gradients_are_laid_out_like_the_inputs() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_layouts::<$runtime>(&Default::default());
             }
 
             #[test]
             fn tiled_staging_reads_vectors_where_the_layout_allows() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_vector_sizes::<$runtime>(&Default::default());
             }
 
             #[test]
             fn tiled_unit_products_match_naive_forward_and_gradients() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 let f32 = burn::tensor::FloatDType::F32;
                 check_tiled::<Cube>(&Default::default(), Products::Units, f32, 2e-5, &[]);
                 // Half-precision operands in shared memory, float32 statistics.
@@ -552,6 +561,7 @@ macro_rules! backend_tests {
 
             #[test]
             fn flash_training_without_tensor_cores_falls_back_to_the_fused_kernels() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 // Float32 inputs have no tensor-core product: the tracked forward and the
                 // backward of `attention = "flash"` run the fused kernels.
                 let dims = TILED_SHAPES[0];
@@ -563,6 +573,7 @@ macro_rules! backend_tests {
 
             #[test]
             fn fused_kernels_apply_with_and_without_autodiff() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 assert!(fused_kernels_apply::<Cube>(&Default::default()));
                 assert!(fused_kernels_apply::<Autodiff<Cube>>(&Default::default()));
                 #[cfg(feature = "fusion")]
@@ -575,6 +586,7 @@ macro_rules! backend_tests {
 
             #[test]
             fn fused_attention_inside_an_elementwise_chain() {
+                let _turn = reel_core::parallel::autodiff_turn();
                 check_inside_elementwise_chain::<Autodiff<Cube>>(&Default::default());
             }
 
@@ -585,17 +597,20 @@ macro_rules! backend_tests {
 
                 #[test]
                 fn fusion_fused_attention_matches_naive_forward_and_gradients() {
+                    let _turn = reel_core::parallel::autodiff_turn();
                     check_against_naive::<Autodiff<Fused>>(&Default::default());
                 }
 
                 #[test]
                 fn fusion_fused_inference_matches_naive() {
+                    let _turn = reel_core::parallel::autodiff_turn();
                     check_inference::<Fused>(&Default::default(), false, 2e-5);
                     check_inference::<Fused>(&Default::default(), true, 2e-5);
                 }
 
                 #[test]
                 fn fusion_tiled_unit_products_match_naive_forward_and_gradients() {
+                    let _turn = reel_core::parallel::autodiff_turn();
                     // The tiled kernels as custom fusion operations.
                     let f32 = burn::tensor::FloatDType::F32;
                     check_tiled::<Fused>(&Default::default(), Products::Units, f32, 2e-5, &[]);
@@ -603,6 +618,7 @@ macro_rules! backend_tests {
 
                 #[test]
                 fn fusion_fused_attention_inside_an_elementwise_chain() {
+                    let _turn = reel_core::parallel::autodiff_turn();
                     check_inside_elementwise_chain::<Autodiff<Fused>>(&Default::default());
                 }
             }
@@ -628,6 +644,7 @@ backend_tests!(
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_flash_forward_matches_naive() {
+    let _turn = reel_core::parallel::autodiff_turn();
     check_cubek_flash::<cubecl::cuda::CudaRuntime>(
         &Default::default(),
         flash::FlashRoutine::Accelerated,
@@ -641,6 +658,7 @@ fn cuda_tensor_core_flash_forward_matches_naive() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_tiled_attention_matches_naive() {
+    let _turn = reel_core::parallel::autodiff_turn();
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     // Reel's kernels, not cuDNN's (the `cuda` default of `flash`), on this test's thread.
     cudnn::choose(Some(cudnn::Flash::Reel));
@@ -663,6 +681,7 @@ fn cuda_tensor_core_tiled_attention_matches_naive() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
+    let _turn = reel_core::parallel::autodiff_turn();
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     cudnn::choose(Some(cudnn::Flash::Reel));
     let wan = [(200, 150, 128, 128)];
@@ -736,6 +755,7 @@ fn cuda_tensor_core_tiled_launch_shapes_match_naive() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cudnn_attention_matches_naive() {
+    let _turn = reel_core::parallel::autodiff_turn();
     for flash in [cudnn::Flash::Cudnn, cudnn::Flash::CudnnQueued] {
         cudnn::choose(Some(flash));
         let queued = cudnn::queued_runs();
@@ -834,6 +854,7 @@ fn check_cudnn_attention(flash: cudnn::Flash) {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cudnn_and_reel_halves_agree() {
+    let _turn = reel_core::parallel::autodiff_turn();
     use burn::tensor::{Distribution, FloatDType};
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     type Prim = burn_cubecl::tensor::CubeTensor<cubecl::cuda::CudaRuntime>;
