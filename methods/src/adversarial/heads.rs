@@ -214,7 +214,6 @@ mod tests {
 
     #[test]
     fn block_selection_by_stride_or_list() {
-        let _turn = reel_core::parallel::autodiff_turn();
         assert_eq!(
             cfg(5, None).block_indices(30).unwrap(),
             [4, 9, 14, 19, 24, 29]

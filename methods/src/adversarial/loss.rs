@@ -130,7 +130,6 @@ mod tests {
 
     #[test]
     fn hinge_matches_hand_computation() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let (real, fake) = (t(&[2.0, 0.5, -1.0]), t(&[-2.0, 0.25, 1.5]));
         // generator: relu(1 − f) = [3, 0.75, 0] -> 1.25
         assert!((val(GanLoss::Hinge.generator(fake.clone())) - 1.25).abs() < 1e-6);
@@ -141,7 +140,6 @@ mod tests {
 
     #[test]
     fn non_saturating_matches_hand_computation() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let sp = |x: f64| (1.0 + x.exp()).ln();
         let (r, f) = ([1.0f64, -3.0], [0.5f64, 40.0]);
         let real = t(&r.map(|x| x as f32));
@@ -156,7 +154,6 @@ mod tests {
 
     #[test]
     fn softplus_is_stable_for_large_inputs() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let y = softplus(t(&[-100.0, 100.0, 0.0]))
             .into_data()
             .to_vec::<f32>()
@@ -168,7 +165,6 @@ mod tests {
 
     #[test]
     fn heads_are_averaged_per_head() {
-        let _turn = reel_core::parallel::autodiff_turn();
         // Two heads: hinge generator per head [1.25, 0.5] -> 0.875 (not the loss of the mean
         // logits, which would be relu(1 − mean)).
         let heads = vec![t(&[-2.0, 0.25, 1.5]), t(&[0.5, 0.5, 0.5])];

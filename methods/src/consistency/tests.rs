@@ -56,7 +56,6 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn euler_solver_reproduces_the_teachers_50_step_sample() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let teacher: WanModel<I> = tiny().init_seeded(&dev, 3);
     let (g, shift) = (2.5, 3.0);
@@ -96,7 +95,6 @@ fn euler_solver_reproduces_the_teachers_50_step_sample() {
 
 #[test]
 fn target_maps_the_target_networks_prediction_to_the_phase_end() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let model: WanModel<I> = tiny().init_seeded(&dev, 5);
     let solver = EulerSolver::new(8, 3.0);

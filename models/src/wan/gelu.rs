@@ -241,9 +241,24 @@ mod tests {
         assert_eq!(at(-30.0), 0.0);
     }
 
+    /// The tanh formula of GELU at `x` and its derivative, in float64.
+    fn tanh_formula(x: f32) -> (f64, f64) {
+        let v = x as f64;
+        let t = (SQRT_2_OVER_PI * (v + CUBIC * v * v * v)).tanh();
+        let du = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * v * v);
+        (
+            v * (1.0 + t) / 2.0,
+            (1.0 + t) / 2.0 + v * (1.0 - t * t) * du / 2.0,
+        )
+    }
+
+    /// `got` within 1e-6 of `want`, relative above 1 and absolute below.
+    fn close(got: f32, want: f64) -> bool {
+        (got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0)
+    }
+
     #[test]
     fn the_sigmoid_form_equals_the_tanh_formula_and_its_derivative() {
-        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         let p: Vec<f32> = points()
@@ -256,14 +271,7 @@ mod tests {
         let y = values(gelu_tanh_plain(x.clone()));
         let d = values(gelu_tanh_backward_plain(x, ones));
         for (i, &v) in p.iter().enumerate() {
-            // The tanh formula and its derivative, in float64.
-            let v = v as f64;
-            let t = (SQRT_2_OVER_PI * (v + CUBIC * v * v * v)).tanh();
-            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * CUBIC * v * v);
-            let want_y = v * (1.0 + t) / 2.0;
-            let want_d = (1.0 + t) / 2.0 + v * (1.0 - t * t) * du / 2.0;
-            let close =
-                |got: f32, want: f64| (got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0);
+            let (want_y, want_d) = tanh_formula(v);
             assert!(close(y[i], want_y), "GELU({v}) = {} vs {want_y}", y[i]);
             assert!(close(d[i], want_d), "GELU'({v}) = {} vs {want_d}", d[i]);
         }
@@ -271,7 +279,6 @@ mod tests {
 
     #[test]
     fn the_one_pass_cpu_gelu_is_the_tanh_formula_and_its_gradient_the_tensor_operations() {
-        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         // The useful range, tiny, huge and signed-zero inputs, and irregular values.
@@ -287,10 +294,8 @@ mod tests {
         let t = |v: &[f32]| Tensor::<B, 1>::from_data(TensorData::new(v.to_vec(), [n]), &dev);
         let y = values(block_kernels::gelu::forward(t(&p)));
         for (&x, &y) in p.iter().zip(&y) {
-            let v = x as f64;
-            let want = v * (1.0 + (SQRT_2_OVER_PI * (v + CUBIC * v * v * v)).tanh()) / 2.0;
-            let close = (y as f64 - want).abs() <= 1e-6 * want.abs().max(1.0);
-            assert!(close, "GELU({x}) = {y} vs {want}");
+            let (want, _) = tanh_formula(x);
+            assert!(close(y, want), "GELU({x}) = {y} vs {want}");
         }
         assert_eq!(
             y[p.iter().position(|&x| x == -1e4).unwrap()].to_bits(),
@@ -323,7 +328,6 @@ mod tests {
 
     #[test]
     fn without_autodiff_the_plain_formulation_runs() {
-        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let dev = Default::default();
         let p = points();

@@ -438,7 +438,6 @@ mod tests {
 
     #[test]
     fn blocked_forward_matches_naive_with_online_softmax() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let q = rand::<Inner>([2, 3, 37, 8], 1);
         let k = rand::<Inner>([2, 3, 53, 8], 2);
         let v = rand::<Inner>([2, 3, 53, 5], 3);
@@ -520,7 +519,6 @@ mod tests {
 
     #[test]
     fn auto_mode_switches_at_the_threshold() {
-        let _turn = reel_core::parallel::autodiff_turn();
         assert!(!AttentionMode::Auto.use_memory_efficient(AUTO_MIN_TOKENS - 1));
         assert!(AttentionMode::Auto.use_memory_efficient(AUTO_MIN_TOKENS));
         assert!(AttentionMode::MemoryEfficient.use_memory_efficient(1));

@@ -435,7 +435,6 @@ mod tests {
 
     #[test]
     fn without_autodiff_the_plain_formulations_run() {
-        let _turn = reel_core::parallel::autodiff_turn();
         type B = burn::backend::NdArray;
         let x = det::<B, 3>([2, 3, 4], 0.1, 0.0);
         let (s, b) = (

@@ -41,7 +41,6 @@ const F32: Tol = Tol {
 /// The `wan-tiny` preset is the repository's fixture model (whatever set the other tests use).
 #[test]
 fn wan_tiny_preset_equals_the_repository_fixture_config() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let path = reel_core::fixtures::WAN
         .repository_dir()
         .join("config.json");
@@ -53,14 +52,12 @@ fn wan_tiny_preset_equals_the_repository_fixture_config() {
 
 #[test]
 fn forward_and_every_intermediate_match_diffusers() {
-    let _turn = reel_core::parallel::autodiff_turn();
     forward_parity(AttentionMode::Naive);
 }
 
 /// The memory-efficient attention kernel reproduces diffusers within the same tolerances.
 #[test]
 fn forward_matches_diffusers_with_memory_efficient_attention() {
-    let _turn = reel_core::parallel::autodiff_turn();
     forward_parity(AttentionMode::MemoryEfficient);
 }
 
@@ -231,13 +228,11 @@ mod cuda {
 
     #[test]
     fn cuda_forward_matches_diffusers() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Cuda>(&dev(), AttentionMode::Naive, TF32);
     }
 
     #[test]
     fn cuda_forward_matches_diffusers_with_memory_efficient_attention() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Cuda>(&dev(), AttentionMode::MemoryEfficient, TF32);
     }
 
@@ -255,7 +250,6 @@ mod cuda {
 
     #[test]
     fn cuda_forward_matches_diffusers_with_fused_attention() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Cuda>(&dev(), AttentionMode::Fused, TF32);
     }
 
@@ -282,13 +276,11 @@ mod wgpu {
 
     #[test]
     fn wgpu_forward_matches_diffusers() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Wgpu>(&dev(), AttentionMode::Naive, F32);
     }
 
     #[test]
     fn wgpu_forward_matches_diffusers_with_memory_efficient_attention() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Wgpu>(&dev(), AttentionMode::MemoryEfficient, F32);
     }
 
@@ -306,7 +298,6 @@ mod wgpu {
 
     #[test]
     fn wgpu_forward_matches_diffusers_with_fused_attention() {
-        let _turn = reel_core::parallel::autodiff_turn();
         forward_parity_on::<Wgpu>(&dev(), AttentionMode::Fused, F32);
     }
 

@@ -301,7 +301,6 @@ mod tests {
 
     #[test]
     fn tables_follow_t_h_w_blocks_and_interleave() {
-        let _turn = reel_core::parallel::autodiff_turn();
         // head_dim 16 -> split (8, 4, 4); token (f=1, h=2, w=3) of a [2, 3, 4] grid.
         let (cos, _sin) = rope_host_tables([2, 3, 4], 16, [8, 4, 4], 32);
         let tok = (3 + 2) * 4 + 3;
@@ -321,7 +320,6 @@ mod tests {
 
     #[test]
     fn apply_rotates_interleaved_pairs() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let dev = Default::default();
         let cfg = WanConfig::preset("wan-tiny").unwrap();
         let rope = RopeTables::<B>::new(&cfg, [1, 1, 2], &dev);
@@ -354,7 +352,6 @@ mod tests {
 
     #[test]
     fn the_swap_product_equals_the_pairwise_rotation_for_every_block_size() {
-        let _turn = reel_core::parallel::autodiff_turn();
         let dev = Default::default();
         assert!(is_host::<burn::backend::NdArray>() && is_host::<B>());
         assert!(!is_host::<burn::backend::Autodiff<B>>());

@@ -68,7 +68,6 @@ fn temporal_patch_and_other_head_sizes_run_forward_and_backward() {
 
 #[test]
 fn seeded_init_is_deterministic() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let c = odd_config();
     let a = named_tensor_data(&c.init_seeded::<Cpu>(&dev, 5));
@@ -97,7 +96,6 @@ fn seeded_init_is_deterministic() {
 
 #[test]
 fn hidden_state_hooks_match_intermediates() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let c = odd_config();
     let model = c.init_seeded::<Cpu>(&dev, 3);
@@ -118,7 +116,6 @@ fn hidden_state_hooks_match_intermediates() {
 #[test]
 #[should_panic(expected = "rope_max_seq_len")]
 fn grid_longer_than_rope_table_is_rejected() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let dev = Default::default();
     let mut c = odd_config();
     c.rope_max_seq_len = 3;

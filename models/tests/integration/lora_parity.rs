@@ -87,7 +87,6 @@ fn fixture_lora_model() -> WanModel<Cpu> {
 
 #[test]
 fn fixture_adapter_reproduces_output_lora_and_its_runtime_scale() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let a = fixture_adapter();
     assert!(a.modules > 0, "the fixture adapter has layers");
     let file = read_lora_file(adapter_path()).unwrap();
@@ -108,7 +107,6 @@ fn fixture_adapter_reproduces_output_lora_and_its_runtime_scale() {
 
 #[test]
 fn merge_matches_fuse_lora_and_unmerge_restores_the_base() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let golden = fixture("lora_golden.safetensors");
     let base: HashMap<String, TensorData> =
         named_tensor_data(&fixture_model::<Cpu>(&Default::default()))
@@ -149,7 +147,6 @@ fn merge_matches_fuse_lora_and_unmerge_restores_the_base() {
 
 #[test]
 fn file_without_metadata_loads_with_scale_one() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let (tensors, meta) = read_safetensors(adapter_path()).unwrap();
     assert!(meta.unwrap().contains_key("lora_adapter_metadata"));
     let dir = tempfile::tempdir().unwrap();
@@ -165,7 +162,6 @@ fn file_without_metadata_loads_with_scale_one() {
 
 #[test]
 fn saving_writes_diffusers_keys_and_metadata_and_loads_back() {
-    let _turn = reel_core::parallel::autodiff_turn();
     let model = fixture_lora_model();
     let fixture_file = read_lora_file(adapter_path()).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -199,7 +195,6 @@ fn saving_writes_diffusers_keys_and_metadata_and_loads_back() {
 
 #[test]
 fn comfy_style_keys_load_to_the_same_model() {
-    let _turn = reel_core::parallel::autodiff_turn();
     // The fixture adapter renamed to the original-Wan / ComfyUI layout, alpha as scalars.
     let alpha = fixture_adapter().alpha as f32;
     let (tensors, _) = read_safetensors(adapter_path()).unwrap();

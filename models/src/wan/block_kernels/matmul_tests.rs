@@ -168,7 +168,6 @@ macro_rules! matmul_tests {
 
             #[test]
             fn pinned_matmul_kernels_match_burns_matmul() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 // TF32 products on CUDA's tensor cores: about 1e-3 of the largest value.
                 check_kernels::<Cube>(FloatDType::F32, 5e-3);
                 check_kernels::<Cube>(FloatDType::F16, 1e-2);
@@ -176,7 +175,6 @@ macro_rules! matmul_tests {
 
             #[test]
             fn matmul_check_refuses_wrong_products() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 check_judge::<Cube>();
             }
 
@@ -277,7 +275,6 @@ fn cuda_cublas_runs_every_problem() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cublas_stream_is_cubecls() {
-    let _turn = reel_core::parallel::autodiff_turn();
     use cubecl::cuda::CudaRuntime;
     type Cube = CubeBackend<CudaRuntime, f32, i32, u8>;
     let found = || {

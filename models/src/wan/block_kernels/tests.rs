@@ -329,7 +329,6 @@ macro_rules! backend_tests {
 
             #[test]
             fn norms_match_tensor_operations() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 check_rows::<Cube>(on_kernels(), FloatDType::F32, 1e-5);
                 check_rows::<Cube>(on_kernels(), FloatDType::F16, 2e-3);
             }

@@ -413,7 +413,6 @@ fn check_vector_sizes<R: CubeRuntime>(device: &R::Device) {
 
 #[test]
 fn tiles_fit_the_shared_memory_budget() {
-    let _turn = reel_core::parallel::autodiff_turn();
     assert_eq!(tile_rows(8, 5, 48 << 10), MAX_TILE);
     assert_eq!(tile_rows(128, 128, 48 << 10), 31);
     assert_eq!(tile_rows(256, 256, 48 << 10), 15);
@@ -473,7 +472,6 @@ macro_rules! backend_tests {
 
             #[test]
             fn fused_inference_matches_naive() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 check_inference::<Cube>(&Default::default(), false, 2e-5);
             }
 
@@ -489,7 +487,6 @@ macro_rules! backend_tests {
 
             #[test]
             fn cubek_unit_flash_forward_matches_naive() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 // Unpadded, and padded as the tensor-core routine pads its queries (45 → 64).
                 for rows in [1, 64] {
                     check_cubek_flash::<$runtime>(
@@ -502,13 +499,11 @@ macro_rules! backend_tests {
 
             #[test]
             fn outputs_and_gradients_are_laid_out_like_the_inputs() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 check_layouts::<$runtime>(&Default::default());
             }
 
             #[test]
             fn tiled_staging_reads_vectors_where_the_layout_allows() {
-                let _turn = reel_core::parallel::autodiff_turn();
                 check_vector_sizes::<$runtime>(&Default::default());
             }
 
@@ -603,7 +598,6 @@ macro_rules! backend_tests {
 
                 #[test]
                 fn fusion_fused_inference_matches_naive() {
-                    let _turn = reel_core::parallel::autodiff_turn();
                     check_inference::<Fused>(&Default::default(), false, 2e-5);
                     check_inference::<Fused>(&Default::default(), true, 2e-5);
                 }
@@ -644,7 +638,6 @@ backend_tests!(
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_tensor_core_flash_forward_matches_naive() {
-    let _turn = reel_core::parallel::autodiff_turn();
     check_cubek_flash::<cubecl::cuda::CudaRuntime>(
         &Default::default(),
         flash::FlashRoutine::Accelerated,
@@ -854,7 +847,6 @@ fn check_cudnn_attention(flash: cudnn::Flash) {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_cudnn_and_reel_halves_agree() {
-    let _turn = reel_core::parallel::autodiff_turn();
     use burn::tensor::{Distribution, FloatDType};
     type Cube = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     type Prim = burn_cubecl::tensor::CubeTensor<cubecl::cuda::CudaRuntime>;

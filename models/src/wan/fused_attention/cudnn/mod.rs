@@ -333,7 +333,6 @@ mod tests {
 
     #[test]
     fn cuda_cudnn_versions_the_frontend_refuses_are_refused() {
-        let _turn = reel_core::parallel::autodiff_turn();
         // 9.10.0 and 9.10.1, forward and backward.
         for v in [91_000, 91_001] {
             assert!(
@@ -354,7 +353,6 @@ mod tests {
 
     #[test]
     fn cuda_cudnn_backwards_off_the_128_grid_get_a_padding_mask_up_to_9_15_0() {
-        let _turn = reel_core::parallel::autodiff_turn();
         for keys in [8190, 150, 1] {
             assert_eq!(padding(91_500, keys), Padding::Mask, "{keys}");
             assert_eq!(padding(91_400, keys), Padding::Mask, "{keys}");

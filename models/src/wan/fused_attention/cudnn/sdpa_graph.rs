@@ -296,7 +296,6 @@ mod tests {
     /// GPU: `bench/cudnn-check.sh` runs it without one (making the plans needs the device).
     #[test]
     fn cuda_cudnn_heuristics_take_the_graphs() {
-        let _turn = reel_core::parallel::autodiff_turn();
         use super::super::graph::{assert_engines, described_device, H100};
         let version =
             crate::wan::fused_attention::cudnn::present().unwrap_or_else(|e| panic!("{e}"));
