@@ -2,8 +2,9 @@
 //! backends, where the tensor-operation formulation ([`gelu_tanh_plain`],
 //! [`gelu_tanh_backward_plain`]) is about ten element-wise kernels forward and twelve
 //! backward, each a pass over a float32 copy of the FFN's widest activations. On ndarray
-//! (the `cpu` backend) each is one pass over the host buffers ([`reel_core::host::zip_map`]),
-//! with the same values as the tensor operations bit for bit.
+//! (the `cpu` backend) each is one pass over the host buffers ([`reel_core::host::zip_map`]):
+//! the gradient bit for bit the tensor operations' values, the forward within float32
+//! rounding of them (its sigmoid takes one `exp`, see [`gelu_tanh_value`]).
 
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
