@@ -32,7 +32,7 @@ const ENDS: u64 = 64 * 1024;
 
 /// The folder name for the binary at `exe` on `machine` (the GPU model and the CUDA driver's
 /// and NVRTC's versions): 16 hex digits of a hash of both. The binary is told apart by its
-/// size, modification time, first and last [`ENDS`] bytes and, on Unix, its inode, device
+/// size, modification time, first and last 64 KiB (`ENDS`) and, on Unix, its inode, device
 /// and status-change time (which no copy preserves and `touch` cannot set).
 pub fn folder_name(exe: &Path, machine: &str) -> std::io::Result<String> {
     let mut file = std::fs::File::open(exe)?;

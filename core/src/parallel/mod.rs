@@ -18,6 +18,7 @@ mod processes;
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::sync::{Condvar, Mutex};
 
 use burn::tensor::backend::Backend;
@@ -107,9 +108,13 @@ impl Turn {
 
 /// This thread's turn to build graphs and run backwards; given back when dropped (by the
 /// guard that took it: a guard taken while the thread already held the turn leaves it held).
+/// Not `Send`: the turn belongs to the thread that took it, and a guard dropped on another
+/// thread would clear that thread's record of holding it instead of the taker's.
 #[derive(Debug)]
 pub struct TurnGuard {
     outermost: bool,
+    /// Keeps the guard on its thread (a raw pointer is neither `Send` nor `Sync`).
+    _thread_bound: PhantomData<*const ()>,
 }
 
 impl Drop for TurnGuard {
@@ -131,10 +136,16 @@ impl Drop for TurnGuard {
 /// Do not hold it while waiting for another thread that takes it (a training's workers).
 pub fn autodiff_turn() -> TurnGuard {
     if HOLDS_TURN.with(|h| h.get()) {
-        return TurnGuard { outermost: false };
+        return TurnGuard {
+            outermost: false,
+            _thread_bound: PhantomData,
+        };
     }
     TURN.take();
-    TurnGuard { outermost: true }
+    TurnGuard {
+        outermost: true,
+        _thread_bound: PhantomData,
+    }
 }
 
 /// Run `wait` (a blocking collective call) without holding the turn, so the other workers
