@@ -10,6 +10,7 @@ use reel_core::method::SampleRequest;
 use serde::Serialize;
 
 use super::inference::{load, read_config, Source};
+use super::progress;
 use reel_core::with_backend;
 
 /// `reel eval` arguments.
@@ -69,6 +70,7 @@ fn eval<B: ReelBackend>(
         prompts.push(p);
     }
     let t0 = Instant::now();
+    let bar = progress::bar(args.clips as u64, "clips");
     let mut scores: Vec<ClipScore> = vec![];
     for (b, chunk) in prompts.chunks(args.batch.max(1)).enumerate() {
         let req = SampleRequest {
@@ -83,9 +85,12 @@ fn eval<B: ReelBackend>(
         for (clip, p) in clips.iter().zip(chunk) {
             scores.push(evaluator.score(clip, &spec, &p.caption));
         }
-        eprint!("\rreel eval: {}/{} clips", scores.len(), args.clips);
+        bar.set_position(scores.len() as u64);
+        if bar.is_hidden() {
+            eprintln!("reel eval: {}/{} clips", scores.len(), args.clips);
+        }
     }
-    eprintln!();
+    bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64() / args.clips.max(1) as f64;
     let n = scores.len().max(1) as f64;
     let overall = scores.iter().map(|s| s.overall as f64).sum::<f64>() / n;

@@ -9,6 +9,7 @@ pub mod list;
 pub mod negative;
 pub mod preprocess;
 pub mod processes;
+mod progress;
 pub mod sample;
 pub mod train;
 

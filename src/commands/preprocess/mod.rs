@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
 use reel_models::umt5::Umt5TextEncoder;
@@ -27,6 +27,7 @@ use reel_models::vae::{Tiling, WanVae};
 use reel_plugins::data::fastvideo::FastVideoRecord;
 use reel_plugins::data::negative::{self, WAN_NEGATIVE_PROMPT};
 
+use super::progress::{self, say};
 use crate::cli::error_line;
 use encode::{Encoders, Target};
 use inputs::Item;
@@ -192,7 +193,7 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
     }
     let start = Instant::now();
-    let bar = progress_bar(items.len() as u64);
+    let bar = progress::bar(items.len() as u64, "clips");
     let (mut written, mut skipped, mut failed) = (0, 0, 0);
     for (k, chunk) in items.chunks(args.rows_per_file).enumerate() {
         let shard = Shard::new(&args.out, k);
@@ -262,24 +263,4 @@ fn encode_chunk<B: burn::tensor::backend::Backend>(
         bar.inc(1);
     }
     (records, failures)
-}
-
-/// One line on stderr, above the progress bar when there is one.
-fn say(bar: &ProgressBar, line: String) {
-    if bar.is_hidden() {
-        eprintln!("{line}");
-    } else {
-        bar.println(line);
-    }
-}
-
-/// A progress bar on a terminal, hidden otherwise (errors still print, one per line).
-fn progress_bar(n: u64) -> ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} clips, {elapsed} (ETA {eta})")
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-    ProgressBar::new(n).with_style(style)
 }
