@@ -62,8 +62,8 @@ enum Command {
     /// `reel data negative` encodes a negative prompt for `[data] negative_embedding`.
     #[command(subcommand)]
     Data(commands::data::DataCommand),
-    /// Turn a folder of clips (videos, GIFs, PNG frames) and captions into a FastVideo
-    /// parquet data set with the Wan VAE and the UMT5 text encoder.
+    /// Turn a folder of clips (videos, GIFs, PNG/JPEG images and frames) and captions into a
+    /// FastVideo parquet data set with the Wan VAE and the UMT5 text encoder.
     #[command(args_override_self = true)]
     Preprocess(commands::preprocess::PreprocessArgs),
 }

@@ -1,6 +1,7 @@
-//! Reading clips for preprocessing: animated GIFs and PNG images through the `gif` and `png`
-//! crates, folders of PNG frames, and (when the `ffmpeg` binary is installed, see
-//! `scripts/install-ffmpeg.sh`) any video FFmpeg reads. Every error names the file.
+//! Reading clips for preprocessing: animated GIFs, PNG and JPEG images through the `gif`,
+//! `png` and `zune-jpeg` crates, folders of PNG or JPEG frames, and (when the `ffmpeg` binary
+//! is installed, see `scripts/install-ffmpeg.sh`) any video FFmpeg reads. Every error names
+//! the file.
 
 use std::cmp::Ordering;
 use std::fs::File;
@@ -8,6 +9,10 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 pub use super::ffmpeg::{ffmpeg_available, ffmpeg_for_tests, read_video};
+use zune_core::colorspace::ColorSpace;
+use zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
+
 use super::resize::frame_indices;
 use super::MediaError;
 
@@ -58,9 +63,9 @@ impl FrameNeed {
 pub enum MediaKind {
     /// An animated or still GIF.
     Gif,
-    /// A PNG image (one frame).
+    /// A PNG or JPEG image (one frame).
     Image,
-    /// A folder of PNG frames, in file-name order.
+    /// A folder of PNG or JPEG frames, in file-name order.
     FrameFolder,
     /// A video file, decoded by FFmpeg.
     Video,
@@ -78,7 +83,7 @@ impl MediaKind {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
             "gif" => Some(Self::Gif),
-            "png" => Some(Self::Image),
+            "png" | "jpg" | "jpeg" => Some(Self::Image),
             e if VIDEO_EXTENSIONS.contains(&e) => Some(Self::Video),
             _ => None,
         }
@@ -114,7 +119,7 @@ pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     match MediaKind::of(path) {
         Some(MediaKind::Gif) => read_gif(path, need),
         Some(MediaKind::Image) => {
-            let (frame, width, height) = read_png(path)?;
+            let (frame, width, height) = read_image(path)?;
             Ok(Clip {
                 frames: vec![frame],
                 width,
@@ -124,8 +129,38 @@ pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
         }
         Some(MediaKind::FrameFolder) => read_frame_folder(path, need),
         Some(MediaKind::Video) => read_video(path, need),
-        None => Err(invalid(path, "not a GIF, PNG, video or frame folder")),
+        None => Err(invalid(path, "not a GIF, PNG, JPEG, video or frame folder")),
     }
+}
+
+/// A PNG or JPEG image (by extension) as RGB pixels: `(pixels, width, height)`.
+pub fn read_image(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
+    let jpeg = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"));
+    match jpeg {
+        true => read_jpeg(path),
+        false => read_png(path),
+    }
+}
+
+/// A JPEG as RGB pixels (greyscale and CMYK images are converted). Returns `(pixels, width,
+/// height)`.
+pub fn read_jpeg(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
+    let options = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut decoder = JpegDecoder::new_with_options(open(path)?, options);
+    let bytes = decoder.decode().map_err(|e| invalid(path, e.to_string()))?;
+    let info = decoder
+        .info()
+        .ok_or_else(|| invalid(path, "no JPEG header"))?;
+    let (w, h) = (info.width as usize, info.height as usize);
+    if bytes.len() != w * h * 3 {
+        let got = bytes.len();
+        return Err(invalid(path, format!("{got} bytes for {w}x{h} RGB pixels")));
+    }
+    let pixels = bytes.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+    Ok((pixels, w, h))
 }
 
 /// A PNG as RGB pixels (grey, palette, alpha and 16-bit images are converted; alpha is
@@ -205,7 +240,7 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     })
 }
 
-/// A folder of PNG frames in file-name order, numbers by value (`2.png` before `10.png`, as
+/// A folder of PNG or JPEG frames in file-name order, numbers by value (`2.png` before `10.png`, as
 /// `ffmpeg -i clip.mp4 %d.png` writes them); hidden files (macOS's `._0001.png`) are not
 /// frames. Every frame must have the first one's size. Only the frames `need` says are read.
 pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
@@ -229,7 +264,7 @@ pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError
         fps: None,
     };
     for file in &files {
-        let (frame, w, h) = read_png(file)?;
+        let (frame, w, h) = read_image(file)?;
         if clip.frames.is_empty() {
             (clip.width, clip.height) = (w, h);
         } else if (w, h) != (clip.width, clip.height) {
@@ -239,7 +274,7 @@ pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError
         clip.frames.push(frame);
     }
     if clip.frames.is_empty() {
-        return Err(invalid(dir, "a frame folder without PNG frames"));
+        return Err(invalid(dir, "a frame folder without PNG or JPEG frames"));
     }
     Ok(clip)
 }
@@ -342,6 +377,54 @@ mod tests {
         assert!(err.contains("broken.gif"), "{err}");
         let txt = dir.path().join("caption.txt");
         assert_eq!(MediaKind::of(&txt), None);
+    }
+
+    /// A 16x8 JPEG whose left half is red and right half blue (made here with `ffmpeg -f lavfi
+    /// -i color=c=red:s=8x8 -f lavfi -i color=c=blue:s=8x8 -filter_complex hstack`, 4:4:4,
+    /// quality 1): decoded alone, as a frame folder beside a PNG frame, and cut short.
+    #[test]
+    fn jpeg_images_and_frames_are_read() {
+        let jpeg = include_bytes!("testdata/red_blue_16x8.jpg");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("photo.JPG");
+        std::fs::write(&path, jpeg).unwrap();
+        assert_eq!(MediaKind::of(&path), Some(MediaKind::Image));
+        let clip = read_clip(&path, FrameNeed::ALL).unwrap();
+        assert_eq!((clip.width, clip.height, clip.frames.len()), (16, 8, 1));
+        // JPEG is lossy: away from the edge between the halves the colours are near exact.
+        let near =
+            |px: [u8; 3], want: [u8; 3]| px.iter().zip(want).all(|(a, b)| a.abs_diff(b) <= 12);
+        for y in 0..8 {
+            let row = &clip.frames[0][y * 16..(y + 1) * 16];
+            assert!(
+                row[..6].iter().all(|&p| near(p, [255, 0, 0])),
+                "row {y}: {row:?}"
+            );
+            assert!(
+                row[10..].iter().all(|&p| near(p, [0, 0, 255])),
+                "row {y}: {row:?}"
+            );
+        }
+
+        let folder = dir.path().join("frames");
+        std::fs::create_dir(&folder).unwrap();
+        std::fs::write(folder.join("0001.jpeg"), jpeg).unwrap();
+        write_png(&folder.join("0002.png"), &frame(7, 16, 8), 16, 8).unwrap();
+        let frames = read_clip(&folder, FrameNeed::ALL).unwrap();
+        assert_eq!(frames.frames.len(), 2);
+        assert_eq!(frames.frames[0], clip.frames[0]);
+        assert_eq!(frames.frames[1], frame(7, 16, 8));
+
+        let cut = dir.path().join("cut.jpg");
+        std::fs::write(&cut, &jpeg[..jpeg.len() / 2]).unwrap();
+        let err = read_clip(&cut, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(err.contains("cut.jpg"), "{err}");
+        let not_jpeg = dir.path().join("text.jpeg");
+        std::fs::write(&not_jpeg, "not an image").unwrap();
+        let err = read_clip(&not_jpeg, FrameNeed::ALL)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("text.jpeg"), "{err}");
     }
 
     /// Readers stop at the frames the sampling uses: a 10 fps GIF sampled at 5 fps for 2

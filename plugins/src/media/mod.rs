@@ -1,5 +1,5 @@
 //! Media for people and for preprocessing: writing animated GIFs, PNGs and contact sheets;
-//! reading GIFs, PNGs, frame folders and (through FFmpeg) videos; resizing and cropping.
+//! reading GIFs, PNGs, JPEGs, frame folders and (through FFmpeg) videos; resizing and cropping.
 //!
 //! Pixels are `[u8; 3]` RGB, row-major. Clips come from
 //! [`clip_to_rgb`](crate::data::clip_to_rgb) or any other decoder.
@@ -41,8 +41,9 @@ pub enum MediaError {
         /// The encoder's message.
         reason: String,
     },
-    /// The pixels do not match the stated size, or the size is out of the format's range.
-    #[error("{path}: invalid image: {reason}")]
+    /// A file that cannot be decoded (a corrupt or cut image or video), or pixels that do not
+    /// match the stated size, or a size out of the format's range.
+    #[error("{path}: invalid media: {reason}")]
     Invalid {
         /// The file.
         path: PathBuf,

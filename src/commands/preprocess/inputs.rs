@@ -1,7 +1,8 @@
 //! Finding the clips of a `reel preprocess` input folder and their captions.
 //!
-//! Every entry of the folder is one item: a video (decoded by FFmpeg), a GIF, a PNG image,
-//! or a sub-folder of PNG frames. A caption comes from, in order: the `--captions` list
+//! Every entry of the folder is one item: a video (decoded by FFmpeg), a GIF, a PNG or JPEG
+//! image, or a sub-folder of PNG or JPEG frames; other files (but captions) are listed on one
+//! line as left out. A caption comes from, in order: the `--captions` list
 //! (JSON or CSV), a sidecar `<name>.txt` beside the item (for a frame folder also
 //! `<folder>/caption.txt`). Items are sorted by path, so shard `k` always holds the same
 //! items and an interrupted run resumes where it stopped. The output folder, when it lies
@@ -56,7 +57,9 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
         .filter(|p| out.is_none() || std::fs::canonicalize(p).ok() != out)
         .collect();
     paths.sort();
-    let items: Vec<Item> = paths
+    let (media, others): (Vec<PathBuf>, Vec<PathBuf>) =
+        paths.into_iter().partition(|p| MediaKind::of(p).is_some());
+    let items: Vec<Item> = media
         .into_iter()
         .filter_map(|path| {
             let kind = MediaKind::of(&path)?;
@@ -70,9 +73,21 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
         .collect();
     anyhow::ensure!(
         !items.is_empty(),
-        "{}: no videos, GIFs, PNG images or frame folders found",
+        "{}: no videos, GIFs, PNG or JPEG images or frame folders found",
         dir.display()
     );
+    let left_out = not_clips(others, list);
+    if let Some(first) = left_out.first() {
+        eprintln!(
+            "reel: left out {} file{} of {} that no reader takes (the first: {}); reel \
+             preprocess reads videos (with FFmpeg), GIFs, PNG and JPEG images and folders of \
+             PNG or JPEG frames",
+            left_out.len(),
+            if left_out.len() == 1 { "" } else { "s" },
+            dir.display(),
+            first.display()
+        );
+    }
     let stray = unmatched(&listed, &items);
     if let (Some(list), Some(first)) = (list, stray.first()) {
         eprintln!(
@@ -85,7 +100,7 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
     Ok(items)
 }
 
-/// Refuse a folder whose items would encode to two latent shapes: a PNG image is one frame,
+/// Refuse a folder whose items would encode to two latent shapes: an image is one frame,
 /// every other item `frames` frames, and a data set holds one shape (the data sources
 /// refuse a record of another, possibly hours into a run). `dir` names the folder.
 pub fn one_shape(dir: &Path, items: &[Item], frames: usize) -> anyhow::Result<()> {
@@ -96,7 +111,7 @@ pub fn one_shape(dir: &Path, items: &[Item], frames: usize) -> anyhow::Result<()
     };
     anyhow::ensure!(
         frames == 1,
-        "{}: {} PNG image{} (one frame, e.g. {}) and {} clip{} ({frames} frames, e.g. {}) would \
+        "{}: {} image{} (one frame, e.g. {}) and {} clip{} ({frames} frames, e.g. {}) would \
          make latents of two shapes, and a data set holds one: preprocess them into separate \
          --out folders, or pass --frames 1 to take one frame of every clip",
         dir.display(),
@@ -108,6 +123,19 @@ pub fn one_shape(dir: &Path, items: &[Item], frames: usize) -> anyhow::Result<()
         clip.name(),
     );
     Ok(())
+}
+
+/// The files of `others` (entries of the input folder that are not media) that are not
+/// captions either: not a sidecar `.txt`, not the caption list `list`.
+fn not_clips(others: Vec<PathBuf>, list: Option<&Path>) -> Vec<PathBuf> {
+    let list = list.and_then(|l| std::fs::canonicalize(l).ok());
+    others
+        .into_iter()
+        .filter(|p| {
+            let sidecar = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
+            !sidecar && (list.is_none() || std::fs::canonicalize(p).ok() != list)
+        })
+        .collect()
 }
 
 /// The names of `listed` that no item has.
@@ -300,6 +328,37 @@ mod tests {
     }
 
     #[test]
+    fn files_no_reader_takes_are_listed_but_captions_are_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let files = ["a.txt", "B.TXT", "list.csv", "notes.md", "photo.webp"];
+        for f in files {
+            std::fs::write(d.join(f), "x").unwrap();
+        }
+        let others: Vec<PathBuf> = files.iter().map(|f| d.join(f)).collect();
+        let left = not_clips(others, Some(&d.join("list.csv")));
+        assert_eq!(left, [d.join("notes.md"), d.join("photo.webp")]);
+        // Without `--captions` a CSV in the folder is no caption list.
+        assert_eq!(
+            not_clips(vec![d.join("list.csv")], None),
+            [d.join("list.csv")]
+        );
+        // JPEG images are clips now, in any case of the extension.
+        for f in ["c.jpg", "d.JPEG"] {
+            std::fs::write(d.join(f), "x").unwrap();
+        }
+        let items = discover(d, None, &d.join("out")).unwrap();
+        let kinds: Vec<_> = items.iter().map(|i| (i.name(), i.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("c.jpg".to_string(), MediaKind::Image),
+                ("d.JPEG".to_string(), MediaKind::Image)
+            ]
+        );
+    }
+
+    #[test]
     fn the_output_folder_is_no_clip_and_unreadable_captions_are_named() {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path();
@@ -342,7 +401,7 @@ mod tests {
         let items = discover(d, None, &d.join("out")).unwrap();
         let err = one_shape(d, &items, 5).unwrap_err().to_string();
         for want in [
-            "2 PNG images",
+            "2 images",
             "a.png",
             "2 clips (5 frames",
             "b.gif",

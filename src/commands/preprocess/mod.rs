@@ -36,8 +36,8 @@ use resume::Shard;
 /// `reel preprocess` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PreprocessArgs {
-    /// Folder of clips: videos (with FFmpeg installed), GIFs, PNG images, folders of PNG
-    /// frames; captions in sidecar `.txt` files or `--captions`.
+    /// Folder of clips: videos (with FFmpeg installed), GIFs, PNG and JPEG images, folders of
+    /// PNG/JPEG frames; captions in sidecar `.txt` files or `--captions`.
     pub input: PathBuf,
     /// Output folder for the parquet shards.
     #[arg(long)]
