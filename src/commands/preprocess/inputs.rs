@@ -71,11 +71,6 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
             })
         })
         .collect();
-    anyhow::ensure!(
-        !items.is_empty(),
-        "{}: no videos, GIFs, PNG or JPEG images or frame folders found",
-        dir.display()
-    );
     let left_out = not_clips(others, list);
     if let Some(first) = left_out.first() {
         eprintln!(
@@ -88,6 +83,11 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
             first.display()
         );
     }
+    anyhow::ensure!(
+        !items.is_empty(),
+        "{}: no videos, GIFs, PNG or JPEG images or frame folders found",
+        dir.display()
+    );
     let stray = unmatched(&listed, &items);
     if let (Some(list), Some(first)) = (list, stray.first()) {
         eprintln!(
