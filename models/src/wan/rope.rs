@@ -145,7 +145,8 @@ impl<B: Backend> RopeTables<B> {
     ///
     /// One operation with its own backward (the rotation back) on Reel's autodiff backends,
     /// which keeps nothing of `x`; on the plain CubeCL backends the forward and the gradient
-    /// are one kernel each (`block_kernels::elementwise`), elsewhere the tensor operations of `rotate_ops`.
+    /// are one kernel each (`block_kernels::elementwise`), elsewhere the tensor operations of
+    /// `rotate_ops`.
     pub fn apply(&self, x: Tensor<B, 4>, out: DType) -> Tensor<B, 4> {
         dispatch(Rope {
             x,

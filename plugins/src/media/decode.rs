@@ -71,6 +71,9 @@ pub enum MediaKind {
     Video,
 }
 
+/// JPEG extensions (any case), read by [`read_jpeg`].
+pub const JPEG_EXTENSIONS: [&str; 2] = ["jpg", "jpeg"];
+
 /// Video extensions handed to FFmpeg.
 pub const VIDEO_EXTENSIONS: [&str; 7] = ["mp4", "mov", "webm", "mkv", "avi", "m4v", "mpg"];
 
@@ -83,7 +86,8 @@ impl MediaKind {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
             "gif" => Some(Self::Gif),
-            "png" | "jpg" | "jpeg" => Some(Self::Image),
+            "png" => Some(Self::Image),
+            e if JPEG_EXTENSIONS.contains(&e) => Some(Self::Image),
             e if VIDEO_EXTENSIONS.contains(&e) => Some(Self::Video),
             _ => None,
         }
@@ -135,10 +139,8 @@ pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
 
 /// A PNG or JPEG image (by extension) as RGB pixels: `(pixels, width, height)`.
 pub fn read_image(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
-    let jpeg = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"));
+    let ext = path.extension().and_then(|e| e.to_str());
+    let jpeg = ext.is_some_and(|e| JPEG_EXTENSIONS.iter().any(|j| e.eq_ignore_ascii_case(j)));
     match jpeg {
         true => read_jpeg(path),
         false => read_png(path),
@@ -240,9 +242,10 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     })
 }
 
-/// A folder of PNG or JPEG frames in file-name order, numbers by value (`2.png` before `10.png`, as
-/// `ffmpeg -i clip.mp4 %d.png` writes them); hidden files (macOS's `._0001.png`) are not
-/// frames. Every frame must have the first one's size. Only the frames `need` says are read.
+/// A folder of PNG or JPEG frames in file-name order, numbers by value (`2.png` before
+/// `10.png`, as `ffmpeg -i clip.mp4 %d.png` writes them); hidden files (macOS's `._0001.png`)
+/// are not frames. Every frame must have the first one's size. Only the frames `need` says
+/// are read.
 pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     let entries = std::fs::read_dir(dir).map_err(|error| MediaError::Io {
         path: dir.to_path_buf(),

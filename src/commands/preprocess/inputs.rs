@@ -57,20 +57,17 @@ pub fn discover(dir: &Path, list: Option<&Path>, out: &Path) -> anyhow::Result<V
         .filter(|p| out.is_none() || std::fs::canonicalize(p).ok() != out)
         .collect();
     paths.sort();
-    let (media, others): (Vec<PathBuf>, Vec<PathBuf>) =
-        paths.into_iter().partition(|p| MediaKind::of(p).is_some());
-    let items: Vec<Item> = media
-        .into_iter()
-        .filter_map(|path| {
-            let kind = MediaKind::of(&path)?;
-            let caption = caption_of(&path, kind, &listed);
-            Some(Item {
+    let (mut items, mut others) = (vec![], vec![]);
+    for path in paths {
+        match MediaKind::of(&path) {
+            Some(kind) => items.push(Item {
+                caption: caption_of(&path, kind, &listed),
                 path,
                 kind,
-                caption,
-            })
-        })
-        .collect();
+            }),
+            None => others.push(path),
+        }
+    }
     let left_out = not_clips(others, list);
     if let Some(first) = left_out.first() {
         eprintln!(
