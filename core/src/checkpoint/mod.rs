@@ -300,7 +300,7 @@ impl CheckpointStore {
                 Ok(m) => return Ok((dir, m, warnings)),
                 Err(e @ CheckpointError::ConfigMismatch { .. }) => return Err(e),
                 Err(e) => {
-                    warnings.push(format!("skipping {e}; falling back to an older checkpoint"))
+                    warnings.push(format!("{e}; skipped, falling back to an older checkpoint"))
                 }
             }
         }

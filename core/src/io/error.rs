@@ -73,6 +73,8 @@ pub struct KeyMismatch {
     pub unexpected: Vec<String>,
     /// Tensors whose shape differs from the parameter's (sorted by key).
     pub wrong_shape: Vec<ShapeMismatch>,
+    /// Lines an architecture's loader adds on what the keys suggest (printed last).
+    pub hints: Vec<String>,
 }
 
 impl KeyMismatch {
@@ -86,33 +88,84 @@ impl fmt::Display for KeyMismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "weights from `{}` do not match the model:", self.source)?;
         if !self.missing.is_empty() {
-            write!(
-                f,
-                "\n  {} missing key(s): {}",
-                self.missing.len(),
-                self.missing.join(", ")
-            )?;
+            let n = self.missing.len();
+            write!(f, "\n  {n} missing key(s): {}", key_list(&self.missing))?;
         }
         if !self.unexpected.is_empty() {
+            let n = self.unexpected.len();
             write!(
                 f,
-                "\n  {} unexpected key(s): {}",
-                self.unexpected.len(),
-                self.unexpected.join(", ")
+                "\n  {n} unexpected key(s): {}",
+                key_list(&self.unexpected)
             )?;
         }
         if !self.wrong_shape.is_empty() {
             write!(f, "\n  {} wrongly shaped key(s):", self.wrong_shape.len())?;
-            for m in &self.wrong_shape {
+            for m in self.wrong_shape.iter().take(LISTED) {
                 write!(
                     f,
                     "\n    {}: expected {:?}, found {:?}",
                     m.key, m.expected, m.found
                 )?;
             }
+            if let Some(more) = self
+                .wrong_shape
+                .len()
+                .checked_sub(LISTED)
+                .filter(|&n| n > 0)
+            {
+                write!(f, "\n    ... and {more} more")?;
+            }
+        }
+        let prefix = prefix_hint(&self.missing, &self.unexpected);
+        for hint in prefix.iter().chain(&self.hints) {
+            write!(f, "\n  {hint}")?;
         }
         Ok(())
     }
+}
+
+/// How many keys (or wrongly shaped tensors) a mismatch report lists before it counts the
+/// rest: a file of another model lists hundreds, which would bury the report.
+pub const LISTED: usize = 8;
+
+/// The first [`LISTED`] of `keys`, comma-separated, then how many more there are.
+pub fn key_list<S: AsRef<str>>(keys: &[S]) -> String {
+    let shown: Vec<&str> = keys.iter().take(LISTED).map(AsRef::as_ref).collect();
+    match keys.len().saturating_sub(LISTED) {
+        0 => shown.join(", "),
+        more => format!("{}, ... and {more} more", shown.join(", ")),
+    }
+}
+
+/// A line saying that unexpected keys are missing keys under a prefix (`model.`,
+/// `exp_avg.`: a file saved from a wrapper, or an optimizer state file), with the prefixes
+/// and how many keys each covers; `None` when no unexpected key is one.
+pub fn prefix_hint<S: AsRef<str>>(missing: &[S], unexpected: &[S]) -> Option<String> {
+    let missing: std::collections::HashSet<&str> = missing.iter().map(AsRef::as_ref).collect();
+    let mut prefixes = std::collections::BTreeMap::<&str, usize>::new();
+    for key in unexpected.iter().map(AsRef::as_ref) {
+        let split = key
+            .match_indices('.')
+            .map(|(i, _)| i + 1)
+            .find(|&i| missing.contains(&key[i..]));
+        if let Some(i) = split {
+            *prefixes.entry(&key[..i]).or_default() += 1;
+        }
+    }
+    if prefixes.is_empty() {
+        return None;
+    }
+    let count: usize = prefixes.values().sum();
+    let listed: Vec<String> = prefixes
+        .iter()
+        .map(|(prefix, n)| format!("`{prefix}` {n}"))
+        .collect();
+    Some(format!(
+        "hint: {count} unexpected key(s) are the model's own keys under a prefix ({}): a file \
+         saved from a wrapper module, or not the weights (an optimizer state?)",
+        key_list(&listed)
+    ))
 }
 
 pub(super) fn io_err(path: &Path, error: std::io::Error) -> WeightError {

@@ -348,3 +348,49 @@ fn duplicate_keys_are_rejected_on_write() {
         write_safetensors(&path, &[("a".into(), t.clone()), ("a".into(), t)], None).unwrap_err();
     assert!(err.to_string().contains("more than once"), "{err}");
 }
+
+#[test]
+fn long_mismatch_lists_are_counted_and_prefixes_hinted() {
+    let keys: Vec<String> = (0..30).map(|i| format!("blocks.{i:02}.weight")).collect();
+    let mismatch = KeyMismatch {
+        source: "optim.safetensors".into(),
+        missing: keys.clone(),
+        unexpected: keys
+            .iter()
+            .flat_map(|k| [format!("exp_avg.{k}"), format!("exp_avg_sq.{k}")])
+            .chain(["other.thing".to_string()])
+            .collect(),
+        wrong_shape: (0..10)
+            .map(|i| ShapeMismatch {
+                key: format!("t{i}"),
+                expected: vec![2],
+                found: vec![3],
+            })
+            .collect(),
+        hints: vec!["hint: a loader's own line".into()],
+    };
+    let msg = mismatch.to_string();
+    assert!(
+        msg.contains("30 missing key(s): blocks.00.weight, blocks.01.weight"),
+        "{msg}"
+    );
+    assert!(msg.contains("blocks.07.weight, ... and 22 more\n"), "{msg}");
+    assert!(!msg.contains("blocks.08.weight"), "{msg}");
+    assert!(msg.contains("61 unexpected key(s):"), "{msg}");
+    assert!(
+        msg.contains("t7: expected [2], found [3]\n    ... and 2 more"),
+        "{msg}"
+    );
+    assert!(!msg.contains("t8:"), "{msg}");
+    assert!(
+        msg.ends_with(
+            "hint: 60 unexpected key(s) are the model's own keys under a prefix (`exp_avg.` 30, \
+             `exp_avg_sq.` 30): a file saved from a wrapper module, or not the weights (an \
+             optimizer state?)\n  hint: a loader's own line"
+        ),
+        "{msg}"
+    );
+    // Nothing under a prefix: no hint; short lists in full.
+    assert_eq!(prefix_hint(&["a.b"], &["c.d", "a.b.c"]), None);
+    assert_eq!(key_list(&["x", "y"]), "x, y");
+}

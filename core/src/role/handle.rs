@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 
 use super::{RoleModule, TrainableRole};
+use crate::io::key_list;
 use crate::parallel::ParallelError;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -15,7 +16,10 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 #[derive(Debug, thiserror::Error)]
 pub enum RoleStateError {
     /// Tensors in the file do not match the role's trainable parameters.
-    #[error("role `{role}`: {what}: missing {missing:?}, unexpected {unexpected:?}, wrong shape {wrong_shape:?}")]
+    #[error(
+        "role `{role}`: {what}: {}",
+        mismatch_parts(missing, unexpected, wrong_shape)
+    )]
     Mismatch {
         /// Role name.
         role: String,
@@ -28,6 +32,20 @@ pub enum RoleStateError {
         /// Keys with a different shape (`key: expected vs found`).
         wrong_shape: Vec<String>,
     },
+}
+
+/// The non-empty parts of a [`RoleStateError::Mismatch`], each a count and its first keys.
+fn mismatch_parts(missing: &[String], unexpected: &[String], wrong_shape: &[String]) -> String {
+    let parts: Vec<String> = [
+        ("missing", missing),
+        ("unexpected", unexpected),
+        ("wrong shape", wrong_shape),
+    ]
+    .into_iter()
+    .filter(|(_, keys)| !keys.is_empty())
+    .map(|(what, keys)| format!("{} {what} ({})", keys.len(), key_list(keys)))
+    .collect();
+    parts.join("; ")
 }
 
 /// A function over a role's flat gradients (see [`RoleHandle::map_grads`]).

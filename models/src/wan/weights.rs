@@ -84,7 +84,7 @@ pub fn load_weights<B: Backend>(
     path: impl AsRef<Path>,
 ) -> Result<WanModel<B>, WeightError> {
     let source = resolve_weights(path)?;
-    crate::checkpoint::load(model, &source, |k| Some(k.to_string()))
+    crate::checkpoint::load(model, &source, |k| Some(k.to_string())).map_err(layout_hint)
 }
 
 /// Check the weights at `path` (as [`load_weights`] resolves it) against `model` from the
@@ -96,7 +96,32 @@ pub fn check_weights<B: Backend>(
     path: impl AsRef<Path>,
 ) -> Result<(), WeightError> {
     let source = resolve_weights(path)?;
-    crate::checkpoint::check(model, &source, |k| Some(k.to_string()))
+    crate::checkpoint::check(model, &source, |k| Some(k.to_string())).map_err(layout_hint)
+}
+
+/// Parts of the key names of the original Wan release's DiT checkpoints
+/// (`blocks.0.self_attn.q.weight`, `head.head.weight`), which diffusers renames.
+const ORIGINAL_LAYOUT: [&str; 3] = [".self_attn.", ".cross_attn.", "head.head."];
+
+/// `e` with a hint when its unexpected keys are the original Wan release's names: a user
+/// pointing at `Wan-AI/Wan2.1-T2V-1.3B`'s file rather than the `-Diffusers` repository's.
+fn layout_hint(e: WeightError) -> WeightError {
+    match e {
+        WeightError::Mismatch(mut m)
+            if m.unexpected
+                .iter()
+                .any(|k| ORIGINAL_LAYOUT.iter().any(|p| k.contains(p))) =>
+        {
+            m.hints.push(
+                "hint: these are the original Wan release's key names (`blocks.0.self_attn.q.\
+                 weight`); Reel reads the diffusers layout: the `transformer/` folder of a \
+                 `-Diffusers` repository, such as `Wan-AI/Wan2.1-T2V-1.3B-Diffusers`"
+                    .into(),
+            );
+            WeightError::Mismatch(m)
+        }
+        e => e,
+    }
 }
 
 impl<B: Backend> WanModel<B> {

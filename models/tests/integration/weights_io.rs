@@ -216,6 +216,51 @@ fn bad_checkpoint_names_missing_extra_and_misshaped_keys() {
 }
 
 #[test]
+fn weights_of_another_layout_get_a_short_report_and_a_hint() {
+    let dev = Default::default();
+    let weights = fixture_weights();
+    let count = weights.len();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, rename: &dyn Fn(&str) -> String| {
+        let file = dir.path().join(name);
+        let list: Vec<(String, TensorData)> = weights
+            .iter()
+            .map(|(k, v)| (rename(k), v.clone()))
+            .collect();
+        write_safetensors(&file, &list, None).unwrap();
+        file
+    };
+    // A wrapper's prefix (as ComfyUI saves a DiT): every key is the model's under it.
+    let file = write("wrapped.safetensors", &|k| {
+        format!("model.diffusion_model.{k}")
+    });
+    let model = fixture_config().init::<Cpu>(&dev);
+    let err = model.load_weights(&file).unwrap_err().to_string();
+    let more = count - reel_core::io::LISTED;
+    assert!(err.contains(&format!("{count} missing key(s)")), "{err}");
+    assert!(err.contains(&format!("... and {more} more")), "{err}");
+    assert!(err.lines().all(|l| l.len() < 1000), "{err}");
+    assert!(
+        err.contains(&format!(
+            "under a prefix (`model.diffusion_model.` {count})"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("original Wan release"), "{err}");
+    // The original Wan release's names for the self-attention's projections.
+    let file = write("original.safetensors", &|k| {
+        k.replace("attn1.to_out.0", "self_attn.o")
+            .replace("attn1.to_", "self_attn.")
+    });
+    let model = fixture_config().init::<Cpu>(&dev);
+    let err = reel_models::wan::weights::check_weights(&model, &file)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("original Wan release's key names"), "{err}");
+    assert!(!err.contains("under a prefix"), "{err}");
+}
+
+#[test]
 fn missing_weights_folder_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixture_config().init::<Cpu>(&Default::default());
