@@ -101,6 +101,29 @@ fn flag_error(e: reel_core::config::ConfigError) -> anyhow::Error {
     anyhow::anyhow!("--{}: {}", flag.replace('_', "-"), e.message)
 }
 
+/// The error for a `--prompt` the data source cannot embed without a text encoder: the
+/// prompts it can (its own, a few of them), and the flags that embed any text.
+fn unknown_prompt(source: &dyn reel_core::data::DataSource, caption: &str) -> anyhow::Error {
+    let known: Vec<String> = source
+        .prompts()
+        .into_iter()
+        .take(3)
+        .map(|p| format!("`{}`", p.caption))
+        .collect();
+    let own = if known.is_empty() {
+        "it has no prompts of its own".to_string()
+    } else {
+        format!(
+            "it embeds only its own captions, such as {}",
+            known.join(", ")
+        )
+    };
+    anyhow::anyhow!(
+        "the data source cannot embed the prompt `{caption}`: {own}; any text needs a text \
+         encoder (--text-encoder and --tokenizer, a UMT5 folder and its tokenizer)"
+    )
+}
+
 fn sample<B: ReelBackend>(
     args: &SampleArgs,
     loaded: &reel_core::config::LoadedConfig,
@@ -117,9 +140,9 @@ fn sample<B: ReelBackend>(
         args.prompts
             .iter()
             .map(|c| {
-                l.source.prompt_for(c).with_context(|| {
-                    format!("the data source cannot embed the prompt `{c}`: pass --text-encoder")
-                })
+                l.source
+                    .prompt_for(c)
+                    .ok_or_else(|| unknown_prompt(&*l.source, c))
             })
             .collect::<anyhow::Result<Vec<_>>>()?
     };

@@ -92,6 +92,25 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     ] {
         assert!(samples.join(f).is_file(), "reel sample wrote no {f}");
     }
+
+    // A caption outside the synthetic data's grammar: an error that shows captions it takes.
+    let o = Command::new(BIN)
+        .args(["sample"])
+        .arg(&out)
+        .args(["--prompt", "a red circle", "--out"])
+        .arg(tmp.path().join("no-samples"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "cannot embed the prompt `a red circle`: it embeds only its own captions, such as `a "
+        ),
+        "{err}"
+    );
+    assert!(err.contains("--text-encoder and --tokenizer"), "{err}");
+    assert!(!tmp.path().join("no-samples").exists());
 }
 
 /// The quickstart model's temporal patch is 4 frames: a clip length it cannot tile is a
