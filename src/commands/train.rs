@@ -74,12 +74,22 @@ pub fn run(
             .iter()
             .map(|(k, v)| format!("{k}={v:.4}"))
             .collect();
-        eprintln!(
-            "reel: done: {} steps, last {}, checkpoint {}",
-            summary.steps,
-            losses.join(" "),
-            summary.checkpoint.display()
-        );
+        if summary.step_seconds.is_empty() {
+            eprintln!(
+                "reel: nothing to train: the run is at step {} and `training.max_steps` is {} \
+                 (raise it with --set to train on); checkpoint {}",
+                summary.steps,
+                loaded.config.training.max_steps,
+                summary.checkpoint.display()
+            );
+        } else {
+            eprintln!(
+                "reel: done: {} steps, last {}, checkpoint {}",
+                summary.steps,
+                losses.join(" "),
+                summary.checkpoint.display()
+            );
+        }
         if summary.skipped_steps > 0 {
             eprintln!(
                 "reel: {} step(s) were skipped for non-finite values",

@@ -3,7 +3,8 @@
 //! truncated weights file, a bit flip in the optimizer state, a missing manifest. Each time
 //! `--resume latest` says which checkpoint it skipped, falls back to the newest intact one,
 //! and ends with exactly the uninterrupted run's weights, optimizer state and EMA, down to
-//! the files' bytes.
+//! the files' bytes. A run started again without `--resume` in a folder with checkpoints is
+//! refused and leaves them as they were.
 
 use crate::common;
 
@@ -96,4 +97,43 @@ fn damaged_checkpoints_fall_back_to_the_newest_intact_one() {
         );
         same_as_clean(dir, &run, what);
     }
+}
+
+#[test]
+fn a_new_run_in_a_folder_with_checkpoints_is_refused_and_touches_nothing() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(dir.join("clean/checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let folders = listing();
+    let before: Vec<_> = FILES
+        .iter()
+        .map(|f| std::fs::read(ckpt(&dir.join("clean"), 5).join(f)).unwrap())
+        .collect();
+    let o = reel(dir, "clean", &["--set", "training.max_steps=2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`--output`: `clean` already holds a run (checkpoints up to step 5)"),
+        "{err}"
+    );
+    assert!(err.contains("`--resume latest` continues it"), "{err}");
+    assert_eq!(listing(), folders, "no checkpoint was written or removed");
+    for (f, bytes) in FILES.iter().zip(&before) {
+        let now = std::fs::read(ckpt(&dir.join("clean"), 5).join(f)).unwrap();
+        assert!(&now == bytes, "{f} changed");
+    }
+    // Resumed at its `max_steps`, the run says there is nothing to train.
+    let err = ok(reel(dir, "clean", &["--resume", "latest"]));
+    assert!(
+        err.contains("nothing to train: the run is at step 5 and `training.max_steps` is 5"),
+        "{err}"
+    );
+    same_as_clean(dir, "clean", "resumed at its end");
 }

@@ -204,6 +204,7 @@ pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
+    check_not_a_run(loaded, opts)?;
     check_memory(loaded, opts)?;
     match (
         &opts.processes,
@@ -212,6 +213,25 @@ pub fn train<B: ReelBackend>(
         (None, [_]) => Trainer::<B>::new(loaded, opts)?.run(),
         (_, devices) => group::train_group::<B>(loaded, opts, devices),
     }
+}
+
+/// A run started without `--resume` must not write into a folder that holds another run's
+/// checkpoints: its step numbers would overwrite theirs and its `final/` replace theirs. An
+/// error keyed where the folder came from says how to continue that run or start a new one.
+fn check_not_a_run(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainError> {
+    if opts.resume.is_some() {
+        return Ok(());
+    }
+    let run_dir = run_dir_for(loaded, opts.output_dir.as_deref());
+    let Some((step, _)) = CheckpointStore::new(&run_dir, 1).list().into_iter().next() else {
+        return Ok(());
+    };
+    let message = format!(
+        "`{}` already holds a run (checkpoints up to step {step}): `--resume latest` continues \
+         it; to start a new run, train into another folder (`--output`) or delete this one",
+        run_dir.display()
+    );
+    Err(run_dir_error(loaded, opts.output_dir.as_deref(), message).into())
 }
 
 /// What the run needs in memory, checked once in each process before any of its workers
