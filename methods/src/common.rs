@@ -161,9 +161,18 @@ pub fn sample_euler_sigmas<B: Backend>(
 ) -> Vec<Vec<f32>> {
     let (cond, uncond) = request_text::<B>(req, device);
     let x = request_noise::<B>(req, device);
+    let total = sigmas.len().saturating_sub(1);
+    let mut done = 0;
     let out = euler_sample(x, sigmas, |x, s| {
+        if let Some(progress) = req.progress.as_ref().filter(|_| done > 0) {
+            progress.step::<B>(device, done, total);
+        }
+        done += 1;
         guided_velocity(model, x, s, &cond, &uncond, guidance)
     });
+    if let Some(progress) = &req.progress {
+        progress.step::<B>(device, total, total);
+    }
     split_clips(out, &req.spec)
 }
 
@@ -229,6 +238,9 @@ pub fn sample_few_step<B: Backend>(
         }
         let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
         x0 = x.clone().sub(v.mul_scalar(sigma));
+        if let Some(progress) = &req.progress {
+            progress.step::<B>(device, k + 1, sigmas.len());
+        }
     }
     split_clips(x0, &req.spec)
 }

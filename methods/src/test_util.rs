@@ -1,10 +1,10 @@
 //! Helpers shared by the methods' unit tests: the CPU test backends, a `wan-tiny`-shaped
-//! micro-batch and a step context.
+//! micro-batch, a step context and a recording sampling-progress watcher.
 
 use burn::tensor::{Bool, Tensor, TensorData};
 
 use reel_core::data::DataSpec;
-use reel_core::method::{Batch, StepContext};
+use reel_core::method::{Batch, SampleProgress, StepContext};
 use reel_core::rng::{RunRng, StreamRng};
 
 /// The autodiff backend the unit tests train on.
@@ -47,4 +47,15 @@ pub fn step_ctx(step: u64, seed: u64) -> StepContext {
         max_steps: 10,
         rng: RunRng::new(seed),
     }
+}
+
+/// The `(done, total)` calls a [`recorder`] saw, in order.
+pub type Calls = std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>;
+
+/// A [`SampleProgress`] that records its calls, and the list it writes them to.
+pub fn recorder() -> (SampleProgress, Calls) {
+    let calls = Calls::default();
+    let sink = calls.clone();
+    let progress = SampleProgress::new(move |done, total| sink.lock().unwrap().push((done, total)));
+    (progress, calls)
 }

@@ -80,6 +80,7 @@ fn eval<B: ReelBackend>(
             guidance: args.guidance,
             seed: args.seed.wrapping_add(b as u64 * 1_000_003),
             spec,
+            progress: None,
         };
         let clips = l.method.sample(&req)?;
         for (clip, p) in clips.iter().zip(chunk) {

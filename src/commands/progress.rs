@@ -1,5 +1,6 @@
-//! Progress output of the long-running subcommands (`reel preprocess`, `reel eval`): a bar
-//! on a terminal; on a log file or a pipe, no bar, and lines that end in a newline.
+//! Progress output of the long-running subcommands (`reel preprocess`, `reel eval`,
+//! `reel sample`): a bar on a terminal; on a log file or a pipe, no bar, and lines that end in
+//! a newline.
 
 use std::io::IsTerminal;
 

@@ -9,12 +9,13 @@ use anyhow::Context;
 use burn::tensor::TensorData;
 use reel_core::backend::ReelBackend;
 use reel_core::callback::CallbackConfig as _;
-use reel_core::method::SampleRequest;
+use reel_core::method::{SampleProgress, SampleRequest};
 use reel_plugins::callbacks::validation::output::{check_clips, write_clips};
 use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
 use reel_plugins::callbacks::ValidationConfig;
 
 use super::inference::{load, read_config, Source};
+use super::progress;
 use reel_core::with_backend;
 
 /// `reel sample` arguments.
@@ -101,6 +102,23 @@ fn flag_error(e: reel_core::config::ConfigError) -> anyhow::Error {
     anyhow::anyhow!("--{}: {}", flag.replace('_', "-"), e.message)
 }
 
+/// The sampling steps' progress: a bar on a terminal; elsewhere a line at every tenth of the
+/// steps (a log of a 50-step sample gets 10 lines, not 50).
+fn step_progress(clips: usize) -> SampleProgress {
+    let bar = std::sync::OnceLock::new();
+    SampleProgress::new(move |done, total| {
+        let bar = bar.get_or_init(|| progress::bar(total as u64, "sampling steps"));
+        bar.set_position(done as u64);
+        let tenth = |k: usize| k * 10 / total.max(1);
+        if bar.is_hidden() && (done == total || tenth(done) != tenth(done.saturating_sub(1))) {
+            eprintln!("reel: sampling {clips} clip(s): step {done}/{total}");
+        }
+        if done == total {
+            bar.finish_and_clear();
+        }
+    })
+}
+
 /// The error for a `--prompt` the data source cannot embed without a text encoder: the
 /// prompts it can (its own, a few of them), and the flags that embed any text.
 fn unknown_prompt(source: &dyn reel_core::data::DataSource, caption: &str) -> anyhow::Error {
@@ -155,6 +173,7 @@ fn sample<B: ReelBackend>(
         guidance: args.guidance,
         seed: args.seed,
         spec,
+        progress: Some(step_progress(captions.len())),
     };
     let clips = l.method.sample(&req)?;
     check_clips(&clips, captions.len(), &spec).map_err(anyhow::Error::msg)?;
@@ -173,6 +192,9 @@ fn sample<B: ReelBackend>(
     if models.decoder.is_none() && spec.channels != 4 {
         eprintln!("reel: wrote latents only: pass --vae <vae folder> to decode them to videos");
         return Ok(());
+    }
+    if models.decoder.is_some() {
+        eprintln!("reel: decoding {} clip(s) with the VAE", clips.len());
     }
     let (frames, style) = models.frames(&clips, &spec, &cfg)?;
     for file in write_clips(&args.out, &frames, &captions, &captions, &style)? {

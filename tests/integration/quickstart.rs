@@ -84,7 +84,10 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
         .arg(&samples)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    // Its progress (not a terminal here: one line a tenth of the steps, and the last).
+    assert!(err.contains("reel: sampling 1 clip(s): step 2/2"), "{err}");
     for f in [
         "0-a_red_circle_moving_left.gif",
         "0-a_red_circle_moving_left.safetensors",

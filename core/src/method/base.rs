@@ -127,6 +127,34 @@ pub struct SampleRequest {
     pub seed: u64,
     /// Latent shape of the clips.
     pub spec: DataSpec,
+    /// Told after each sampling step (`reel sample`'s progress bar); `None` when nobody
+    /// watches.
+    pub progress: Option<SampleProgress>,
+}
+
+/// A watcher of sampling steps: [`SampleProgress::step`] calls it with `(done, total)` once
+/// the step's values are computed, not only queued (it waits for the device).
+#[derive(Clone)]
+pub struct SampleProgress(std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl SampleProgress {
+    /// A watcher calling `f(done, total)`.
+    pub fn new(f: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(f))
+    }
+
+    /// Step `done` of `total` is issued on `device`: wait for it, then tell the watcher. A
+    /// device error is left to the sampler's next read of the values, which reports it.
+    pub fn step<B: Backend>(&self, device: &B::Device, done: usize, total: usize) {
+        let _ = B::sync(device);
+        (self.0)(done, total);
+    }
+}
+
+impl Debug for SampleProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SampleProgress")
+    }
 }
 
 /// A runtime training method for backend `B`. Its roles come from `#[derive(Roles)]`

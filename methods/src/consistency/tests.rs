@@ -17,7 +17,7 @@ use reel_models::{WanConfig, WanModel};
 use super::*;
 use crate::common::{request_noise, request_text, sample_euler, split_clips};
 use crate::dmd2::CfgForm;
-use crate::test_util::{step_ctx, tiny_batch, TINY_SPEC};
+use crate::test_util::{recorder, step_ctx, tiny_batch, TINY_SPEC};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray>;
 type I = burn::backend::NdArray;
@@ -43,6 +43,7 @@ fn request(steps: Option<usize>, guidance: Option<f64>) -> SampleRequest {
         guidance,
         seed: 7,
         spec: SPEC,
+        progress: None,
     }
 }
 
@@ -91,6 +92,23 @@ fn euler_solver_reproduces_the_teachers_50_step_sample() {
         let err = max_diff(&split_clips(x, &SPEC), &reference);
         assert!(err < 1e-5, "{form:?}: {err}");
     }
+}
+
+#[test]
+fn the_euler_sampler_reports_each_step_and_the_same_clips() {
+    let dev = Default::default();
+    let teacher: WanModel<I> = tiny().init_seeded(&dev, 3);
+    let plain = request(None, None);
+    let (progress, calls) = recorder();
+    let watched = SampleRequest {
+        progress: Some(progress),
+        ..plain.clone()
+    };
+    let a = sample_euler(&teacher, &plain, 5, 2.5, 3.0, &dev);
+    let b = sample_euler(&teacher, &watched, 5, 2.5, 3.0, &dev);
+    assert_eq!(a, b, "watching changes nothing");
+    let want: Vec<(usize, usize)> = (1..=5).map(|k| (k, 5)).collect();
+    assert_eq!(*calls.lock().unwrap(), want);
 }
 
 #[test]

@@ -201,11 +201,20 @@ fn sampler_is_deterministic_and_honours_steps() {
         guidance: None,
         seed: 7,
         spec,
+        progress: None,
     };
     let a = m.sample(&req).unwrap();
     assert_eq!(a.len(), 2);
     assert_eq!(a[0].len(), spec.latent_numel());
     assert_eq!(a, m.sample(&req).unwrap(), "same seed, same clips");
+    let (progress, calls) = crate::test_util::recorder();
+    req.progress = Some(progress);
+    assert_eq!(a, m.sample(&req).unwrap(), "watching changes nothing");
+    let steps = calls.lock().unwrap().len();
+    let want: Vec<(usize, usize)> = (1..=steps).map(|k| (k, steps)).collect();
+    assert!(steps > 1, "one report a step");
+    assert_eq!(*calls.lock().unwrap(), want);
+    req.progress = None;
     req.steps = Some(2);
     assert_ne!(a, m.sample(&req).unwrap(), "2 steps differ from 4");
     req.steps = Some(5);

@@ -232,6 +232,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             guidance: self.cfg.guidance_scale,
             seed: self.cfg.seed,
             spec,
+            progress: None,
         };
         let clips = self.sample(ctx, &req)?;
         output::check_clips(&clips, captions.len(), &spec)
