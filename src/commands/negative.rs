@@ -10,7 +10,7 @@ use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
-use reel_models::umt5::Umt5TextEncoder;
+use reel_models::umt5::{tokenizer_for, Umt5TextEncoder};
 use reel_plugins::data::negative::{encode_negative, WAN_NEGATIVE_PROMPT};
 
 /// `reel data negative` arguments.
@@ -19,9 +19,10 @@ pub struct NegativeArgs {
     /// The UMT5 encoder: a diffusers `text_encoder/` folder (config.json + weights).
     #[arg(long)]
     pub text_encoder: PathBuf,
-    /// The tokenizer: `tokenizer.json` or its folder (`tokenizer/`).
+    /// The tokenizer: `tokenizer.json` or its folder (default: the `tokenizer.json` in the
+    /// text encoder's folder, else in the `tokenizer/` folder beside it).
     #[arg(long)]
-    pub tokenizer: PathBuf,
+    pub tokenizer: Option<PathBuf>,
     /// The file to write (e.g. `data/my_set/negative.safetensors`).
     #[arg(long)]
     pub out: PathBuf,
@@ -49,9 +50,10 @@ pub fn run(args: &NegativeArgs) -> anyhow::Result<()> {
 fn encode<B: ReelBackend + AutodiffBackend>(args: &NegativeArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let device = B::device_for(args.device);
-    let encoder =
-        Umt5TextEncoder::<B::InnerBackend>::load(&args.tokenizer, &args.text_encoder, &device)
-            .context("loading the text encoder")?;
+    let tokenizer =
+        tokenizer_for(args.tokenizer.as_deref(), &args.text_encoder).context("--tokenizer")?;
+    let encoder = Umt5TextEncoder::<B::InnerBackend>::load(tokenizer, &args.text_encoder, &device)
+        .context("loading the text encoder")?;
     write(&encoder, &args.prompt, args.text_len, &args.out)?;
     eprintln!(
         "reel: wrote the negative prompt's embedding to {} in {:.1} s; name it in the config: \

@@ -54,7 +54,8 @@ pub struct SampleArgs {
     /// A diffusers UMT5 folder (`text_encoder/`): encode `--prompt` and `--negative`.
     #[arg(long)]
     text_encoder: Option<PathBuf>,
-    /// The tokenizer (`tokenizer.json` or its folder) for `--text-encoder`.
+    /// The tokenizer (`tokenizer.json` or its folder) for `--text-encoder` (default: the one in
+    /// the text encoder's folder, else in the `tokenizer/` folder beside it).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Negative prompt for classifier-free guidance (needs `--text-encoder`).
@@ -138,7 +139,7 @@ fn unknown_prompt(source: &dyn reel_core::data::DataSource, caption: &str) -> an
     };
     anyhow::anyhow!(
         "the data source cannot embed the prompt `{caption}`: {own}; any text needs a text \
-         encoder (--text-encoder and --tokenizer, a UMT5 folder and its tokenizer)"
+         encoder (--text-encoder, a UMT5 folder; --tokenizer where its tokenizer is not beside it)"
     )
 }
 

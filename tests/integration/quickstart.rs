@@ -112,7 +112,7 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
         ),
         "{err}"
     );
-    assert!(err.contains("--text-encoder and --tokenizer"), "{err}");
+    assert!(err.contains("--text-encoder, a UMT5 folder"), "{err}");
     assert!(!tmp.path().join("no-samples").exists());
 }
 

@@ -193,6 +193,16 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
         .replace("preset = \"wan-tiny\"", "config = \"wide.json\"")
         .replace(synthetic, &random);
     let z_dim = format!("z_dim = {z}");
+    // Without `tokenizer` the one in the text encoder's folder is used; a copy of the encoder
+    // with none there (nor a `tokenizer/` folder beside it) is refused.
+    let no_tok = good.replace(&format!("tokenizer = {tok}\n"), "");
+    assert_ne!(no_tok, good);
+    check(&no_tok).unwrap();
+    let bare = d.join("bare/text_encoder");
+    std::fs::create_dir_all(&bare).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(t5.join(f), bare.join(f)).unwrap();
+    }
     let cases = [
         (tiled(s), "callbacks[0].vae_tile", "at least"),
         (tiled(3 * s + 1), "callbacks[0].vae_tile", "a multiple of"),
@@ -225,6 +235,11 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
             "no_tokenizer.json",
         ),
         (vae_too_narrow, "callbacks[0].vae", z_dim.as_str()),
+        (
+            no_tok.replace(&format!("{t5:?}"), &format!("{bare:?}")),
+            "callbacks[0].tokenizer",
+            "no tokenizer given",
+        ),
     ];
     for (text, key, why) in cases {
         assert_ne!(text, good, "{key}: the edit applies");
@@ -244,14 +259,29 @@ fn a_validation_model_that_will_not_open_fails_before_training() {
 /// The tiny real workflow: a folder of clips with captions goes through `reel preprocess`
 /// (tiny VAE + UMT5; it also writes the negative prompt's embedding), a `finetune` run trains
 /// on the parquet it wrote with that negative, and `reel sample`
-/// decodes clips whose frame count and size are the VAE's compression undone. A VAE that
+/// decodes clips whose frame count and size are the VAE's compression undone. The text
+/// encoder is laid out as diffusers lays a model out (`text_encoder/`, `tokenizer/`), so
+/// neither `reel preprocess` nor `reel sample` is told where its tokenizer is. A VAE that
 /// does not match the model's latent channels is refused before sampling.
 #[test]
 fn clips_to_trained_weights_to_videos() {
     let vae = reel_core::fixtures::WAN_VAE.require(&["config.json", "model.safetensors"]);
-    let t5 = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
-    let tok = t5.join("tokenizer.json");
+    let fixture = reel_core::fixtures::UMT5.require(&["config.json", "tokenizer.json"]);
     let tmp = tempfile::tempdir().unwrap();
+    let (t5, tok) = (
+        tmp.path().join("m/text_encoder"),
+        tmp.path().join("m/tokenizer"),
+    );
+    for (dir, files) in [
+        (&t5, &["config.json", "model.safetensors"][..]),
+        (&tok, &["tokenizer.json"][..]),
+    ] {
+        std::fs::create_dir_all(dir).unwrap();
+        for f in files {
+            std::fs::copy(fixture.join(f), dir.join(f)).unwrap();
+        }
+    }
+    let tok = tok.join("tokenizer.json");
     let clips = tmp.path().join("clips");
     std::fs::create_dir(&clips).unwrap();
     let (side, frames) = (32usize, 5usize);
@@ -303,8 +333,6 @@ fn clips_to_trained_weights_to_videos() {
         vae_s,
         "--text-encoder",
         t5_s,
-        "--tokenizer",
-        tok_s,
         "--frames",
         "5",
         "--height",
@@ -373,8 +401,6 @@ fn clips_to_trained_weights_to_videos() {
         vae_s,
         "--text-encoder",
         t5_s,
-        "--tokenizer",
-        tok_s,
         "--out",
         "samples",
     ]);

@@ -29,4 +29,6 @@ pub mod text;
 pub use attention::relative_position_bucket;
 pub use config::{Activation, Umt5Config, Umt5ConfigError};
 pub use model::{Umt5Encoder, Umt5Error, Umt5Output};
-pub use text::{load_tokenizer, prompt_embeds, tokenize, TokenBatch, Umt5TextEncoder};
+pub use text::{
+    load_tokenizer, prompt_embeds, tokenize, tokenizer_for, TokenBatch, Umt5TextEncoder,
+};

@@ -71,6 +71,36 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer, Umt5Error> {
     Ok(tok)
 }
 
+/// The tokenizer of the text encoder folder `text_encoder`: `given`, else its own
+/// `tokenizer.json`, else the `tokenizer/` folder beside it, as a diffusers pipeline lays
+/// them out (`<model>/text_encoder`, `<model>/tokenizer/tokenizer.json`). An error names
+/// both places when none is given and neither holds one.
+pub fn tokenizer_for(
+    given: Option<&Path>,
+    text_encoder: impl AsRef<Path>,
+) -> Result<PathBuf, Umt5Error> {
+    if let Some(t) = given {
+        return Ok(t.to_path_buf());
+    }
+    let dir = text_encoder.as_ref();
+    let own = dir.join("tokenizer.json");
+    let sibling = dir
+        .parent()
+        .map(|p| p.join("tokenizer").join("tokenizer.json"));
+    let found = std::iter::once(own.clone())
+        .chain(sibling.clone())
+        .find(|p| p.is_file());
+    found.ok_or_else(|| Umt5Error::Tokenizer {
+        path: match &sibling {
+            Some(s) => format!("{}` or `{}", own.display(), s.display()),
+            None => own.display().to_string(),
+        },
+        message: "no tokenizer given, and neither file beside the text encoder exists: give \
+                  the tokenizer (`tokenizer.json` or its folder)"
+            .into(),
+    })
+}
+
 /// Tokenize `prompts` with special tokens (`</s>` appended by the tokenizer's
 /// post-processor), cut each to `max_length` ids and pad with id 0 to `max_length`.
 ///
@@ -183,5 +213,38 @@ impl<B: Backend> Umt5TextEncoder<B> {
             prompt_embeds(states, &tokens.lengths, text_len),
             tokens.lengths,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tokenizer_is_found_beside_the_text_encoder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = tmp.path().join("model");
+        let (enc, tok) = (model.join("text_encoder"), model.join("tokenizer"));
+        std::fs::create_dir_all(&enc).unwrap();
+        std::fs::create_dir_all(&tok).unwrap();
+        // Neither place holds one: the error names both.
+        let err = tokenizer_for(None, &enc).unwrap_err().to_string();
+        for want in [enc.join("tokenizer.json"), tok.join("tokenizer.json")] {
+            assert!(err.contains(&*want.to_string_lossy()), "{err}");
+        }
+        // The diffusers layout: `tokenizer/` beside `text_encoder/`.
+        std::fs::write(tok.join("tokenizer.json"), "{}").unwrap();
+        assert_eq!(
+            tokenizer_for(None, &enc).unwrap(),
+            tok.join("tokenizer.json")
+        );
+        // The encoder's own folder comes first; a given path wins over both.
+        std::fs::write(enc.join("tokenizer.json"), "{}").unwrap();
+        assert_eq!(
+            tokenizer_for(None, &enc).unwrap(),
+            enc.join("tokenizer.json")
+        );
+        let given = Path::new("elsewhere/tokenizer.json");
+        assert_eq!(tokenizer_for(Some(given), &enc).unwrap(), given);
     }
 }

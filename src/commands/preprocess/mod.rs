@@ -22,7 +22,7 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::ProgressBar;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
-use reel_models::umt5::Umt5TextEncoder;
+use reel_models::umt5::{tokenizer_for, Umt5TextEncoder};
 use reel_models::vae::{Tiling, WanVae};
 use reel_plugins::data::fastvideo::FastVideoRecord;
 use reel_plugins::data::negative::{self, WAN_NEGATIVE_PROMPT};
@@ -48,9 +48,11 @@ pub struct PreprocessArgs {
     /// The UMT5 encoder: a diffusers `text_encoder/` folder (config.json + weights).
     #[arg(long)]
     pub text_encoder: PathBuf,
-    /// The tokenizer: `tokenizer.json` or its folder (`tokenizer/`).
+    /// The tokenizer: `tokenizer.json` or its folder (default: the `tokenizer.json` in the
+    /// text encoder's folder, else in the `tokenizer/` folder beside it, as diffusers lays
+    /// a model out).
     #[arg(long)]
-    pub tokenizer: PathBuf,
+    pub tokenizer: Option<PathBuf>,
     /// Caption list (JSON or CSV with `path` and `caption`), instead of sidecar files.
     #[arg(long)]
     pub captions: Option<PathBuf>,
@@ -115,6 +117,11 @@ impl PreprocessArgs {
         })
     }
 
+    /// `--tokenizer`, else the tokenizer beside `--text-encoder` ([`tokenizer_for`]).
+    fn tokenizer(&self) -> anyhow::Result<PathBuf> {
+        tokenizer_for(self.tokenizer.as_deref(), &self.text_encoder).context("--tokenizer")
+    }
+
     /// What a resumed run must share with the run that wrote the folder: the settings (paths
     /// as absolute paths where they exist, so that a resume from another folder matches) and
     /// the clips' names in shard order.
@@ -124,7 +131,8 @@ impl PreprocessArgs {
         serde_json::json!({
             "input": abs(&self.input), "captions": self.captions.as_deref().map(abs),
             "vae": abs(&self.vae), "text_encoder": abs(&self.text_encoder),
-            "tokenizer": abs(&self.tokenizer), "frames": self.frames, "height": self.height,
+            "tokenizer": self.tokenizer().ok().as_deref().map(abs), "frames": self.frames,
+            "height": self.height,
             "width": self.width, "fps": self.fps, "text_len": self.text_len,
             "rows_per_file": self.rows_per_file, "items": names,
         })
@@ -134,6 +142,7 @@ impl PreprocessArgs {
 /// Run `reel preprocess`.
 pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
     let target = args.target()?;
+    args.tokenizer()?;
     let items = inputs::discover(&args.input, args.captions.as_deref(), &args.out)?;
     inputs::one_shape(&args.input, &items, target.frames)?;
     let settings = args.settings(&items);
@@ -146,7 +155,7 @@ pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
 fn load<B: ReelBackend>(args: &PreprocessArgs) -> anyhow::Result<Encoders<B::InnerBackend>> {
     let device = B::device_for(args.device);
     let vae = WanVae::load(&args.vae, &device).context("loading the VAE")?;
-    let text = Umt5TextEncoder::load(&args.tokenizer, &args.text_encoder, &device)
+    let text = Umt5TextEncoder::load(args.tokenizer()?, &args.text_encoder, &device)
         .context("loading the text encoder")?;
     let s = vae.config.spatial_factor();
     let tiling = (args.tile.map(|t| Tiling::overlapping(t, s)).transpose()).context("--tile")?;

@@ -100,7 +100,9 @@ pub struct ValidationConfig {
     /// A diffusers UMT5 folder (`text_encoder/`) to encode `prompts` and `negative_prompt`.
     #[serde(default)]
     pub text_encoder: Option<PathBuf>,
-    /// The tokenizer (`tokenizer.json` or its folder) for `text_encoder`.
+    /// The tokenizer (`tokenizer.json` or its folder) for `text_encoder` (default: the
+    /// `tokenizer.json` in `text_encoder`'s folder, else in the `tokenizer/` folder beside it,
+    /// the diffusers layout).
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
     /// Captions to sample instead of the data's validation prompts (needs `text_encoder`).
@@ -137,28 +139,23 @@ impl CallbackConfig for ValidationConfig {
         if let Some(t) = self.vae_tile {
             check::positive_usize("vae_tile", t)?;
         }
-        if self.text_encoder.is_some() != self.tokenizer.is_some() {
-            let missing = if self.tokenizer.is_none() {
-                "tokenizer"
-            } else {
-                "text_encoder"
-            };
+        if self.tokenizer.is_some() && self.text_encoder.is_none() {
             return Err(ConfigError::new(
-                missing,
-                "`text_encoder` and `tokenizer` go together",
+                "text_encoder",
+                "a `tokenizer` is for a `text_encoder`, and none is given",
             ));
         }
         if self.text_encoder.is_none() {
             if !self.prompts.is_empty() {
                 return Err(ConfigError::new(
                     "prompts",
-                    "encoding prompts needs `text_encoder` and `tokenizer`",
+                    "encoding prompts needs a `text_encoder`",
                 ));
             }
             if self.negative_prompt.is_some() {
                 return Err(ConfigError::new(
                     "negative_prompt",
-                    "encoding it needs `text_encoder` and `tokenizer`",
+                    "encoding it needs a `text_encoder`",
                 ));
             }
         }

@@ -11,7 +11,7 @@ use reel_core::callback::CallbackError;
 use reel_core::config::ConfigError;
 use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
 use reel_models::checkpoint;
-use reel_models::umt5::{load_tokenizer, Umt5Config, Umt5Encoder, Umt5TextEncoder};
+use reel_models::umt5::{load_tokenizer, tokenizer_for, Umt5Config, Umt5Encoder, Umt5TextEncoder};
 use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 
 use super::output::ClipStyle;
@@ -54,10 +54,25 @@ pub fn check_files(
         Umt5Encoder::<CpuBackend>::check_pretrained(resolve(p))
             .map_err(|e| ConfigError::new("text_encoder", e.to_string()))?;
     }
-    if let Some(p) = &cfg.tokenizer {
-        load_tokenizer(resolve(p)).map_err(|e| ConfigError::new("tokenizer", e.to_string()))?;
+    if let Some(p) = tokenizer_path(cfg, resolve)? {
+        load_tokenizer(p).map_err(|e| ConfigError::new("tokenizer", e.to_string()))?;
     }
     Ok(())
+}
+
+/// The tokenizer of `cfg`'s text encoder: `tokenizer`, else the one beside `text_encoder`
+/// ([`tokenizer_for`]); `None` without a text encoder.
+fn tokenizer_path(
+    cfg: &ValidationConfig,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(enc) = &cfg.text_encoder else {
+        return Ok(None);
+    };
+    let given = cfg.tokenizer.as_deref().map(resolve);
+    tokenizer_for(given.as_deref(), resolve(enc))
+        .map(Some)
+        .map_err(|e| ConfigError::new("tokenizer", e.to_string()))
 }
 
 /// The configured VAE's latent channels and text encoder's width against the data's (`spec`),
@@ -123,7 +138,9 @@ impl<B: Backend> MediaModels<B> {
             }
             None => None,
         };
-        let text = match (&cfg.text_encoder, &cfg.tokenizer) {
+        let tokenizer = tokenizer_path(cfg, &Path::to_path_buf)
+            .map_err(|e| CallbackError::Other(format!("validation: {e}")))?;
+        let text = match (&cfg.text_encoder, tokenizer) {
             (Some(enc), Some(tok)) => Some(
                 Umt5TextEncoder::load(tok, enc, device)
                     .map_err(|e| failed("the text encoder", enc, e))?,
