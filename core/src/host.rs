@@ -1,4 +1,4 @@
-//! Host memory on the CPU backends: which backends keep their tensors there, three
+//! Host memory on the CPU backends: which backends keep their tensors there, four
 //! operations that Burn's ndarray backend does with copies and Reel does without them, and
 //! element-wise formulas in one pass ([`zip_map`]).
 //!
@@ -12,12 +12,12 @@
 //!   does).
 //! - Burn's ndarray `matmul` reshapes its operands and its result through that `reshape`
 //!   (a transposed operand, such as a linear layer's weight, value by value); [`matmul`]
-//!   multiplies 2-D operands where they are.
+//!   multiplies 2-D operands where they are, [`batched_matmul`] 4-D ones (attention's).
 //! - Burn's ndarray `into_data` of a tensor whose buffer is shared walks it one value at a
 //!   time; [`into_data`] copies the contiguous values at once, and moves the buffer where
 //!   the tensor is its only owner.
 //!
-//! All three hand every other backend to Burn's own operation (Flex's `reshape` already
+//! All four hand every other backend to Burn's own operation (Flex's `reshape` already
 //! shares the buffer).
 
 use std::any::TypeId;
@@ -27,7 +27,7 @@ use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
 use ndarray::linalg::general_mat_mul;
-use ndarray::{Array2, ArrayD, ArrayView2, Ix2};
+use ndarray::{s, Array2, Array4, ArrayD, ArrayView2, Ix2, Ix4};
 
 use crate::backend::downcast_tensor;
 
@@ -82,6 +82,28 @@ pub fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
             let b = downcast_tensor::<B, NdArray, 2>(b)
                 .unwrap_or_else(|_| unreachable!("both operands are tensors of B"));
             back(ndarray_matmul(a, b))
+        }
+        Err(a) => a.matmul(b),
+    }
+}
+
+/// `a · b` for `a [b, h, m, k]` and `b [b, h, k, n]` of the same leading sizes (no
+/// broadcasting) -> `[b, h, m, n]` (`Tensor::matmul`): on ndarray with float32 operands, each
+/// of the `b·h` products read from the operands' buffers with whatever strides they have.
+///
+/// Attention's operands are views: the heads of `[B, S, H, D]` projections seen as
+/// `[B, H, S, D]`, keys transposed, blocks of them. Burn's ndarray matmul copies each such
+/// operand whole before it multiplies (its reshape of a view), so a blocked attention that
+/// multiplies every query block by all the keys copied the keys once per query block: the
+/// copies grew with the square of the batch, 15 % of a 4-clip `reel sample` (2026-12-02).
+/// `matrixmultiply` packs any strides into the same panels: the results are bit-identical
+/// to Burn's (tested).
+pub fn batched_matmul<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> Tensor<B, 4> {
+    match downcast_tensor::<B, NdArray, 4>(a) {
+        Ok(a) => {
+            let b = downcast_tensor::<B, NdArray, 4>(b)
+                .unwrap_or_else(|_| unreachable!("both operands are tensors of B"));
+            back(ndarray_batched_matmul(a, b))
         }
         Err(a) => a.matmul(b),
     }
@@ -164,6 +186,44 @@ fn ndarray_matmul(a: Tensor<NdArray, 2>, b: Tensor<NdArray, 2>) -> Tensor<NdArra
         }
     }
     let a = Tensor::<NdArray, 2>::from_primitive(a);
+    a.matmul(Tensor::from_primitive(b))
+}
+
+/// [`batched_matmul`] on ndarray: float32 operands of matching leading sizes and
+/// non-negative strides, one `general_mat_mul` per `[m, k] · [k, n]` pair; anything else
+/// goes to Burn's matmul.
+fn ndarray_batched_matmul(a: Tensor<NdArray, 4>, b: Tensor<NdArray, 4>) -> Tensor<NdArray, 4> {
+    let (a, b) = (a.into_primitive(), b.into_primitive());
+    if let (
+        TensorPrimitive::Float(NdArrayTensor::F32(x)),
+        TensorPrimitive::Float(NdArrayTensor::F32(y)),
+    ) = (&a, &b)
+    {
+        let (x, y) = (x.view(), y.view());
+        if let (Ok(x), Ok(y)) = (
+            x.into_dimensionality::<Ix4>(),
+            y.into_dimensionality::<Ix4>(),
+        ) {
+            let (xs, ys) = (x.dim(), y.dim());
+            let forward = |s: &[isize]| s.iter().all(|&s| s >= 0);
+            if (xs.0, xs.1, xs.3) == (ys.0, ys.1, ys.2)
+                && forward(x.strides())
+                && forward(y.strides())
+            {
+                let mut c = Array4::<f32>::zeros((xs.0, xs.1, xs.2, ys.3));
+                for i in 0..xs.0 {
+                    for j in 0..xs.1 {
+                        let mut out = c.slice_mut(s![i, j, .., ..]);
+                        let (l, r) = (x.slice(s![i, j, .., ..]), y.slice(s![i, j, .., ..]));
+                        general_mat_mul(1.0, &l, &r, 0.0, &mut out);
+                    }
+                }
+                let c: NdArrayTensor = c.into_dyn().into_shared().into();
+                return Tensor::from_primitive(TensorPrimitive::Float(c));
+            }
+        }
+    }
+    let a = Tensor::<NdArray, 4>::from_primitive(a);
     a.matmul(Tensor::from_primitive(b))
 }
 
@@ -336,6 +396,49 @@ mod tests {
         let (a64, b64) = (det(m, k, 0.2).cast(DType::F64), b.cast(DType::F64));
         let burn = a64.clone().matmul(b64.clone()).into_data();
         assert_eq!(matmul(a64, b64).into_data(), burn, "float64");
+    }
+
+    /// `[b, s, h, d]` values seen as `[b, h, s, d]`, as attention sees its projections.
+    fn heads(b: usize, s: usize, h: usize, d: usize, phase: f32) -> Tensor<B, 4> {
+        det(b * s, h * d, phase)
+            .reshape([b, s, h, d])
+            .swap_dims(1, 2)
+    }
+
+    /// Attention's operands (head views, transposed keys, blocks of both, a contiguous
+    /// product) with sizes past `matrixmultiply`'s blocks: bit-identical to Burn's matmul;
+    /// float64 and broadcast operands go to Burn's.
+    #[test]
+    fn batched_matmul_equals_burns_bit_for_bit_for_attentions_views() {
+        let (b, h, s, d) = (2, 3, 70, 40);
+        let (q, k) = (heads(b, s, h, d, 0.1), heads(b, s, h, d, 0.5));
+        let kt = k.clone().swap_dims(2, 3);
+        let scores = q.clone().matmul(kt.clone());
+        let cases: Vec<(&str, Tensor<B, 4>, Tensor<B, 4>)> = vec![
+            ("q · kᵀ", q.clone(), kt.clone()),
+            (
+                "blocks",
+                q.clone().narrow(2, 9, 30),
+                kt.clone().narrow(3, 20, 33),
+            ),
+            ("p · v", scores.clone(), k.clone()),
+            ("pᵀ · q", scores.swap_dims(2, 3), q.clone()),
+            (
+                "contiguous",
+                q.clone().reshape([b * h * s * d]).reshape([b, h, s, d]),
+                kt,
+            ),
+        ];
+        for (what, x, y) in cases {
+            let want = x.clone().matmul(y.clone()).into_data();
+            assert_eq!(batched_matmul(x, y).into_data(), want, "{what}");
+        }
+        let (q64, k64) = (q.clone().cast(DType::F64), k.clone().cast(DType::F64));
+        let want = q64.clone().matmul(k64.clone().swap_dims(2, 3)).into_data();
+        assert_eq!(batched_matmul(q64, k64.swap_dims(2, 3)).into_data(), want);
+        let one = k.narrow(0, 0, 1).swap_dims(2, 3);
+        let want = q.clone().matmul(one.clone()).into_data();
+        assert_eq!(batched_matmul(q, one).into_data(), want, "broadcast");
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! Euler / few-step samplers used for validation and `reel sample`. Models are reached
 //! through the seam ([`DiffusionModel`]), never by class.
 
+use std::ops::Range;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
@@ -75,19 +77,36 @@ pub fn drop_text<B: Backend>(
 
 /// Initial noise for a sampling request: prompt `i` draws from a stream of `(seed, i)`.
 pub fn request_noise<B: Backend>(req: &SampleRequest, device: &B::Device) -> Tensor<B, 5> {
+    request_noise_of(req, 0..req.prompts.len(), device)
+}
+
+/// [`request_noise`] of the prompts `range` only (each keyed by its index in the request).
+fn request_noise_of<B: Backend>(
+    req: &SampleRequest,
+    range: Range<usize>,
+    device: &B::Device,
+) -> Tensor<B, 5> {
+    prompts_noise(req, range, device, |i| {
+        req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9)
+    })
+}
+
+/// Standard-normal latents `[range.len(), C, F, H, W]`, prompt `i` from the stream `key(i)`.
+fn prompts_noise<B: Backend>(
+    req: &SampleRequest,
+    range: Range<usize>,
+    device: &B::Device,
+    key: impl Fn(usize) -> u64,
+) -> Tensor<B, 5> {
     let s = &req.spec;
     let per = s.latent_numel();
-    let mut v = Vec::with_capacity(per * req.prompts.len());
-    for i in 0..req.prompts.len() {
-        v.extend(
-            StreamRng::from_seed(req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9)).normal_vec(per),
-        );
+    let n = range.len();
+    let mut v = Vec::with_capacity(per * n);
+    for i in range {
+        v.extend(StreamRng::from_seed(key(i)).normal_vec(per));
     }
     Tensor::from_data(
-        TensorData::new(
-            v,
-            [req.prompts.len(), s.channels, s.frames, s.height, s.width],
-        ),
+        TensorData::new(v, [n, s.channels, s.frames, s.height, s.width]),
         device,
     )
 }
@@ -97,18 +116,57 @@ pub fn request_text<B: Backend>(
     req: &SampleRequest,
     device: &B::Device,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    request_text_of(req, 0..req.prompts.len(), device)
+}
+
+/// [`request_text`] of the prompts `range` only.
+fn request_text_of<B: Backend>(
+    req: &SampleRequest,
+    range: Range<usize>,
+    device: &B::Device,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let spec = &req.spec;
     let zeros = TextCondition {
         embedding: vec![0.0; spec.text_numel()],
         mask: vec![false; spec.text_len],
     };
     let neg = req.negative.as_ref().unwrap_or(&zeros);
-    let conds: Vec<&TextCondition> = req.prompts.iter().map(|p| &p.text).collect();
-    let negs: Vec<&TextCondition> = req.prompts.iter().map(|_| neg).collect();
+    let prompts = &req.prompts[range];
+    let conds: Vec<&TextCondition> = prompts.iter().map(|p| &p.text).collect();
+    let negs: Vec<&TextCondition> = prompts.iter().map(|_| neg).collect();
     (
         text_tensors::<B>(&conds, spec, device).0,
         text_tensors::<B>(&negs, spec, device).0,
     )
+}
+
+/// Most latent values (of all its clips) one sampling forward takes: the prompts of a
+/// request are sampled in groups within it, at least one prompt a group, each drawing the
+/// noise of its index in the request (so the grouping does not change the clips beyond the
+/// float rounding of batched products). A Wan2.1 clip of 81×480×832 (2.1 M values) goes
+/// alone, so the forward's transient activations are one clip's (and its guidance twin's),
+/// beside a training run's state in GPU memory; the quickstart's clips (2304 values) all go
+/// together.
+pub const SAMPLE_CHUNK_VALUES: usize = 1 << 20;
+
+/// The groups of prompt indices of `req` that [`SAMPLE_CHUNK_VALUES`] allows, in order.
+pub fn sample_chunks(req: &SampleRequest) -> Vec<Range<usize>> {
+    chunks_within(req, SAMPLE_CHUNK_VALUES)
+}
+
+/// The groups of prompt indices of `req` of at most `values` latent values (at least one
+/// prompt each), in order.
+fn chunks_within(req: &SampleRequest, values: usize) -> Vec<Range<usize>> {
+    let n = req.prompts.len();
+    let size = (values / req.spec.latent_numel().max(1)).max(1);
+    (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect()
+}
+
+/// Tell the request's watcher (if any) that sampling step `done` of `total` is issued.
+fn report<B: Backend>(req: &SampleRequest, device: &B::Device, done: usize, total: usize) {
+    if let Some(progress) = &req.progress {
+        progress.step::<B>(device, done, total);
+    }
 }
 
 /// Model velocity at σ with classifier-free guidance (`guidance == 1` skips the
@@ -151,7 +209,8 @@ pub fn sample_euler<B: Backend>(
 }
 
 /// Euler flow-matching sampling of a request over an explicit σ schedule (starting at
-/// `sigmas[0]` from the request's noise; see [`euler_sample`]).
+/// `sigmas[0]` from the request's noise; see [`euler_sample`]), in the groups of
+/// [`sample_chunks`].
 pub fn sample_euler_sigmas<B: Backend>(
     model: &dyn DiffusionModel<B>,
     req: &SampleRequest,
@@ -159,21 +218,37 @@ pub fn sample_euler_sigmas<B: Backend>(
     guidance: f64,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    let (cond, uncond) = request_text::<B>(req, device);
-    let x = request_noise::<B>(req, device);
-    let total = sigmas.len().saturating_sub(1);
-    let mut done = 0;
-    let out = euler_sample(x, sigmas, |x, s| {
-        if let Some(progress) = req.progress.as_ref().filter(|_| done > 0) {
-            progress.step::<B>(device, done, total);
-        }
-        done += 1;
-        guided_velocity(model, x, s, &cond, &uncond, guidance)
-    });
-    if let Some(progress) = &req.progress {
-        progress.step::<B>(device, total, total);
+    euler_in_chunks(model, req, sigmas, guidance, device, sample_chunks(req))
+}
+
+/// [`sample_euler_sigmas`] over the prompt groups `chunks`.
+fn euler_in_chunks<B: Backend>(
+    model: &dyn DiffusionModel<B>,
+    req: &SampleRequest,
+    sigmas: &[f64],
+    guidance: f64,
+    device: &B::Device,
+    chunks: Vec<Range<usize>>,
+) -> Vec<Vec<f32>> {
+    let steps = sigmas.len().saturating_sub(1);
+    let total = steps * chunks.len();
+    let mut clips = Vec::with_capacity(req.prompts.len());
+    for (c, range) in chunks.into_iter().enumerate() {
+        let (cond, uncond) = request_text_of::<B>(req, range.clone(), device);
+        let x = request_noise_of::<B>(req, range, device);
+        let mut done = c * steps;
+        let out = euler_sample(x, sigmas, |x, s| {
+            // Called before each step: the previous one is issued.
+            if done > c * steps {
+                report::<B>(req, device, done, total);
+            }
+            done += 1;
+            guided_velocity(model, x, s, &cond, &uncond, guidance)
+        });
+        report::<B>(req, device, (c + 1) * steps, total);
+        clips.extend(split_clips(out, &req.spec));
     }
-    split_clips(out, &req.spec)
+    clips
 }
 
 /// Host clips `[C, F, H, W]` from a batch tensor.
@@ -195,29 +270,28 @@ pub fn request_step_noise<B: Backend>(
     step: usize,
     device: &B::Device,
 ) -> Tensor<B, 5> {
-    let s = &req.spec;
-    let per = s.latent_numel();
-    let mut v = Vec::with_capacity(per * req.prompts.len());
-    for i in 0..req.prompts.len() {
-        let key = req.seed
+    request_step_noise_of(req, 0..req.prompts.len(), step, device)
+}
+
+/// [`request_step_noise`] of the prompts `range` only.
+fn request_step_noise_of<B: Backend>(
+    req: &SampleRequest,
+    range: Range<usize>,
+    step: usize,
+    device: &B::Device,
+) -> Tensor<B, 5> {
+    prompts_noise(req, range, device, |i| {
+        req.seed
             ^ (i as u64).wrapping_mul(0x9E37_79B9)
-            ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-        v.extend(StreamRng::from_seed(key).normal_vec(per));
-    }
-    Tensor::from_data(
-        TensorData::new(
-            v,
-            [req.prompts.len(), s.channels, s.frames, s.height, s.width],
-        ),
-        device,
-    )
+            ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
+    })
 }
 
 /// Few-step x0 sampling (DMD-style, FastVideo `WanDMDPipeline`): start from the request's
 /// noise at `sigmas[0]`; at each σ predict `x0 = x − σ·v` (with classifier-free guidance on
 /// `v` unless `guidance == 1`) and, before every later step, re-noise it to the next σ with
 /// fresh noise from [`request_step_noise`]. Returns the last `x0`. Deterministic in the
-/// request's seed.
+/// request's seed; in the groups of [`sample_chunks`].
 pub fn sample_few_step<B: Backend>(
     model: &dyn DiffusionModel<B>,
     req: &SampleRequest,
@@ -225,22 +299,105 @@ pub fn sample_few_step<B: Backend>(
     guidance: f64,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    let (cond, uncond) = request_text::<B>(req, device);
-    let mut x = request_noise::<B>(req, device);
-    let mut x0 = x.clone();
-    for (k, &sigma) in sigmas.iter().enumerate() {
-        if k > 0 {
-            let noise = request_step_noise::<B>(req, k, device);
-            x = x0
-                .clone()
-                .mul_scalar(1.0 - sigma)
-                .add(noise.mul_scalar(sigma));
+    few_step_in_chunks(model, req, sigmas, guidance, device, sample_chunks(req))
+}
+
+/// [`sample_few_step`] over the prompt groups `chunks`.
+fn few_step_in_chunks<B: Backend>(
+    model: &dyn DiffusionModel<B>,
+    req: &SampleRequest,
+    sigmas: &[f64],
+    guidance: f64,
+    device: &B::Device,
+    chunks: Vec<Range<usize>>,
+) -> Vec<Vec<f32>> {
+    let total = sigmas.len() * chunks.len();
+    let mut clips = Vec::with_capacity(req.prompts.len());
+    for (c, range) in chunks.into_iter().enumerate() {
+        let (cond, uncond) = request_text_of::<B>(req, range.clone(), device);
+        let mut x = request_noise_of::<B>(req, range.clone(), device);
+        let mut x0 = x.clone();
+        for (k, &sigma) in sigmas.iter().enumerate() {
+            if k > 0 {
+                let noise = request_step_noise_of::<B>(req, range.clone(), k, device);
+                x = x0
+                    .clone()
+                    .mul_scalar(1.0 - sigma)
+                    .add(noise.mul_scalar(sigma));
+            }
+            let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
+            x0 = x.clone().sub(v.mul_scalar(sigma));
+            report::<B>(req, device, c * sigmas.len() + k + 1, total);
         }
-        let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
-        x0 = x.clone().sub(v.mul_scalar(sigma));
-        if let Some(progress) = &req.progress {
-            progress.step::<B>(device, k + 1, sigmas.len());
-        }
+        clips.extend(split_clips(x0, &req.spec));
     }
-    split_clips(x0, &req.spec)
+    clips
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::{recorder, TINY_SPEC};
+    use reel_core::data::Prompt;
+    use reel_models::WanConfig;
+
+    type I = burn::backend::NdArray;
+
+    fn whole_again() -> Vec<Range<usize>> {
+        std::iter::once(0..5).collect()
+    }
+
+    /// Five prompts sampled whole and in groups of two (as a clip too large for one forward
+    /// with the others would be): the same clips, and the progress counts every group's steps.
+    #[test]
+    fn prompts_sampled_in_groups_give_the_clips_of_one_batch() {
+        let dev = Default::default();
+        let model: reel_models::WanModel<I> =
+            WanConfig::preset("wan-tiny").unwrap().init_seeded(&dev, 5);
+        let prompt = |v: f32| Prompt {
+            caption: String::new(),
+            text: TextCondition {
+                embedding: (0..8 * 32).map(|k| v * (k % 5) as f32).collect(),
+                mask: vec![true; 8],
+            },
+        };
+        let req = SampleRequest {
+            prompts: (0..5).map(|i| prompt(0.1 * i as f32 - 0.2)).collect(),
+            negative: None,
+            steps: None,
+            guidance: None,
+            seed: 3,
+            spec: TINY_SPEC,
+            progress: None,
+        };
+        let pairs = chunks_within(&req, 2 * TINY_SPEC.latent_numel());
+        assert_eq!(pairs, vec![0..2, 2..4, 4..5]);
+        let whole = whole_again();
+        let close = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+            assert_eq!(a.len(), b.len());
+            let d = a
+                .iter()
+                .flatten()
+                .zip(b.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(d < 1e-5, "{d}");
+        };
+        let sigmas = sampling_sigmas(3, 3.0);
+        let (progress, calls) = recorder();
+        let watched = SampleRequest {
+            progress: Some(progress),
+            ..req.clone()
+        };
+        let a = euler_in_chunks(&model, &req, &sigmas, 2.0, &dev, whole.clone());
+        let b = euler_in_chunks(&model, &watched, &sigmas, 2.0, &dev, pairs.clone());
+        close(&a, &b);
+        let want: Vec<(usize, usize)> = (1..=9).map(|k| (k, 9)).collect();
+        assert_eq!(*calls.lock().unwrap(), want, "3 steps in each of 3 groups");
+        let few = [1.0, 0.6, 0.3];
+        let a = few_step_in_chunks(&model, &req, &few, 2.0, &dev, whole);
+        let b = few_step_in_chunks(&model, &req, &few, 2.0, &dev, pairs);
+        close(&a, &b);
+        assert_eq!(sample_chunks(&req), whole_again(), "tiny clips go together");
+    }
 }

@@ -59,8 +59,16 @@ pub fn naive_attention<B: Backend>(
 ) -> Tensor<B, 4> {
     let scale = 1.0 / (q.dims()[3] as f64).sqrt();
     let dtype = v.dtype();
-    let scores = to_f32(q.matmul(k.swap_dims(2, 3))) * scale;
-    to_dtype(activation::softmax(scores, 3), dtype).matmul(v)
+    let scores = to_f32(bmm(q, k.swap_dims(2, 3))) * scale;
+    bmm(to_dtype(activation::softmax(scores, 3), dtype), v)
+}
+
+/// The attention's batched products `a [B, H, M, K] · b [B, H, K, N]`: on the ndarray
+/// backend read from the operands' views without copying them
+/// ([`reel_core::host::batched_matmul`]), elsewhere Burn's matmul. (Under autodiff, Burn's
+/// matmul records the product for the backward pass.)
+fn bmm<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> Tensor<B, 4> {
+    reel_core::host::batched_matmul(a, b)
 }
 
 /// `t` in float32 (a no-op for float32 tensors).
@@ -96,12 +104,12 @@ pub fn blocked_forward<B: Backend>(
         let qi = qi * scale;
         let mut state: Option<(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> = None;
         for (kj, vj) in k_blocks.iter().zip(&v_blocks) {
-            let s = to_f32(qi.clone().matmul(kj.clone()));
+            let s = to_f32(bmm(qi.clone(), kj.clone()));
             let mj = s.clone().max_dim(3);
             state = Some(match state {
                 None => {
                     let p = (s - mj.clone()).exp();
-                    let acc = to_f32(to_dtype(p.clone(), dtype).matmul(vj.clone()));
+                    let acc = to_f32(bmm(to_dtype(p.clone(), dtype), vj.clone()));
                     (mj, p.sum_dim(3), acc)
                 }
                 Some((m, l, acc)) => {
@@ -109,7 +117,7 @@ pub fn blocked_forward<B: Backend>(
                     let corr = (m - m_new.clone()).exp();
                     let p = (s - m_new.clone()).exp();
                     let l = l * corr.clone() + p.clone().sum_dim(3);
-                    let acc = acc * corr + to_f32(to_dtype(p, dtype).matmul(vj.clone()));
+                    let acc = acc * corr + to_f32(bmm(to_dtype(p, dtype), vj.clone()));
                     (m_new, l, acc)
                 }
             });
@@ -158,12 +166,12 @@ pub fn blocked_backward<B: Backend>(
         let qs = qi * scale;
         let mut dq_i: Option<Tensor<B, 4>> = None;
         for (j, (kj, vj)) in k_blocks.iter().zip(&v_blocks).enumerate() {
-            let p = (qs.clone().matmul(kj.clone().swap_dims(2, 3)) - lse_i.clone()).exp();
-            let dv_j = p.clone().swap_dims(2, 3).matmul(do_i.clone());
-            let dp = do_i.clone().matmul(vj.clone().swap_dims(2, 3));
+            let p = (bmm(qs.clone(), kj.clone().swap_dims(2, 3)) - lse_i.clone()).exp();
+            let dv_j = bmm(p.clone().swap_dims(2, 3), do_i.clone());
+            let dp = bmm(do_i.clone(), vj.clone().swap_dims(2, 3));
             let ds = p * (dp - delta_i.clone());
-            let dq_c = ds.clone().matmul(kj.clone());
-            let dk_j = ds.swap_dims(2, 3).matmul(qs.clone());
+            let dq_c = bmm(ds.clone(), kj.clone());
+            let dk_j = bmm(ds.swap_dims(2, 3), qs.clone());
             dq_i = Some(match dq_i {
                 None => dq_c,
                 Some(a) => a + dq_c,
