@@ -27,7 +27,7 @@ use burn::backend::NdArray;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Shape, Tensor, TensorData, TensorPrimitive};
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array2, Array4, ArrayD, ArrayView2, Ix2, Ix4};
+use ndarray::{s, Array2, Array4, ArrayD, ArrayView, ArrayView2, Dimension, Ix2, Ix4};
 
 use crate::backend::downcast_tensor;
 
@@ -159,34 +159,20 @@ fn ndarray_zip_map<const D: usize, const N: usize>(
     let values: Vec<f32> = (0..n)
         .map(|i| f(std::array::from_fn(|j| slices[j][i])))
         .collect();
-    let array = ArrayD::from_shape_vec(shape?.to_vec(), values).ok()?;
-    let out: NdArrayTensor = array.into_shared().into();
-    Some(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    Some(float(ArrayD::from_shape_vec(shape?.to_vec(), values).ok()?))
 }
 
 /// [`matmul`] on ndarray.
 fn ndarray_matmul(a: Tensor<NdArray, 2>, b: Tensor<NdArray, 2>) -> Tensor<NdArray, 2> {
     let (a, b) = (a.into_primitive(), b.into_primitive());
-    if let (
-        TensorPrimitive::Float(NdArrayTensor::F32(x)),
-        TensorPrimitive::Float(NdArrayTensor::F32(y)),
-    ) = (&a, &b)
-    {
-        let (x, y) = (x.view(), y.view());
-        if let (Ok(x), Ok(y)) = (
-            x.into_dimensionality::<Ix2>(),
-            y.into_dimensionality::<Ix2>(),
-        ) {
-            if plain_or_transposed(&x) && plain_or_transposed(&y) && x.ncols() == y.nrows() {
-                let mut c = Array2::<f32>::zeros((x.nrows(), y.ncols()));
-                general_mat_mul(1.0, &x, &y, 0.0, &mut c);
-                let c: NdArrayTensor = c.into_dyn().into_shared().into();
-                return Tensor::from_primitive(TensorPrimitive::Float(c));
-            }
+    if let Some((x, y)) = f32_views::<Ix2>(&a, &b) {
+        if plain_or_transposed(&x) && plain_or_transposed(&y) && x.ncols() == y.nrows() {
+            let mut c = Array2::<f32>::zeros((x.nrows(), y.ncols()));
+            general_mat_mul(1.0, &x, &y, 0.0, &mut c);
+            return float(c.into_dyn());
         }
     }
-    let a = Tensor::<NdArray, 2>::from_primitive(a);
-    a.matmul(Tensor::from_primitive(b))
+    burn_matmul(a, b)
 }
 
 /// [`batched_matmul`] on ndarray: float32 operands of matching leading sizes and
@@ -194,37 +180,54 @@ fn ndarray_matmul(a: Tensor<NdArray, 2>, b: Tensor<NdArray, 2>) -> Tensor<NdArra
 /// goes to Burn's matmul.
 fn ndarray_batched_matmul(a: Tensor<NdArray, 4>, b: Tensor<NdArray, 4>) -> Tensor<NdArray, 4> {
     let (a, b) = (a.into_primitive(), b.into_primitive());
-    if let (
-        TensorPrimitive::Float(NdArrayTensor::F32(x)),
-        TensorPrimitive::Float(NdArrayTensor::F32(y)),
-    ) = (&a, &b)
-    {
-        let (x, y) = (x.view(), y.view());
-        if let (Ok(x), Ok(y)) = (
-            x.into_dimensionality::<Ix4>(),
-            y.into_dimensionality::<Ix4>(),
-        ) {
-            let (xs, ys) = (x.dim(), y.dim());
-            let forward = |s: &[isize]| s.iter().all(|&s| s >= 0);
-            if (xs.0, xs.1, xs.3) == (ys.0, ys.1, ys.2)
-                && forward(x.strides())
-                && forward(y.strides())
-            {
-                let mut c = Array4::<f32>::zeros((xs.0, xs.1, xs.2, ys.3));
-                for i in 0..xs.0 {
-                    for j in 0..xs.1 {
-                        let mut out = c.slice_mut(s![i, j, .., ..]);
-                        let (l, r) = (x.slice(s![i, j, .., ..]), y.slice(s![i, j, .., ..]));
-                        general_mat_mul(1.0, &l, &r, 0.0, &mut out);
-                    }
+    if let Some((x, y)) = f32_views::<Ix4>(&a, &b) {
+        let (xs, ys) = (x.dim(), y.dim());
+        let forward = |s: &[isize]| s.iter().all(|&s| s >= 0);
+        if (xs.0, xs.1, xs.3) == (ys.0, ys.1, ys.2) && forward(x.strides()) && forward(y.strides())
+        {
+            let mut c = Array4::<f32>::zeros((xs.0, xs.1, xs.2, ys.3));
+            for i in 0..xs.0 {
+                for j in 0..xs.1 {
+                    let mut out = c.slice_mut(s![i, j, .., ..]);
+                    let (l, r) = (x.slice(s![i, j, .., ..]), y.slice(s![i, j, .., ..]));
+                    general_mat_mul(1.0, &l, &r, 0.0, &mut out);
                 }
-                let c: NdArrayTensor = c.into_dyn().into_shared().into();
-                return Tensor::from_primitive(TensorPrimitive::Float(c));
             }
+            return float(c.into_dyn());
         }
     }
-    let a = Tensor::<NdArray, 4>::from_primitive(a);
-    a.matmul(Tensor::from_primitive(b))
+    burn_matmul(a, b)
+}
+
+/// Both operands as float32 views of `D` dimensions; `None` for another dtype or rank.
+fn f32_views<'a, D: Dimension>(
+    a: &'a TensorPrimitive<NdArray>,
+    b: &'a TensorPrimitive<NdArray>,
+) -> Option<(ArrayView<'a, f32, D>, ArrayView<'a, f32, D>)> {
+    match (a, b) {
+        (
+            TensorPrimitive::Float(NdArrayTensor::F32(x)),
+            TensorPrimitive::Float(NdArrayTensor::F32(y)),
+        ) => Some((
+            x.view().into_dimensionality::<D>().ok()?,
+            y.view().into_dimensionality::<D>().ok()?,
+        )),
+        _ => None,
+    }
+}
+
+/// A float32 array as a tensor.
+fn float<const D: usize>(array: ArrayD<f32>) -> Tensor<NdArray, D> {
+    let t: NdArrayTensor = array.into_shared().into();
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// Burn's own matmul of two primitives.
+fn burn_matmul<const D: usize>(
+    a: TensorPrimitive<NdArray>,
+    b: TensorPrimitive<NdArray>,
+) -> Tensor<NdArray, D> {
+    Tensor::<NdArray, D>::from_primitive(a).matmul(Tensor::from_primitive(b))
 }
 
 /// Whether `m` is row-major or column-major (a transposed row-major matrix) without gaps.
