@@ -77,14 +77,7 @@ pub fn into_data<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
 /// `matrixmultiply` kernel, which packs its operands into panels of the same values whatever
 /// their strides, so the results are bit-identical to Burn's (tested).
 pub fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
-    match downcast_tensor::<B, NdArray, 2>(a) {
-        Ok(a) => {
-            let b = downcast_tensor::<B, NdArray, 2>(b)
-                .unwrap_or_else(|_| unreachable!("both operands are tensors of B"));
-            back(ndarray_matmul(a, b))
-        }
-        Err(a) => a.matmul(b),
-    }
+    product(a, b, ndarray_matmul)
 }
 
 /// `a · b` for `a [b, h, m, k]` and `b [b, h, k, n]` of the same leading sizes (no
@@ -99,11 +92,20 @@ pub fn matmul<B: Backend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
 /// `matrixmultiply` packs any strides into the same panels: the results are bit-identical
 /// to Burn's (tested).
 pub fn batched_matmul<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> Tensor<B, 4> {
-    match downcast_tensor::<B, NdArray, 4>(a) {
+    product(a, b, ndarray_batched_matmul)
+}
+
+/// `on_ndarray(a, b)` when `B` is ndarray, Burn's `a.matmul(b)` on every other backend.
+fn product<B: Backend, const D: usize>(
+    a: Tensor<B, D>,
+    b: Tensor<B, D>,
+    on_ndarray: fn(Tensor<NdArray, D>, Tensor<NdArray, D>) -> Tensor<NdArray, D>,
+) -> Tensor<B, D> {
+    match downcast_tensor::<B, NdArray, D>(a) {
         Ok(a) => {
-            let b = downcast_tensor::<B, NdArray, 4>(b)
+            let b = downcast_tensor::<B, NdArray, D>(b)
                 .unwrap_or_else(|_| unreachable!("both operands are tensors of B"));
-            back(ndarray_batched_matmul(a, b))
+            back(on_ndarray(a, b))
         }
         Err(a) => a.matmul(b),
     }

@@ -238,14 +238,11 @@ fn euler_in_chunks<B: Backend>(
         let x = request_noise_of::<B>(req, range, device);
         let mut done = c * steps;
         let out = euler_sample(x, sigmas, |x, s| {
-            // Called before each step: the previous one is issued.
-            if done > c * steps {
-                report::<B>(req, device, done, total);
-            }
+            let v = guided_velocity(model, x, s, &cond, &uncond, guidance);
             done += 1;
-            guided_velocity(model, x, s, &cond, &uncond, guidance)
+            report::<B>(req, device, done, total);
+            v
         });
-        report::<B>(req, device, (c + 1) * steps, total);
         clips.extend(split_clips(out, &req.spec));
     }
     clips

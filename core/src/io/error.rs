@@ -108,12 +108,8 @@ impl fmt::Display for KeyMismatch {
                     m.key, m.expected, m.found
                 )?;
             }
-            if let Some(more) = self
-                .wrong_shape
-                .len()
-                .checked_sub(LISTED)
-                .filter(|&n| n > 0)
-            {
+            let more = self.wrong_shape.len().saturating_sub(LISTED);
+            if more > 0 {
                 write!(f, "\n    ... and {more} more")?;
             }
         }

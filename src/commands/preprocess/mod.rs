@@ -124,14 +124,14 @@ impl PreprocessArgs {
 
     /// What a resumed run must share with the run that wrote the folder: the settings (paths
     /// as absolute paths where they exist, so that a resume from another folder matches) and
-    /// the clips' names in shard order.
+    /// the clips' names in shard order. `run` has filled in the tokenizer it found.
     fn settings(&self, items: &[Item]) -> serde_json::Value {
         let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         let names: Vec<String> = items.iter().map(Item::name).collect();
         serde_json::json!({
             "input": abs(&self.input), "captions": self.captions.as_deref().map(abs),
             "vae": abs(&self.vae), "text_encoder": abs(&self.text_encoder),
-            "tokenizer": self.tokenizer().ok().as_deref().map(abs), "frames": self.frames,
+            "tokenizer": self.tokenizer.as_deref().map(abs), "frames": self.frames,
             "height": self.height,
             "width": self.width, "fps": self.fps, "text_len": self.text_len,
             "rows_per_file": self.rows_per_file, "items": names,
@@ -142,7 +142,11 @@ impl PreprocessArgs {
 /// Run `reel preprocess`.
 pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
     let target = args.target()?;
-    args.tokenizer()?;
+    // The tokenizer found once, for the resume check's settings and the encoder.
+    let args = &PreprocessArgs {
+        tokenizer: Some(args.tokenizer()?),
+        ..args.clone()
+    };
     let items = inputs::discover(&args.input, args.captions.as_deref(), &args.out)?;
     inputs::one_shape(&args.input, &items, target.frames)?;
     let settings = args.settings(&items);
