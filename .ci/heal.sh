@@ -5,7 +5,8 @@
 # 2026-12-02 a run's test build failed to link (`rust-lld: error: undefined hidden symbol:
 # anon.<hash>.llvm.<n>` and `... KernelLauncher::with_scope`, referenced by object files that
 # rustc had reused from its incremental cache): a rustc incremental-compilation fault, not an
-# error in the code, and every later run on that cache would have failed the same way. Cargo
+# error in the code (rust-lang/rust#81280, "Incremental occasionally causes link failures",
+# open), and every later run on that cache would have failed the same way. Cargo
 # calls the upstream crates' libraries fresh, so only cleaning them (and dropping the
 # incremental state) rebuilds the objects that disagree.
 
