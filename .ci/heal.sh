@@ -11,8 +11,10 @@
 # incremental state) rebuilds the objects that disagree.
 
 # Output of rustc and the linker that a damaged incremental cache gives and an error in the code
-# does not: the linker's missing symbols, an internal compiler error, unstable fingerprints.
-HEAL_PATTERN='undefined (hidden )?symbol|undefined reference to|internal compiler error|unstable fingerprints|incremental compilation'
+# does not: missing Rust-internal symbols (hidden ones, or LLVM's `anon.*`/`*.llvm.*` names; a
+# C library's missing symbol, say MPI's, is neither), an internal compiler error, unstable
+# fingerprints.
+HEAL_PATTERN='undefined hidden symbol|undefined (symbol|reference to).*(anon\.|\.llvm\.)|internal compiler error|unstable fingerprints'
 
 # The workspace's packages: the only ones built incrementally.
 HEAL_PACKAGES=(reel reel-core reel-macros reel-models reel-methods reel-plugins custom-method)
