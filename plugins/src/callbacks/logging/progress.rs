@@ -110,6 +110,19 @@ pub fn print_above(line: &str) {
     }
 }
 
+/// Show `text` on the progress bar's line in place of the training line, until the next step
+/// redraws it (a validation's progress while training waits). `false` when no bar is drawn:
+/// stderr is not a terminal, or no step has been shown yet.
+pub fn show_activity(text: &str) -> bool {
+    match bar().as_ref() {
+        Some(b) => {
+            b.set_message(text.to_string());
+            true
+        }
+        None => false,
+    }
+}
+
 /// Draws the progress line.
 #[derive(Debug)]
 pub struct Progress {

@@ -14,7 +14,9 @@
 //!
 //! The means of the scores become the metrics `val/overall` and `val/<criterion>` (e.g.
 //! `val/colour`) of the [`ValidationReport`] every callback receives, and one line is printed:
-//! `validation @ step 200: overall 0.875 (colour 1.00, shape 0.88, direction 1.00) -> …/sheet.png`.
+//! `validation @ step 200: overall 0.875 (colour 1.00, shape 0.88, direction 1.00) in 00:41 ->
+//! …/sheet.png`. While it samples and decodes, the progress bar's line (on a terminal) or a
+//! line every 15 s (elsewhere) shows how far it is ([`watch`]).
 //!
 //! ```toml
 //! [[callbacks]]
@@ -30,6 +32,7 @@
 
 mod models;
 pub mod output;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 
@@ -209,6 +212,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         ctx: &mut CallbackContext<B>,
     ) -> Result<Option<ValidationReport>, CallbackError> {
         let step = ctx.step;
+        let started = std::time::Instant::now();
         if self.models.is_none() {
             self.models = Some(MediaModels::load(&self.cfg, ctx.device)?);
         }
@@ -229,7 +233,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             guidance: self.cfg.guidance_scale,
             seed: self.cfg.seed,
             spec,
-            progress: None,
+            progress: Some(watch::sampling_watcher(step)),
         };
         let clips = self.sample(ctx, &req)?;
         output::check_clips(&clips, captions.len(), &spec)
@@ -249,6 +253,9 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         let labels: Vec<String> = (captions.iter().enumerate())
             .map(|(i, c)| output::sheet_label(c, scores.as_ref().map(|s| &s[i])))
             .collect();
+        if models.decoder.is_some() {
+            watch::show_decoding(step, clips.len());
+        }
         let (frames, style) = models.frames(&clips, &spec, &self.cfg)?;
         let mut files = output::write_clips(&dir, &frames, &captions, &labels, &style)?;
         let sheet_path = dir.join(output::SHEET_FILE);
@@ -259,7 +266,14 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             output::write_scores(&path, step, &metrics, &captions, &scores)?;
             files.push(path);
         }
-        print_line(&summary_line(step, &metrics, clips.len(), &sheet_path));
+        let seconds = started.elapsed().as_secs_f64();
+        print_line(&summary_line(
+            step,
+            &metrics,
+            clips.len(),
+            seconds,
+            &sheet_path,
+        ));
         Ok(Some(ValidationReport {
             step,
             metrics,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use reel_core::callback::CallbackError;
 use reel_core::data::{ClipScore, DataSpec};
 
+use crate::callbacks::logging::progress::format_duration;
 use crate::callbacks::{io_error, print_line};
 use crate::media::resize::resize;
 use crate::media::video::{pick_frames, write_mp4, Frames};
@@ -67,8 +68,14 @@ pub fn mean_scores(scores: &[ClipScore]) -> Vec<(String, f64)> {
     out
 }
 
-/// The printed summary line of one validation.
-pub fn summary_line(step: u64, metrics: &[(String, f64)], clips: usize, sheet: &Path) -> String {
+/// The printed summary line of one validation that took `seconds`.
+pub fn summary_line(
+    step: u64,
+    metrics: &[(String, f64)],
+    clips: usize,
+    seconds: f64,
+    sheet: &Path,
+) -> String {
     let scores = match metrics.split_first() {
         Some(((_, overall), rest)) => {
             let parts: Vec<String> = rest
@@ -83,7 +90,11 @@ pub fn summary_line(step: u64, metrics: &[(String, f64)], clips: usize, sheet: &
         }
         None => format!("{clips} clips"),
     };
-    format!("validation @ step {step}: {scores} -> {}", sheet.display())
+    format!(
+        "validation @ step {step}: {scores} in {} -> {}",
+        format_duration(seconds),
+        sheet.display()
+    )
 }
 
 /// The contact-sheet label of a clip: its overall score (when the data source scores clips)
@@ -279,12 +290,12 @@ mod tests {
                 ("val/shape".to_string(), 0.5)
             ]
         );
-        let line = summary_line(4, &m, 2, Path::new("runs/x/samples/step-4/sheet.png"));
+        let line = summary_line(4, &m, 2, 41.2, Path::new("runs/x/samples/step-4/sheet.png"));
         assert_eq!(
             line,
-            "validation @ step 4: overall 0.500 (colour 1.00, shape 0.50) -> runs/x/samples/step-4/sheet.png"
+            "validation @ step 4: overall 0.500 (colour 1.00, shape 0.50) in 00:41 -> runs/x/samples/step-4/sheet.png"
         );
-        assert!(summary_line(4, &[], 2, Path::new("s.png")).contains("2 clips"));
+        assert!(summary_line(4, &[], 2, 1.0, Path::new("s.png")).contains("2 clips"));
     }
 
     #[test]
