@@ -17,7 +17,9 @@
 //! - `--format comfyui`: the adapter is written as `<out>/lora_comfyui.safetensors` with the
 //!   original Wan module names ComfyUI's loader expects.
 //!
-//! Export runs on the CPU backend (it only reads, merges and writes weights).
+//! Export runs on the CPU backend (it only reads, merges and writes weights). It does not
+//! replace files another export (or a model) left in `--out` unless `--force` is given, and
+//! never writes a single-file model beside a sharded one (its index would win when loaded).
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +28,9 @@ use reel_core::backend::CpuBackend;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
+use reel_models::lora::io::{COMFY_LORA_FILE, LORA_WEIGHTS_FILE};
 use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy, LoraSpec};
+use reel_models::wan::weights::{CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE};
 use reel_models::{build_wan_role, WanArch, WanModel, ARCH_NAME};
 
 use super::inference::{config_for, resolve_checkpoint};
@@ -67,6 +71,45 @@ pub struct ExportArgs {
     /// Override a config value (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Replace the files an earlier export left in `--out`.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl ExportFormat {
+    /// The files this format writes into the output folder.
+    fn files(self) -> &'static [&'static str] {
+        match self {
+            ExportFormat::Diffusers => &[CONFIG_FILE, WEIGHTS_FILE],
+            ExportFormat::Lora => &[LORA_WEIGHTS_FILE],
+            ExportFormat::Comfyui => &[COMFY_LORA_FILE],
+        }
+    }
+}
+
+/// Refuse an output folder whose files the export would replace (unless `force`), or that
+/// holds a sharded diffusers model: its index would still be loaded in place of the export.
+fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()> {
+    if format == ExportFormat::Diffusers && out.join(INDEX_FILE).exists() {
+        bail!(
+            "--out {} holds a sharded model ({INDEX_FILE}): a loader would read its shards, \
+             not the export; export into another folder",
+            out.display()
+        );
+    }
+    let present: Vec<&str> = (format.files().iter())
+        .copied()
+        .filter(|f| out.join(f).exists())
+        .collect();
+    if !present.is_empty() && !force {
+        bail!(
+            "--out {} already holds {} (an earlier export, or a model's own files): pass \
+             --force to replace them, or export into another folder",
+            out.display(),
+            present.join(" and ")
+        );
+    }
+    Ok(())
 }
 
 /// The folder holding `<role>.safetensors`: a run's `final/` folder as it is, else the
@@ -142,6 +185,7 @@ pub fn load_role_weights(
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let config = config_for(Some(&args.checkpoint), args.config.as_deref())?;
     let loaded = load_run_config(&config, &args.set)?;
+    check_out(&args.out, args.format, args.force)?;
     let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
@@ -177,4 +221,41 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     );
     println!("{}", written.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_folder_with_the_files_is_refused_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        for format in [
+            ExportFormat::Diffusers,
+            ExportFormat::Lora,
+            ExportFormat::Comfyui,
+        ] {
+            check_out(&out.join("new"), format, false).unwrap();
+            check_out(out, format, false).unwrap();
+        }
+        std::fs::write(out.join(WEIGHTS_FILE), b"weights").unwrap();
+        let err = check_out(out, ExportFormat::Diffusers, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(WEIGHTS_FILE) && err.contains("--force"),
+            "{err}"
+        );
+        assert!(!err.contains(CONFIG_FILE), "{err}");
+        check_out(out, ExportFormat::Diffusers, true).unwrap();
+        check_out(out, ExportFormat::Lora, false).unwrap();
+
+        std::fs::write(out.join(INDEX_FILE), b"{}").unwrap();
+        let err = check_out(out, ExportFormat::Diffusers, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(INDEX_FILE) && err.contains("sharded"), "{err}");
+        check_out(out, ExportFormat::Lora, false).unwrap();
+    }
 }

@@ -352,6 +352,31 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
         assert_ne!(merged_w[k], base_w[k], "targeted weight {k} merged");
     }
 
+    // A second export into the same folder is refused (naming the file and --force), and
+    // leaves the first export as it was; with --force it replaces it.
+    let merged_file = merged_out.join("diffusion_pytorch_model.safetensors");
+    let first = std::fs::read(&merged_file).unwrap();
+    let again = [
+        "export",
+        ck,
+        "--config",
+        cfg,
+        "--out",
+        merged_out.to_str().unwrap(),
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_reel"))
+        .args(again)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second export replaced the first");
+    assert!(
+        err.contains("diffusion_pytorch_model.safetensors") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&merged_file).unwrap(), first);
+    reel(&[&again[..], &["--force"]].concat());
+
     // The EMA shadow exports the same way.
     let ema_file = reel(&[
         "export",

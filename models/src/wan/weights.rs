@@ -160,7 +160,8 @@ impl<B: Backend> WanModel<B> {
             error,
         })?;
         let config_path = dir.join(CONFIG_FILE);
-        std::fs::write(&config_path, self.config.to_json_string() + "\n").map_err(|error| {
+        let json = self.config.to_json_string() + "\n";
+        reel_core::io::replace_file(&config_path, json.as_bytes()).map_err(|error| {
             WeightError::Io {
                 path: config_path.clone(),
                 error,
