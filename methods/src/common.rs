@@ -232,18 +232,52 @@ fn euler_in_chunks<B: Backend>(
 ) -> Vec<Vec<f32>> {
     let steps = sigmas.len().saturating_sub(1);
     let total = steps * chunks.len();
-    let mut clips = Vec::with_capacity(req.prompts.len());
-    for (c, range) in chunks.into_iter().enumerate() {
-        let (cond, uncond) = request_text_of::<B>(req, range.clone(), device);
-        let x = request_noise_of::<B>(req, range, device);
-        let mut done = c * steps;
-        let out = euler_sample(x, sigmas, |x, s| {
-            let v = guided_velocity(model, x, s, &cond, &uncond, guidance);
+    in_groups(req, device, chunks, steps, |g| {
+        let mut done = g.steps_before;
+        euler_sample(g.noise, sigmas, |x, s| {
+            let v = guided_velocity(model, x, s, &g.cond, &g.uncond, guidance);
             done += 1;
             report::<B>(req, device, done, total);
             v
-        });
-        clips.extend(split_clips(out, &req.spec));
+        })
+    })
+}
+
+/// One prompt group of a sampling request ([`sample_chunks`]).
+struct Group<B: Backend> {
+    /// The group's prompts, as indices into the request's.
+    range: Range<usize>,
+    /// Their text embeddings `[n, L, D]`, conditional and unconditional.
+    cond: Tensor<B, 3>,
+    uncond: Tensor<B, 3>,
+    /// Their initial noise `[n, C, F, H, W]`.
+    noise: Tensor<B, 5>,
+    /// The sampling steps of the groups before this one (for progress counts).
+    steps_before: usize,
+}
+
+/// Sample each prompt group of `chunks` with `sample` (which takes `steps` sampling steps a
+/// group and returns the group's final latents) and split the results into the request's
+/// clips, in prompt order.
+fn in_groups<B: Backend>(
+    req: &SampleRequest,
+    device: &B::Device,
+    chunks: Vec<Range<usize>>,
+    steps: usize,
+    mut sample: impl FnMut(Group<B>) -> Tensor<B, 5>,
+) -> Vec<Vec<f32>> {
+    let mut clips = Vec::with_capacity(req.prompts.len());
+    for (c, range) in chunks.into_iter().enumerate() {
+        let (cond, uncond) = request_text_of::<B>(req, range.clone(), device);
+        let noise = request_noise_of::<B>(req, range.clone(), device);
+        let group = Group {
+            range,
+            cond,
+            uncond,
+            noise,
+            steps_before: c * steps,
+        };
+        clips.extend(split_clips(sample(group), &req.spec));
     }
     clips
 }
@@ -309,26 +343,23 @@ fn few_step_in_chunks<B: Backend>(
     chunks: Vec<Range<usize>>,
 ) -> Vec<Vec<f32>> {
     let total = sigmas.len() * chunks.len();
-    let mut clips = Vec::with_capacity(req.prompts.len());
-    for (c, range) in chunks.into_iter().enumerate() {
-        let (cond, uncond) = request_text_of::<B>(req, range.clone(), device);
-        let mut x = request_noise_of::<B>(req, range.clone(), device);
+    in_groups(req, device, chunks, sigmas.len(), |g| {
+        let mut x = g.noise;
         let mut x0 = x.clone();
         for (k, &sigma) in sigmas.iter().enumerate() {
             if k > 0 {
-                let noise = request_step_noise_of::<B>(req, range.clone(), k, device);
+                let noise = request_step_noise_of::<B>(req, g.range.clone(), k, device);
                 x = x0
                     .clone()
                     .mul_scalar(1.0 - sigma)
                     .add(noise.mul_scalar(sigma));
             }
-            let v = guided_velocity(model, x.clone(), sigma, &cond, &uncond, guidance);
+            let v = guided_velocity(model, x.clone(), sigma, &g.cond, &g.uncond, guidance);
             x0 = x.clone().sub(v.mul_scalar(sigma));
-            report::<B>(req, device, c * sigmas.len() + k + 1, total);
+            report::<B>(req, device, g.steps_before + k + 1, total);
         }
-        clips.extend(split_clips(x0, &req.spec));
-    }
-    clips
+        x0
+    })
 }
 
 #[cfg(test)]

@@ -314,14 +314,15 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
 
     // Merged diffusers export: equals the adapted model; untargeted weights are the base's.
     let merged_out = tmp.path().join("transformer");
-    reel(&[
+    let merged_args = [
         "export",
         ck,
         "--config",
         cfg,
         "--out",
         merged_out.to_str().unwrap(),
-    ]);
+    ];
+    reel(&merged_args);
     let merged = WanModel::<Cpu>::from_pretrained(&merged_out, &Default::default()).unwrap();
     let d = max_abs_diff(&forward(&merged), &a);
     eprintln!("merged export vs adapter: max |diff| = {d:.3e}");
@@ -356,16 +357,8 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
     // leaves the first export as it was; with --force it replaces it.
     let merged_file = merged_out.join("diffusion_pytorch_model.safetensors");
     let first = std::fs::read(&merged_file).unwrap();
-    let again = [
-        "export",
-        ck,
-        "--config",
-        cfg,
-        "--out",
-        merged_out.to_str().unwrap(),
-    ];
     let out = Command::new(env!("CARGO_BIN_EXE_reel"))
-        .args(again)
+        .args(merged_args)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -375,7 +368,7 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
         "{err}"
     );
     assert_eq!(std::fs::read(&merged_file).unwrap(), first);
-    reel(&[&again[..], &["--force"]].concat());
+    reel(&[&merged_args[..], &["--force"]].concat());
 
     // The EMA shadow exports the same way.
     let ema_file = reel(&[
