@@ -19,7 +19,8 @@
 //!
 //! Export runs on the CPU backend (it only reads, merges and writes weights). It does not
 //! replace files another export (or a model) left in `--out` unless `--force` is given, and
-//! never writes a single-file model beside a sharded one (its index would win when loaded).
+//! never writes a single-file model beside a sharded one (its index would win when loaded) or
+//! into the folder of weights a role of the run is built from.
 
 use std::path::{Path, PathBuf};
 
@@ -181,11 +182,47 @@ pub fn load_role_weights(
     Ok((handle.model_valid(), file))
 }
 
+/// Refuse an output folder that holds weights a role of the run is built from (its
+/// `weights` folder, or the folder of its `weights` file), even with `--force`: the export
+/// would replace them, and the run's adapters would then apply on top of merged weights.
+/// `weights` are the roles' `(name, path)` pairs, paths as the config resolves them.
+fn check_not_weights(out: &Path, weights: &[(String, PathBuf)]) -> anyhow::Result<()> {
+    let Ok(out_real) = out.canonicalize() else {
+        return Ok(()); // not there yet: nothing in it to replace
+    };
+    for (role, path) in weights {
+        let Ok(real) = path.canonicalize() else {
+            continue;
+        };
+        let folder = if real.is_dir() {
+            Some(real.as_path())
+        } else {
+            real.parent()
+        };
+        if folder == Some(out_real.as_path()) {
+            bail!(
+                "--out {} holds the weights of role `{role}` (models.{role}.weights = {}): an \
+                 export there would replace the weights the run is built from; export into \
+                 another folder",
+                out.display(),
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Run `reel export`.
 pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let config = config_for(Some(&args.checkpoint), args.config.as_deref())?;
     let loaded = load_run_config(&config, &args.set)?;
     check_out(&args.out, args.format, args.force)?;
+    let weights: Vec<(String, PathBuf)> = (loaded.config.models.iter())
+        .filter_map(|(name, role)| {
+            Some((name.clone(), loaded.base_dir.join(role.weights.as_ref()?)))
+        })
+        .collect();
+    check_not_weights(&args.out, &weights)?;
     let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
@@ -257,5 +294,26 @@ mod tests {
             .to_string();
         assert!(err.contains(INDEX_FILE) && err.contains("sharded"), "{err}");
         check_out(out, ExportFormat::Lora, false).unwrap();
+    }
+
+    #[test]
+    fn the_folder_of_a_roles_weights_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("ckpt/transformer");
+        std::fs::create_dir_all(&model).unwrap();
+        let file = dir.path().join("student.safetensors");
+        std::fs::write(&file, b"weights").unwrap();
+        let roles = [
+            ("teacher".to_string(), dir.path().join("ckpt/./transformer")),
+            ("student".to_string(), file),
+        ];
+        let err = check_not_weights(&model, &roles).unwrap_err().to_string();
+        assert!(err.contains("role `teacher`"), "{err}");
+        let err = check_not_weights(dir.path(), &roles)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("role `student`"), "{err}");
+        check_not_weights(&dir.path().join("ckpt"), &roles).unwrap();
+        check_not_weights(&dir.path().join("new"), &roles).unwrap();
     }
 }
