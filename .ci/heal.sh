@@ -13,8 +13,8 @@
 # Output of rustc and the linker that a damaged incremental cache gives and an error in the code
 # does not: missing Rust-internal symbols (hidden ones, or LLVM's `anon.*`/`*.llvm.*` names; a
 # C library's missing symbol, say MPI's, is neither), an internal compiler error, unstable
-# fingerprints.
-HEAL_PATTERN='undefined hidden symbol|undefined (symbol|reference to).*(anon\.|\.llvm\.)|internal compiler error|unstable fingerprints'
+# fingerprints, an error about a file of the incremental state itself.
+HEAL_PATTERN='undefined hidden symbol|undefined (symbol|reference to).*(anon\.|\.llvm\.)|internal compiler error|unstable fingerprints|^error.*/incremental/'
 
 # The workspace's packages: the only ones built incrementally.
 HEAL_PACKAGES=(reel reel-core reel-macros reel-models reel-methods reel-plugins custom-method)
