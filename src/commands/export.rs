@@ -20,7 +20,7 @@
 //! Export runs on the CPU backend (it only reads, merges and writes weights). It does not
 //! replace files another export (or a model) left in `--out` unless `--force` is given, and
 //! never writes a single-file model beside a sharded one (its index would win when loaded) or
-//! into the folder of weights a role of the run is built from.
+//! over the weights a role of the run is built from.
 
 use std::path::{Path, PathBuf};
 
@@ -182,28 +182,34 @@ pub fn load_role_weights(
     Ok((handle.model_valid(), file))
 }
 
-/// Refuse an output folder that holds weights a role of the run is built from (its
-/// `weights` folder, or the folder of its `weights` file), even with `--force`: the export
-/// would replace them, and the run's adapters would then apply on top of merged weights.
-/// `weights` are the roles' `(name, path)` pairs, paths as the config resolves them.
-fn check_not_weights(out: &Path, weights: &[(String, PathBuf)]) -> anyhow::Result<()> {
-    let Ok(out_real) = out.canonicalize() else {
+/// Refuse an export that would replace weights a role of the run is built from, even with
+/// `--force`: a diffusers export into a role's `weights` folder, or any export writing the
+/// file a role's `weights` names. The run would then rebuild from the export, with its
+/// adapters applied on top of merged weights. `weights` are the roles' `(name, path)` pairs,
+/// paths as the config resolves them.
+fn check_not_weights(
+    out: &Path,
+    format: ExportFormat,
+    weights: &[(String, PathBuf)],
+) -> anyhow::Result<()> {
+    let Ok(out) = out.canonicalize() else {
         return Ok(()); // not there yet: nothing in it to replace
     };
+    let written: Vec<PathBuf> = format.files().iter().map(|f| out.join(f)).collect();
     for (role, path) in weights {
         let Ok(real) = path.canonicalize() else {
             continue;
         };
-        let folder = if real.is_dir() {
-            Some(real.as_path())
+        let replaced = if real.is_dir() {
+            format == ExportFormat::Diffusers && real == out
         } else {
-            real.parent()
+            written.contains(&real)
         };
-        if folder == Some(out_real.as_path()) {
+        if replaced {
             bail!(
-                "--out {} holds the weights of role `{role}` (models.{role}.weights = {}): an \
-                 export there would replace the weights the run is built from; export into \
-                 another folder",
+                "--out {} holds the weights of role `{role}` (models.{role}.weights = {}): the \
+                 export would replace the weights the run is built from; export into another \
+                 folder",
                 out.display(),
                 path.display()
             );
@@ -222,7 +228,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
             Some((name.clone(), loaded.base_dir.join(role.weights.as_ref()?)))
         })
         .collect();
-    check_not_weights(&args.out, &weights)?;
+    check_not_weights(&args.out, args.format, &weights)?;
     let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
@@ -297,23 +303,35 @@ mod tests {
     }
 
     #[test]
-    fn the_folder_of_a_roles_weights_is_refused() {
+    fn the_weights_of_a_role_are_never_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("ckpt/transformer");
         std::fs::create_dir_all(&model).unwrap();
-        let file = dir.path().join("student.safetensors");
-        std::fs::write(&file, b"weights").unwrap();
+        let single = dir.path().join(WEIGHTS_FILE);
+        std::fs::write(&single, b"weights").unwrap();
         let roles = [
             ("teacher".to_string(), dir.path().join("ckpt/./transformer")),
-            ("student".to_string(), file),
+            ("student".to_string(), single),
         ];
-        let err = check_not_weights(&model, &roles).unwrap_err().to_string();
+        let refused = |out: &Path, format| {
+            check_not_weights(out, format, &roles)
+                .err()
+                .map(|e| e.to_string())
+        };
+        let err = refused(&model, ExportFormat::Diffusers).unwrap();
         assert!(err.contains("role `teacher`"), "{err}");
-        let err = check_not_weights(dir.path(), &roles)
-            .unwrap_err()
-            .to_string();
+        let err = refused(dir.path(), ExportFormat::Diffusers).unwrap();
         assert!(err.contains("role `student`"), "{err}");
-        check_not_weights(&dir.path().join("ckpt"), &roles).unwrap();
-        check_not_weights(&dir.path().join("new"), &roles).unwrap();
+        // An adapter file beside a role's weights replaces nothing.
+        assert_eq!(refused(&model, ExportFormat::Lora), None);
+        assert_eq!(refused(dir.path(), ExportFormat::Comfyui), None);
+        assert_eq!(
+            refused(&dir.path().join("ckpt"), ExportFormat::Diffusers),
+            None
+        );
+        assert_eq!(
+            refused(&dir.path().join("new"), ExportFormat::Diffusers),
+            None
+        );
     }
 }
