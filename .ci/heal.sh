@@ -24,21 +24,18 @@ HEAL_PACKAGES=(reel reel-core reel-macros reel-models reel-methods reel-plugins 
 # artifacts and the incremental state, says so, and runs CMD once more (its status is the
 # result). Any other failure is returned as it is.
 heal_build() {
-    local log status
+    local log status damaged=0
     log="$(mktemp)"
     set +e
     "$@" 2>&1 | tee "$log"
     status="${PIPESTATUS[0]}"
     set -e
-    if [ "$status" = 0 ]; then
-        rm -f "$log"
-        return 0
-    fi
-    if [ "${CARGO_INCREMENTAL:-0}" != 1 ] || ! grep -Eq "$HEAL_PATTERN" "$log"; then
-        rm -f "$log"
-        return "$status"
+    if [ "$status" != 0 ] && [ "${CARGO_INCREMENTAL:-0}" = 1 ] && grep -Eq "$HEAL_PATTERN" "$log"
+    then
+        damaged=1
     fi
     rm -f "$log"
+    [ "$damaged" = 1 ] || return "$status"
     echo
     echo "HEALING: the build failed as a damaged incremental cache does (matched: $HEAL_PATTERN)."
     echo "Cleaning the workspace crates' release build and $CARGO_TARGET_DIR/release/incremental,"

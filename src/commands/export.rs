@@ -165,13 +165,7 @@ pub fn load_role_weights(
             }
         );
     }
-    let resolve = |p: &Path| {
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            loaded.base_dir.join(p)
-        }
-    };
+    let resolve = |p: &Path| loaded.resolve(p);
     let device = Default::default();
     let model = build_wan_role::<CpuBackend>(role, resolve, cfg.runtime.seed, &device)
         .map_err(|e| anyhow::anyhow!("role `{name}`: {e}"))?;
@@ -192,16 +186,16 @@ fn check_not_weights(
     format: ExportFormat,
     weights: &[(String, PathBuf)],
 ) -> anyhow::Result<()> {
-    let Ok(out) = out.canonicalize() else {
+    let Ok(out_real) = out.canonicalize() else {
         return Ok(()); // not there yet: nothing in it to replace
     };
-    let written: Vec<PathBuf> = format.files().iter().map(|f| out.join(f)).collect();
+    let written: Vec<PathBuf> = format.files().iter().map(|f| out_real.join(f)).collect();
     for (role, path) in weights {
         let Ok(real) = path.canonicalize() else {
             continue;
         };
         let replaced = if real.is_dir() {
-            format == ExportFormat::Diffusers && real == out
+            format == ExportFormat::Diffusers && real == out_real
         } else {
             written.contains(&real)
         };
@@ -224,9 +218,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
     let loaded = load_run_config(&config, &args.set)?;
     check_out(&args.out, args.format, args.force)?;
     let weights: Vec<(String, PathBuf)> = (loaded.config.models.iter())
-        .filter_map(|(name, role)| {
-            Some((name.clone(), loaded.base_dir.join(role.weights.as_ref()?)))
-        })
+        .filter_map(|(name, role)| Some((name.clone(), loaded.resolve(role.weights.as_ref()?))))
         .collect();
     check_not_weights(&args.out, args.format, &weights)?;
     let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
