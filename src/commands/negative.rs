@@ -3,7 +3,7 @@
 //! elsewhere (FastVideo's preprocessed sets hold no negative; `reel preprocess` writes one
 //! beside its shards). Without it, CFG's unconditional branch runs on zeros.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
 use reel_models::umt5::{tokenizer_for, Umt5TextEncoder};
-use reel_plugins::data::negative::{encode_negative, WAN_NEGATIVE_PROMPT};
+use reel_plugins::data::negative::{self, encode_negative, WAN_NEGATIVE_PROMPT};
 
 /// `reel data negative` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -23,9 +23,13 @@ pub struct NegativeArgs {
     /// text encoder's folder, else in the `tokenizer/` folder beside it).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// The file to write (e.g. `data/my_set/negative.safetensors`).
+    /// The file to write (e.g. `data/my_set/negative.safetensors`). An earlier negative file
+    /// there is replaced; any other existing file only with `--force`.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace `--out` even when it is not a negative file.
+    #[arg(long)]
+    pub force: bool,
     /// The negative prompt (default: Wan2.1's, as FastVideo and diffusers use it).
     #[arg(long, default_value = WAN_NEGATIVE_PROMPT, hide_default_value = true)]
     pub prompt: String,
@@ -44,7 +48,45 @@ pub struct NegativeArgs {
 /// Run `reel data negative`.
 pub fn run(args: &NegativeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.text_len > 0, "--text-len must be >= 1");
+    check_out(&args.out, args.force)?;
     with_backend!(args.backend, |B| encode::<B>(args))
+}
+
+/// Refuse an `--out` that exists and is not a negative file (a data shard, a config),
+/// unless `force`: it would be replaced. An earlier negative file is replaced, and said so.
+fn check_out(out: &Path, force: bool) -> anyhow::Result<()> {
+    if out.is_dir() {
+        anyhow::bail!(
+            "--out {}: is a folder; name the file to write (e.g. {}/{})",
+            out.display(),
+            out.display(),
+            negative::FILE_NAME
+        );
+    }
+    if !out.exists() {
+        return Ok(());
+    }
+    match negative::stored_prompt(out) {
+        Some((prompt, tokens)) => {
+            let short: String = prompt.chars().take(40).collect();
+            eprintln!(
+                "reel: replacing the negative file {} (prompt {short:?}{}, {tokens} tokens)",
+                out.display(),
+                if short.len() < prompt.len() {
+                    "..."
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        None if force => Ok(()),
+        None => anyhow::bail!(
+            "--out {}: the file exists and is not a negative-prompt file; choose another \
+             file, or pass --force to replace it",
+            out.display()
+        ),
+    }
 }
 
 fn encode<B: ReelBackend + AutodiffBackend>(args: &NegativeArgs) -> anyhow::Result<()> {

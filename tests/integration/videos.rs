@@ -462,7 +462,7 @@ fn data_negative_writes_the_encoders_output_for_the_prompt() {
     let tok = t5.join("tokenizer.json");
     let tmp = tempfile::tempdir().unwrap();
     let text_len = 12;
-    let run = |encoder: &Path, out: &str, prompt: Option<&str>| {
+    let run = |encoder: &Path, out: &str, prompt: Option<&str>, force: bool| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_reel"));
         cmd.current_dir(tmp.path())
             .args(["data", "negative", "--text-encoder"]);
@@ -473,6 +473,9 @@ fn data_negative_writes_the_encoders_output_for_the_prompt() {
         cmd.args(["--text-len", &text_len.to_string()]);
         if let Some(p) = prompt {
             cmd.args(["--prompt", p]);
+        }
+        if force {
+            cmd.arg("--force");
         }
         let o = cmd.output().unwrap();
         (
@@ -499,7 +502,7 @@ fn data_negative_writes_the_encoders_output_for_the_prompt() {
         ("wan.safetensors", None),
         ("short.safetensors", Some("blurry")),
     ] {
-        let (ok, err) = run(&t5, out, prompt);
+        let (ok, err) = run(&t5, out, prompt, false);
         assert!(ok && err.contains("negative_embedding"), "{err}");
         let text = prompt.unwrap_or(WAN_NEGATIVE_PROMPT);
         let want = reel_plugins::data::prompts::encode_text(&encoder, text, text_len).unwrap();
@@ -515,7 +518,23 @@ fn data_negative_writes_the_encoders_output_for_the_prompt() {
         let stored = stored_prompt(&tmp.path().join(out));
         assert_eq!(stored, Some((text.to_string(), text_len)), "{out}");
     }
-    let (ok, err) = run(&tmp.path().join("no_t5"), "none.safetensors", None);
+    let (ok, err) = run(&tmp.path().join("no_t5"), "none.safetensors", None, false);
     assert!(!ok && err.contains("no_t5"), "{err}");
     assert!(!tmp.path().join("none.safetensors").exists());
+    // An earlier negative file is replaced (and said so); any other file only with --force.
+    let (ok, err) = run(&t5, "wan.safetensors", Some("grey"), false);
+    assert!(ok && err.contains("replacing the negative file"), "{err}");
+    let stored = stored_prompt(&tmp.path().join("wan.safetensors"));
+    assert_eq!(stored, Some(("grey".to_string(), text_len)));
+    let shard = tmp.path().join("data_00001.parquet");
+    std::fs::write(&shard, b"PAR1 not a negative PAR1").unwrap();
+    let (ok, err) = run(&t5, "data_00001.parquet", None, false);
+    assert!(
+        !ok && err.contains("--force") && err.contains("data_00001"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&shard).unwrap(), b"PAR1 not a negative PAR1");
+    let (ok, err) = run(&t5, "data_00001.parquet", None, true);
+    assert!(ok, "{err}");
+    assert!(stored_prompt(&shard).is_some());
 }
