@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use reel_core::backend::CpuBackend;
+use reel_core::checkpoint::MANIFEST;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
@@ -113,10 +114,11 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
     Ok(())
 }
 
-/// The folder holding `<role>.safetensors`: a run's `final/` folder as it is, else the
-/// checkpoint [`resolve_checkpoint`] finds.
+/// The folder holding `<role>.safetensors`: a run's `final/` folder (no manifest) as it is,
+/// else the checkpoint [`resolve_checkpoint`] finds (a checkpoint folder named directly is
+/// verified against its manifest).
 fn checkpoint_dir(path: &Path, role: &str) -> anyhow::Result<PathBuf> {
-    if path.join(weights_file(role)).is_file() {
+    if path.join(weights_file(role)).is_file() && !path.join(MANIFEST).is_file() {
         return Ok(path.to_path_buf());
     }
     resolve_checkpoint(path)

@@ -53,13 +53,16 @@ fn existing(path: &Path) -> anyhow::Result<&Path> {
 }
 
 /// The checkpoint folder a path names, for reading (`sample`, `eval`, `export`): a checkpoint
-/// folder (it has `manifest.json`), the `latest` file of a run's `checkpoints/`, a run's
-/// `checkpoints/` folder, or a run folder. For the last three the newest intact checkpoint
-/// is used (integrity checked by the manifest's checksums); its config fingerprint is the one
+/// folder (it has `manifest.json`; refused when a file fails its checksum), the `latest`
+/// file of a run's `checkpoints/`, a run's `checkpoints/` folder, or a run folder. For the
+/// last three the newest intact checkpoint is used (integrity checked by the manifest's
+/// checksums, falling back past damaged ones); its config fingerprint is the one
 /// the run wrote, so `--set` overrides of sampling settings do not make it unreadable, while
 /// the weights are still checked key by key against the rebuilt model.
 pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     if path.join(MANIFEST).is_file() {
+        // Named directly, it is used or refused; never read with a damaged file.
+        Manifest::read(path)?.verify(path)?;
         return Ok(path.to_path_buf());
     }
     existing(path)?;
@@ -87,7 +90,8 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The config of a checkpoint or run: `config` when given, else the folder's own
-/// `config.toml` (a checkpoint) or `config.resolved.toml` (a run), else the `config.toml` of
+/// `config.toml` (a checkpoint) or `config.resolved.toml` (a run), the run's
+/// `config.resolved.toml` for its `final/` folder, else the `config.toml` of
 /// the checkpoint [`resolve_checkpoint`] finds.
 pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(c) = config {
@@ -100,6 +104,11 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
         if ck.join(name).is_file() {
             return Ok(ck.join(name));
         }
+    }
+    // A run's `final/` folder: the run's config beside it.
+    let run_config = ck.parent().map(|run| run.join("config.resolved.toml"));
+    if let Some(c) = run_config.filter(|c| ck.ends_with("final") && c.is_file()) {
+        return Ok(c);
     }
     // The cause names the folder.
     let dir = resolve_checkpoint(existing(ck)?)

@@ -489,6 +489,39 @@ fn export_accepts_checkpoints_latest() {
         );
         assert!(!dir.join("x").exists(), "{args:?} wrote its output");
     }
+
+    // The run's `final/` folder exports with the run's config.
+    let o = reel(dir, &["export", "clean/final", "--out", "from_final"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "export clean/final: {err}");
+    assert!(dir
+        .join("from_final/diffusion_pytorch_model.safetensors")
+        .is_file());
+
+    // A checkpoint folder named directly is verified like one found in a run: a weights file
+    // with a changed byte (same size) is refused by every reading command.
+    let weights = dir.join(&step5).join("student.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let mid = bytes.len() - 8;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&weights, &bytes).unwrap();
+    let sample = [
+        &["sample", step5.as_str(), "--prompt", "a"][..],
+        &["--out", "x"],
+    ]
+    .concat();
+    let export = ["export", step5.as_str(), "--out", "x"];
+    let eval = ["eval", step5.as_str(), "--clips", "1"];
+    for args in [&sample[..], &export[..], &eval[..]] {
+        let o = reel(dir, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} read a damaged checkpoint");
+        assert!(
+            err.contains("student.safetensors") && err.contains("checksum"),
+            "{args:?}: {err}"
+        );
+        assert!(!dir.join("x").exists(), "{args:?} wrote its output");
+    }
 }
 
 /// A kernel pinned by `REEL_MATMUL` is named in `reel train`'s first lines (a run config does
