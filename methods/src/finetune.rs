@@ -88,7 +88,7 @@ impl MethodConfig for FinetuneConfig {
             .map_err(|e| e.in_section("sigma_density"))?;
         check::positive_f64("shift", self.shift)?;
         check::in_half_open("cfg_dropout", self.cfg_dropout, 0.0, 1.0)?;
-        check::positive_usize("sample_steps", self.sample_steps)?;
+        check::sampling_steps("sample_steps", self.sample_steps)?;
         check::positive_f64("guidance_scale", self.guidance_scale)?;
         if let Some(s) = self.sample_shift {
             check::positive_f64("sample_shift", s)?;

@@ -36,6 +36,21 @@ pub struct EvalArgs {
     batch: usize,
 }
 
+/// The flags' values, checked as `reel sample` checks its own (the validation settings).
+fn check_args(args: &EvalArgs) -> anyhow::Result<()> {
+    use reel_core::config::check;
+    let flag = |e: reel_core::config::ConfigError| anyhow::anyhow!("{}: {}", e.key, e.message);
+    check::positive_usize("--clips", args.clips).map_err(flag)?;
+    check::positive_usize("--batch", args.batch).map_err(flag)?;
+    if let Some(n) = args.steps {
+        check::sampling_steps("--steps", n).map_err(flag)?;
+    }
+    if let Some(g) = args.guidance {
+        check::positive_f64("--guidance", g).map_err(flag)?;
+    }
+    Ok(())
+}
+
 /// The JSON report.
 #[derive(Debug, Serialize)]
 pub struct EvalReport {
@@ -72,7 +87,7 @@ fn eval<B: ReelBackend>(
     let t0 = Instant::now();
     let bar = progress::bar(args.clips as u64, "clips");
     let mut scores: Vec<ClipScore> = vec![];
-    for (b, chunk) in prompts.chunks(args.batch.max(1)).enumerate() {
+    for (b, chunk) in prompts.chunks(args.batch).enumerate() {
         let req = SampleRequest {
             prompts: chunk.to_vec(),
             negative: Some(negative.clone()),
@@ -92,7 +107,7 @@ fn eval<B: ReelBackend>(
         }
     }
     bar.finish_and_clear();
-    let secs = t0.elapsed().as_secs_f64() / args.clips.max(1) as f64;
+    let secs = t0.elapsed().as_secs_f64() / args.clips as f64;
     let n = scores.len().max(1) as f64;
     let overall = scores.iter().map(|s| s.overall as f64).sum::<f64>() / n;
     let mut criteria: Vec<(String, f64)> = vec![];
@@ -120,8 +135,59 @@ fn eval<B: ReelBackend>(
 
 /// Run `reel eval`.
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
+    check_args(args)?;
     let loaded = read_config(&args.source)?;
     let report = with_backend!(loaded.config.runtime.backend, |B| eval::<B>(args, &loaded))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EvalArgs,
+    }
+
+    fn check(flags: &[&str]) -> Result<(), String> {
+        let argv = ["reel-eval", "run"].iter().chain(flags);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        check_args(&cli.args).map_err(|e| e.to_string())
+    }
+
+    /// Each flag out of range is refused naming it, before any model is loaded.
+    #[test]
+    fn flags_out_of_range_are_refused_by_name() {
+        check(&[]).unwrap();
+        check(&[
+            "--clips",
+            "3",
+            "--batch",
+            "1",
+            "--steps",
+            "4",
+            "--guidance",
+            "2.5",
+        ])
+        .unwrap();
+        for (flags, want) in [
+            (&["--clips", "0"][..], "--clips: expected an integer >= 1"),
+            (&["--batch", "0"], "--batch: expected an integer >= 1"),
+            (&["--steps", "0"], "--steps: expected an integer >= 1"),
+            (&["--steps", "99999999999999"], "--steps: expected at most"),
+            (
+                &["--guidance", "nan"],
+                "--guidance: expected a positive number",
+            ),
+            (&["--guidance=-1"], "--guidance: expected a positive number"),
+        ] {
+            let err = check(flags).unwrap_err();
+            assert!(err.contains(want), "{flags:?}: {err}");
+        }
+    }
 }

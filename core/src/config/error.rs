@@ -109,6 +109,23 @@ pub mod check {
         }
     }
 
+    /// The most sampling steps a sampler takes: far above any schedule in use (Wan samples
+    /// in 50), low enough that a mistyped count is an error, not an allocation of its
+    /// σ schedule that aborts the process.
+    pub const MAX_SAMPLING_STEPS: usize = 100_000;
+
+    /// A count of sampling steps: `1 <= value <= MAX_SAMPLING_STEPS`.
+    pub fn sampling_steps(key: &str, value: usize) -> Result<(), ConfigError> {
+        positive_usize(key, value)?;
+        if value > MAX_SAMPLING_STEPS {
+            return Err(ConfigError::new(
+                key,
+                format!("expected at most {MAX_SAMPLING_STEPS} sampling steps, got {value}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// `lo <= value <= hi`.
     pub fn in_range(key: &str, value: f64, lo: f64, hi: f64) -> Result<(), ConfigError> {
         if value.is_finite() && value >= lo && value <= hi {

@@ -107,7 +107,7 @@ impl MethodConfig for AdversarialConfig {
                 .validate()
                 .map_err(|e| e.in_section("discriminator_optimizer"))?;
         }
-        check::positive_usize("sample_steps", self.sample_steps)?;
+        check::sampling_steps("sample_steps", self.sample_steps)?;
         check::positive_f64("guidance_scale", self.guidance_scale)?;
         Ok(())
     }

@@ -132,7 +132,7 @@ impl ConsistencyConfig {
 impl MethodConfig for ConsistencyConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let n = self.num_euler_timesteps;
-        check::positive_usize("num_euler_timesteps", n)?;
+        check::sampling_steps("num_euler_timesteps", n)?;
         let key = "multi_phased_distill_schedule";
         let schedule: PhaseSchedule = self
             .multi_phased_distill_schedule
@@ -153,7 +153,7 @@ impl MethodConfig for ConsistencyConfig {
         check::positive_f64("huber_c", self.huber_c)?;
         check::in_half_open("ema_decay", self.ema_decay, 0.0, 1.0)?;
         if let Some(s) = self.sample_steps {
-            check::positive_usize("sample_steps", s)?;
+            check::sampling_steps("sample_steps", s)?;
             if s > n {
                 return Err(ConfigError::new(
                     "sample_steps",
@@ -223,6 +223,10 @@ mod tests {
             ("ema_decay = 1.0", "`ema_decay`"),
             ("sample_steps = 51", "`sample_steps`"),
             ("sample_steps = 0", "`sample_steps`"),
+            (
+                "num_euler_timesteps = 1000000",
+                "`num_euler_timesteps`: expected at most",
+            ),
             ("guidance_scale = 0.0", "`guidance_scale`"),
         ] {
             let e = parse(text).unwrap_err();

@@ -222,7 +222,7 @@ impl MethodConfig for Dmd2Config {
             return Err(ConfigError::new("gan_heads.hidden", "must be at least 1"));
         }
         if let Some(n) = self.sample_steps {
-            check::positive_usize("sample_steps", n)?;
+            check::sampling_steps("sample_steps", n)?;
             if n > steps.len() {
                 return Err(ConfigError::new(
                     "sample_steps",

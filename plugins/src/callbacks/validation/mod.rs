@@ -132,7 +132,7 @@ impl CallbackConfig for ValidationConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_u64("every_steps", self.every_steps)?;
         if let Some(n) = self.sampling_steps {
-            check::positive_usize("sampling_steps", n)?;
+            check::sampling_steps("sampling_steps", n)?;
         }
         if let Some(g) = self.guidance_scale {
             check::positive_f64("guidance_scale", g)?;
@@ -363,6 +363,10 @@ mod tests {
         for (text, key) in [
             ("every_steps = 0", "`every_steps`"),
             ("every_steps = 1\nsampling_steps = 0", "`sampling_steps`"),
+            (
+                "every_steps = 1\nsampling_steps = 99999999999999",
+                "`sampling_steps`: expected at most 100000",
+            ),
             ("every_steps = 1\nguidance_scale = -1.0", "`guidance_scale`"),
             ("every_steps = 1\nnum_prompts = 0", "`num_prompts`"),
         ] {
