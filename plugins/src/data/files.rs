@@ -1,6 +1,7 @@
 //! Helpers shared by the file-backed sources: finding a data set's files, and validation
 //! prompts taken from its first samples.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use reel_core::data::{DataError, DataSource, Prompt};
@@ -28,7 +29,9 @@ pub fn first_prompts(source: &dyn DataSource, n: usize) -> Vec<Prompt> {
 
 /// `path` itself when it is a file, else every file under the folder `path` (recursively,
 /// hidden entries skipped) whose name ends in `.{ext}`, sorted by path so sample indices are
-/// stable. Errors name the path: missing, unreadable, or holding no such file.
+/// stable. Links are followed, except a link to a folder that holds it (a cycle); a file
+/// reached by several paths is taken once, under the first of them in order. Errors name the
+/// path: missing, unreadable, or holding no such file.
 pub fn find_files(path: &Path, ext: &str) -> Result<Vec<PathBuf>, DataError> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::File {
         file: path.to_path_buf(),
@@ -37,37 +40,43 @@ pub fn find_files(path: &Path, ext: &str) -> Result<Vec<PathBuf>, DataError> {
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut out = Vec::new();
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| DataError::File {
-            file: dir.clone(),
-            reason: format!("cannot list folder: {e}"),
-        })?;
-        for entry in entries {
-            let entry = entry.map_err(|e| DataError::File {
-                file: dir.clone(),
-                reason: format!("cannot list folder: {e}"),
-            })?;
+    let unreadable = |dir: &Path, e: std::io::Error| DataError::File {
+        file: dir.to_path_buf(),
+        reason: format!("cannot list folder: {e}"),
+    };
+    let mut files = Vec::new();
+    // Each folder to list with the canonical paths of the folders above it.
+    let mut stack = vec![(path.to_path_buf(), Vec::<PathBuf>::new())];
+    while let Some((dir, mut above)) = stack.pop() {
+        let canonical = dir.canonicalize().map_err(|e| unreadable(&dir, e))?;
+        if above.contains(&canonical) {
+            continue;
+        }
+        above.push(canonical);
+        for entry in std::fs::read_dir(&dir).map_err(|e| unreadable(&dir, e))? {
+            let entry = entry.map_err(|e| unreadable(&dir, e))?;
             let p = entry.path();
             if entry.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
             if p.is_dir() {
-                stack.push(p);
+                stack.push((p, above.clone()));
             } else if p.extension().is_some_and(|e| e == ext) {
-                out.push(p);
+                files.push(p);
             }
         }
     }
-    if out.is_empty() {
+    files.sort();
+    let mut seen = HashSet::new();
+    // A dangling link keeps its own path (reading it names it).
+    files.retain(|f| seen.insert(f.canonicalize().unwrap_or_else(|_| f.clone())));
+    if files.is_empty() {
         return Err(DataError::Empty {
             source_name: path.display().to_string(),
             reason: format!("no .{ext} files under this folder"),
         });
     }
-    out.sort();
-    Ok(out)
+    Ok(files)
 }
 
 #[cfg(test)]
@@ -105,5 +114,40 @@ mod tests {
         assert!(err.to_string().contains("missing"), "{err}");
         let err = find_files(&root.join("b/inner"), "safetensors").unwrap_err();
         assert!(matches!(err, DataError::Empty { .. }), "{err}");
+    }
+
+    /// Links back up the tree (to the folder itself, and to it from below) neither loop nor
+    /// repeat files; a folder elsewhere linked twice is followed, its files taken once, under
+    /// the first path in order.
+    #[cfg(unix)]
+    #[test]
+    fn linked_folders_are_listed_once() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let (root, other) = (dir.path().join("set"), dir.path().join("other"));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        for f in [
+            root.join("a.parquet"),
+            root.join("sub/b.parquet"),
+            other.join("c.parquet"),
+        ] {
+            std::fs::write(f, b"").unwrap();
+        }
+        symlink(".", root.join("self")).unwrap();
+        symlink("..", root.join("sub/up")).unwrap();
+        symlink(&other, root.join("linked")).unwrap();
+        symlink(&other, root.join("sub/linked_again")).unwrap();
+        let found = find_files(&root, "parquet").unwrap();
+        let names: Vec<_> = found
+            .iter()
+            .map(|p| {
+                p.strip_prefix(&root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(names, ["a.parquet", "linked/c.parquet", "sub/b.parquet"]);
     }
 }
