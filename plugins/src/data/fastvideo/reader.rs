@@ -202,7 +202,8 @@ fn read_i64_list(reader: ColumnReader, row: usize, name: &str) -> Result<Vec<i64
     };
     skip(r.skip_records(row), row, name)?;
     let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
-    let (records, levels, _) = r
+    // (records, non-null values, levels)
+    let (records, _, levels) = r
         .read_records(1, Some(&mut defs), Some(&mut reps), &mut values)
         .map_err(|e| format!("{name}: {e}"))?;
     if records != 1 {
@@ -215,4 +216,53 @@ fn read_i64_list(reader: ColumnReader, row: usize, name: &str) -> Result<Vec<i64
         return Err(format!("{name} is null or empty"));
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use parquet::data_type::Int64Type;
+    use parquet::file::writer::SerializedFileWriter;
+
+    use super::*;
+
+    /// A shape list with a null element, a null list and an empty list are each refused
+    /// (not read as a shorter shape); a whole list reads back.
+    #[test]
+    fn shape_lists_with_nulls_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shapes.parquet");
+        let message = "message m { optional group vae_latent_shape (LIST) { \
+                       repeated group list { optional int64 element; } } }";
+        let schema = Arc::new(parquet::schema::parser::parse_message_type(message).unwrap());
+        let file = File::create(&path).unwrap();
+        let mut w = SerializedFileWriter::new(file, schema, Default::default()).unwrap();
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        // Rows: [4, null, 2, 2], null, [], [4, 2].
+        let values = [4i64, 2, 2, 4, 2];
+        let defs = [3i16, 2, 3, 3, 0, 1, 3, 3];
+        let reps = [0i16, 1, 1, 1, 0, 0, 0, 1];
+        col.typed::<Int64Type>()
+            .write_batch(&values, Some(&defs), Some(&reps))
+            .unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+        w.close().unwrap();
+
+        let reader = SerializedFileReader::try_from(File::open(&path).unwrap()).unwrap();
+        let read = |row: usize| {
+            let column = reader
+                .get_row_group(0)
+                .unwrap()
+                .get_column_reader(0)
+                .unwrap();
+            read_i64_list(column, row, "vae_latent_shape")
+        };
+        assert_eq!(read(0), Err("vae_latent_shape holds null elements".into()));
+        assert_eq!(read(1), Err("vae_latent_shape is null or empty".into()));
+        assert_eq!(read(2), Err("vae_latent_shape is null or empty".into()));
+        assert_eq!(read(3), Ok(vec![4, 2]));
+    }
 }
