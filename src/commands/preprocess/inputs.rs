@@ -249,6 +249,13 @@ fn json_rows(text: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 fn csv_rows(text: &str) -> Result<Vec<(String, String)>, String> {
+    if let Some(record) = unclosed_quote(text) {
+        // The csv reader would end the field at the end of the file and take every line
+        // after the quote as one caption.
+        return Err(format!(
+            "record {record}: a quoted field is never closed (a missing `\"`)"
+        ));
+    }
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let headers = reader.headers().map_err(|e| e.to_string())?.clone();
     let col = |names: &[&str]| headers.iter().position(|h| names.contains(&h.trim()));
@@ -268,9 +275,68 @@ fn csv_rows(text: &str) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// The record (the header is 0) whose quoted field is still open at the end of `text`, as
+/// RFC 4180 reads quotes: a field that starts with `"` runs to the next `"` not doubled;
+/// a `"` inside an unquoted field is a plain character.
+fn unclosed_quote(text: &str) -> Option<usize> {
+    let (mut record, mut opened) = (0, None);
+    let mut at_field_start = true;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (opened, c) {
+            (Some(_), '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+            }
+            (Some(_), '"') => {
+                opened = None;
+                at_field_start = false;
+            }
+            (Some(_), _) => {}
+            (None, '"') if at_field_start => {
+                opened = Some(record);
+                at_field_start = false;
+            }
+            (None, '\n') => {
+                record += 1;
+                at_field_start = true;
+            }
+            (None, ',') => at_field_start = true,
+            (None, _) => at_field_start = false,
+        }
+    }
+    opened
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An unclosed quote is an error naming its record (the csv reader would take the rest of
+    /// the file as one caption); doubled quotes, quotes inside unquoted fields and quoted
+    /// line breaks are fine.
+    #[test]
+    fn an_unclosed_quote_in_a_csv_list_names_its_record() {
+        assert_eq!(
+            unclosed_quote("path,caption\na.gif,fine\nx.gif,\"open\ny.gif,hi\n"),
+            Some(2)
+        );
+        assert_eq!(unclosed_quote("path,caption\n\"a.gif,x\n"), Some(1));
+        for ok in [
+            "path,caption\na.gif,\"say \"\"hi\"\", twice\"\n",
+            "path,caption\na.gif,a 5\" screen\n",
+            "path,caption\na.gif,\"two\nlines\"\nb.gif,next\n",
+        ] {
+            assert_eq!(unclosed_quote(ok), None, "{ok:?}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let list = tmp.path().join("list.csv");
+        std::fs::write(&list, "path,caption\nx.gif,\"unterminated\ny.gif,hello\n").unwrap();
+        let err = read_caption_list(&list).unwrap_err().to_string();
+        assert!(
+            err.contains("list.csv: record 1") && err.contains("never closed"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn captions_come_from_lists_and_sidecars() {
