@@ -84,6 +84,7 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         Format::Parquet => "parquet",
         Format::Safetensors => "safetensors",
     };
+    let existed = args.to.exists();
     std::fs::create_dir_all(&args.to).with_context(|| format!("creating {}", args.to.display()))?;
     let clash = std::fs::read_dir(&args.to)?
         .filter_map(Result::ok)
@@ -94,9 +95,30 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         args.to.display()
     );
     let start = Instant::now();
-    match args.format {
-        Format::Parquet => write_parquet(source.as_ref(), n, args.rows_per_file, &args.to)?,
-        Format::Safetensors => write_safetensors(source.as_ref(), n, &args.to)?,
+    let mut written = Vec::new();
+    let result = match args.format {
+        Format::Parquet => write_parquet(
+            source.as_ref(),
+            n,
+            args.rows_per_file,
+            &args.to,
+            &mut written,
+        ),
+        Format::Safetensors => write_safetensors(source.as_ref(), n, &args.to, &mut written),
+    };
+    if let Err(e) = result {
+        // A part of the data set would read as a whole one, and block the next try.
+        let removed = written
+            .iter()
+            .filter(|f| std::fs::remove_file(f).is_ok())
+            .count();
+        if !existed {
+            let _ = std::fs::remove_dir(&args.to);
+        }
+        return Err(e.context(format!(
+            "the export stopped; the {removed} file(s) it had written to {} were removed",
+            args.to.display()
+        )));
     }
     let spec = source.spec();
     eprintln!(
@@ -117,6 +139,7 @@ fn write_parquet(
     n: usize,
     per_file: usize,
     to: &Path,
+    written: &mut Vec<PathBuf>,
 ) -> anyhow::Result<()> {
     let spec = source.spec();
     let shape = [spec.channels, spec.frames, spec.height, spec.width];
@@ -141,6 +164,7 @@ fn write_parquet(
         let path = to.join(format!("data_{file_index:05}.parquet"));
         write_fastvideo_parquet(&path, &records, per_file)
             .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
     }
     Ok(())
 }
@@ -149,7 +173,12 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn write_safetensors(source: &dyn DataSource, n: usize, to: &Path) -> anyhow::Result<()> {
+fn write_safetensors(
+    source: &dyn DataSource,
+    n: usize,
+    to: &Path,
+    written: &mut Vec<PathBuf>,
+) -> anyhow::Result<()> {
     let spec = source.spec();
     for i in 0..n {
         let s = source.get(i)?;
@@ -172,6 +201,7 @@ fn write_safetensors(source: &dyn DataSource, n: usize, to: &Path) -> anyhow::Re
             safetensors::SafeTensorError::IoError,
         )
         .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
     }
     Ok(())
 }

@@ -176,6 +176,22 @@ fn bad_data_stops_training_naming_file_and_record() {
     assert!(err.contains("00000007.safetensors: record 0"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 
+    // Exporting that data stops at sample 7 and leaves no part of a data set behind (the
+    // files written before it would read as a whole set): in both formats.
+    for format in ["safetensors", "parquet"] {
+        let args = [
+            "data", "export", "bad.toml", "--to", "partial", "--format", format,
+        ];
+        let o = reel(&[&args[..], &["--rows-per-file", "4"]].concat(), dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{format}: {err}");
+        assert!(
+            err.contains("00000007.safetensors: record 0") && err.contains("were removed"),
+            "{format}: {err}"
+        );
+        assert!(!dir.join("partial").exists(), "{format}: files left behind");
+    }
+
     // With two data-parallel workers, the worker whose shard holds it stops the group, named.
     let o = train(
         dir,
