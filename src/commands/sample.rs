@@ -3,14 +3,14 @@
 //! is installed); prompts are encoded with `--text-encoder` when given. The outputs are the
 //! validation callback's, made by the same code.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use burn::tensor::TensorData;
 use reel_core::backend::ReelBackend;
 use reel_core::callback::CallbackConfig as _;
 use reel_core::method::{SampleProgress, SampleRequest};
-use reel_plugins::callbacks::validation::output::{check_clips, write_clips};
+use reel_plugins::callbacks::validation::output::{check_clips, write_clips, SHEET_FILE};
 use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
 use reel_plugins::callbacks::ValidationConfig;
 
@@ -35,9 +35,13 @@ pub struct SampleArgs {
     /// Noise seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Output folder.
+    /// Output folder. Files an earlier sample wrote there (same clip names, the contact
+    /// sheet) are replaced only with `--force`.
     #[arg(long, default_value = "samples")]
     out: PathBuf,
+    /// Replace an earlier sample's files in `--out`.
+    #[arg(long)]
+    force: bool,
     /// A diffusers Wan VAE folder (`vae/`): decode the clips to videos (GIF, MP4 with
     /// FFmpeg) and a labelled contact sheet.
     #[arg(long)]
@@ -66,6 +70,17 @@ pub struct SampleArgs {
 /// The validation settings `reel sample` shares with the `validation` callback: the same
 /// prompt encoding, VAE decoding and outputs.
 fn media_config(args: &SampleArgs) -> anyhow::Result<ValidationConfig> {
+    if args.vae.is_none() {
+        for (flag, set) in [
+            ("--vae-tile", args.vae_tile.is_some()),
+            ("--raw-latents", args.raw_latents),
+        ] {
+            anyhow::ensure!(
+                !set,
+                "{flag}: it is for decoding with --vae, and none is given"
+            );
+        }
+    }
     let cfg = ValidationConfig {
         every_steps: 1,
         sampling_steps: args.steps,
@@ -167,6 +182,9 @@ fn sample<B: ReelBackend>(
     };
     anyhow::ensure!(!prompts.is_empty(), "no prompts: pass --prompt");
     let captions: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
+    if !args.force {
+        check_out(&args.out, &captions)?;
+    }
     let req = SampleRequest {
         prompts,
         negative: Some(models.negative(&cfg, &*l.source, &spec)?),
@@ -200,6 +218,31 @@ fn sample<B: ReelBackend>(
     let (frames, style) = models.frames(&clips, &spec, &cfg)?;
     for file in write_clips(&args.out, &frames, &captions, &captions, &style)? {
         println!("{}", file.display());
+    }
+    Ok(())
+}
+
+/// Refuse an `--out` holding files this sample would write (before the sampling, which
+/// takes the time): an earlier sample's, or a run's validation folder.
+fn check_out(out: &Path, captions: &[String]) -> anyhow::Result<()> {
+    let mut names = vec![SHEET_FILE.to_string()];
+    for (i, caption) in captions.iter().enumerate() {
+        let gif = PathBuf::from(clip_file_name(i, caption));
+        for ext in ["gif", "mp4", "safetensors"] {
+            names.push(gif.with_extension(ext).display().to_string());
+        }
+    }
+    let present: Vec<_> = names.iter().filter(|n| out.join(n).exists()).collect();
+    if let Some(first) = present.first() {
+        anyhow::bail!(
+            "--out {} already holds {first}{}, from an earlier sample: pass --force to replace \
+             them, or choose another folder",
+            out.display(),
+            match present.len() {
+                1 => String::new(),
+                n => format!(" and {} more of this sample's files", n - 1),
+            }
+        );
     }
     Ok(())
 }

@@ -95,6 +95,36 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     ] {
         assert!(samples.join(f).is_file(), "reel sample wrote no {f}");
     }
+    // Again into the same folder: refused (before sampling) without --force, which replaces.
+    let sheet = std::fs::read(samples.join("sheet.png")).unwrap();
+    let again = |force: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["sample"]).arg(&out);
+        cmd.args([
+            "--prompt",
+            "a red circle moving left",
+            "--steps",
+            "2",
+            "--seed",
+            "9",
+        ]);
+        cmd.arg("--out").arg(&samples);
+        if force {
+            cmd.arg("--force");
+        }
+        cmd.output().unwrap()
+    };
+    let o = again(false);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("already holds sheet.png and ") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(samples.join("sheet.png")).unwrap(), sheet);
+    let o = again(true);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ne!(std::fs::read(samples.join("sheet.png")).unwrap(), sheet);
 
     // A caption outside the synthetic data's grammar: an error that shows captions it takes.
     let o = Command::new(BIN)
@@ -114,6 +144,23 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     );
     assert!(err.contains("--text-encoder, a UMT5 folder"), "{err}");
     assert!(!tmp.path().join("no-samples").exists());
+    // Decoding flags without a VAE are refused, not ignored.
+    for flags in [&["--vae-tile", "64"][..], &["--raw-latents"]] {
+        let o = Command::new(BIN)
+            .arg("sample")
+            .arg(&out)
+            .args(flags)
+            .arg("--out")
+            .arg(tmp.path().join("no-samples"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!("{}: it is for decoding with --vae", flags[0])),
+            "{err}"
+        );
+    }
 }
 
 /// The quickstart model's temporal patch is 4 frames: a clip length it cannot tile is a
