@@ -230,6 +230,12 @@ impl Umt5Config {
                  layer) is supported"
             )),
         }
+        if let Some(name) = self.extra.get("_class_name") {
+            errs.push(format!(
+                "`_class_name` is {name}: a diffusers model's config, not a transformers \
+                 UMT5 encoder's (`model_type` \"umt5\")"
+            ));
+        }
         errs
     }
 
@@ -293,5 +299,18 @@ mod tests {
         ] {
             assert!(msg.contains(&format!("`{key}`")), "{key} not in: {msg}");
         }
+    }
+
+    /// A diffusers model's config (a VAE folder given as the text encoder) is called that,
+    /// not read as a UMT5 of default sizes.
+    #[test]
+    fn a_diffusers_config_is_not_a_text_encoder() {
+        let msg = Umt5Config::from_json_str(r#"{"_class_name": "AutoencoderKLWan", "z_dim": 4}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("`_class_name`") && msg.contains("not a transformers UMT5"),
+            "{msg}"
+        );
     }
 }

@@ -294,4 +294,17 @@ pub(super) mod tests {
         assert_eq!(c.latents_std.len(), 16);
         assert_eq!(c.spatial_factor(), 8);
     }
+
+    /// A transformers config (a text encoder folder given as the VAE) is called that, not
+    /// read as a VAE of default sizes.
+    #[test]
+    fn a_transformers_config_is_not_a_vae() {
+        let msg = WanVaeConfig::from_json_str(r#"{"model_type": "umt5", "d_model": 32}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("`model_type`") && msg.contains("not a diffusers"),
+            "{msg}"
+        );
+    }
 }

@@ -97,6 +97,12 @@ impl WanVaeConfig {
                 ));
             }
         }
+        if let Some(kind) = self.extra.get("model_type") {
+            errs.push(format!(
+                "`model_type` is {kind}: a transformers model's config, not a diffusers \
+                 `AutoencoderKLWan`'s"
+            ));
+        }
         errs
     }
 
