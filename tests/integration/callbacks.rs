@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use common::*;
 use reel_core::config::parse_run_config;
 use reel_core::data::DataSource;
-use reel_core::trainer::{train, TrainOptions};
 use reel_methods as _;
 use reel_plugins::callbacks::logging::jsonl::{is_validation, read_metrics, record_step, Record};
 use reel_plugins::callbacks::logging::tensorboard::{read_events, Event, FILE_VERSION};
@@ -370,15 +369,13 @@ fn callback_config_errors_name_the_key_or_role() {
     let e = err(&["callbacks.2.tensorbord=false"]);
     assert!(e.contains("tensorbord"), "{e}");
 
-    // A role the method does not have fails when training starts, naming it.
-    let tmp = tempfile::tempdir().unwrap();
+    // A role the config does not train fails when the config is read, naming it.
     let text = CONFIG.replace("start_step = 3", "roles = [\"critic\"]");
-    let opts = TrainOptions {
-        output_dir: Some(tmp.path().to_path_buf()),
-        ..TrainOptions::default()
-    };
-    let e = train::<TestBackend>(&load(&text, &[]), &opts)
+    let e = parse_run_config(&text, Path::new("test.toml"), &[])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("`critic`") && e.contains("ema"), "{e}");
+    assert!(
+        e.contains("callbacks[0]") && e.contains("`critic`") && e.contains("not a trainable role"),
+        "{e}"
+    );
 }

@@ -137,3 +137,30 @@ fn a_new_run_in_a_folder_with_checkpoints_is_refused_and_touches_nothing() {
     );
     same_as_clean(dir, "clean", "resumed at its end");
 }
+
+/// Resuming from an older checkpoint of a run whose folder holds newer ones starts a new
+/// timeline: the newer checkpoints are moved, intact, into `abandoned-after-step-<n>/` (out of
+/// reach of pruning and `--resume latest`), and the run ends where the clean run ended.
+#[test]
+fn a_branch_from_an_older_checkpoint_sets_the_newer_ones_aside() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let clean = dir.join("clean");
+    let before: Vec<_> = FILES
+        .iter()
+        .map(|f| std::fs::read(ckpt(&clean, 5).join(f)).unwrap())
+        .collect();
+    let step2 = ckpt(&clean, 2).to_str().unwrap().to_string();
+    let err = ok(reel(dir, "clean", &["--resume", &step2]));
+    let aside = clean.join("checkpoints/abandoned-after-step-00000002");
+    assert!(
+        err.contains("moved step-00000003, step-00000004, step-00000005")
+            && err.contains("abandoned-after-step-00000002"),
+        "{err}"
+    );
+    for (f, bytes) in FILES.iter().zip(&before) {
+        let kept = std::fs::read(aside.join("step-00000005").join(f)).unwrap();
+        assert!(&kept == bytes, "{f} of the set-aside step 5 changed");
+    }
+    same_as_clean(dir, "clean", "branch from step 2 in the run's own folder");
+}

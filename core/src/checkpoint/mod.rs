@@ -207,23 +207,24 @@ impl CheckpointStore {
         write_synced(&pending.dir.join(MANIFEST), text.as_bytes())?;
         sync_dir(&pending.dir);
         let final_dir = self.root.join(step_dir_name(pending.step));
+        // Re-saving a step (a damaged copy skipped at resume, or a step an interrupt saved
+        // again): move the old copy aside, and delete it only once the new one is in place.
+        let trash = self.root.join(format!(
+            ".old-{}-{}",
+            step_dir_name(pending.step),
+            std::process::id()
+        ));
         if final_dir.exists() {
-            // Re-saving a step (e.g. after a resume): move the old copy aside first.
-            let trash = self.root.join(format!(
-                ".old-{}-{}",
-                step_dir_name(pending.step),
-                std::process::id()
-            ));
             fs::rename(&final_dir, &trash).map_err(|e| CheckpointError::io(&final_dir, e))?;
-            let _ = fs::remove_dir_all(&trash);
         }
         fault::point("checkpoint-rename");
         fs::rename(&pending.dir, &final_dir).map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
+        let _ = fs::remove_dir_all(&trash);
         let latest = self.root.join("latest");
         crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes())
             .map_err(|e| CheckpointError::io(&latest, e))?;
-        self.prune();
+        self.prune(&final_dir);
         Ok(final_dir)
     }
 
@@ -245,8 +246,9 @@ impl CheckpointStore {
         out
     }
 
-    fn prune(&self) {
-        // Remove leftovers of interrupted saves, then all but the newest `keep_last`.
+    /// Remove leftovers of interrupted saves, then all checkpoints but `kept` (the one just
+    /// written, never removed) and the newest `keep_last - 1` others.
+    fn prune(&self, kept: &Path) {
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
@@ -255,9 +257,45 @@ impl CheckpointStore {
                 }
             }
         }
-        for (_, dir) in self.list().into_iter().skip(self.keep_last) {
+        let others = self.list().into_iter().filter(|(_, d)| d != kept);
+        for (_, dir) in others.skip(self.keep_last - 1) {
             let _ = fs::remove_dir_all(dir);
         }
+    }
+
+    /// Move every checkpoint of a step after `step` (intact or damaged) into a new folder
+    /// `abandoned-after-step-<step>[-<k>]/` of this store, where listing, `--resume latest`
+    /// and pruning do not look: resuming from an older checkpoint starts a new timeline, whose
+    /// saves would otherwise replace the old one's step by step and prune it. Returns the
+    /// folder and the names moved, `None` when there were none.
+    pub fn set_aside_newer(
+        &self,
+        step: u64,
+    ) -> Result<Option<(PathBuf, Vec<String>)>, CheckpointError> {
+        let newer: Vec<PathBuf> = (self.list().into_iter())
+            .filter(|(n, _)| *n > step)
+            .map(|(_, d)| d)
+            .collect();
+        if newer.is_empty() {
+            return Ok(None);
+        }
+        let base = format!("abandoned-after-{}", step_dir_name(step));
+        let aside = (1..)
+            .map(|k| match k {
+                1 => self.root.join(&base),
+                k => self.root.join(format!("{base}-{k}")),
+            })
+            .find(|d| !d.exists())
+            .expect("an unused folder name");
+        fs::create_dir(&aside).map_err(|e| CheckpointError::io(&aside, e))?;
+        let mut names = vec![];
+        for dir in newer.iter().rev() {
+            let name = dir.file_name().expect("a step folder").to_owned();
+            fs::rename(dir, aside.join(&name)).map_err(|e| CheckpointError::io(dir, e))?;
+            names.push(name.to_string_lossy().into_owned());
+        }
+        sync_dir(&self.root);
+        Ok(Some((aside, names)))
     }
 
     /// Verify one checkpoint folder: manifest present, checksums match, same config.
@@ -272,9 +310,11 @@ impl CheckpointStore {
         Ok(m)
     }
 
-    /// Resolve `--resume latest` (newest intact checkpoint, falling back past damaged ones)
-    /// or `--resume <dir>` (that folder, verified). Returns the folder, its manifest, and
-    /// warnings about checkpoints that were skipped.
+    /// Resolve `--resume latest` (newest intact checkpoint, falling back past damaged ones;
+    /// the `latest` file is a pointer for people and scripts, not consulted: a crash between
+    /// a checkpoint's rename and the pointer's update leaves it one behind) or `--resume
+    /// <dir>` (that folder, verified). Returns the folder, its manifest, and warnings about
+    /// checkpoints that were skipped.
     pub fn resolve(
         &self,
         spec: &str,
@@ -286,16 +326,7 @@ impl CheckpointStore {
             return Ok((dir, m, vec![]));
         }
         let mut warnings = vec![];
-        let mut candidates = self.list();
-        // Prefer the folder `latest` names, then every other one newest first.
-        if let Ok(name) = fs::read_to_string(self.root.join("latest")) {
-            let p = self.root.join(name.trim());
-            if let Some(pos) = candidates.iter().position(|(_, d)| *d == p) {
-                let c = candidates.remove(pos);
-                candidates.insert(0, c);
-            }
-        }
-        for (_, dir) in candidates {
+        for (_, dir) in self.list() {
             match Self::verify(&dir, config_fingerprint) {
                 Ok(m) => return Ok((dir, m, warnings)),
                 Err(e @ CheckpointError::ConfigMismatch { .. }) => return Err(e),
@@ -392,6 +423,56 @@ mod tests {
             matches!(err, CheckpointError::ConfigMismatch { .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn newer_checkpoints_are_set_aside_and_the_new_one_is_never_pruned() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 3);
+        save(&store, 2, "fp");
+        save(&store, 4, "fp");
+        save(&store, 5, "fp");
+        assert!(store.set_aside_newer(5).unwrap().is_none());
+        // The `latest` pointer one behind (a crash before its update): the newest wins.
+        fs::write(store.root().join("latest"), "step-00000004").unwrap();
+        assert_eq!(store.resolve("latest", "fp").unwrap().1.step, 5);
+        let (aside, names) = store.set_aside_newer(2).unwrap().unwrap();
+        assert_eq!(names, ["step-00000004", "step-00000005"]);
+        assert!(aside.ends_with("abandoned-after-step-00000002"));
+        for n in &names {
+            let d = aside.join(n);
+            Manifest::read(&d).unwrap().verify(&d).unwrap();
+        }
+        let steps = |s: &CheckpointStore| s.list().into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        assert_eq!(steps(&store), [2]);
+        // The new timeline's saves do not touch the set-aside ones; a second branch from the
+        // same step gets its own folder.
+        save(&store, 3, "fp");
+        save(&store, 4, "fp");
+        let (again, _) = store.set_aside_newer(2).unwrap().unwrap();
+        assert!(again.ends_with("abandoned-after-step-00000002-2"));
+        assert_eq!(fs::read_dir(&aside).unwrap().count(), 2);
+        // With keep_last = 1 and a damaged newer checkpoint left in place, the checkpoint
+        // just written stays and the damaged one goes.
+        let d5 = save(&store, 5, "fp");
+        fs::remove_file(d5.join(MANIFEST)).unwrap();
+        let one = CheckpointStore::new(tmp.path(), 1);
+        let d3 = save(&one, 3, "fp");
+        assert_eq!(steps(&one), [3]);
+        // Saving step 3 again replaces it whole and leaves no `.old-` folder behind.
+        assert_eq!(save(&one, 3, "fp"), d3);
+        let hidden = fs::read_dir(one.root())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with('.')
+            })
+            .count();
+        assert_eq!(hidden, 0);
+        Manifest::read(&d3).unwrap().verify(&d3).unwrap();
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
 
     /// Restore the checkpoint `spec` (`latest` or a folder); returns its folder.
     fn resume(&mut self, spec: &str) -> Result<PathBuf, TrainError> {
-        let (dir, _manifest, warnings) = self.store.resolve(spec, &self.loaded.fingerprint)?;
+        let (dir, manifest, warnings) = self.store.resolve(spec, &self.loaded.fingerprint)?;
         let main = self.seat.is_main();
         for w in warnings.iter().filter(|_| main) {
             eprintln!("reel: warning: {w}");
@@ -186,6 +186,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.step = st.step;
         self.loader.set_cursor(st.data_cursor);
         if main {
+            self.set_aside_newer(manifest.step)?;
             eprintln!("reel: resumed from {} at step {}", dir.display(), self.step);
             let (was, now) = (st.workers.max(1), self.seat.workers);
             if was != now {
@@ -198,6 +199,20 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
         }
         Ok(dir)
+    }
+
+    /// Move this run's checkpoints after the resumed `step` out of the way (the run goes on
+    /// from `step` on a new timeline), saying where they went.
+    fn set_aside_newer(&self, step: u64) -> Result<(), TrainError> {
+        if let Some((aside, names)) = self.store.set_aside_newer(step)? {
+            eprintln!(
+                "reel: resuming from step {step}, before this run's newest checkpoint: moved {} \
+                 to {} (kept, not pruned; delete it when no longer needed)",
+                names.join(", "),
+                aside.display()
+            );
+        }
+        Ok(())
     }
 
     /// Callbacks load their state (after a resume), then `on_train_start`.
