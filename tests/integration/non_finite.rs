@@ -26,7 +26,7 @@ fn skip_drops_exactly_the_bad_update() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("non-finite loss=NaN: update skipped"),
+        err.contains("step 3: non-finite loss=NaN: update skipped"),
         "the skip is not reported: {err}"
     );
     let metrics = std::fs::read_to_string(dir.join("skip/metrics.jsonl")).unwrap();
@@ -66,7 +66,7 @@ fn stop_checkpoints_the_last_good_state_and_resume_matches() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "stop must exit non-zero: {err}");
     assert!(
-        err.contains("non-finite") && err.contains("step-00000002"),
+        err.contains("non-finite values at step 3") && err.contains("step-00000002"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

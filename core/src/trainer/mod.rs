@@ -54,7 +54,8 @@ pub enum TrainError {
         "non-finite values at step {step}: {what}; the last good state was saved to {checkpoint}"
     )]
     NonFinite {
-        /// Step (0-based) that produced them.
+        /// Step that produced them, counted from 1 as in `metrics.jsonl` and the progress
+        /// output (the saved state is that of the step before).
         step: u64,
         /// Which losses / gradient norms.
         what: String,

@@ -243,7 +243,7 @@ impl<B: ReelBackend> Trainer<'_, B> {
                 self.skipped_steps += 1;
                 eprintln!(
                     "reel: step {}: non-finite {}: update skipped (non_finite = \"skip\")",
-                    self.step,
+                    self.step + 1,
                     bad.join(", ")
                 );
                 Ok(())
@@ -251,7 +251,7 @@ impl<B: ReelBackend> Trainer<'_, B> {
             NonFinitePolicy::Stop => {
                 let dir = self.save(cursor_before)?;
                 Err(TrainError::NonFinite {
-                    step: self.step,
+                    step: self.step + 1,
                     what: bad.join(", "),
                     checkpoint: dir.display().to_string(),
                 })
