@@ -197,6 +197,24 @@ fn check_opens_the_data_and_fits_each_model_to_it() {
     assert!(train_err.contains(err.trim()), "{train_err} against {err}");
     assert!(!dir.join("out/checkpoints").exists(), "no step was taken");
 
+    // wan-tiny's RoPE tables cover 32 positions per axis: 66 / 2 = 33 patches is one too
+    // many (the forward would have panicked mid-run).
+    let args = ["run.toml", "--set", "data.height=66"];
+    let out = reel(dir, &[&["check"][..], &args].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a too long height passed the check");
+    for want in [
+        "`models.student`",
+        "`data.height` = 66",
+        "33 patches",
+        "at most 64",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    let out = reel(dir, &[&["train"][..], &args, &["--output", "out"]].concat());
+    assert!(!out.status.success());
+    assert!(!dir.join("out/checkpoints").exists(), "no step was taken");
+
     // A parquet data set that is not there.
     let parquet = "[data]\nkind = \"fastvideo_parquet\"\npath = \"no/such/set\"\nbatch_size = 2\n";
     let text = TINY_WAN_RUN.replace(
@@ -571,4 +589,59 @@ fn train_names_the_kernels_chosen_by_the_environment() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("kernels chosen by the environment"), "{err}");
+}
+
+/// Settings that need the models' shapes are checked by `reel check` from the configs, as
+/// `reel train` would report them when building: discriminator heads on a block the critic
+/// does not have.
+#[test]
+fn check_reports_head_blocks_the_feature_network_lacks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("gan.toml"),
+        distill_config(DMD2_GAN_METHOD, true, 2),
+    )
+    .unwrap();
+    let out = reel(dir, &["check", "gan.toml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = reel(
+        dir,
+        &[
+            "check",
+            "gan.toml",
+            "--set",
+            "method.gan_heads.blocks=[0, 9]",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "block 9 of a 2-block critic passed: {err}"
+    );
+    for want in [
+        "gan.toml",
+        "`method.gan_heads.blocks`",
+        "block 9 does not exist",
+        "2 blocks",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    let out = reel(
+        dir,
+        &[
+            "train",
+            "gan.toml",
+            "--set",
+            "method.gan_heads.blocks=[0, 9]",
+            "--output",
+            "out",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(!dir.join("out/checkpoints").exists(), "no step was taken");
 }

@@ -20,6 +20,9 @@ pub struct ModelInfo {
     pub hidden_size: usize,
     /// Number of blocks whose hidden states can be read (indices `0..num_layers`).
     pub num_layers: usize,
+    /// The longest post-patch extent (latent size / patch size) on any axis that the model's
+    /// position encoding covers (Wan: `rope_max_seq_len`); `None` when there is no limit.
+    pub max_grid: Option<usize>,
 }
 
 impl ModelInfo {
@@ -61,6 +64,14 @@ impl ModelInfo {
                     self.patch_size
                 ));
             }
+            if let Some(max) = self.max_grid.filter(|&max| size / patch > max) {
+                return err(format!(
+                    "`{key}` = {size} is {} patches long, more than the {max} positions the \
+                     model's position encoding covers (rope_max_seq_len); use at most {}",
+                    size / patch,
+                    max * patch
+                ));
+            }
         }
         Ok(())
     }
@@ -86,6 +97,7 @@ mod tests {
         patch_size: [4, 2, 2],
         hidden_size: 64,
         num_layers: 2,
+        max_grid: None,
     };
 
     fn check(role: &str, m: &ModelInfo, spec: &DataSpec) -> Result<(), ConfigError> {
@@ -148,5 +160,29 @@ mod tests {
             .unwrap();
         assert_eq!(INFO.tokens(8, 12, 12), Some(2 * 6 * 6));
         assert_eq!(INFO.tokens(usize::MAX, usize::MAX, 12), None);
+    }
+
+    #[test]
+    fn clips_longer_than_the_position_encoding_are_rejected() {
+        let info = ModelInfo {
+            max_grid: Some(6),
+            ..INFO
+        };
+        info.check_data("student", &DataSpec::for_tests(24, 12, 12))
+            .unwrap();
+        let e = message(check("student", &info, &DataSpec::for_tests(4, 14, 12)));
+        for want in [
+            "`models.student`",
+            "`data.height` = 14",
+            "7 patches",
+            "at most 12",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in: {e}");
+        }
+        let e = message(check("critic", &info, &DataSpec::for_tests(28, 12, 12)));
+        assert!(
+            e.contains("`data.frames` = 28") && e.contains("at most 24"),
+            "{e}"
+        );
     }
 }

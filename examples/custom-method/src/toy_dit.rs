@@ -205,6 +205,7 @@ impl<B: Backend> DiffusionModel<B> for ToyDit<B> {
             patch_size: [1, 1, 1],
             hidden_size: hidden,
             num_layers: self.blocks.len(),
+            max_grid: None,
         }
     }
 

@@ -106,6 +106,7 @@ impl WanConfig {
             patch_size: self.patch_size,
             hidden_size: self.inner_dim(),
             num_layers: self.num_layers,
+            max_grid: Some(self.rope_max_seq_len),
         }
     }
 }
