@@ -74,6 +74,46 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["models.student.attention", "flash3", "memory_efficient"],
         ),
         (
+            "negative learning rate in a role's optimizer table",
+            Set(&["models.student.optimizer.lr=-1.0"]),
+            &["models.student.optimizer.lr", "positive"],
+        ),
+        (
+            "beta of 1 in a role's optimizer table",
+            Set(&["models.student.optimizer.betas=[0.9, 1.0]"]),
+            &["models.student.optimizer.betas[1]"],
+        ),
+        (
+            "unknown key in a role table",
+            Set(&["models.student.bogus=1"]),
+            &["`models.student.bogus`", "unknown field"],
+        ),
+        (
+            "bad value in a callback, set with the key form errors use",
+            Set(&["callbacks[2].num_prompts=-1"]),
+            &["`callbacks[2].num_prompts`", "-1"],
+        ),
+        (
+            "bad value inside a plugin table nested in a plugin table",
+            Set(&["method.sigma_density.logit_std=x"]),
+            &["`method.sigma_density.logit_std`", "expected f64"],
+        ),
+        (
+            "an EMA of a role that is not there",
+            Set(&["callbacks[0].roles=[\"teacher\"]"]),
+            &[
+                "callbacks[0]",
+                "`teacher`",
+                "not a trainable role",
+                "[\"student\"]",
+            ],
+        ),
+        (
+            "two EMAs of one role",
+            Append("[[callbacks]]\nkind = \"ema\"\ndecay = 0.9\n"),
+            &["callbacks[3]", "already averaged by callbacks[0]"],
+        ),
+        (
             "unknown dtype",
             Set(&["runtime.dtype=f8"]),
             &["runtime.dtype", "f8"],
@@ -462,6 +502,18 @@ fn distillation_options_name_their_keys() {
             "gan.toml",
             "method.gan_heads.hidden=0",
             &["method.gan_heads.hidden"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.heads.stride=0",
+            &["method.heads.stride", "at least 1"][..],
+        ),
+        (
+            gan,
+            "gan.toml",
+            "method.gan_heads.blocks=[]",
+            &["method.gan_heads.blocks", "empty list"][..],
         ),
         (
             cons,

@@ -1,6 +1,7 @@
 //! Loading a run config: read TOML, apply `--set` overrides, deserialize with key paths,
 //! validate, and render the resolved config.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{ConfigError, RunConfig};
@@ -97,24 +98,35 @@ impl LoadedConfig {
     /// read). One error per role or callback at most, naming the file and the role
     /// (`models.<role>`) or key (`callbacks[<i>].vae`).
     pub fn model_problems(&self, spec: &DataSpec) -> Vec<ConfigError> {
-        let check = |name: &String, role: &crate::role::RoleConfig| -> Result<(), ConfigError> {
-            let info = role
-                .model
-                .model_info(role, &|p| self.resolve(p))
-                .map_err(|e| self.role_error(name, e))?;
-            match info {
-                Some(info) => info
-                    .check_data(name, spec)
-                    .map_err(|e| e.in_file(&self.path)),
-                None => Ok(()),
-            }
+        let infos: BTreeMap<&str, _> = (self.config.models.iter())
+            .map(|(name, role)| {
+                let info = (role.model.model_info(role, &|p| self.resolve(p)))
+                    .map_err(|e| self.role_error(name, e));
+                (name.as_str(), info)
+            })
+            .collect();
+        let roles = infos.iter().filter_map(|(name, info)| match info {
+            Ok(Some(info)) => info
+                .check_data(name, spec)
+                .map_err(|e| e.in_file(&self.path))
+                .err(),
+            Ok(None) => None,
+            Err(e) => Some(e.clone()),
+        });
+        let known = |name: &str| {
+            infos
+                .get(name)
+                .and_then(|i| i.as_ref().ok().copied())
+                .flatten()
         };
-        let models = &self.config.models;
-        let roles = models.iter().filter_map(|(n, r)| check(n, r).err());
+        let method = (self.config.method.check_models(&known))
+            .map_err(|e| e.in_section("method").in_file(&self.path))
+            .err();
         let batch = self.check_batch_memory(spec).err();
         batch
             .into_iter()
             .chain(roles)
+            .chain(method)
             .chain(self.callback_data_problems(spec))
             .collect()
     }
@@ -131,13 +143,15 @@ pub fn base_dir_for(_config_path: &Path) -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
 
-/// Parse a `--set key.path=value` override. The value is parsed as a TOML value (`3`, `1e-4`,
+/// Parse a `--set key.path=value` override (`callbacks.0.decay` or `callbacks[0].decay`
+/// index arrays). The value is parsed as a TOML value (`3`, `1e-4`,
 /// `true`, `[1, 2]`, `"text"`), falling back to a bare string.
 pub fn parse_override(spec: &str) -> Result<(Vec<String>, toml::Value), ConfigError> {
     let (key, raw) = spec.split_once('=').ok_or_else(|| {
         ConfigError::new("--set", format!("expected `key.path=value`, got `{spec}`"))
     })?;
-    let key = key.trim();
+    // `callbacks[2].every` (the form errors name keys in) is `callbacks.2.every`.
+    let key = key.trim().replace('[', ".").replace(']', "");
     if key.is_empty() || key.split('.').any(|p| p.is_empty()) {
         return Err(ConfigError::new(
             "--set",
@@ -328,28 +342,60 @@ fn value_at<'a>(root: &'a toml::Value, key: &str) -> Option<&'a toml::Value> {
 }
 
 /// Plugin tables (`kind = ...`) are buffered by typetag, which loses the path of a field
-/// inside them. Find the field: the key whose removal changes the error is the culprit.
+/// inside them. Find the field: the key whose removal changes the error is the culprit; when
+/// its value is a table itself, the search goes on inside it.
 fn refine_key(root: &toml::Value, key: &str, msg: &str) -> String {
-    let Some(toml::Value::Table(table)) = value_at(root, key) else {
-        return key.to_string();
+    refine_in(root, key, key, msg)
+}
+
+/// [`refine_key`] in the table at `at` for the error `(raw, msg)` of the whole config.
+fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
+    let Some(toml::Value::Table(table)) = value_at(root, at) else {
+        return at.to_string();
     };
+    let join = |field: &str| {
+        let key = if at.is_empty() {
+            field.to_string()
+        } else {
+            format!("{at}.{field}")
+        };
+        match table.get(field) {
+            Some(toml::Value::Table(_)) => refine_in(root, raw, &key, msg),
+            _ => key,
+        }
+    };
+    // An unknown field is its own key (removing another, required field would change the
+    // error too, and be blamed).
+    let unknown = msg
+        .strip_prefix("unknown field `")
+        .and_then(|m| m.split_once('`'));
+    if let Some((field, _)) = unknown.filter(|(f, _)| table.contains_key(*f)) {
+        return format!("{at}.{field}").trim_start_matches('.').to_string();
+    }
+    // A field whose removal clears the error, or changes it into another than a missing
+    // field, is the culprit; a required field's removal always changes the error (into its
+    // own absence), so those are suspects only when no other field is the culprit.
+    let mut required = vec![];
     for field in table.keys().filter(|k| k.as_str() != "kind") {
         let mut probe = root.clone();
-        if let Some(toml::Value::Table(t)) = value_at_mut(&mut probe, key) {
+        if let Some(toml::Value::Table(t)) = value_at_mut(&mut probe, at) {
             t.remove(field);
         }
         match deserialize(&probe) {
-            Err((k, m)) if k == key && m == msg => continue,
-            _ => {
-                return if key.is_empty() {
-                    field.clone()
-                } else {
-                    format!("{key}.{field}")
-                }
-            }
+            Err((k, m)) if k == raw && m == msg => continue,
+            // The same error, its path now tracked further (serde buffers less): that path.
+            Err((k, m)) if m == msg && k.starts_with(raw) && k.len() > raw.len() => return k,
+            Err((_, m)) if m.starts_with("missing field") => required.push(field),
+            _ => return join(field),
         }
     }
-    key.to_string()
+    // Of those, the one whose value the message quotes, else the only one.
+    let quoted = |f: &&String| table.get(*f).is_some_and(|v| msg.contains(&v.to_string()));
+    match required.iter().copied().find(quoted) {
+        Some(f) => join(f),
+        None if required.len() == 1 => join(required[0]),
+        None => at.to_string(),
+    }
 }
 
 fn value_at_mut<'a>(root: &'a mut toml::Value, key: &str) -> Option<&'a mut toml::Value> {
@@ -408,6 +454,9 @@ mod tests {
         let (k, v) = parse_override("cb.0.x=5").unwrap();
         apply_override(&mut root, &k, v).unwrap();
         assert_eq!(root["cb"][0]["x"].as_integer(), Some(5));
+        let (k, v) = parse_override("cb[0].x=6").unwrap();
+        apply_override(&mut root, &k, v).unwrap();
+        assert_eq!(root["cb"][0]["x"].as_integer(), Some(6));
         let (k, v) = parse_override("cb.3.x=5").unwrap();
         let err = apply_override(&mut root, &k, v).unwrap_err();
         assert!(err.to_string().contains("out of range"), "{err}");

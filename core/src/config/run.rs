@@ -343,6 +343,41 @@ impl RunConfig {
                 ));
             }
         }
+        self.check_callback_roles()
+    }
+
+    /// Each role a callback keeps a weight copy of (an EMA shadow) is a trainable role of
+    /// `[models]`, and no two callbacks keep one of the same role: a role has one shadow,
+    /// which both would update.
+    fn check_callback_roles(&self) -> Result<(), ConfigError> {
+        let trainable: Vec<&String> = (self.models.iter())
+            .filter(|(_, r)| r.trainable)
+            .map(|(n, _)| n)
+            .collect();
+        let mut owner: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            for role in cb.copies_of_roles() {
+                let key = format!("callbacks[{i}]");
+                if !trainable.contains(&&role) {
+                    return Err(ConfigError::new(
+                        key,
+                        format!(
+                            "keeps a copy of role `{role}`'s trained weights, but `{role}` is \
+                             not a trainable role of [models]; expected one of {trainable:?}"
+                        ),
+                    ));
+                }
+                if let Some(k) = owner.insert(role.clone(), i) {
+                    return Err(ConfigError::new(
+                        key,
+                        format!(
+                            "role `{role}` is already averaged by callbacks[{k}]; a role has \
+                             one shadow, which both callbacks would update"
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -345,4 +345,15 @@ pub trait MethodConfig: BuildMethodAll + Debug + Send + Sync {
     fn supports_gradient_checkpointing(&self) -> bool {
         false
     }
+    /// Check settings that depend on the roles' models (e.g. block indices against a
+    /// model's `num_layers`), before any weight is read: `info(role)` is the role's
+    /// [`ModelInfo`](crate::model::ModelInfo), `None` when its architecture cannot tell
+    /// without building it. Keys are relative to `[method]`; the default has nothing to check.
+    fn check_models(
+        &self,
+        info: &dyn Fn(&str) -> Option<crate::model::ModelInfo>,
+    ) -> Result<(), ConfigError> {
+        let _ = info;
+        Ok(())
+    }
 }

@@ -135,6 +135,13 @@ pub struct OptimizerPatch {
 }
 
 impl OptimizerPatch {
+    /// Check the ranges of the given fields (as [`OptimizerConfig::validate`] does); keys are
+    /// relative to the patch's table.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // The defaults are in range, so any error names a field of the patch.
+        self.apply(&OptimizerConfig::default()).validate()
+    }
+
     /// `base` with every given field replaced.
     pub fn apply(&self, base: &OptimizerConfig) -> OptimizerConfig {
         OptimizerConfig {
@@ -183,5 +190,43 @@ mod tests {
         let r = p.apply(&base);
         assert_eq!(r.lr, 5e-5);
         assert_eq!(r.betas, base.betas);
+        p.validate().unwrap();
+    }
+
+    #[test]
+    fn patch_fields_are_range_checked() {
+        for (patch, key) in [
+            (
+                OptimizerPatch {
+                    lr: Some(-1.0),
+                    ..Default::default()
+                },
+                "`lr`",
+            ),
+            (
+                OptimizerPatch {
+                    betas: Some([0.9, 1.5]),
+                    ..Default::default()
+                },
+                "`betas[1]`",
+            ),
+            (
+                OptimizerPatch {
+                    eps: Some(0.0),
+                    ..Default::default()
+                },
+                "`eps`",
+            ),
+            (
+                OptimizerPatch {
+                    weight_decay: Some(2.0),
+                    ..Default::default()
+                },
+                "`weight_decay`",
+            ),
+        ] {
+            let e = patch.validate().expect_err("out of range").to_string();
+            assert!(e.contains(key), "missing {key} in: {e}");
+        }
     }
 }

@@ -113,6 +113,9 @@ impl RoleConfig {
                 ));
             }
         }
+        if let Some(p) = &self.optimizer {
+            p.validate().map_err(|e| e.in_section("optimizer"))?;
+        }
         if let Some(n) = self.max_grad_norm {
             check::positive_f64("max_grad_norm", n)?;
         }

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use reel_core::config::{check, ConfigError};
 use reel_core::flow::TimestepDensity;
 use reel_core::method::MethodConfig;
-use reel_core::optim::{OptimizerConfig, OptimizerPatch};
+use reel_core::model::ModelInfo;
+use reel_core::optim::OptimizerPatch;
 use reel_core::role::RoleRequirement;
 
 use super::heads::HeadsConfig;
@@ -93,9 +94,7 @@ impl MethodConfig for AdversarialConfig {
             .validate()
             .map_err(|e| e.in_section("sigma_density"))?;
         check::positive_f64("shift", self.shift)?;
-        if self.heads.hidden == 0 {
-            return Err(ConfigError::new("heads.hidden", "must be at least 1"));
-        }
+        self.heads.validate().map_err(|e| e.in_section("heads"))?;
         check::positive_f64("generator_weight", self.generator_weight)?;
         check::positive_f64("discriminator_weight", self.discriminator_weight)?;
         check::non_negative_f64("flow_matching_weight", self.flow_matching_weight)?;
@@ -103,8 +102,7 @@ impl MethodConfig for AdversarialConfig {
         check::positive_f64("r1_epsilon", self.r1_epsilon)?;
         check::positive_usize("discriminator_interval", self.discriminator_interval)?;
         if let Some(p) = &self.discriminator_optimizer {
-            p.apply(&OptimizerConfig::default())
-                .validate()
+            p.validate()
                 .map_err(|e| e.in_section("discriminator_optimizer"))?;
         }
         check::sampling_steps("sample_steps", self.sample_steps)?;
@@ -117,6 +115,15 @@ impl MethodConfig for AdversarialConfig {
             RoleRequirement::trainable("student"),
             RoleRequirement::frozen("teacher"),
         ]
+    }
+
+    /// The heads' blocks exist in the teacher (their feature network).
+    fn check_models(&self, info: &dyn Fn(&str) -> Option<ModelInfo>) -> Result<(), ConfigError> {
+        match info("teacher") {
+            Some(t) => self.heads.block_indices(t.num_layers).map(drop),
+            None => Ok(()),
+        }
+        .map_err(|e| e.in_section("heads"))
     }
 
     /// The student can be block-checkpointed (the teacher's feature forwards are not).

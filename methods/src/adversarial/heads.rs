@@ -58,20 +58,29 @@ impl Default for HeadsConfig {
 }
 
 impl HeadsConfig {
-    /// The selected block indices for a feature network with `num_layers` blocks; errors name
-    /// the key (`stride`, `blocks`, `hidden`).
-    pub fn block_indices(&self, num_layers: usize) -> Result<Vec<usize>, ConfigError> {
+    /// Check what needs no model: `hidden` and `stride` at least 1, `blocks` not empty.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.hidden == 0 {
             return Err(ConfigError::new("hidden", "must be at least 1"));
         }
+        if self.blocks.as_ref().is_some_and(|b| b.is_empty()) {
+            return Err(ConfigError::new(
+                "blocks",
+                "an empty list selects no block: give at least one index or use `stride`",
+            ));
+        }
+        if self.blocks.is_none() && self.stride == 0 {
+            return Err(ConfigError::new("stride", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The selected block indices for a feature network with `num_layers` blocks; errors name
+    /// the key (`stride`, `blocks`, `hidden`).
+    pub fn block_indices(&self, num_layers: usize) -> Result<Vec<usize>, ConfigError> {
+        self.validate()?;
         let picked: Vec<usize> = match &self.blocks {
             Some(list) => {
-                if list.is_empty() {
-                    return Err(ConfigError::new(
-                        "blocks",
-                        "an empty list selects no block: give at least one index or use `stride`",
-                    ));
-                }
                 if let Some(bad) = list.iter().find(|&&i| i >= num_layers) {
                     return Err(ConfigError::new(
                         "blocks",
@@ -86,7 +95,7 @@ impl HeadsConfig {
                 v
             }
             None => {
-                if self.stride == 0 || self.stride > num_layers {
+                if self.stride > num_layers {
                     return Err(ConfigError::new(
                         "stride",
                         format!(

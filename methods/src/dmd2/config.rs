@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use reel_core::config::{check, ConfigError};
 use reel_core::flow::shift_sigma;
 use reel_core::method::MethodConfig;
-use reel_core::optim::{OptimizerConfig, OptimizerPatch};
+use reel_core::model::ModelInfo;
+use reel_core::optim::OptimizerPatch;
 use reel_core::role::RoleRequirement;
 
 use super::loss::CfgForm;
@@ -201,9 +202,7 @@ impl MethodConfig for Dmd2Config {
         }
         check::positive_u64("generator_update_interval", self.generator_update_interval)?;
         if let Some(p) = &self.critic_optimizer {
-            p.apply(&OptimizerConfig::default())
-                .validate()
-                .map_err(|e| e.in_section("critic_optimizer"))?;
+            p.validate().map_err(|e| e.in_section("critic_optimizer"))?;
         }
         check::non_negative_f64("gan_generator_weight", self.gan_generator_weight)?;
         check::non_negative_f64("gan_discriminator_weight", self.gan_discriminator_weight)?;
@@ -218,9 +217,9 @@ impl MethodConfig for Dmd2Config {
                 format!("expected a number > 0 when `{set}` is set (the adversarial terms are used together)"),
             ));
         }
-        if self.gan_heads.hidden == 0 {
-            return Err(ConfigError::new("gan_heads.hidden", "must be at least 1"));
-        }
+        self.gan_heads
+            .validate()
+            .map_err(|e| e.in_section("gan_heads"))?;
         if let Some(n) = self.sample_steps {
             check::sampling_steps("sample_steps", n)?;
             if n > steps.len() {
@@ -248,6 +247,15 @@ impl MethodConfig for Dmd2Config {
     /// forwards through the critic are not).
     fn supports_gradient_checkpointing(&self) -> bool {
         true
+    }
+
+    /// With the GAN terms on, the heads' blocks exist in the critic (their feature network).
+    fn check_models(&self, info: &dyn Fn(&str) -> Option<ModelInfo>) -> Result<(), ConfigError> {
+        match info("critic").filter(|_| self.gan_enabled()) {
+            Some(c) => self.gan_heads.block_indices(c.num_layers).map(drop),
+            None => Ok(()),
+        }
+        .map_err(|e| e.in_section("gan_heads"))
     }
 }
 
