@@ -312,9 +312,9 @@ impl CheckpointStore {
 
     /// Resolve `--resume latest` (newest intact checkpoint, falling back past damaged ones;
     /// the `latest` file is a pointer for people and scripts, not consulted: a crash between
-    /// a checkpoint's rename and the pointer's update leaves it one behind) or `--resume
-    /// <dir>` (that folder, verified). Returns the folder, its manifest, and warnings about
-    /// checkpoints that were skipped.
+    /// a checkpoint's rename and the pointer's update leaves it one behind) or
+    /// `--resume <dir>` (that folder, verified). Returns the folder, its manifest, and
+    /// warnings about checkpoints that were skipped.
     pub fn resolve(
         &self,
         spec: &str,
