@@ -50,20 +50,39 @@ fn a_fully_trained_role_holds_weights_moments_ema_and_one_backward() {
     assert_eq!(two.weights, f.weights);
 }
 
+/// Parameters of `wan-tiny` with a rank-4 LoRA on the default targets, the adapter's alone.
+fn tiny_lora_params() -> u128 {
+    let cfg = WanConfig::preset("wan-tiny").unwrap();
+    let model = cfg.init::<burn::backend::NdArray>(&Default::default());
+    let spec = reel_models::LoraSpec::new(4, reel_models::LoraSpec::default_targets());
+    let adapted = reel_models::lora::apply_lora(model, &spec, 0).unwrap();
+    let shapes = reel_core::params::named_param_shapes(&adapted);
+    let lora = shapes.iter().filter(|s| s.path.contains("lora_"));
+    lora.map(|s| s.shape.iter().product::<usize>() as u128)
+        .sum()
+}
+
 #[test]
 fn a_lora_role_holds_its_float32_base_and_block_inputs_only_when_checkpointed() {
     let (p, per_sample) = tiny();
+    let a = tiny_lora_params();
+    assert!(a > 0);
     let lora = "models.student.adapter={kind=\"lora\",rank=4}";
     let f = floor_of(TINY_WAN_RUN, &[lora]);
+    // The base's float32 weights; the adapter's weights, moments, EMA copy and gradients.
     assert_eq!(
         (f.weights, f.moments, f.copies, f.backward),
-        (4 * p, 0, 0, 0)
+        (4 * p + 4 * a, 8 * a, 4 * a, 4 * a)
     );
+    // A rank far beyond the layers' widths is counted, not allocated: the floor grows with it.
+    // (An adapter's parameters grow linearly with the rank: 10^6 times rank 4's.)
+    let huge = "models.student.adapter={kind=\"lora\",rank=4000000}";
+    assert!(floor_of(TINY_WAN_RUN, &[huge]).total() >= 20 * a * 1_000_000);
     let checkpointed = floor_of(
         TINY_WAN_RUN,
         &[lora, "models.student.gradient_checkpointing=true"],
     );
-    assert_eq!(checkpointed.backward, 2 * per_sample);
+    assert_eq!(checkpointed.backward, (2 * per_sample).max(4 * a));
 }
 
 #[test]

@@ -49,6 +49,10 @@ impl LoadedConfig {
     fn role_state(&self, name: &str, role: &RoleConfig, spec: &DataSpec) -> RoleState {
         let resolve = |p: &std::path::Path| self.resolve(p);
         let params = role.model.num_params(role, &resolve).ok().flatten();
+        let adapter_params = (role.model.num_adapter_params(role, &resolve))
+            .ok()
+            .flatten()
+            .unwrap_or(0);
         let training = match (role.trainable, role.adapter.is_some()) {
             (false, _) => Training::Frozen,
             (true, true) => Training::Adapter,
@@ -81,6 +85,7 @@ impl LoadedConfig {
         RoleState {
             name: name.to_string(),
             params,
+            adapter_params,
             training,
             block_inputs,
             copied,

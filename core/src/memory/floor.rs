@@ -21,8 +21,8 @@ pub enum Training {
     /// Not trained (`trainable = false`): its weights only, bfloat16 ones under
     /// `dtype = "bf16"` (at least 2 bytes a parameter then, 4 otherwise).
     Frozen,
-    /// Trained through an adapter: float32 base weights (4 bytes a parameter); the adapter's
-    /// own weights, gradients and moments are not counted.
+    /// Trained through an adapter: float32 base weights (4 bytes a parameter), and the
+    /// adapter's own parameters ([`RoleState::adapter_params`]) as a role trained in full.
     Adapter,
     /// Trained in full: float32 weights, gradients and AdamW's two moments (16 bytes a
     /// parameter).
@@ -37,6 +37,10 @@ pub struct RoleState {
     /// Parameters of its model, an adapter's not counted; `None` when its architecture does
     /// not tell them from the config ([`crate::model::ModelConfig::num_params`]).
     pub params: Option<u64>,
+    /// Parameters of its adapter (0 without one, or when the architecture does not tell them:
+    /// [`crate::model::ModelConfig::num_adapter_params`]), each held as float32 weights,
+    /// gradients and two AdamW moments.
+    pub adapter_params: u64,
     /// How it is trained.
     pub training: Training,
     /// Bytes of the hidden states its backward keeps at least on one device: each block's
@@ -45,9 +49,8 @@ pub struct RoleState {
     /// without checkpointing (its frozen blocks before the first adapted one keep nothing).
     /// Saturates at `u128::MAX`.
     pub block_inputs: u128,
-    /// Whether a callback keeps a float32 copy of its trained weights (an EMA's shadow: one
-    /// per role however many callbacks name it); counted for a role trained in full (an
-    /// adapter's copy is not).
+    /// Whether a callback keeps a float32 copy of its trained weights (an EMA's shadow): of
+    /// every parameter for a role trained in full, of the adapter's for an adapter role.
     pub copied: bool,
 }
 
@@ -92,21 +95,32 @@ impl MemoryFloor {
                 floor.uncounted.push(role.name.clone());
                 continue;
             };
-            let (weight_bytes, moment_bytes, gradient_bytes) = match role.training {
-                Training::Frozen if precision == Precision::Bf16 => (2, 0, 0),
-                Training::Frozen => (4, 0, 0),
-                Training::Adapter => (4, 0, 0),
-                Training::Full => (4, 8, 4),
+            // Bytes a parameter of the model itself holds as weights.
+            let weight_bytes = match role.training {
+                Training::Frozen if precision == Precision::Bf16 => 2,
+                _ => 4,
             };
-            floor.weights = floor.weights.saturating_add(p * weight_bytes);
+            // The parameters trained (all, an adapter's, or none): float32 weights (the
+            // adapter's on top of the base), gradients, two moments, the EMA's copy.
+            let trained = match role.training {
+                Training::Frozen => 0,
+                Training::Adapter => u128::from(role.adapter_params),
+                Training::Full => p,
+            };
+            let extra_weights = match role.training {
+                Training::Adapter => trained * 4,
+                _ => 0,
+            };
+            let weights = (p * weight_bytes).saturating_add(extra_weights);
+            floor.weights = floor.weights.saturating_add(weights);
             if role.training == Training::Frozen && weight_bytes == 4 {
                 floor.frozen_f32 = floor.frozen_f32.saturating_add(p * 4);
             }
-            floor.moments = floor.moments.saturating_add(p * moment_bytes);
-            if role.training == Training::Full && role.copied {
-                floor.copies = floor.copies.saturating_add(p * 4);
+            floor.moments = floor.moments.saturating_add(trained.saturating_mul(8));
+            if role.copied {
+                floor.copies = floor.copies.saturating_add(trained.saturating_mul(4));
             }
-            let gradients = p * gradient_bytes;
+            let gradients = trained.saturating_mul(4);
             let backward = match accumulating {
                 true => gradients.saturating_add(role.block_inputs),
                 false => gradients.max(role.block_inputs),
@@ -231,6 +245,7 @@ mod tests {
         RoleState {
             name: name.into(),
             params: Some(params),
+            adapter_params: 0,
             training,
             block_inputs,
             copied: false,
@@ -263,7 +278,7 @@ mod tests {
         assert_eq!(bf16.moments, f32.moments);
         assert_eq!((f32.frozen_f32, bf16.frozen_f32), (4 * 3 * p as u128, 0));
 
-        // An EMA of the student: one float32 copy; of an adapter role, none counted.
+        // An EMA of the student: one float32 copy; of an adapter role, the adapter's.
         let mut followed = roles.clone();
         followed[0].copied = true;
         let ema = MemoryFloor::of(&followed, Precision::F32, false);
@@ -273,9 +288,17 @@ mod tests {
 
         let mut lora = [role("student", p, Training::Adapter, 500)];
         lora[0].copied = true;
-        let lora = MemoryFloor::of(&lora, Precision::Bf16, false);
-        assert_eq!((lora.weights, lora.moments, lora.backward), (4000, 0, 500));
-        assert_eq!(lora.copies, 0);
+        let floor = MemoryFloor::of(&lora, Precision::Bf16, false);
+        assert_eq!(
+            (floor.weights, floor.moments, floor.backward),
+            (4000, 0, 500)
+        );
+        assert_eq!(floor.copies, 0);
+        // 200 adapter parameters: float32 weights, moments, gradients and the EMA's copy.
+        lora[0].adapter_params = 200;
+        let floor = MemoryFloor::of(&lora, Precision::Bf16, false);
+        assert_eq!((floor.weights, floor.moments), (4000 + 800, 1600));
+        assert_eq!((floor.copies, floor.backward), (800, 800));
     }
 
     #[test]

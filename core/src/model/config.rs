@@ -72,6 +72,17 @@ pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
         let _ = (role, resolve);
         Ok(None)
     }
+    /// How many parameters `role`'s adapter adds (a LoRA's `A` and `B` on every targeted
+    /// layer), counted without allocating them, for the memory floor. `None` (the default,
+    /// and for a role without an adapter): not counted.
+    fn num_adapter_params(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<u64>, ConfigError> {
+        let _ = (role, resolve);
+        Ok(None)
+    }
 }
 
 /// Build a role's model for backend `B`. Implement it generically

@@ -90,6 +90,18 @@ impl WanArch {
     }
 }
 
+/// Parameters of `model` whose dotted path passes `keep` (shapes only: lazy ones stay so).
+fn count_params<B: burn::tensor::backend::Backend>(
+    model: &WanModel<B>,
+    keep: impl Fn(&str) -> bool,
+) -> u64 {
+    let shapes = reel_core::params::named_param_shapes(model);
+    let shapes = shapes.iter().filter(|s| keep(&s.path));
+    shapes
+        .map(|s| s.shape.iter().product::<usize>() as u64)
+        .sum()
+}
+
 /// The model of `cfg` with lazily initialised parameters: their shapes, no memory.
 fn lazy_model(cfg: &WanConfig) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
     cfg.try_init(&Default::default(), 0)
@@ -156,16 +168,33 @@ impl ModelConfig for WanArch {
     }
 
     /// Counted on a lazily initialised model (nothing is allocated); a LoRA adapter's
-    /// parameters are not counted.
+    /// parameters are counted by `num_adapter_params`.
     fn num_params(
         &self,
         _role: &RoleConfig,
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<Option<u64>, ConfigError> {
         let model = lazy_model(&self.wan_config(resolve)?)?;
-        let shapes = reel_core::params::named_param_shapes(&model);
-        let count = |s: &reel_core::params::ParamShape| s.shape.iter().product::<usize>() as u64;
-        Ok(Some(shapes.iter().map(count).sum()))
+        Ok(Some(count_params(&model, |_| true)))
+    }
+
+    /// A LoRA's `A` and `B` of every targeted layer, counted on a lazily initialised model
+    /// with the adapter attached (nothing is allocated).
+    fn num_adapter_params(
+        &self,
+        role: &RoleConfig,
+        resolve: &dyn Fn(&Path) -> PathBuf,
+    ) -> Result<Option<u64>, ConfigError> {
+        let Some(adapter) = &role.adapter else {
+            return Ok(None);
+        };
+        let Some(spec) = adapter.as_any().downcast_ref::<LoraSpec>() else {
+            return Ok(None);
+        };
+        let model = lazy_model(&self.wan_config(resolve)?)?;
+        let adapted =
+            apply_lora(model, spec, 0).map_err(|e| ConfigError::new("adapter", e.to_string()))?;
+        Ok(Some(count_params(&adapted, |path| path.contains(".lora_"))))
     }
 }
 
