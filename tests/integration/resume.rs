@@ -164,3 +164,48 @@ fn a_branch_from_an_older_checkpoint_sets_the_newer_ones_aside() {
     }
     same_as_clean(dir, "clean", "branch from step 2 in the run's own folder");
 }
+
+/// `--resume` with nothing to resume from fails before the run folder is made, and says what
+/// was wrong; a run folder resumes from its newest checkpoint.
+#[test]
+fn resume_paths_a_run_folder_and_nothing_to_resume() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let o = reel(dir, "fresh", &["--resume", "latest"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no intact checkpoint found under"), "{err}");
+    assert!(
+        !dir.join("fresh").exists(),
+        "the run folder was made: {err}"
+    );
+    let o = reel(dir, "fresh", &["--resume", "nope/step-00000002"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nope/step-00000002 does not exist"), "{err}");
+    assert!(!err.contains("damaged"), "{err}");
+    assert!(!dir.join("fresh").exists());
+    // Another [method]: refused, naming the key and both values, before anything is written.
+    let o = reel(
+        dir,
+        "clean",
+        &["--resume", "latest", "--set", "method.shift=5.0"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for want in [
+        "run.toml",
+        "`method.shift`",
+        "trained with absent",
+        "the config says 5.0",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    // The clean run's folder: its step 5, and at its max_steps nothing is left to train.
+    let err = ok(reel(
+        dir,
+        "fresh",
+        &["--resume", "clean", "--set", "training.max_steps=6"],
+    ));
+    assert!(err.contains("step-00000005 at step 5"), "{err}");
+    assert!(ckpt(&dir.join("fresh"), 6).join("manifest.json").is_file());
+}

@@ -46,6 +46,15 @@ pub enum CheckpointError {
         /// The checkpoints folder searched.
         dir: PathBuf,
     },
+    /// `--resume` named a path that does not exist.
+    #[error(
+        "{path} does not exist: `--resume` takes `latest` (this run's newest checkpoint), a run \
+         folder (its newest), or a checkpoint folder such as runs/x/checkpoints/step-00000100"
+    )]
+    NotFound {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The checkpoint was written by a run with a different model/method config.
     #[error("checkpoint {dir} was written by a different config (models/method differ): refusing to resume")]
     ConfigMismatch {
@@ -298,6 +307,35 @@ impl CheckpointStore {
         Ok(Some((aside, names)))
     }
 
+    /// `--resume <path>`: a checkpoint folder (verified), a run folder or a `checkpoints/`
+    /// folder (its newest intact checkpoint), or a `checkpoints/latest` file (the same).
+    fn resolve_path(
+        path: &Path,
+        config_fingerprint: &str,
+    ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
+        if !path.exists() {
+            return Err(CheckpointError::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        let store = if path.is_file() && path.file_name().is_some_and(|n| n == "latest") {
+            path.parent().map(Self::at)
+        } else if path.join("checkpoints").is_dir() {
+            Some(Self::at(&path.join("checkpoints")))
+        } else if !path.join(MANIFEST).exists() && !Self::at(path).list().is_empty() {
+            Some(Self::at(path))
+        } else {
+            None
+        };
+        match store {
+            Some(store) => store.resolve("latest", config_fingerprint),
+            None => {
+                let m = Self::verify(path, config_fingerprint)?;
+                Ok((path.to_path_buf(), m, vec![]))
+            }
+        }
+    }
+
     /// Verify one checkpoint folder: manifest present, checksums match, same config.
     pub fn verify(dir: &Path, config_fingerprint: &str) -> Result<Manifest, CheckpointError> {
         let m = Manifest::read(dir)?;
@@ -321,9 +359,7 @@ impl CheckpointStore {
         config_fingerprint: &str,
     ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
         if spec != "latest" {
-            let dir = PathBuf::from(spec);
-            let m = Self::verify(&dir, config_fingerprint)?;
-            return Ok((dir, m, vec![]));
+            return Self::resolve_path(Path::new(spec), config_fingerprint);
         }
         let mut warnings = vec![];
         for (_, dir) in self.list() {
@@ -417,6 +453,15 @@ mod tests {
         // Explicit folder: the damage is an error.
         let err = store.resolve(d3.to_str().unwrap(), "fp").unwrap_err();
         assert!(err.to_string().contains("damaged"), "{err}");
+        // The run folder, the checkpoints folder and its `latest` file mean the newest intact
+        // one; a path that is not there says so.
+        let root = store.root().to_path_buf();
+        for p in [tmp.path().to_path_buf(), root.clone(), root.join("latest")] {
+            let (dir, m, _) = store.resolve(p.to_str().unwrap(), "fp").unwrap();
+            assert_eq!((m.step, dir.ends_with("step-00000002")), (2, true), "{p:?}");
+        }
+        let err = store.resolve("nope/step-1", "fp").unwrap_err().to_string();
+        assert!(err.contains("nope/step-1 does not exist"), "{err}");
         // Another config.
         let err = store.resolve("latest", "other").unwrap_err();
         assert!(

@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::{build_method, io_err, publish_final, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
 use crate::callback::{Callback, CallbackContext, CallbackError, StepReport};
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest};
 use crate::config::{ConfigError, LoadedConfig, SaveErrorPolicy};
 use crate::data::{negative_or_zeros, DataSource, Loader, TextCondition};
 use crate::method::TrainingMethod;
@@ -88,6 +88,13 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .iter()
             .map(|c| B::build_callback(&**c))
             .collect::<Result<_, _>>()?;
+        // The checkpoint to resume from is found (and verified) before the run folder is
+        // made too: `--resume latest` into an empty folder leaves nothing behind.
+        let store = CheckpointStore::new(&run_dir, cfg.training.keep_last);
+        let resume_from = (opts.resume.as_deref())
+            .map(|spec| store.resolve(spec, &loaded.fingerprint))
+            .transpose()
+            .map_err(|e| explain_mismatch(loaded, e))?;
         if seat.is_main() {
             super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
@@ -99,7 +106,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             loaded,
             interrupt: opts.interrupt.clone(),
             negative: negative_or_zeros(&*source),
-            store: CheckpointStore::new(&run_dir, cfg.training.keep_last),
+            store,
             rng: RunRng::new(cfg.runtime.seed),
             seat,
             stop_agreed: false,
@@ -115,8 +122,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             step_seconds: vec![],
             last_checkpoint: None,
         };
-        let resumed = match &opts.resume {
-            Some(spec) => Some(trainer.resume(spec)?),
+        let resumed = match resume_from {
+            Some(found) => Some(trainer.resume(found)?),
             None => None,
         };
         trainer.start(resumed)?;
@@ -163,9 +170,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         })
     }
 
-    /// Restore the checkpoint `spec` (`latest` or a folder); returns its folder.
-    fn resume(&mut self, spec: &str) -> Result<PathBuf, TrainError> {
-        let (dir, manifest, warnings) = self.store.resolve(spec, &self.loaded.fingerprint)?;
+    /// Restore the checkpoint `found` by [`CheckpointStore::resolve`] (its folder, manifest
+    /// and the warnings about checkpoints skipped); returns its folder.
+    fn resume(&mut self, found: (PathBuf, Manifest, Vec<String>)) -> Result<PathBuf, TrainError> {
+        let (dir, manifest, warnings) = found;
         let main = self.seat.is_main();
         for w in warnings.iter().filter(|_| main) {
             eprintln!("reel: warning: {w}");
@@ -336,5 +344,28 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             is_final,
         };
         (&mut self.callbacks, ctx)
+    }
+}
+
+/// A checkpoint refused for another config names the first differing key of `[models]` or
+/// `[method]`, from the resolved config every checkpoint holds (`config.toml`).
+fn explain_mismatch(loaded: &LoadedConfig, e: CheckpointError) -> TrainError {
+    let CheckpointError::ConfigMismatch { dir } = &e else {
+        return e.into();
+    };
+    let saved = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+    match crate::config::fingerprint_difference(&saved, &loaded.resolved_toml) {
+        Some((key, was, now)) => ConfigError::new(
+            key,
+            format!(
+                "the checkpoint {} was trained with {was}, the config says {now}; resuming \
+                 needs the same [models] and [method]: change it back, or start a new run \
+                 in another folder (--output) without --resume",
+                dir.display()
+            ),
+        )
+        .in_file(&loaded.path)
+        .into(),
+        None => e.into(),
     }
 }
