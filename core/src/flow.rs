@@ -68,12 +68,12 @@ pub fn cfg_combine<B: Backend, const D: usize>(
 }
 
 /// Density of training σ before the shift.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TimestepDensity {
-    /// Uniform in (0, 1).
-    #[default]
-    Uniform,
+    /// Uniform in (0, 1). (A struct variant without fields, so that `deny_unknown_fields`
+    /// applies to it: a unit variant would accept `logit_std` and ignore it.) The default.
+    Uniform {},
     /// `σ = sigmoid(N(mean, std))` (SD3's logit-normal).
     LogitNormal {
         /// Mean of the normal before the sigmoid.
@@ -91,6 +91,12 @@ pub enum TimestepDensity {
     },
 }
 
+impl Default for TimestepDensity {
+    fn default() -> Self {
+        Self::Uniform {}
+    }
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -102,7 +108,7 @@ impl TimestepDensity {
     /// Check parameters; keys are relative to the section holding the density.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match *self {
-            TimestepDensity::Uniform => Ok(()),
+            TimestepDensity::Uniform {} => Ok(()),
             TimestepDensity::LogitNormal {
                 logit_mean,
                 logit_std,
@@ -121,7 +127,7 @@ impl TimestepDensity {
     /// Draw one σ in (0, 1) (before the shift).
     pub fn sample(&self, rng: &mut StreamRng) -> f64 {
         let s = match *self {
-            TimestepDensity::Uniform => rng.uniform(),
+            TimestepDensity::Uniform {} => rng.uniform(),
             TimestepDensity::LogitNormal {
                 logit_mean,
                 logit_std,
@@ -242,7 +248,7 @@ mod tests {
     fn densities_stay_in_unit_interval() {
         let mut r = StreamRng::from_seed(5);
         for d in [
-            TimestepDensity::Uniform,
+            TimestepDensity::Uniform {},
             TimestepDensity::LogitNormal {
                 logit_mean: 0.0,
                 logit_std: 1.0,
@@ -253,6 +259,23 @@ mod tests {
             assert!(v.iter().all(|&s| s > 0.0 && s < 1.0));
             let mean = v.iter().sum::<f32>() / v.len() as f32;
             assert!(mean > 0.5, "shift 3 pushes mass to high sigma: {mean}");
+        }
+    }
+
+    #[test]
+    fn densities_refuse_keys_of_another_kind() {
+        let parse = |s: &str| toml::from_str::<TimestepDensity>(s);
+        assert_eq!(
+            parse("kind = \"uniform\"").unwrap(),
+            TimestepDensity::Uniform {}
+        );
+        for (text, key) in [
+            ("kind = \"uniform\"\nlogit_std = 1.0", "logit_std"),
+            ("kind = \"mode\"\nlogit_mean = 0.0", "logit_mean"),
+            ("kind = \"logit_normal\"\nmode_scale = 1.0", "mode_scale"),
+        ] {
+            let e = parse(text).expect_err(text).to_string();
+            assert!(e.contains(key), "{text}: {e}");
         }
     }
 

@@ -66,7 +66,7 @@ fn fifty() -> usize {
 impl Default for FinetuneConfig {
     fn default() -> Self {
         Self {
-            sigma_density: TimestepDensity::Uniform,
+            sigma_density: TimestepDensity::Uniform {},
             shift: 1.0,
             precondition_outputs: false,
             cfg_dropout: 0.0,

@@ -119,7 +119,16 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
 /// Build the method and load the weights.
 pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Result<Loaded<B>> {
     let device = B::device_for(loaded.config.runtime.main_device());
-    let source: Arc<dyn DataSource> = Arc::from(loaded.config.data.build(&loaded.base_dir)?);
+    // The run's data gives the clips' shape (and its prompts, where no text encoder is
+    // given): say so when it is gone, e.g. on another machine.
+    let source = (loaded.config.data.build(&loaded.base_dir)).with_context(|| {
+        format!(
+            "the run's `[data]` (from {}) is read for the clips' shape and prompts; point it \
+             at the data with --set data.path=... (or --config another config)",
+            loaded.path.display()
+        )
+    })?;
+    let source: Arc<dyn DataSource> = Arc::from(source);
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut checkpoint = None;
     let mut ema = false;

@@ -142,6 +142,34 @@ fn training_on_exported_files_matches_the_synthetic_source() {
             );
         }
     }
+    // `reel sample` reads the run's data for the clips' shape: with the data moved away the
+    // error says where that comes from and how to point it elsewhere.
+    std::fs::rename(dir.join("st"), dir.join("st-moved")).unwrap();
+    let run = dir.join("safetensors");
+    let sample = |extra: &[&str]| {
+        let out = dir.join("clips");
+        let args = [
+            &[
+                "sample",
+                run.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--steps",
+                "2",
+            ][..],
+            extra,
+        ]
+        .concat();
+        reel(&args, dir)
+    };
+    let o = sample(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    for want in ["the run's `[data]`", "--set data.path=", "st"] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    let o = sample(&["--set", "data.path=st-moved"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]
