@@ -75,6 +75,9 @@ pub struct MemoryFloor {
     /// Bytes of frozen float32 weights that `runtime.dtype = "bf16"` would halve (zero in a
     /// bf16 run), for the error's advice.
     pub frozen_f32: u128,
+    /// Bytes of the moments that belong to adapters (part of [`Self::moments`]), for the
+    /// error's advice: a lower rank, where a role trained in full would take an adapter.
+    pub adapter_moments: u128,
 }
 
 impl MemoryFloor {
@@ -89,6 +92,7 @@ impl MemoryFloor {
             backward_role: None,
             uncounted: vec![],
             frozen_f32: 0,
+            adapter_moments: 0,
         };
         for role in roles {
             let Some(p) = role.params.map(u128::from) else {
@@ -117,6 +121,9 @@ impl MemoryFloor {
                 floor.frozen_f32 = floor.frozen_f32.saturating_add(p * 4);
             }
             floor.moments = floor.moments.saturating_add(trained.saturating_mul(8));
+            if role.training == Training::Adapter {
+                floor.adapter_moments = (floor.adapter_moments).saturating_add(trained * 8);
+            }
             if role.copied {
                 floor.copies = floor.copies.saturating_add(trained.saturating_mul(4));
             }
@@ -166,8 +173,11 @@ impl MemoryFloor {
     /// What would lower the floor, as far as its parts tell.
     fn advice(&self, workers: u64) -> Vec<String> {
         let mut advice = vec!["train fewer or smaller roles".to_string()];
-        if self.moments > 0 {
+        if self.moments > self.adapter_moments {
             advice.push("train a LoRA adapter instead of a whole model".into());
+        }
+        if self.adapter_moments > 0 {
+            advice.push("a lower LoRA `rank` (an adapter's parameters grow with it)".into());
         }
         if self.backward_role.is_some() {
             advice.push(
@@ -365,6 +375,14 @@ mod tests {
         assert!(e.message.contains("`runtime.dtype = \"bf16\"`"), "{e}");
         assert!(e.message.contains("16.0 GiB less"), "{e}");
         assert!(!e.message.contains("LoRA"), "{e}");
+        // An adapter too large itself: a lower rank, not "train a LoRA adapter".
+        let mut big = role("student", gib, Training::Adapter, 0);
+        big.adapter_params = 2 * gib;
+        let e = MemoryFloor::of(&[big], Precision::F32, false)
+            .check(&fits(32 * gib, 1))
+            .unwrap_err();
+        assert!(e.message.contains("a lower LoRA `rank`"), "{e}");
+        assert!(!e.message.contains("instead of a whole model"), "{e}");
     }
 
     #[test]
