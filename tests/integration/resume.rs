@@ -209,3 +209,40 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
     assert!(err.contains("step-00000005 at step 5"), "{err}");
     assert!(ckpt(&dir.join("fresh"), 6).join("manifest.json").is_file());
 }
+
+/// A LoRA role's base `weights` file replaced under the same path between two legs of a run
+/// (the config, and so its fingerprint, unchanged) is reported on resume; an unchanged one is
+/// not. (A role trained in full gets every value from the checkpoint; a frozen role's file
+/// is stamped the same way.)
+#[test]
+fn a_weights_file_changed_under_the_run_is_reported_on_resume() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let weights = dir.join("w.safetensors");
+    let from = |step| ckpt(&dir.join("clean"), step).join("student.safetensors");
+    std::fs::copy(from(1), &weights).unwrap();
+    let leg = |max: &str, resume: bool| {
+        let set = format!("training.max_steps={max}");
+        let mut args = vec![
+            "--set",
+            "models.student.weights=w.safetensors",
+            "--set",
+            "models.student.adapter={kind=\"lora\",rank=2}",
+            "--set",
+            &set,
+        ];
+        if resume {
+            args.extend(["--resume", "latest"]);
+        }
+        ok(reel(dir, "from-file", &args))
+    };
+    leg("2", false);
+    let err = leg("3", true);
+    assert!(!err.contains("is not the file"), "{err}");
+    std::fs::copy(from(2), &weights).unwrap();
+    let err = leg("4", true);
+    assert!(
+        err.contains("`models.student.weights` is not the file the checkpoint was trained with"),
+        "{err}"
+    );
+}

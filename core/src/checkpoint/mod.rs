@@ -90,6 +90,10 @@ pub struct TrainerState {
     pub optimizer_steps: BTreeMap<String, u64>,
     /// Method state ([`crate::method::TrainingMethod::state`]).
     pub method_state: serde_json::Value,
+    /// A stamp (size, hash of both ends) of each role's `weights` file or folder, by role:
+    /// a resume warns when one changed. Absent when no role names weights.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights: BTreeMap<String, String>,
 }
 
 /// The `checkpoints/` folder of a run.

@@ -11,6 +11,7 @@
 
 mod group;
 mod run;
+mod stamp;
 mod state;
 
 use std::path::{Path, PathBuf};

@@ -195,6 +195,14 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.loader.set_cursor(st.data_cursor);
         if main {
             self.set_aside_newer(manifest.step)?;
+            let now = super::stamp::role_weight_stamps(self.loaded);
+            for role in super::stamp::changed_weights(&st.weights, &now) {
+                eprintln!(
+                    "reel: warning: `models.{role}.weights` is not the file the checkpoint was \
+                     trained with (its size or bytes changed since); the run goes on with the \
+                     new one"
+                );
+            }
             eprintln!("reel: resumed from {} at step {}", dir.display(), self.step);
             let (was, now) = (st.workers.max(1), self.seat.workers);
             if was != now {
@@ -307,6 +315,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             seed: loaded.config.runtime.seed,
             resolved_toml: &loaded.resolved_toml,
             fingerprint: &loaded.fingerprint,
+            weights: super::stamp::role_weight_stamps(loaded),
         };
         let store = self.store.clone();
         let is_final = self.is_final();

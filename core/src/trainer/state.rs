@@ -38,6 +38,8 @@ pub(super) struct SavePoint<'a> {
     pub resolved_toml: &'a str,
     /// The config fingerprint the manifest records.
     pub fingerprint: &'a str,
+    /// Stamps of the roles' weight files ([`super::stamp`]).
+    pub weights: BTreeMap<String, String>,
 }
 
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
@@ -83,6 +85,7 @@ pub(super) fn save<B: AutodiffBackend>(
         seed: at.seed,
         optimizer_steps,
         method_state: ctx.method.state(),
+        weights: at.weights.clone(),
     };
     let json = serde_json::to_string_pretty(&state)
         .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));
