@@ -2,6 +2,7 @@
 
 mod step;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,6 +40,9 @@ pub struct Trainer<'a, B: ReelBackend> {
     last_losses: Vec<(String, f64)>,
     step_seconds: Vec<f64>,
     last_checkpoint: Option<PathBuf>,
+    /// Stamps of the weight files the roles were built from ([`super::stamp`]), taken once
+    /// at the start: what every checkpoint records and a resume compares.
+    weight_stamps: BTreeMap<String, String>,
 }
 
 impl<'a, B: ReelBackend> Trainer<'a, B> {
@@ -121,6 +125,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             last_losses: vec![],
             step_seconds: vec![],
             last_checkpoint: None,
+            weight_stamps: super::stamp::role_weight_stamps(loaded),
         };
         let resumed = match resume_from {
             Some(found) => Some(trainer.resume(found)?),
@@ -195,8 +200,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.loader.set_cursor(st.data_cursor);
         if main {
             self.set_aside_newer(manifest.step)?;
-            let now = super::stamp::role_weight_stamps(self.loaded);
-            for role in super::stamp::changed_weights(&st.weights, &now) {
+            for role in super::stamp::changed_weights(&st.weights, &self.weight_stamps) {
                 eprintln!(
                     "reel: warning: `models.{role}.weights` is not the file the checkpoint was \
                      trained with (its size or bytes changed since); the run goes on with the \
@@ -315,7 +319,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             seed: loaded.config.runtime.seed,
             resolved_toml: &loaded.resolved_toml,
             fingerprint: &loaded.fingerprint,
-            weights: super::stamp::role_weight_stamps(loaded),
+            weights: self.weight_stamps.clone(),
         };
         let store = self.store.clone();
         let is_final = self.is_final();
