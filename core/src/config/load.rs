@@ -353,16 +353,13 @@ fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
     let Some(toml::Value::Table(table)) = value_at(root, at) else {
         return at.to_string();
     };
-    let join = |field: &str| {
-        let key = if at.is_empty() {
-            field.to_string()
-        } else {
-            format!("{at}.{field}")
-        };
-        match table.get(field) {
-            Some(toml::Value::Table(_)) => refine_in(root, raw, &key, msg),
-            _ => key,
-        }
+    let child = |field: &str| match at {
+        "" => field.to_string(),
+        _ => format!("{at}.{field}"),
+    };
+    let join = |field: &str| match table.get(field) {
+        Some(toml::Value::Table(_)) => refine_in(root, raw, &child(field), msg),
+        _ => child(field),
     };
     // An unknown field is its own key (removing another, required field would change the
     // error too, and be blamed).
@@ -370,7 +367,7 @@ fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
         .strip_prefix("unknown field `")
         .and_then(|m| m.split_once('`'));
     if let Some((field, _)) = unknown.filter(|(f, _)| table.contains_key(*f)) {
-        return format!("{at}.{field}").trim_start_matches('.').to_string();
+        return child(field);
     }
     // A field whose removal clears the error, or changes it into another than a missing
     // field, is the culprit; a required field's removal always changes the error (into its

@@ -119,11 +119,7 @@ impl MethodConfig for AdversarialConfig {
 
     /// The heads' blocks exist in the teacher (their feature network).
     fn check_models(&self, info: &dyn Fn(&str) -> Option<ModelInfo>) -> Result<(), ConfigError> {
-        match info("teacher") {
-            Some(t) => self.heads.block_indices(t.num_layers).map(drop),
-            None => Ok(()),
-        }
-        .map_err(|e| e.in_section("heads"))
+        (self.heads.check_feature_network(info("teacher"))).map_err(|e| e.in_section("heads"))
     }
 
     /// The student can be block-checkpointed (the teacher's feature forwards are not).

@@ -14,7 +14,7 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use reel_core::config::ConfigError;
-use reel_core::model::DiffusionModel;
+use reel_core::model::{DiffusionModel, ModelInfo};
 use reel_models::wan::init::{join, ParamInit};
 use reel_models::wan::linear::Linear;
 use reel_models::wan::norm::layer_norm;
@@ -73,6 +73,15 @@ impl HeadsConfig {
             return Err(ConfigError::new("stride", "must be at least 1"));
         }
         Ok(())
+    }
+
+    /// Check the selected blocks against the feature network's shape facts, when its
+    /// architecture tells them from the config (`None`: checked when the heads are built).
+    pub fn check_feature_network(&self, feature: Option<ModelInfo>) -> Result<(), ConfigError> {
+        match feature {
+            Some(f) => self.block_indices(f.num_layers).map(drop),
+            None => Ok(()),
+        }
     }
 
     /// The selected block indices for a feature network with `num_layers` blocks; errors name

@@ -251,11 +251,8 @@ impl MethodConfig for Dmd2Config {
 
     /// With the GAN terms on, the heads' blocks exist in the critic (their feature network).
     fn check_models(&self, info: &dyn Fn(&str) -> Option<ModelInfo>) -> Result<(), ConfigError> {
-        match info("critic").filter(|_| self.gan_enabled()) {
-            Some(c) => self.gan_heads.block_indices(c.num_layers).map(drop),
-            None => Ok(()),
-        }
-        .map_err(|e| e.in_section("gan_heads"))
+        let critic = info("critic").filter(|_| self.gan_enabled());
+        (self.gan_heads.check_feature_network(critic)).map_err(|e| e.in_section("gan_heads"))
     }
 }
 
