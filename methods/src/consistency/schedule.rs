@@ -56,11 +56,12 @@ impl FromStr for PhaseSchedule {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let text = s.trim();
-        if let Ok(n) = text.parse::<usize>() {
-            if n == 0 {
-                return Err("a phase count must be at least 1, got 0".into());
-            }
-            return Ok(Self::constant(n));
+        if is_digits(text) {
+            return match text.parse::<usize>() {
+                Ok(0) => Err("a phase count must be at least 1, got 0".into()),
+                Ok(n) => Ok(Self::constant(n)),
+                Err(_) => Err(format!("the phase count {text} is too large")),
+            };
         }
         let mut entries: Vec<(u64, usize)> = Vec::new();
         for (k, part) in text.split(',').enumerate() {
@@ -75,14 +76,8 @@ impl FromStr for PhaseSchedule {
             let (step, phases) = part
                 .split_once('-')
                 .ok_or_else(|| bad("no `-` between step and phases"))?;
-            let step: u64 = step
-                .trim()
-                .parse()
-                .map_err(|_| bad("the step is not a whole number"))?;
-            let phases: usize = phases
-                .trim()
-                .parse()
-                .map_err(|_| bad("the phase count is not a whole number"))?;
+            let step: u64 = whole(step, "step").map_err(|why| bad(&why))?;
+            let phases: usize = whole(phases, "phase count").map_err(|why| bad(&why))?;
             if step == 0 {
                 return Err(bad("steps count from 1"));
             }
@@ -98,6 +93,23 @@ impl FromStr for PhaseSchedule {
         }
         Ok(Self { entries })
     }
+}
+
+/// Whether `text` is a non-empty run of ASCII digits.
+fn is_digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Parses a whole number, telling "too large" apart from "not a number".
+fn whole<T: FromStr>(text: &str, what: &str) -> Result<T, String> {
+    let text = text.trim();
+    text.parse().map_err(|_| {
+        if is_digits(text) {
+            format!("the {what} {text} is too large")
+        } else {
+            format!("the {what} is not a whole number")
+        }
+    })
 }
 
 impl fmt::Display for PhaseSchedule {
@@ -171,6 +183,9 @@ mod tests {
             ("200-2,100-4", "steps must increase, 100 follows 200"),
             ("200-2,200-4", "steps must increase"),
             ("-5-2", "step is not a whole number"),
+            ("99999999999999999999999", "phase count 99999999999999999999999 is too large"),
+            ("5-99999999999999999999999", "phase count 99999999999999999999999 is too large"),
+            ("99999999999999999999999-4", "step 99999999999999999999999 is too large"),
         ] {
             let e = text.parse::<PhaseSchedule>().unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
