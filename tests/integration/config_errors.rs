@@ -44,6 +44,35 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["models.student.adapter", "nope"],
         ),
         (
+            "a callback table without its kind",
+            Append("[[callbacks]]\nevery_steps = 3\n"),
+            &[
+                "callbacks[",
+                "missing field `kind`: one of",
+                "`ema`",
+                "`validation`",
+            ],
+        ),
+        (
+            "an adapter table without its kind",
+            Set(&["models.student.adapter={rank=4}"]),
+            &[
+                "models.student.adapter",
+                "missing field `kind`: one of",
+                "`lora`",
+            ],
+        ),
+        (
+            "a timestep density without its kind",
+            Set(&["method.sigma_density={}"]),
+            &[
+                "method.sigma_density",
+                "one of",
+                "`uniform`",
+                "`logit_normal`",
+            ],
+        ),
+        (
             "unknown architecture",
             Set(&["models.student.arch=resnet"]),
             &["models.student.arch", "resnet", "wan"],

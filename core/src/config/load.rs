@@ -265,6 +265,7 @@ fn parse(
     }
     let config: RunConfig = deserialize(&root).map_err(|(key, msg)| {
         let key = refine_key(&root, &key, &msg);
+        let msg = with_kinds(&root, &key, msg);
         ConfigError::new(key, msg).in_file(path)
     })?;
     let valid = if backend {
@@ -392,6 +393,29 @@ fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
         Some(f) => join(f),
         None if required.len() == 1 => join(required[0]),
         None => at.to_string(),
+    }
+}
+
+/// A missing `kind` with the kinds the table at `key` could name: they are found by
+/// deserializing the config with an empty kind there, which serde answers with the list.
+fn with_kinds(root: &toml::Value, key: &str, msg: String) -> String {
+    if msg != "missing field `kind`" {
+        return msg;
+    }
+    let mut probe = root.clone();
+    let Some(toml::Value::Table(t)) = value_at_mut(&mut probe, key) else {
+        return msg;
+    };
+    t.insert("kind".into(), toml::Value::String(String::new()));
+    match deserialize(&probe) {
+        Err((_, m)) => match m.split_once("unknown variant ``, expected ") {
+            Some((_, kinds)) => {
+                let kinds = kinds.strip_prefix("one of ").unwrap_or(kinds);
+                format!("{msg}: one of {kinds}")
+            }
+            None => msg,
+        },
+        Ok(_) => msg,
     }
 }
 

@@ -183,9 +183,18 @@ mod tests {
             ("200-2,100-4", "steps must increase, 100 follows 200"),
             ("200-2,200-4", "steps must increase"),
             ("-5-2", "step is not a whole number"),
-            ("99999999999999999999999", "phase count 99999999999999999999999 is too large"),
-            ("5-99999999999999999999999", "phase count 99999999999999999999999 is too large"),
-            ("99999999999999999999999-4", "step 99999999999999999999999 is too large"),
+            (
+                "99999999999999999999999",
+                "phase count 99999999999999999999999 is too large",
+            ),
+            (
+                "5-99999999999999999999999",
+                "phase count 99999999999999999999999 is too large",
+            ),
+            (
+                "99999999999999999999999-4",
+                "step 99999999999999999999999 is too large",
+            ),
         ] {
             let e = text.parse::<PhaseSchedule>().unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");
