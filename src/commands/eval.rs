@@ -68,7 +68,7 @@ fn eval<B: ReelBackend>(
     args: &EvalArgs,
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<EvalReport> {
-    let mut l = load::<B>(&args.source, loaded)?;
+    let mut l = load::<B>(&args.source, loaded, false)?;
     let evaluator = l
         .source
         .evaluator()

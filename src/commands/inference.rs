@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use reel_core::backend::ReelBackend;
-use reel_core::checkpoint::{CheckpointStore, Manifest, MANIFEST};
+use reel_core::checkpoint::{CheckpointStore, Manifest, TrainerState, MANIFEST};
 use reel_core::config::{load_run_config, LoadedConfig};
-use reel_core::data::DataSource;
+use reel_core::data::{DataConfig as _, DataSource, DataSpec};
 use reel_core::method::TrainingMethod;
 use reel_core::trainer::{build_method, load_checkpoint_into};
+use reel_plugins::data::RandomDataConfig;
 
 /// Where the weights come from.
 #[derive(Debug, Clone, clap::Args)]
@@ -42,6 +43,8 @@ pub struct Loaded<B: ReelBackend> {
     pub checkpoint: Option<PathBuf>,
     /// Whether EMA weights are in use.
     pub ema: bool,
+    /// Whether `source` stands in for the run's data with its recorded shapes only.
+    pub shapes_only: bool,
 }
 
 /// `path`, if something is there: a missing run or checkpoint folder is named as one.
@@ -116,29 +119,28 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
     Ok(dir.join("config.toml"))
 }
 
-/// Build the method and load the weights.
-pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Result<Loaded<B>> {
+/// Build the method and load the weights. With `shapes_suffice` (the caller embeds its
+/// prompts itself), a run whose data cannot be read is sampled at the shapes its checkpoint
+/// recorded.
+pub fn load<B: ReelBackend>(
+    src: &Source,
+    loaded: &LoadedConfig,
+    shapes_suffice: bool,
+) -> anyhow::Result<Loaded<B>> {
     let device = B::device_for(loaded.config.runtime.main_device());
-    // The run's data gives the clips' shape (and its prompts, where no text encoder is
-    // given): say so when it is gone, e.g. on another machine.
-    let source = (loaded.config.data.build(&loaded.base_dir)).with_context(|| {
-        format!(
-            "the run's `[data]` (from {}) is read for the clips' shape and prompts; point it \
-             at the data with --set data.path=... (or --config another config)",
-            loaded.path.display()
-        )
-    })?;
-    let source: Arc<dyn DataSource> = Arc::from(source);
+    let checkpoint = match src.untrained {
+        true => None,
+        false => {
+            Some(resolve_checkpoint(src.checkpoint.as_ref().context(
+                "give a checkpoint or run folder (or --untrained)",
+            )?)?)
+        }
+    };
+    let (source, shapes_only) = data_source(loaded, checkpoint.as_deref(), shapes_suffice)?;
     let mut method = build_method::<B>(loaded, &*source, &device)?;
-    let mut checkpoint = None;
     let mut ema = false;
-    if !src.untrained {
-        let path = src
-            .checkpoint
-            .as_ref()
-            .context("give a checkpoint or run folder (or --untrained)")?;
-        let dir = resolve_checkpoint(path)?;
-        load_checkpoint_into(&dir, &mut *method)?;
+    if let Some(dir) = &checkpoint {
+        load_checkpoint_into(dir, &mut *method)?;
         if !src.no_ema {
             let role = method.sampling_role().to_string();
             for r in method.roles_mut() {
@@ -148,14 +150,67 @@ pub fn load<B: ReelBackend>(src: &Source, loaded: &LoadedConfig) -> anyhow::Resu
                 }
             }
         }
-        checkpoint = Some(dir);
     }
     Ok(Loaded {
         method,
         source,
         checkpoint,
         ema,
+        shapes_only,
     })
+}
+
+/// The run's data source, and whether it is a stand-in. The run's data gives the clips' shape (and its prompts, where no
+/// text encoder is given): when it is gone (e.g. on another machine) and only its shapes are
+/// needed, a source of the shapes `checkpoint` recorded stands in; otherwise the error says
+/// how to point the config at the data.
+fn data_source(
+    loaded: &LoadedConfig,
+    checkpoint: Option<&Path>,
+    shapes_suffice: bool,
+) -> anyhow::Result<(Arc<dyn DataSource>, bool)> {
+    let err = match loaded.config.data.build(&loaded.base_dir) {
+        Ok(source) => return Ok((Arc::from(source), false)),
+        Err(e) => e,
+    };
+    let recorded = checkpoint
+        .filter(|_| shapes_suffice)
+        .and_then(|dir| Some((dir, TrainerState::read(dir).ok()?.data_spec?)));
+    let Some((dir, spec)) = recorded else {
+        return Err(anyhow::Error::new(err).context(format!(
+            "the run's `[data]` (from {}) is read for the clips' shape and prompts; point it \
+             at the data with --set data.path=... (or --config another config)",
+            loaded.path.display()
+        )));
+    };
+    eprintln!(
+        "reel: the run's data cannot be read ({err}); sampling at the shapes {} recorded: \
+         latents {}x{}x{}x{}, text {}x{}",
+        dir.join("state.json").display(),
+        spec.channels,
+        spec.frames,
+        spec.height,
+        spec.width,
+        spec.text_len,
+        spec.text_dim
+    );
+    Ok((Arc::from(shapes_only(spec)?), true))
+}
+
+/// A data source of `spec`'s shapes and nothing else (no prompts, no negative embedding).
+fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
+    let cfg = RandomDataConfig {
+        batch_size: 1,
+        num_samples: 1,
+        seed: 0,
+        channels: spec.channels,
+        frames: spec.frames,
+        height: spec.height,
+        width: spec.width,
+        text_len: spec.text_len,
+        text_dim: spec.text_dim,
+    };
+    Ok(cfg.build(Path::new("."))?)
 }
 
 /// Read the config for a source.

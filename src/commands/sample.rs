@@ -163,7 +163,14 @@ fn sample<B: ReelBackend>(
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<()> {
     let cfg = media_config(args)?;
-    let mut l = load::<B>(&args.source, loaded)?;
+    // With a text encoder the prompts need not come from the data: its shapes suffice.
+    let mut l = load::<B>(&args.source, loaded, args.text_encoder.is_some())?;
+    if l.shapes_only && args.negative.is_none() {
+        eprintln!(
+            "reel: without the run's data, guidance's unconditional branch gets zero text \
+             embeddings; --negative \"...\" encodes a negative prompt for it"
+        );
+    }
     let device = B::device_for(loaded.config.runtime.main_device());
     let spec = l.source.spec();
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;

@@ -421,6 +421,29 @@ fn clips_to_trained_weights_to_videos() {
         );
     }
 
+    // Without the run's data (another machine; here it is moved away) the text encoder embeds
+    // the prompt and the checkpoint's recorded shapes stand in for the data's; without an
+    // encoder the prompt would come from the data, which is then named.
+    std::fs::rename(tmp.path().join("data"), tmp.path().join("data-away")).unwrap();
+    let away = |out: &str, encoder: &[&str]| {
+        let args = ["sample", "run", "--prompt", "a red circle", "--steps", "2"];
+        let rest = ["--vae", vae_s, "--out", out];
+        reel(&[&args[..], encoder, &rest[..]].concat())
+    };
+    let (ok, err) = away("away", &["--text-encoder", t5_s]);
+    assert!(ok, "sample without the data: {err}");
+    assert!(
+        err.contains("state.json") && err.contains("--negative"),
+        "{err}"
+    );
+    assert_eq!(
+        gif_info(&tmp.path().join("away/0-a_red_circle.gif")),
+        (side, side, frames)
+    );
+    let (ok, err) = away("no-encoder", &[]);
+    assert!(!ok && err.contains("the run's `[data]`"), "{err}");
+    std::fs::rename(tmp.path().join("data-away"), tmp.path().join("data")).unwrap();
+
     // A model with 8 latent channels cannot use this 4-channel VAE.
     let mut wide = reel_models::WanConfig::preset("wan-tiny").unwrap();
     wide.in_channels = 8;

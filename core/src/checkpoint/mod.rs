@@ -94,6 +94,22 @@ pub struct TrainerState {
     /// a resume warns when one changed. Absent when no role names weights.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weights: BTreeMap<String, String>,
+    /// The shapes of the run's samples: `reel sample` reads them when the run's data is not
+    /// at hand (absent in checkpoints from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_spec: Option<crate::data::DataSpec>,
+}
+
+impl TrainerState {
+    /// Read the `state.json` of checkpoint folder `dir`.
+    pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
+        let path = dir.join("state.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
+            dir: dir.to_path_buf(),
+            reason: format!("state.json: {e}"),
+        })
+    }
 }
 
 /// The `checkpoints/` folder of a run.

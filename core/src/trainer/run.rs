@@ -320,6 +320,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             resolved_toml: &loaded.resolved_toml,
             fingerprint: &loaded.fingerprint,
             weights: self.weight_stamps.clone(),
+            data_spec: self.source.spec(),
         };
         let store = self.store.clone();
         let is_final = self.is_final();

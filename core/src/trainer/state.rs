@@ -7,7 +7,8 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainError;
 use crate::callback::{Callback, CallbackContext};
-use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState};
+use crate::checkpoint::{read_tensors, CheckpointStore, TrainerState};
+use crate::data::DataSpec;
 use crate::method::{MethodError, TrainingMethod};
 
 /// File name of a role's trainable weights inside a checkpoint.
@@ -40,6 +41,8 @@ pub(super) struct SavePoint<'a> {
     pub fingerprint: &'a str,
     /// Stamps of the roles' weight files ([`super::stamp`]).
     pub weights: BTreeMap<String, String>,
+    /// The shapes of the run's samples.
+    pub data_spec: DataSpec,
 }
 
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
@@ -86,6 +89,7 @@ pub(super) fn save<B: AutodiffBackend>(
         optimizer_steps,
         method_state: ctx.method.state(),
         weights: at.weights.clone(),
+        data_spec: Some(at.data_spec),
     };
     let json = serde_json::to_string_pretty(&state)
         .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));
@@ -104,13 +108,7 @@ pub(super) fn restore<B: AutodiffBackend>(
     dir: &Path,
     method: &mut dyn TrainingMethod<B>,
 ) -> Result<TrainerState, TrainError> {
-    let path = dir.join("state.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
-    let state: TrainerState =
-        serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
-            dir: dir.to_path_buf(),
-            reason: format!("state.json: {e}"),
-        })?;
+    let state = TrainerState::read(dir)?;
     for role in method.roles_mut() {
         let name = role.name().to_string();
         let (w, _) = read_tensors(dir, &weights_file(&name))?;
