@@ -10,7 +10,7 @@ use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
-use reel_models::umt5::{tokenizer_for, Umt5TextEncoder};
+use reel_models::umt5::Umt5TextEncoder;
 use reel_plugins::data::negative::{self, encode_negative, WAN_NEGATIVE_PROMPT};
 
 /// `reel data negative` arguments.
@@ -47,7 +47,7 @@ pub struct NegativeArgs {
 
 /// Run `reel data negative`.
 pub fn run(args: &NegativeArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.text_len > 0, "--text-len must be >= 1");
+    super::preprocess::check_text_len(args.text_len)?;
     check_out(&args.out, args.force)?;
     with_backend!(args.backend, |B| encode::<B>(args))
 }
@@ -93,7 +93,7 @@ fn encode<B: ReelBackend + AutodiffBackend>(args: &NegativeArgs) -> anyhow::Resu
     let start = Instant::now();
     let device = B::device_for(args.device);
     let tokenizer =
-        tokenizer_for(args.tokenizer.as_deref(), &args.text_encoder).context("--tokenizer")?;
+        super::preprocess::tokenizer_for_encoder(args.tokenizer.as_deref(), &args.text_encoder)?;
     let encoder = Umt5TextEncoder::<B::InnerBackend>::load(tokenizer, &args.text_encoder, &device)
         .context("loading the text encoder")?;
     write(&encoder, &args.prompt, args.text_len, &args.out)?;

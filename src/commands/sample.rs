@@ -192,6 +192,10 @@ fn sample<B: ReelBackend>(
     if !args.force {
         check_out(&args.out, &captions)?;
     }
+    // Made before sampling, so that an --out that cannot be a folder fails in a moment, not
+    // after the sampling's minutes.
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("--out: cannot create the folder {}", args.out.display()))?;
     let req = SampleRequest {
         prompts,
         negative: Some(models.negative(&cfg, &*l.source, &spec)?),
@@ -203,8 +207,6 @@ fn sample<B: ReelBackend>(
     };
     let clips = l.method.sample(&req)?;
     check_clips(&clips, captions.len(), &spec).map_err(anyhow::Error::msg)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
     let shape = [spec.channels, spec.frames, spec.height, spec.width];
     for (i, (clip, caption)) in clips.iter().zip(&captions).enumerate() {
         let st = args

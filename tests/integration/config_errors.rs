@@ -73,6 +73,11 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             ],
         ),
         (
+            "a frame rate no video has",
+            Set(&["callbacks[2].fps=1e9"]),
+            &["callbacks[2].fps", "[0, 1000]"],
+        ),
+        (
             "unknown architecture",
             Set(&["models.student.arch=resnet"]),
             &["models.student.arch", "resnet", "wan"],

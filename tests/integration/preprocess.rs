@@ -218,6 +218,23 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     let o = preprocess_with(&input, &out, &tmp.path().join("no-such-vae"), &t5, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no-such-vae"), "{err}");
+    // Sizes no clip needs (a typo) are refused before anything is read or allocated, and a
+    // --text-encoder that is no text encoder is blamed, not the tokenizer it lacks.
+    for (flag, value, want) in [
+        ("--frames", "18446744073709551613", "at most 4097"),
+        ("--width", "100000", "from 1 to 8192"),
+        ("--text-len", "2000000000", "from 1 to 8192"),
+        (
+            "--text-encoder",
+            "/no/such/encoder",
+            "not a diffusers `text_encoder/` folder",
+        ),
+    ] {
+        let o = preprocess(&input, &out, &[flag, value]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{flag}: {err}");
+        assert!(!err.contains("panicked") && !out.exists(), "{flag}: {err}");
+    }
     // Sizes the VAE cannot encode exactly are refused, naming the flag.
     // (An odd height: the VAE's spatial compression is a power of two, at least 2.)
     let odd = (SIDE + 1).to_string();
@@ -289,6 +306,26 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
         std::fs::read(out.join("data_00001.parquet")).unwrap(),
         second
     );
+
+    // A caption edited since its shard was written redoes that shard (c's, shard 1), naming
+    // the clip; the other shard is left as it was.
+    let first = std::fs::read(out.join("data_00000.parquet")).unwrap();
+    std::fs::write(input.join("c.txt"), "third, edited").unwrap();
+    let o = preprocess(&input, &out, &["--negative", "blurry"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("redoing")
+            && err.contains("c.gif: changed")
+            && err.contains("2 already there"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("data_00000.parquet")).unwrap(),
+        first
+    );
+    let source = data.build(tmp.path()).unwrap();
+    assert_eq!(source.get(2).unwrap().caption, "third, edited");
 
     // A clip added since would shift the shards: refused, naming it, and nothing changes.
     write_gif(&input.join("0.gif"), &frames, SIDE, SIDE, 1, 10).unwrap();

@@ -17,6 +17,15 @@ pub fn tmp_sibling(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
 }
 
+/// The name of the file a [`tmp_sibling`] name stands for (`.<name>.tmp<pid>` gives
+/// `<name>`), `None` for other names. A crash (a kill, a power cut) between the write and the
+/// rename leaves such a file behind: whoever owns the folder can remove it.
+pub fn tmp_sibling_target(file_name: &str) -> Option<&str> {
+    let (name, pid) = file_name.strip_prefix('.')?.rsplit_once(".tmp")?;
+    let pid_like = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (pid_like && !name.is_empty()).then_some(name)
+}
+
 /// Have `write` create [`tmp_sibling`]`(path)` (it is given that path), then sync that file,
 /// rename it over `path` and sync the folder (best effort: not every platform syncs a
 /// folder). On any failure the temporary file is removed and `path` is left as it was;
@@ -58,6 +67,23 @@ pub fn sync_dir(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporary_names_give_their_target() {
+        let tmp = tmp_sibling(Path::new("out/data_00001.parquet"));
+        let name = tmp.file_name().unwrap().to_str().unwrap();
+        assert_eq!(tmp_sibling_target(name), Some("data_00001.parquet"));
+        for other in [
+            "data.parquet",
+            ".hidden",
+            ".x.tmp",
+            ".x.tmpab",
+            "..tmp12",
+            ".a.tmp1b",
+        ] {
+            assert_eq!(tmp_sibling_target(other), None, "{other}");
+        }
+    }
 
     fn names(dir: &Path) -> Vec<String> {
         let mut n: Vec<String> = std::fs::read_dir(dir)

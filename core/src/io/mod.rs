@@ -12,18 +12,21 @@
 //! - [`module_to_safetensors`] writes every float parameter of a module;
 //! - [`replace_file`] / [`replace_file_with`] write any file whole (temporary sibling, sync,
 //!   rename), as the safetensors writer does; [`sync_dir`] makes renames in a folder durable
-//!   (the checkpoints' folders too).
+//!   (the checkpoints' folders too);
+//! - [`content_stamp`] identifies a file or folder by its size and both ends' bytes.
 
 mod atomic;
 mod error;
 mod module;
 mod safetensors;
 mod serialize;
+mod stamp;
 
 pub use self::atomic::*;
 pub use self::safetensors::*;
 pub use error::*;
 pub use module::*;
+pub use stamp::content_stamp;
 
 #[cfg(test)]
 mod tests;

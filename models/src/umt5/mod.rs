@@ -31,4 +31,5 @@ pub use config::{Activation, Umt5Config, Umt5ConfigError};
 pub use model::{Umt5Encoder, Umt5Error, Umt5Output};
 pub use text::{
     load_tokenizer, prompt_embeds, tokenize, tokenizer_for, TokenBatch, Umt5TextEncoder,
+    MAX_TEXT_LEN,
 };

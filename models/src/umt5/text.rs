@@ -141,6 +141,10 @@ pub fn tokenize(
     Ok(batch)
 }
 
+/// The most text tokens a prompt is cut or padded to (Wan uses 512): a larger count is a
+/// typo, and `[B, text_len, d_model]` of it would not fit in memory.
+pub const MAX_TEXT_LEN: usize = 8192;
+
 /// The Wan form of encoder states `[B, L, d]`: row `i` kept for its first `lengths[i]`
 /// tokens and zero after, cut or zero-padded to `text_len` tokens `-> [B, text_len, d]`.
 pub fn prompt_embeds<B: Backend>(

@@ -102,6 +102,34 @@ impl MediaKind {
     }
 }
 
+/// The most pixels a frame may have (8192 × 8192): a header claiming more is refused before
+/// anything is allocated for it.
+pub const MAX_FRAME_PIXELS: usize = 8192 * 8192;
+
+/// The most bytes of decoded RGB frames one clip may hold (8 GiB).
+pub const MAX_CLIP_BYTES: usize = 8 << 30;
+
+/// Refuse `frames` frames of `w × h` pixels when one frame is over [`MAX_FRAME_PIXELS`] or
+/// the frames together over [`MAX_CLIP_BYTES`] (a header or a frame count asking for more
+/// memory than any training clip needs), naming the file.
+pub(super) fn check_size(path: &Path, w: usize, h: usize, frames: usize) -> Result<(), MediaError> {
+    let pixels = w.saturating_mul(h);
+    if pixels > MAX_FRAME_PIXELS {
+        return Err(invalid(
+            path,
+            format!("{w}x{h} frames: more than the {MAX_FRAME_PIXELS} pixels (8192x8192) a frame may have"),
+        ));
+    }
+    if pixels.saturating_mul(3).saturating_mul(frames) > MAX_CLIP_BYTES {
+        let gib = MAX_CLIP_BYTES >> 30;
+        return Err(invalid(
+            path,
+            format!("{frames} frames of {w}x{h} pixels: more than the {gib} GiB a clip may decode to; use fewer --frames or a smaller clip"),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
     MediaError::Invalid {
         path: path.to_path_buf(),
@@ -120,6 +148,11 @@ fn open(path: &Path) -> Result<BufReader<File>, MediaError> {
 
 /// Read any supported media (see [`MediaKind`]), decoding the frames `need` says.
 pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
+    // A named pipe or device would block the read, or never end.
+    let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
+    if special {
+        return Err(invalid(path, "not a regular file or folder"));
+    }
     match MediaKind::of(path) {
         Some(MediaKind::Gif) => read_gif(path, need),
         Some(MediaKind::Image) => {
@@ -150,8 +183,22 @@ pub fn read_image(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaErro
 /// A JPEG as RGB pixels (greyscale and CMYK images are converted). Returns `(pixels, width,
 /// height)`.
 pub fn read_jpeg(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
-    let options = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
-    let mut decoder = JpegDecoder::new_with_options(open(path)?, options);
+    let bytes = std::fs::read(path).map_err(|error| MediaError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    if !jpeg_complete(&bytes) {
+        return Err(invalid(
+            path,
+            "cut short: its last scan has no end-of-image marker",
+        ));
+    }
+    let side = (MAX_FRAME_PIXELS as f64).sqrt() as usize;
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_max_width(side)
+        .set_max_height(side);
+    let mut decoder = JpegDecoder::new_with_options(std::io::Cursor::new(&bytes), options);
     let bytes = decoder.decode().map_err(|e| invalid(path, e.to_string()))?;
     let info = decoder
         .info()
@@ -165,6 +212,15 @@ pub fn read_jpeg(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError
     Ok((pixels, w, h))
 }
 
+/// Whether a JPEG's bytes hold an end-of-image marker (`FF D9`) after the start of its last
+/// scan (`FF DA`). A file cut short has none there: the decoder would fill the missing part
+/// with grey rather than fail. (Entropy-coded data never holds an `FF D9`: an `FF` in it is
+/// followed by `00` or a restart marker; an EXIF thumbnail's markers come before the image's.)
+fn jpeg_complete(bytes: &[u8]) -> bool {
+    let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
+    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+}
+
 /// A PNG as RGB pixels (grey, palette, alpha and 16-bit images are converted; alpha is
 /// dropped). Returns `(pixels, width, height)`.
 pub fn read_png(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
@@ -172,6 +228,8 @@ pub fn read_png(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError>
     let mut decoder = ::png::Decoder::new(open(path)?);
     decoder.set_transformations(::png::Transformations::EXPAND | ::png::Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(bad)?;
+    let header = reader.info();
+    check_size(path, header.width as usize, header.height as usize, 1)?;
     let size = reader
         .output_buffer_size()
         .ok_or_else(|| invalid(path, "image too large"))?;
@@ -201,6 +259,7 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     if w == 0 || h == 0 {
         return Err(invalid(path, format!("a {w}x{h} GIF has no pixels")));
     }
+    check_size(path, w, h, 1)?;
     let mut canvas = vec![[0u8; 3]; w * h];
     let (mut frames, mut delay) = (Vec::new(), None);
     let fps = |delay: Option<u16>| delay.filter(|d| *d > 0).map(|d| 100.0 / d as f64);
@@ -209,6 +268,7 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
             break;
         };
         delay.get_or_insert(frame.delay);
+        check_size(path, w, h, frames.len() + 1)?;
         let before = canvas.clone();
         let (left, top) = (frame.left as usize, frame.top as usize);
         let (fw, fh) = (frame.width as usize, frame.height as usize);
@@ -274,6 +334,7 @@ pub fn read_frame_folder(dir: &Path, need: FrameNeed) -> Result<Clip, MediaError
             let want = format!("{}x{}", clip.width, clip.height);
             return Err(invalid(file, format!("{w}x{h} frame, the first is {want}")));
         }
+        check_size(dir, w, h, clip.frames.len() + 1)?;
         clip.frames.push(frame);
     }
     if clip.frames.is_empty() {
@@ -418,10 +479,25 @@ mod tests {
         assert_eq!(frames.frames[0], clip.frames[0]);
         assert_eq!(frames.frames[1], frame(7, 16, 8));
 
+        // Cut anywhere in its scan it is refused (the decoder alone would fill the rest with
+        // grey); bytes after its end marker are allowed (cameras append some).
         let cut = dir.path().join("cut.jpg");
-        std::fs::write(&cut, &jpeg[..jpeg.len() / 2]).unwrap();
-        let err = read_clip(&cut, FrameNeed::ALL).unwrap_err().to_string();
-        assert!(err.contains("cut.jpg"), "{err}");
+        let sos = jpeg.windows(2).rposition(|w| w == [0xFF, 0xDA]).unwrap();
+        for end in [
+            sos + 4,
+            (sos + jpeg.len()) / 2,
+            jpeg.len() - 2,
+            jpeg.len() / 2,
+        ] {
+            std::fs::write(&cut, &jpeg[..end]).unwrap();
+            let err = read_clip(&cut, FrameNeed::ALL).unwrap_err().to_string();
+            assert!(
+                err.contains("cut.jpg") && err.contains("cut short"),
+                "{end}: {err}"
+            );
+        }
+        std::fs::write(&cut, [&jpeg[..], b"trailer"].concat()).unwrap();
+        assert_eq!(read_clip(&cut, FrameNeed::ALL).unwrap().frames, clip.frames);
         let not_jpeg = dir.path().join("text.jpeg");
         std::fs::write(&not_jpeg, "not an image").unwrap();
         let err = read_clip(&not_jpeg, FrameNeed::ALL)
@@ -461,6 +537,85 @@ mod tests {
         }
         let clip = read_clip(&folder, half_rate).unwrap();
         assert_eq!(clip.frames, frames[..2].to_vec());
+    }
+
+    /// Headers claiming more pixels than a frame may have are refused before anything is
+    /// allocated for them (a 200-byte GIF of a 65535² screen would ask for 13 GB per frame),
+    /// and so is a clip whose frames together would pass the clip budget.
+    #[test]
+    fn huge_claimed_sizes_are_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let gif = dir.path().join("huge.gif");
+        write_gif(&gif, &[frame(9, 1, 1)], 1, 1, 1, 10).unwrap();
+        let mut bytes = std::fs::read(&gif).unwrap();
+        bytes[6..8].copy_from_slice(&u16::MAX.to_le_bytes());
+        bytes[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+        std::fs::write(&gif, bytes).unwrap();
+        let err = read_clip(&gif, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(
+            err.contains("huge.gif") && err.contains("65535x65535"),
+            "{err}"
+        );
+
+        // A PNG's IHDR claiming 60000², its checksum made right.
+        let png = dir.path().join("huge.png");
+        write_png(&png, &frame(9, 2, 2), 2, 2).unwrap();
+        let mut bytes = std::fs::read(&png).unwrap();
+        bytes[16..20].copy_from_slice(&60000u32.to_be_bytes());
+        bytes[20..24].copy_from_slice(&60000u32.to_be_bytes());
+        let crc = crc32(&bytes[12..29]);
+        bytes[29..33].copy_from_slice(&crc.to_be_bytes());
+        std::fs::write(&png, bytes).unwrap();
+        let err = read_clip(&png, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(
+            err.contains("huge.png") && err.contains("60000x60000"),
+            "{err}"
+        );
+
+        let side = 8192;
+        assert!(check_size(&png, side, side, 1).is_ok());
+        let frames = MAX_CLIP_BYTES / (side * side * 3) + 1;
+        let err = check_size(&png, side, side, frames)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("GiB") && err.contains(&format!("{frames} frames")),
+            "{err}"
+        );
+    }
+
+    /// PNG's chunk checksum (CRC-32, the zlib polynomial).
+    fn crc32(bytes: &[u8]) -> u32 {
+        let mut crc = u32::MAX;
+        for &b in bytes {
+            crc ^= b as u32;
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    /// A named pipe is refused at once: reading it would wait for a writer forever.
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("clip.gif");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = read_clip(&fifo, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(
+            err.contains("clip.gif") && err.contains("not a regular file"),
+            "{err}"
+        );
     }
 
     /// A GIF whose logical screen has no pixels is refused, naming the file.

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::decode::{invalid, Clip, FrameNeed};
+use super::decode::{check_size, invalid, Clip, FrameNeed};
 use super::video::Frames;
 use super::MediaError;
 
@@ -63,6 +63,7 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
         decode.args(["-r", &format!("{fps}")]);
     }
     let count = need.count(fps);
+    check_size(path, w, h, if count == usize::MAX { 1 } else { count })?;
     if count != usize::MAX {
         decode.args(["-frames:v", &count.to_string()]);
     }
@@ -213,7 +214,7 @@ fn parse_rate(rate: &str) -> Option<f64> {
 }
 
 /// Run a command on `path` and return its stdout; a failure is an error naming the file
-/// with FFmpeg's first line of stderr.
+/// with FFmpeg's last line of stderr.
 fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
     let out = cmd.output().map_err(|error| MediaError::Io {
         path: path.to_path_buf(),
@@ -222,8 +223,13 @@ fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
     if !out.status.success() {
         let mut err = String::new();
         let _ = out.stderr.as_slice().read_to_string(&mut err);
-        let first = err.lines().next().unwrap_or("failed").to_string();
-        return Err(invalid(path, format!("FFmpeg: {first}")));
+        // The last line is the conclusion ("Invalid data found when processing input"); the
+        // ones before it are what FFmpeg met on the way.
+        let last = err.lines().rfind(|l| !l.trim().is_empty());
+        return Err(invalid(
+            path,
+            format!("FFmpeg: {}", last.unwrap_or("failed")),
+        ));
     }
     Ok(out.stdout)
 }

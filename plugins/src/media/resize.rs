@@ -12,11 +12,12 @@ struct Taps {
     weights: Vec<f32>,
 }
 
-/// Taps mapping `src` samples onto `dst` samples along one axis.
-fn taps(src: usize, dst: usize) -> Vec<Taps> {
+/// Taps mapping `src` samples onto `dst` samples along one axis, for the output samples in
+/// `range`.
+fn taps(src: usize, dst: usize, range: std::ops::Range<usize>) -> Vec<Taps> {
     let scale = src as f64 / dst as f64;
     let support = scale.max(1.0);
-    (0..dst)
+    range
         .map(|i| {
             let centre = (i as f64 + 0.5) * scale;
             let lo = ((centre - support).floor().max(0.0)) as usize;
@@ -46,11 +47,38 @@ fn taps(src: usize, dst: usize) -> Vec<Taps> {
 /// Resize a `w × h` RGB image to `new_w × new_h` (see the module docs for the filter).
 /// Sizes of zero give an empty image.
 pub fn resize(img: &[[u8; 3]], w: usize, h: usize, new_w: usize, new_h: usize) -> Vec<[u8; 3]> {
-    if w == 0 || h == 0 || new_w == 0 || new_h == 0 {
+    let whole = Window {
+        x0: 0,
+        y0: 0,
+        w: new_w,
+        h: new_h,
+    };
+    resize_window(img, (w, h), (new_w, new_h), whole)
+}
+
+/// A rectangle of a resized image: its top-left corner and size.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    x0: usize,
+    y0: usize,
+    w: usize,
+    h: usize,
+}
+
+/// The `win` part of a `size` RGB image resized to `to`, computing only that part (a thin
+/// image scaled to cover a frame would otherwise be built whole, many times the frame).
+fn resize_window(
+    img: &[[u8; 3]],
+    (w, h): (usize, usize),
+    to: (usize, usize),
+    win: Window,
+) -> Vec<[u8; 3]> {
+    if w == 0 || h == 0 || win.w == 0 || win.h == 0 {
         return Vec::new();
     }
-    let (tx, ty) = (taps(w, new_w), taps(h, new_h));
-    let mut rows = vec![[0f32; 3]; new_w * h];
+    let tx = taps(w, to.0, win.x0..win.x0 + win.w);
+    let ty = taps(h, to.1, win.y0..win.y0 + win.h);
+    let mut rows = vec![[0f32; 3]; win.w * h];
     for y in 0..h {
         for (x, t) in tx.iter().enumerate() {
             let mut acc = [0f32; 3];
@@ -58,38 +86,36 @@ pub fn resize(img: &[[u8; 3]], w: usize, h: usize, new_w: usize, new_h: usize) -
                 let p = img[y * w + t.start + k];
                 (0..3).for_each(|c| acc[c] += wt * p[c] as f32);
             }
-            rows[y * new_w + x] = acc;
+            rows[y * win.w + x] = acc;
         }
     }
-    let mut out = vec![[0u8; 3]; new_w * new_h];
+    let mut out = vec![[0u8; 3]; win.w * win.h];
     for (y, t) in ty.iter().enumerate() {
-        for x in 0..new_w {
+        for x in 0..win.w {
             let mut acc = [0f32; 3];
             for (k, wt) in t.weights.iter().enumerate() {
-                let p = rows[(t.start + k) * new_w + x];
+                let p = rows[(t.start + k) * win.w + x];
                 (0..3).for_each(|c| acc[c] += wt * p[c]);
             }
-            out[y * new_w + x] = acc.map(|v| v.round().clamp(0.0, 255.0) as u8);
+            out[y * win.w + x] = acc.map(|v| v.round().clamp(0.0, 255.0) as u8);
         }
     }
     out
 }
 
 /// Resize `img` (`w × h`) by one factor so that it covers `tw × th`, then cut the centre
-/// `tw × th` out of it.
+/// `tw × th` out of it. Only the centre is computed.
 pub fn cover_and_crop(img: &[[u8; 3]], w: usize, h: usize, tw: usize, th: usize) -> Vec<[u8; 3]> {
     let scale = (tw as f64 / w as f64).max(th as f64 / h as f64);
     let rw = ((w as f64 * scale).round() as usize).max(tw);
     let rh = ((h as f64 * scale).round() as usize).max(th);
-    let big = resize(img, w, h, rw, rh);
-    let (x0, y0) = ((rw - tw) / 2, (rh - th) / 2);
-    (0..th)
-        .flat_map(|y| {
-            big[(y0 + y) * rw + x0..(y0 + y) * rw + x0 + tw]
-                .iter()
-                .copied()
-        })
-        .collect()
+    let centre = Window {
+        x0: (rw - tw) / 2,
+        y0: (rh - th) / 2,
+        w: tw,
+        h: th,
+    };
+    resize_window(img, (w, h), (rw, rh), centre)
 }
 
 /// Indices of the `want` frames kept from a clip of `available` frames shot at `src_fps`,
@@ -163,6 +189,28 @@ mod tests {
         assert!(cover_and_crop(&tall, 2, 6, 8, 4)
             .iter()
             .all(|p| *p == [9; 3]));
+    }
+
+    /// Only the centre is computed, and it is the centre of the whole resized image: a
+    /// 2000×1 line covering 16×8 would be 16000×8 whole.
+    #[test]
+    fn cover_and_crop_computes_the_centre_of_the_whole_resize() {
+        let line: Vec<[u8; 3]> = (0..2000)
+            .map(|i| [(i % 256) as u8, (i / 8) as u8, 7])
+            .collect();
+        let whole = resize(&line, 2000, 1, 16000, 8);
+        let want: Vec<[u8; 3]> = (0..8)
+            .flat_map(|y| whole[y * 16000 + 7992..y * 16000 + 8008].to_vec())
+            .collect();
+        assert_eq!(cover_and_crop(&line, 2000, 1, 16, 8), want);
+        let img: Vec<[u8; 3]> = (0..30 * 20)
+            .map(|i| [(i * 7 % 256) as u8, 3, (i % 13) as u8])
+            .collect();
+        let whole = resize(&img, 30, 20, 15, 10);
+        let want: Vec<[u8; 3]> = (0..10)
+            .flat_map(|y| whole[y * 15 + 2..y * 15 + 13].to_vec())
+            .collect();
+        assert_eq!(cover_and_crop(&img, 30, 20, 11, 10), want);
     }
 
     #[test]

@@ -87,15 +87,8 @@ impl<B: Backend> Encoders<B> {
     fn fit(&self, clip: &Clip, item: &Item, t: &Target) -> anyhow::Result<(Vec<f32>, usize)> {
         let want = wanted_frames(item, t);
         let src_fps = clip.fps.filter(|_| t.fps.is_some());
-        let idx = frame_indices(clip.frames.len(), want, src_fps, t.fps).ok_or_else(|| {
-            let n = clip.frames.len();
-            anyhow::anyhow!(
-                "{n} frame{}{}, {want} needed",
-                if n == 1 { "" } else { "s" },
-                clip.fps
-                    .map_or(String::new(), |f| format!(" at {f:.2} fps"))
-            )
-        })?;
+        let idx = frame_indices(clip.frames.len(), want, src_fps, t.fps)
+            .ok_or_else(|| too_short(clip.frames.len(), want, src_fps, t.fps))?;
         let plane = t.height * t.width;
         let mut out = vec![0f32; 3 * want * plane];
         for (f, &i) in idx.iter().enumerate() {
@@ -107,6 +100,25 @@ impl<B: Backend> Encoders<B> {
             }
         }
         Ok((out, want))
+    }
+}
+
+/// Why a clip of `n` frames is too short for `want` frames sampled at `fps` from its own
+/// `src_fps`: in frames, and in seconds where the rates are known ("90 frames at 30.00 fps
+/// (3.00 s), 81 frames at 16 fps need 151 (5.03 s)").
+fn too_short(n: usize, want: usize, src_fps: Option<f64>, fps: Option<f64>) -> anyhow::Error {
+    let frames = |k: usize| format!("{k} frame{}", if k == 1 { "" } else { "s" });
+    match (src_fps, fps) {
+        (Some(src), Some(fps)) => {
+            let need = ((want - 1) as f64 * src / fps).floor() as usize + 1;
+            anyhow::anyhow!(
+                "{} at {src:.2} fps ({:.2} s), {want} frames at {fps} fps need {need} ({:.2} s)",
+                frames(n),
+                n as f64 / src,
+                need as f64 / src
+            )
+        }
+        _ => anyhow::anyhow!("{}, {want} needed", frames(n)),
     }
 }
 
@@ -139,5 +151,23 @@ fn media_info(item: &Item, frames: usize, t: &Target, fps: Option<f64>) -> Media
         num_frames: frames as i64,
         duration_sec: if fps > 0.0 { frames as f64 / fps } else { 0.0 },
         fps,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_clip_says_what_it_has_and_needs_in_seconds() {
+        let e = too_short(90, 81, Some(30.0), Some(16.0)).to_string();
+        assert_eq!(
+            e,
+            "90 frames at 30.00 fps (3.00 s), 81 frames at 16 fps need 151 (5.03 s)"
+        );
+        assert_eq!(
+            too_short(1, 5, None, Some(16.0)).to_string(),
+            "1 frame, 5 needed"
+        );
     }
 }

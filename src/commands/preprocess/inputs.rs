@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use reel_core::checkpoint::sha256_hex;
+use reel_core::io::content_stamp;
 use reel_plugins::media::decode::MediaKind;
 
 /// One clip to preprocess.
@@ -26,6 +28,17 @@ pub struct Item {
 }
 
 impl Item {
+    /// What a finished shard must still match to stay: the clip's [`content_stamp`] (a
+    /// frame folder's over its files) and its caption's hash.
+    pub fn stamp(&self) -> String {
+        let media = content_stamp(&self.path, 64 << 10).unwrap_or_default();
+        let caption = match &self.caption {
+            Ok(text) => sha256_hex(text.as_bytes())[..16].to_string(),
+            Err(_) => "none".into(),
+        };
+        format!("{media}/{caption}")
+    }
+
     /// The file or folder name (caption lists, `preprocess.json` and FastVideo's
     /// `file_name` column key clips by it).
     pub fn name(&self) -> String {
@@ -174,7 +187,8 @@ fn caption_of(
         let Ok(text) = String::from_utf8(bytes) else {
             return Err(format!("{} is not UTF-8 text", s.display()));
         };
-        let text = text.trim();
+        // A byte-order mark (Windows editors write one) is not part of the caption.
+        let text = text.trim_start_matches('\u{feff}').trim();
         if text.is_empty() {
             return Err(format!("{} is empty", s.display()));
         }
@@ -193,12 +207,15 @@ fn caption_of(
 pub fn read_caption_list(path: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let is_json = path.extension().is_some_and(|e| e == "json");
+    let text = text.trim_start_matches('\u{feff}');
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     // Records are numbered as the readers number them: JSON from 0, CSV rows from 1.
     let (rows, first) = if is_json {
-        (json_rows(&text), 0)
+        (json_rows(text), 0)
     } else {
-        (csv_rows(&text), 1)
+        (csv_rows(text), 1)
     };
     let rows = rows.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut listed = BTreeMap::new();
@@ -258,9 +275,16 @@ fn csv_rows(text: &str) -> Result<Vec<(String, String)>, String> {
     }
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let headers = reader.headers().map_err(|e| e.to_string())?.clone();
-    let col = |names: &[&str]| headers.iter().position(|h| names.contains(&h.trim()));
+    let col = |names: &[&str]| {
+        let named = |h: &str| names.iter().any(|n| h.trim().eq_ignore_ascii_case(n));
+        headers.iter().position(named)
+    };
     let (Some(p), Some(c)) = (col(&["path", "file_name"]), col(&["caption", "cap"])) else {
-        return Err("expected a header with `path` and `caption` columns".into());
+        let first = text.lines().next().unwrap_or("").trim();
+        return Err(format!(
+            "expected a first line naming comma-separated `path` (or `file_name`) and \
+             `caption` (or `cap`) columns, found `{first}`"
+        ));
     };
     reader
         .records()
@@ -347,7 +371,8 @@ mod tests {
         }
         std::fs::create_dir(d.join("frames")).unwrap();
         std::fs::write(d.join("frames/caption.txt"), "a folder\n").unwrap();
-        std::fs::write(d.join("a.txt"), " a sidecar ").unwrap();
+        // A byte-order mark (Windows editors write one) is not part of the caption.
+        std::fs::write(d.join("a.txt"), "\u{feff} a sidecar ").unwrap();
         // Hidden entries are no clips; a dotted folder's sidecar is its whole name + `.txt`.
         std::fs::write(d.join("._b.gif"), "x").unwrap();
         std::fs::create_dir(d.join(".git")).unwrap();
@@ -386,6 +411,23 @@ mod tests {
         let err = read_caption_list(&json).unwrap_err().to_string();
         assert!(
             err.contains("list.json") && err.contains("record 0"),
+            "{err}"
+        );
+        // `.JSON` is JSON; CSV headers match in any case; a header naming neither column
+        // (tab-separated here) is quoted in the error.
+        let upper = d.join("LIST.JSON");
+        std::fs::write(
+            &upper,
+            "\u{feff}[{\"path\": \"c.gif\", \"caption\": \"up\"}]",
+        )
+        .unwrap();
+        assert_eq!(read_caption_list(&upper).unwrap()["c.gif"], "up");
+        std::fs::write(&list, "Path,Caption\nc.gif,cased\n").unwrap();
+        assert_eq!(read_caption_list(&list).unwrap()["c.gif"], "cased");
+        std::fs::write(&list, "path\tcaption\nc.gif\ttabbed\n").unwrap();
+        let err = read_caption_list(&list).unwrap_err().to_string();
+        assert!(
+            err.contains("comma-separated") && err.contains("found `path\tcaption`"),
             "{err}"
         );
     }

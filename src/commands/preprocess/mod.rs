@@ -22,10 +22,11 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::ProgressBar;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
-use reel_models::umt5::{tokenizer_for, Umt5TextEncoder};
+use reel_models::umt5::{tokenizer_for, Umt5Config, Umt5TextEncoder, MAX_TEXT_LEN};
 use reel_models::vae::{Tiling, WanVae};
 use reel_plugins::data::fastvideo::FastVideoRecord;
 use reel_plugins::data::negative::{self, WAN_NEGATIVE_PROMPT};
+use reel_plugins::media::decode::MAX_CLIP_BYTES;
 
 use super::progress::{self, say};
 use crate::cli::error_line;
@@ -90,24 +91,65 @@ pub struct PreprocessArgs {
     pub device: usize,
 }
 
+/// The most frames a clip is sampled to (`--frames`): 4 minutes at 16 fps.
+pub const MAX_FRAMES: usize = 4097;
+
+/// The largest `--height` / `--width` in pixels (8K video is 7680 wide).
+pub const MAX_SIDE: usize = 8192;
+
+/// `--text-len` (here and in `reel data negative`): at least 1, at most [`MAX_TEXT_LEN`].
+pub fn check_text_len(text_len: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=MAX_TEXT_LEN).contains(&text_len),
+        "--text-len {text_len}: text tokens per prompt, from 1 to {MAX_TEXT_LEN} (Wan: 512)"
+    );
+    Ok(())
+}
+
+/// The tokenizer for the text encoder folder `encoder`: `given`, else the one beside it. The
+/// folder is checked first (its `config.json` is a UMT5's), so that a wrong `--text-encoder`
+/// is blamed, not the tokenizer it has none of.
+pub fn tokenizer_for_encoder(given: Option<&Path>, encoder: &Path) -> anyhow::Result<PathBuf> {
+    Umt5Config::from_json_file(encoder.join("config.json")).with_context(|| {
+        format!(
+            "--text-encoder {}: not a diffusers `text_encoder/` folder",
+            encoder.display()
+        )
+    })?;
+    tokenizer_for(given, encoder).context("--tokenizer")
+}
+
 impl PreprocessArgs {
     fn target(&self) -> anyhow::Result<Target> {
         anyhow::ensure!(
-            self.frames % 4 == 1,
-            "--frames {}: the Wan VAE encodes 1 + 4k frames (e.g. 81)",
+            self.frames % 4 == 1 && self.frames <= MAX_FRAMES,
+            "--frames {}: the Wan VAE encodes 1 + 4k frames (e.g. 81), at most {MAX_FRAMES}",
             self.frames
         );
-        anyhow::ensure!(
-            self.height > 0 && self.width > 0,
-            "--height and --width must be >= 1"
-        );
+        for (flag, side) in [("--height", self.height), ("--width", self.width)] {
+            anyhow::ensure!(
+                (1..=MAX_SIDE).contains(&side),
+                "{flag} {side}: pixels, from 1 to {MAX_SIDE}"
+            );
+        }
         anyhow::ensure!(
             self.fps.is_finite() && self.fps >= 0.0,
             "--fps {}: a rate in frames per second, or 0 for every frame",
             self.fps
         );
         anyhow::ensure!(self.rows_per_file > 0, "--rows-per-file must be >= 1");
-        anyhow::ensure!(self.text_len > 0, "--text-len must be >= 1");
+        check_text_len(self.text_len)?;
+        let bytes = (self.frames * self.height * self.width).saturating_mul(3);
+        anyhow::ensure!(
+            bytes <= MAX_CLIP_BYTES,
+            "--frames {} --height {} --width {}: a clip of that size is {:.1} GiB of pixels, \
+             more than the {} GiB one clip may take",
+            self.frames,
+            self.height,
+            self.width,
+            bytes as f64 / (1u64 << 30) as f64,
+            MAX_CLIP_BYTES >> 30
+        );
         Ok(Target {
             frames: self.frames,
             height: self.height,
@@ -119,7 +161,7 @@ impl PreprocessArgs {
 
     /// `--tokenizer`, else the tokenizer beside `--text-encoder` ([`tokenizer_for`]).
     fn tokenizer(&self) -> anyhow::Result<PathBuf> {
-        tokenizer_for(self.tokenizer.as_deref(), &self.text_encoder).context("--tokenizer")
+        tokenizer_for_encoder(self.tokenizer.as_deref(), &self.text_encoder)
     }
 
     /// What a resumed run must share with the run that wrote the folder: the settings (paths
@@ -191,8 +233,16 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     // text encoder (a run stopped before its first shard, resumed with other models) is
     // replaced.
     let same_models = resume::recorded_as(&args.out, settings);
-    // Only now, with the models loaded, is the folder taken over.
-    resume::record(&args.out, settings)?;
+    // Only now, with the models loaded, is the folder taken over: the shards of clips or
+    // captions changed since are marked for redoing before the new stamps are recorded.
+    let stamps: Vec<Vec<(String, String)>> = items
+        .chunks(args.rows_per_file)
+        .map(|chunk| chunk.iter().map(|i| (i.name(), i.stamp())).collect())
+        .collect();
+    resume::redo_changed(&args.out, &stamps)?;
+    let mut recorded = settings.clone();
+    recorded[resume::STAMPS] = stamps.iter().flatten().cloned().collect();
+    resume::record(&args.out, &recorded)?;
     let negative = args.out.join(negative::FILE_NAME);
     let stored = negative::stored_prompt(&negative);
     if !same_models || stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
@@ -216,12 +266,15 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
             continue;
         }
         if shard.path.is_file() {
+            // The failure list's first line says why: a clip that failed, or one changed.
+            let listed = std::fs::read_to_string(&shard.failed).ok();
+            let why = match listed.as_deref().and_then(|t| t.lines().next()) {
+                Some(first) => first.to_string(),
+                None => "it is not a whole parquet file (cut short)".into(),
+            };
             say(
                 &bar,
-                format!(
-                    "reel: redoing {}: some of its clips failed before",
-                    shard.path.display()
-                ),
+                format!("reel: redoing {}: {why}", shard.path.display()),
             );
         }
         let (records, failures) = encode_chunk(&enc, chunk, k * args.rows_per_file, target, &bar);
@@ -268,7 +321,12 @@ fn encode_chunk<B: burn::tensor::backend::Backend>(
         match enc.record(item, first + i, target) {
             Ok(r) => records.push(r),
             Err(e) => {
-                let line = format!("{}: {}", item.path.display(), error_line(&e));
+                // Media errors name the file already.
+                let (path, msg) = (item.path.display().to_string(), error_line(&e));
+                let line = match msg.starts_with(&path) {
+                    true => msg,
+                    false => format!("{path}: {msg}"),
+                };
                 say(bar, format!("reel: skipped {line}"));
                 failures.push(line);
             }

@@ -18,16 +18,30 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use reel_core::io::replace_file;
+use reel_core::io::{replace_file, tmp_sibling_target};
 use reel_plugins::data::fastvideo::{write_fastvideo_parquet, FastVideoRecord};
+use reel_plugins::data::negative;
 use serde_json::Value;
 
 /// File recording a preprocessing run's settings and clips, in the output folder.
 pub const SETTINGS_FILE: &str = "preprocess.json";
 
+/// Key of the clips' stamps ([`super::inputs::Item::stamp`]) in [`SETTINGS_FILE`]. Not a
+/// setting: a clip or caption changed since its shard was written redoes that shard
+/// ([`redo_changed`]), it does not refuse the folder.
+pub const STAMPS: &str = "stamps";
+
 /// Refuse to resume `out` when it holds shards written with other settings or clips than
 /// `settings`. A folder without shards passes whatever its `preprocess.json` says.
 pub fn check(out: &Path, settings: &Value) -> anyhow::Result<()> {
+    if let Some(other) = foreign_parquet(out, 0) {
+        anyhow::bail!(
+            "{} holds {}, a parquet file `reel preprocess` did not write: a data set read from \
+             the folder would mix it in; use another --out folder",
+            out.display(),
+            other.display()
+        );
+    }
     if !has_shards(out) {
         return Ok(());
     }
@@ -39,8 +53,13 @@ pub fn check(out: &Path, settings: &Value) -> anyhow::Result<()> {
             out.display()
         )
     })?;
-    let before: Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let before: Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not JSON, so the shards beside it cannot be matched to their settings: \
+                 use another --out folder (or delete the folder to start over)",
+            path.display()
+        )
+    })?;
     let diffs = differences(&before, settings);
     anyhow::ensure!(
         diffs.is_empty(),
@@ -61,12 +80,60 @@ pub fn recorded_as(out: &Path, settings: &Value) -> bool {
         .is_some_and(|before| differences(&before, settings).is_empty())
 }
 
-/// Write `settings` to `out`'s [`SETTINGS_FILE`], creating `out`.
+/// Write `settings` to `out`'s [`SETTINGS_FILE`], creating `out`; the temporary files a
+/// killed run left there are removed (a shard's is as large as the shard).
 pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    remove_temporaries(out);
     let text = serde_json::to_string_pretty(settings)?;
     let path = out.join(SETTINGS_FILE);
     replace_file(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Mark for redoing each finished shard of `out` holding a clip whose stamp differs from the
+/// one recorded when the shard was written (`shards[k]`: shard `k`'s clips as `(name,
+/// stamp)`): its failure list names the changed clips, so this run redoes it, and so does the
+/// next should this one stop first. Clips without a recorded stamp are not compared (folders
+/// written before stamps). Returns the shards marked.
+pub fn redo_changed(out: &Path, shards: &[Vec<(String, String)>]) -> anyhow::Result<usize> {
+    let recorded: Value = std::fs::read_to_string(out.join(SETTINGS_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let mut marked = 0;
+    for (k, clips) in shards.iter().enumerate() {
+        let shard = Shard::new(out, k);
+        let changed: Vec<String> = clips
+            .iter()
+            .filter(|(name, stamp)| {
+                let then = recorded[STAMPS][name.as_str()].as_str();
+                then.is_some_and(|t| t != stamp)
+            })
+            .map(|(name, _)| format!("{name}: changed since its shard was written"))
+            .collect();
+        if changed.is_empty() || !shard.is_done() {
+            continue;
+        }
+        let text = changed.join("\n") + "\n";
+        replace_file(&shard.failed, text.as_bytes())
+            .with_context(|| format!("cannot write {}", shard.failed.display()))?;
+        marked += 1;
+    }
+    Ok(marked)
+}
+
+/// Remove the temporary files of what preprocessing writes into `out` (shards, failure lists,
+/// the settings and the negative embedding) that a killed run left there.
+fn remove_temporaries(out: &Path) {
+    let ours = |name: &str| {
+        name == SETTINGS_FILE || name == negative::FILE_NAME || name.starts_with("data_")
+    };
+    for entry in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if tmp_sibling_target(&name).is_some_and(ours) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// What differs between the recorded settings and this run's, one phrase per key, naming
@@ -76,6 +143,7 @@ pub fn differences(before: &Value, now: &Value) -> Vec<String> {
         .iter()
         .filter_map(|v| v.as_object())
         .flat_map(|o| o.keys())
+        .filter(|k| k.as_str() != STAMPS)
         .collect();
     let none = Value::Null;
     keys.into_iter()
@@ -123,15 +191,42 @@ fn clip_changes(before: &Value, now: &Value) -> String {
     format!("clips: {}", parts.join(", "))
 }
 
+/// A parquet file in `dir` (at any depth below it, as the data source reads them; `depth`
+/// levels down already) other than the shards preprocessing writes at its top.
+fn foreign_parquet(dir: &Path, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    for entry in entries.flatten() {
+        let (path, name) = (
+            entry.path(),
+            entry.file_name().to_string_lossy().to_string(),
+        );
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && depth < 8 {
+            if let Some(found) = foreign_parquet(&path, depth + 1) {
+                return Some(found);
+            }
+        } else if name.ends_with(".parquet") && !(depth == 0 && is_shard_name(&name)) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// `data_<k>.parquet`, the name of a shard [`Shard::new`] gives.
+fn is_shard_name(name: &str) -> bool {
+    name.strip_prefix("data_")
+        .and_then(|n| n.strip_suffix(".parquet"))
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Whether `out` holds any finished shard.
 fn has_shards(out: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(out) else {
         return false;
     };
-    entries.filter_map(Result::ok).any(|e| {
-        let name = e.file_name().to_string_lossy().to_string();
-        name.starts_with("data_") && name.ends_with(".parquet")
-    })
+    entries
+        .filter_map(Result::ok)
+        .any(|e| is_shard_name(&e.file_name().to_string_lossy()))
 }
 
 /// Shard `k` of an output folder: its parquet file and the list of its clips that failed.
@@ -241,6 +336,50 @@ mod tests {
         std::fs::remove_file(out.join(SETTINGS_FILE)).unwrap();
         let err = check(out, &json!({"height": 480})).unwrap_err().to_string();
         assert!(err.contains("no readable preprocess.json"), "{err}");
+    }
+
+    /// Parquet files the data source would read beside the shards (at the top or below it)
+    /// make the folder unusable; hidden temporary files a killed run left are removed when
+    /// the folder is taken over.
+    #[test]
+    fn other_parquet_files_are_refused_and_stale_temporaries_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path();
+        std::fs::write(out.join("data_00000.parquet"), b"PAR1").unwrap();
+        record(out, &json!({"height": 480})).unwrap();
+        check(out, &json!({"height": 480})).unwrap();
+        for other in [
+            "part-0.parquet",
+            "old/train-0000.parquet",
+            "old/data_00001.parquet",
+        ] {
+            let path = out.join(other);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"PAR1").unwrap();
+            let err = check(out, &json!({"height": 480})).unwrap_err().to_string();
+            assert!(
+                err.contains(other) && err.contains("did not write"),
+                "{err}"
+            );
+            std::fs::remove_file(&path).unwrap();
+        }
+        let stale = [
+            ".data_00001.parquet.tmp4242",
+            ".preprocess.json.tmp7",
+            ".negative.safetensors.tmp9",
+        ];
+        for name in stale {
+            std::fs::write(out.join(name), b"partial").unwrap();
+        }
+        std::fs::write(out.join(".notes.tmp1"), b"not ours").unwrap();
+        record(out, &json!({"height": 480})).unwrap();
+        for name in stale {
+            assert!(!out.join(name).exists(), "{name} was left");
+        }
+        assert!(
+            out.join(".notes.tmp1").exists(),
+            "only preprocessing's own temporaries go"
+        );
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl CallbackConfig for ValidationConfig {
         }
         check::positive_usize("num_prompts", self.num_prompts)?;
         check::positive_f64("fps", self.fps)?;
+        check::in_range("fps", self.fps, 0.0, 1000.0)?;
         if let Some(t) = self.vae_tile {
             check::positive_usize("vae_tile", t)?;
         }

@@ -1,0 +1,86 @@
+//! Cheap, deterministic identities of files whose change matters (a weights file a resumed
+//! run reads again, a clip whose shard is already written).
+//!
+//! A stamp is the file's size and a SHA-256 of its first and last bytes: reading a 5 GB file
+//! whole would cost seconds, and a stamp depends on the bytes only, not on the path or the
+//! modification time, so it is the same on every machine and after a copy.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use crate::checkpoint::sha256_hex;
+
+/// `size:hash` of a file: its size and a SHA-256 of its first and last `end` bytes; `None`
+/// if it cannot be read.
+fn file_stamp(path: &Path, end: u64) -> Option<String> {
+    let mut f = File::open(path).ok()?;
+    let size = f.metadata().ok()?.len();
+    let mut bytes = Vec::with_capacity((2 * end).min(size) as usize);
+    (&mut f).take(end).read_to_end(&mut bytes).ok()?;
+    if size > end {
+        f.seek(SeekFrom::Start(size.saturating_sub(end).max(end)))
+            .ok()?;
+        f.take(end).read_to_end(&mut bytes).ok()?;
+    }
+    Some(format!("{size}:{}", sha256_hex(&bytes)))
+}
+
+/// The stamp of a file, or of a folder (a diffusers `transformer/`, a folder of frames): its
+/// files' names and stamps, in name order, hashed together. `end` bytes are read from each
+/// end of each file (weights: a MiB, the header and the last tensors). `None` when it cannot
+/// be read.
+pub fn content_stamp(path: &Path, end: u64) -> Option<String> {
+    if !path.is_dir() {
+        return file_stamp(path, end);
+    }
+    let mut names: Vec<_> = std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name())
+        .collect();
+    names.sort();
+    let parts: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            Some(format!(
+                "{}={}",
+                n.to_string_lossy(),
+                file_stamp(&path.join(n), end)?
+            ))
+        })
+        .collect();
+    Some(sha256_hex(parts.join("\n").as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_see_changes_at_either_end_and_folders_by_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("w.safetensors");
+        const END: u64 = 1 << 10;
+        let stamp = |p: &Path| content_stamp(p, END);
+        let mut bytes = vec![7u8; 3 * END as usize];
+        std::fs::write(&f, &bytes).unwrap();
+        let a = stamp(&f).unwrap();
+        assert_eq!(stamp(&f).unwrap(), a, "deterministic");
+        bytes[3] = 8;
+        std::fs::write(&f, &bytes).unwrap();
+        let b = stamp(&f).unwrap();
+        assert_ne!(a, b, "a change in the header");
+        let last = bytes.len() - 2;
+        bytes[last] = 9;
+        std::fs::write(&f, &bytes).unwrap();
+        assert_ne!(stamp(&f).unwrap(), b, "a change in the last tensors");
+        std::fs::write(&f, b"short").unwrap();
+        assert!(stamp(&f).unwrap().starts_with("5:"));
+        assert_eq!(stamp(&tmp.path().join("missing")), None);
+        let folder = stamp(tmp.path()).unwrap();
+        std::fs::write(tmp.path().join("config.json"), b"{}").unwrap();
+        assert_ne!(stamp(tmp.path()).unwrap(), folder);
+    }
+}
