@@ -9,6 +9,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 pub use super::ffmpeg::{ffmpeg_available, ffmpeg_for_tests, read_video};
+use image::metadata::Orientation;
 use zune_core::colorspace::ColorSpace;
 use zune_core::options::DecoderOptions;
 use zune_jpeg::JpegDecoder;
@@ -209,7 +210,48 @@ pub fn read_jpeg(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError
         return Err(invalid(path, format!("{got} bytes for {w}x{h} RGB pixels")));
     }
     let pixels = bytes.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
-    Ok((pixels, w, h))
+    // Phones store a photo as the sensor saw it and say in EXIF how to turn it upright.
+    let orientation = decoder.exif().and_then(|e| Orientation::from_exif_chunk(e));
+    Ok(upright(
+        pixels,
+        w,
+        h,
+        orientation.unwrap_or(Orientation::NoTransforms),
+    ))
+}
+
+/// `w × h` pixels turned as an EXIF `orientation` says (quarter turns clockwise, then a
+/// horizontal flip): `(pixels, width, height)`.
+fn upright(
+    px: Vec<[u8; 3]>,
+    w: usize,
+    h: usize,
+    orientation: Orientation,
+) -> (Vec<[u8; 3]>, usize, usize) {
+    use Orientation::*;
+    let (turns, flip) = match orientation {
+        NoTransforms => return (px, w, h),
+        Rotate90 => (1, false),
+        Rotate180 => (2, false),
+        Rotate270 => (3, false),
+        FlipHorizontal => (0, true),
+        FlipVertical => (2, true),
+        Rotate90FlipH => (1, true),
+        Rotate270FlipH => (3, true),
+    };
+    let (nw, nh) = if turns % 2 == 1 { (h, w) } else { (w, h) };
+    let source = |x: usize, y: usize| {
+        let x = if flip { nw - 1 - x } else { x };
+        let (sx, sy) = match turns {
+            0 => (x, y),
+            1 => (y, h - 1 - x),
+            2 => (w - 1 - x, h - 1 - y),
+            _ => (w - 1 - y, x),
+        };
+        px[sy * w + sx]
+    };
+    let out = (0..nh).flat_map(|y| (0..nw).map(move |x| (x, y)));
+    (out.map(|(x, y)| source(x, y)).collect(), nw, nh)
 }
 
 /// Whether a JPEG's bytes hold an end-of-image marker (`FF D9`) after the start of its last
@@ -537,6 +579,46 @@ mod tests {
         }
         let clip = read_clip(&folder, half_rate).unwrap();
         assert_eq!(clip.frames, frames[..2].to_vec());
+    }
+
+    /// A photo with an EXIF orientation is turned upright: the red-left, blue-right test
+    /// image marked "rotate 90° clockwise" (orientation 6) reads as 8 wide, 16 high, red on
+    /// top; every orientation keeps the pixels, only moved.
+    #[test]
+    fn jpeg_exif_orientation_is_applied() {
+        let jpeg = include_bytes!("testdata/red_blue_16x8.jpg");
+        // APP1: "Exif\0\0", a little-endian TIFF header, one IFD entry: tag 0x0112 (SHORT) = 6.
+        let mut tiff = b"Exif\0\0II*\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0\x06\0\0\0".to_vec();
+        tiff.extend_from_slice(&[0, 0, 0, 0]);
+        let mut app1 = vec![0xFF, 0xE1];
+        app1.extend_from_slice(&((tiff.len() + 2) as u16).to_be_bytes());
+        app1.extend_from_slice(&tiff);
+        let turned = [&jpeg[..2], &app1[..], &jpeg[2..]].concat();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("phone.jpg");
+        std::fs::write(&path, turned).unwrap();
+        let (px, w, h) = read_image(&path).unwrap();
+        assert_eq!((w, h), (8, 16));
+        let red = |p: [u8; 3]| p[0] > 200 && p[2] < 60;
+        let blue = |p: [u8; 3]| p[2] > 200 && p[0] < 60;
+        assert!(px[..8 * 6].iter().all(|&p| red(p)), "top is red");
+        assert!(px[8 * 10..].iter().all(|&p| blue(p)), "bottom is blue");
+
+        let img: Vec<[u8; 3]> = (0..6).map(|i| [i as u8; 3]).collect(); // 3 wide, 2 high
+        let cases = [
+            (Orientation::Rotate90, 2, vec![3, 0, 4, 1, 5, 2]),
+            (Orientation::Rotate180, 3, vec![5, 4, 3, 2, 1, 0]),
+            (Orientation::Rotate270, 2, vec![2, 5, 1, 4, 0, 3]),
+            (Orientation::FlipHorizontal, 3, vec![2, 1, 0, 5, 4, 3]),
+            (Orientation::FlipVertical, 3, vec![3, 4, 5, 0, 1, 2]),
+            (Orientation::Rotate90FlipH, 2, vec![0, 3, 1, 4, 2, 5]),
+            (Orientation::Rotate270FlipH, 2, vec![5, 2, 4, 1, 3, 0]),
+        ];
+        for (o, width, want) in cases {
+            let (out, w, h) = upright(img.clone(), 3, 2, o);
+            assert_eq!((w, w * h), (width, 6), "{o:?}");
+            assert_eq!(out.iter().map(|p| p[0]).collect::<Vec<_>>(), want, "{o:?}");
+        }
     }
 
     /// Headers claiming more pixels than a frame may have are refused before anything is
