@@ -13,7 +13,9 @@
 //! others; `device-out-of-memory` (same place) panics as CubeCL does when a device allocation
 //! fails, to test the out-of-memory hint; `device-fault` (at each [`crate::device_fault::check`]:
 //! after each step's host sync and before each checkpoint's commit) reports a failed queued
-//! device call, to test that the run stops and saves nothing computed from it.
+//! device call, to test that the run stops and saves nothing computed from it;
+//! `callback-error` (once per step, after its callbacks) fails the step as its last callback
+//! would, to test that the state is checkpointed before the run stops.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -11,6 +11,7 @@
 
 use std::path::Path;
 
+use reel_core::checkpoint::CheckpointStore;
 use reel_core::config::{load_run_config_any_backend, ConfigError, LoadedConfig};
 use reel_core::memory;
 use reel_core::trainer::{run_dir_error, run_dir_for};
@@ -40,6 +41,7 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
                 config.display(),
                 super::describe(&loaded)
             );
+            note_existing_run(&loaded);
             Ok(())
         }
         1 => anyhow::bail!("{}", problems[0]),
@@ -101,6 +103,20 @@ fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 file.display()
             ),
         )),
-        _ => Ok(()),
+        // Entries the run writes, there as the wrong kind.
+        _ => (loaded.config.check_run_folder(&dir)).map_err(|e| e.in_file(&loaded.path)),
+    }
+}
+
+/// Say when the run folder already holds a run: `reel train` continues it only with
+/// `--resume latest` (without, it refuses the folder).
+fn note_existing_run(loaded: &LoadedConfig) {
+    let dir = run_dir_for(loaded, None);
+    if let Some((step, _)) = CheckpointStore::new(&dir, 1).list().into_iter().next() {
+        eprintln!(
+            "reel: note: `{}` already holds a run (checkpoints up to step {step}): `reel train` \
+             continues it with `--resume latest`, and refuses the folder without",
+            dir.display()
+        );
     }
 }

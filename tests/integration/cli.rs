@@ -446,6 +446,68 @@ fn train_names_the_key_of_an_output_folder_it_cannot_make() {
     }
 }
 
+/// An entry the run writes, there as the wrong kind in the run folder (a file named `samples`
+/// where validations make a folder, a folder named `metrics.jsonl`, a file named
+/// `checkpoints`), is refused by `reel check` and by `reel train` before anything is written,
+/// naming the callback that writes it; they used to fail at the first validation or save,
+/// losing the steps before. A folder that holds a run gets a note from `reel check`.
+#[test]
+fn run_folder_entries_of_the_wrong_kind_are_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Its callbacks: EMA, logging, and a validation added here.
+    let run = format!(
+        "{TINY_WAN_RUN}\n[[callbacks]]\nkind = \"validation\"\nevery_steps = 2\n\
+         sampling_steps = 1\n"
+    );
+    std::fs::write(
+        dir.join("run.toml"),
+        run.replace("max_steps = 5", "max_steps = 1"),
+    )
+    .unwrap();
+    let out = dir.join("out");
+    for (entry, folder, key) in [
+        ("samples", false, "`callbacks[2]`"),
+        ("metrics.jsonl", true, "`callbacks[1]`"),
+        ("checkpoints", false, "`runtime.output_dir`"),
+    ] {
+        std::fs::create_dir_all(&out).unwrap();
+        let path = out.join(entry);
+        match folder {
+            true => std::fs::create_dir(&path).unwrap(),
+            false => std::fs::write(&path, "keep me").unwrap(),
+        }
+        let check = ["check", "run.toml", "--set", "runtime.output_dir=out"];
+        let train = ["train", "run.toml", "--output", "out"];
+        for args in [&check[..], &train[..]] {
+            let o = reel(dir, args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!o.status.success(), "{entry}: {args:?} passed");
+            for want in [key, entry, if folder { "is a folder" } else { "is a file" }] {
+                assert!(err.contains(want), "{entry}: missing {want:?} in: {err}");
+            }
+        }
+        assert!(
+            !out.join("config.resolved.toml").exists(),
+            "{entry}: train began"
+        );
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    let o = reel(dir, &["train", "run.toml", "--output", "out"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = reel(
+        dir,
+        &["check", "run.toml", "--set", "runtime.output_dir=out"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success()
+            && err.contains("already holds a run")
+            && err.contains("--resume latest"),
+        "{err}"
+    );
+}
+
 #[test]
 fn export_accepts_checkpoints_latest() {
     let tmp = tiny_run_with_clean(&[]);

@@ -78,6 +78,16 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["callbacks[2].fps", "[0, 1000]"],
         ),
         (
+            "two logging callbacks (the second would replace the first's metrics.jsonl)",
+            Append("[[callbacks]]\nkind = \"logging\"\nevery_steps = 5\n"),
+            &["callbacks[3]", "metrics.jsonl", "callbacks[1]"],
+        ),
+        (
+            "a VAE tile size without a VAE",
+            Set(&["callbacks[2].vae_tile=256"]),
+            &["callbacks[2].vae_tile", "`vae`"],
+        ),
+        (
             "unknown architecture",
             Set(&["models.student.arch=resnet"]),
             &["models.student.arch", "resnet", "wan"],

@@ -98,6 +98,28 @@ fn finish_like_a_clean_run(config: &Path, out: &Path, clean: &Path) {
     assert_eq!(final_weights(out), final_weights(clean));
 }
 
+/// A callback that fails after a step's update (a validation that cannot write its samples)
+/// stops the run, but the state after that step is checkpointed first, though no checkpoint
+/// was due: the resumed run ends as an uninterrupted one.
+#[test]
+fn a_failed_callback_keeps_the_steps_since_the_last_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("run.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (out, clean) = (tmp.path().join("failed"), tmp.path().join("clean"));
+    let rare = ["--set", "training.checkpoint_every=10"];
+    let o = reel(&config, &out, &rare, Some("callback-error:3"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("callback-error at step 3") && err.contains("after step 3 was saved first"),
+        "{err}"
+    );
+    let saved = reel_core::checkpoint::CheckpointStore::new(&out, 1).list();
+    assert_eq!(saved.first().map(|(step, _)| *step), Some(3), "{err}");
+    finish_like_a_clean_run(&config, &out, &clean);
+}
+
 #[test]
 fn killed_at_every_fault_point_resume_matches_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();

@@ -183,4 +183,12 @@ pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
     fn copies_of_roles(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The entries of the run folder the callback writes: files (`metrics.jsonl`) and
+    /// folders (a name ending in `/`: `samples/`). Two callbacks may not write the same entry
+    /// (a config error: the second would replace the first's), and `reel check` and
+    /// `reel train` refuse a run folder holding one of the wrong kind before the first step.
+    /// The default: none.
+    fn run_outputs(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -343,7 +343,66 @@ impl RunConfig {
                 ));
             }
         }
-        self.check_callback_roles()
+        self.check_callback_roles()?;
+        self.check_callback_outputs()
+    }
+
+    /// No two callbacks write the same entry of the run folder
+    /// ([`CallbackConfig::run_outputs`]): the second would replace what the first wrote
+    /// (two `logging` callbacks: the first keeps writing to a `metrics.jsonl` the second
+    /// replaced, and its lines are lost).
+    fn check_callback_outputs(&self) -> Result<(), ConfigError> {
+        let mut owner: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            for output in cb.run_outputs() {
+                if let Some(k) = owner.insert(output.clone(), i) {
+                    return Err(ConfigError::new(
+                        format!("callbacks[{i}]"),
+                        format!(
+                            "writes `{output}` in the run folder, as callbacks[{k}] does; one \
+                             would replace what the other wrote: keep one of them (or turn that \
+                             output off in one)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries the run will write in `run_dir` (its `checkpoints/` and each callback's
+    /// [`CallbackConfig::run_outputs`]) are not there as the wrong kind (a file named
+    /// `samples`, a folder named `metrics.jsonl`), which would fail the run at the first
+    /// write, steps or hours in.
+    pub fn check_run_folder(&self, run_dir: &std::path::Path) -> Result<(), ConfigError> {
+        let callbacks = self.callbacks.iter().enumerate();
+        let outputs = callbacks.flat_map(|(i, cb)| {
+            let key = format!("callbacks[{i}]");
+            cb.run_outputs().into_iter().map(move |o| (key.clone(), o))
+        });
+        let checkpoints = ("runtime.output_dir".to_string(), "checkpoints/".to_string());
+        for (key, output) in std::iter::once(checkpoints).chain(outputs) {
+            let folder = output.ends_with('/');
+            let path = run_dir.join(output.trim_end_matches('/'));
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() != folder {
+                let (is, wants) = match folder {
+                    true => ("a file", "a folder"),
+                    false => ("a folder", "a file"),
+                };
+                return Err(ConfigError::new(
+                    key,
+                    format!(
+                        "`{}` is {is}, where the run writes {wants}: move it, or train into \
+                         another folder",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Each role a callback keeps a weight copy of (an EMA shadow) is a trainable role of

@@ -80,6 +80,20 @@ pub enum TrainError {
         /// The newest checkpoint (or that there is none yet).
         checkpoint: String,
     },
+    /// A callback failed after a step's update; the state after that step was checkpointed
+    /// first, so the steps since the last checkpoint are kept.
+    #[error(
+        "{cause}; the state after step {step} was saved first, to {checkpoint}: `--resume \
+         latest` continues from there once the cause is fixed"
+    )]
+    SavedAfter {
+        /// Completed steps.
+        step: u64,
+        /// The callback's error.
+        cause: Box<TrainError>,
+        /// The checkpoint folder.
+        checkpoint: PathBuf,
+    },
     /// Interrupted (Ctrl-C) after writing a checkpoint.
     #[error("interrupted at step {step}; checkpoint written to {checkpoint}")]
     Interrupted {

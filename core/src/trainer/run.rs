@@ -40,6 +40,8 @@ pub struct Trainer<'a, B: ReelBackend> {
     last_losses: Vec<(String, f64)>,
     step_seconds: Vec<f64>,
     last_checkpoint: Option<PathBuf>,
+    /// Whether `final/` was published.
+    published: bool,
     /// Stamps of the weight files the roles were built from ([`super::stamp`]), taken once
     /// at the start: what every checkpoint records and a resume compares.
     weight_stamps: BTreeMap<String, String>,
@@ -100,6 +102,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .transpose()
             .map_err(|e| explain_mismatch(loaded, e))?;
         if seat.is_main() {
+            // A file where the run writes a folder (or the reverse) fails now, not at the
+            // first write.
+            (cfg.check_run_folder(&run_dir)).map_err(|e| e.in_file(&loaded.path))?;
             super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
             std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
@@ -125,6 +130,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             last_losses: vec![],
             step_seconds: vec![],
             last_checkpoint: None,
+            published: false,
             weight_stamps: super::stamp::role_weight_stamps(loaded),
         };
         let resumed = match resume_from {
@@ -157,13 +163,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
             self.train_step()?;
         }
-        let checkpoint = match self.last_checkpoint.take() {
-            Some(c) => c,
-            None => self.store.resolve("latest", &self.loaded.fingerprint)?.0,
-        };
-        if self.seat.is_main() {
-            publish_final(&checkpoint, &self.run_dir)?;
-        }
+        // Published at the last step already, unless the run was resumed at its end.
+        let checkpoint = self.publish()?;
         Ok(TrainSummary {
             run_dir: self.run_dir.clone(),
             steps: self.step,
@@ -271,11 +272,37 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         for v in &validations {
             self.each_callback(is_final, |cb, ctx| cb.on_validation(ctx, v))?;
         }
+        if crate::fault::fires("callback-error") {
+            let why = format!("REEL_FAULT: callback-error at step {}", self.step);
+            return Err(CallbackError::Other(why).into());
+        }
         Ok(())
     }
 
+    /// A callback failed after this step's update (a validation that cannot write its
+    /// samples, say): checkpoint the state first, so that the steps since the last checkpoint
+    /// are not lost with the run, then report both. A failed save leaves `cause` as it was.
+    pub(super) fn save_after_failure(&mut self, cause: TrainError) -> TrainError {
+        if !self.seat.is_main() {
+            return cause;
+        }
+        match self.save(self.loader.cursor()) {
+            Ok(checkpoint) => TrainError::SavedAfter {
+                step: self.step,
+                cause: Box::new(cause),
+                checkpoint,
+            },
+            Err(e) => {
+                eprintln!(
+                    "reel: warning: the checkpoint after the callback's failure failed too: {e}"
+                );
+                cause
+            }
+        }
+    }
+
     /// Write a checkpoint every `checkpoint_every` steps and at the end (then
-    /// `on_train_end`); a failed save stops the run or, with `on_save_error = "continue"`,
+    /// `final/` is published and `on_train_end` runs); a failed save stops the run or, with `on_save_error = "continue"`,
     /// is reported and training goes on.
     fn checkpoint_if_due(&mut self) -> Result<(), TrainError> {
         let loaded = self.loaded;
@@ -296,9 +323,25 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
         }
         if self.is_final() {
+            // Published before `on_train_end`, whose failure (a loss plot that cannot be
+            // written) must not cost the run its final weights.
+            self.publish()?;
             self.each_callback(true, |cb, ctx| cb.on_train_end(ctx))?;
         }
         Ok(())
+    }
+
+    /// Copy the last checkpoint's weights to `final/` (worker 0), once; returns the checkpoint.
+    fn publish(&mut self) -> Result<PathBuf, TrainError> {
+        let checkpoint = match &self.last_checkpoint {
+            Some(c) => c.clone(),
+            None => self.store.resolve("latest", &self.loaded.fingerprint)?.0,
+        };
+        if self.seat.is_main() && !self.published {
+            publish_final(&checkpoint, &self.run_dir)?;
+        }
+        self.published = true;
+        Ok(checkpoint)
     }
 
     fn is_final(&self) -> bool {

@@ -96,7 +96,10 @@ impl<B: ReelBackend> Trainer<'_, B> {
         };
         self.last_losses = reduced.losses;
         self.step_seconds.push(report.step_seconds);
-        profile::phase::<B, _>("callbacks", &device, || self.end_step(&report))?;
+        let ended = profile::phase::<B, _>("callbacks", &device, || self.end_step(&report));
+        if let Err(cause) = ended {
+            return Err(self.save_after_failure(cause));
+        }
         profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
     }
 

@@ -98,6 +98,19 @@ impl CallbackConfig for LoggingConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("every_steps", self.every_steps as usize)
     }
+
+    fn run_outputs(&self) -> Vec<String> {
+        let outputs = [
+            (self.jsonl, METRICS_FILE.to_string()),
+            (self.tensorboard, format!("{TENSORBOARD_DIR}/")),
+            (self.plot, PLOT_FILE.to_string()),
+        ];
+        outputs
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, o)| o)
+            .collect()
+    }
 }
 
 impl<B: AutodiffBackend> BuildCallback<B> for LoggingConfig {

@@ -50,6 +50,9 @@ pub use self::models::{check_data, MediaModels};
 pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
 
+/// The run folder's entry the validations write into (`samples/step-<N>/`).
+pub const SAMPLES_DIR: &str = "samples";
+
 fn default_num_prompts() -> usize {
     8
 }
@@ -142,6 +145,12 @@ impl CallbackConfig for ValidationConfig {
         check::in_range("fps", self.fps, 0.0, 1000.0)?;
         if let Some(t) = self.vae_tile {
             check::positive_usize("vae_tile", t)?;
+            if self.vae.is_none() {
+                return Err(ConfigError::new(
+                    "vae_tile",
+                    "it is for decoding with a `vae`, and none is given",
+                ));
+            }
         }
         if self.tokenizer.is_some() && self.text_encoder.is_none() {
             return Err(ConfigError::new(
@@ -171,6 +180,10 @@ impl CallbackConfig for ValidationConfig {
     /// tensors are loaded), and the tokenizer loads.
     fn check_files(&self, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<(), ConfigError> {
         models::check_files(self, resolve)
+    }
+
+    fn run_outputs(&self) -> Vec<String> {
+        vec![format!("{SAMPLES_DIR}/")]
     }
 
     fn check_data(
@@ -240,7 +253,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         output::check_clips(&clips, captions.len(), &spec)
             .map_err(|e| CallbackError::Other(format!("validation @ step {step}: {e}")))?;
 
-        let dir = ctx.run_dir.join("samples").join(format!("step-{step}"));
+        let dir = ctx.run_dir.join(SAMPLES_DIR).join(format!("step-{step}"));
         if dir.exists() {
             // Left over from an interrupted run that got past this step before a resume.
             std::fs::remove_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
