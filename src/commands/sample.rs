@@ -163,6 +163,13 @@ fn sample<B: ReelBackend>(
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<()> {
     let cfg = media_config(args)?;
+    if let (Some(steps), Some((max, key))) = (args.steps, loaded.config.method.max_sampling_steps())
+    {
+        anyhow::ensure!(
+            steps <= max,
+            "--steps {steps}: the method samples with at most `method.{key}` ({max}) steps"
+        );
+    }
     // With a text encoder the prompts need not come from the data: its shapes suffice.
     let mut l = load::<B>(&args.source, loaded, args.text_encoder.is_some())?;
     if l.shapes_only && args.negative.is_none() {

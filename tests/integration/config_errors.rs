@@ -524,6 +524,31 @@ fn distillation_options_name_their_keys() {
             &["method.heads.hidden"][..],
         ),
         (
+            gan,
+            "gan.toml",
+            "method.denoising_steps=[1000,500]",
+            &[
+                "callbacks[1].sampling_steps",
+                "`method.denoising_steps` (2)",
+                "got 4",
+            ][..],
+        ),
+        (
+            cons,
+            "cons.toml",
+            "callbacks[1].sampling_steps=100",
+            &[
+                "callbacks[1].sampling_steps",
+                "`method.num_euler_timesteps`",
+            ][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.heads.hidden=100000000",
+            &["method.heads.hidden", "from 1 to 65536"][..],
+        ),
+        (
             adv,
             "adv.toml",
             "method.discriminator_interval=0",

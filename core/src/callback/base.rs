@@ -191,4 +191,11 @@ pub trait CallbackConfig: BuildCallbackAll + Debug + Send + Sync {
     fn run_outputs(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The sampling steps the callback asks the method for (a validation's
+    /// `sampling_steps`), checked against the method's
+    /// [`max_sampling_steps`](crate::method::MethodConfig::max_sampling_steps). The
+    /// default: none (the method's own default).
+    fn sampling_steps(&self) -> Option<usize> {
+        None
+    }
 }

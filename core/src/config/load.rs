@@ -161,9 +161,30 @@ pub fn parse_override(spec: &str) -> Result<(Vec<String>, toml::Value), ConfigEr
     let raw = raw.trim();
     let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").expect("parsed table has key v"),
+        // An array, table, quoted string or number that does not parse is a mistake in the
+        // flag, not text: taken as a string, it would be blamed on the config file.
+        Err(e) if looks_like_toml(raw) => {
+            let why = one_line(e.message());
+            return Err(ConfigError::new(
+                "--set",
+                format!("`{spec}`: `{raw}` is not a TOML value ({why}); quote text as \"...\""),
+            ));
+        }
         Err(_) => toml::Value::String(raw.to_string()),
     };
     Ok((key.split('.').map(str::to_string).collect(), value))
+}
+
+/// Whether an override's value is meant as TOML rather than bare text: an array, a table, a
+/// quoted string, or a number (`1e-3`, `-5`, `18446744073709551615`).
+fn looks_like_toml(raw: &str) -> bool {
+    let number = raw
+        .trim_start_matches(['+', '-'])
+        .starts_with(|c: char| c.is_ascii_digit())
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_digit() || "+-._eE".contains(c));
+    number || raw.starts_with(['[', '{', '"', '\''])
 }
 
 /// Apply one override to a TOML tree, creating tables as needed. Numeric parts index arrays
@@ -194,7 +215,10 @@ pub fn apply_override(
                 let slot = a.get_mut(idx).ok_or_else(|| {
                     ConfigError::new(
                         full.clone(),
-                        format!("index {idx} out of range (array has {len} entries)"),
+                        format!(
+                            "index {idx} out of range (array has {len} entries; --set changes \
+                             entries the file has, new ones go in the file)"
+                        ),
                     )
                 })?;
                 if last {
@@ -483,5 +507,20 @@ mod tests {
         assert!(err.to_string().contains("out of range"), "{err}");
         assert!(parse_override("novalue").is_err());
         assert!(parse_override("a..b=1").is_err());
+        // A value meant as TOML that does not parse is the flag's fault, not the file's;
+        // bare text (a path starting with a digit too) is a string.
+        for bad in ["x=[", "x={a=", "x=18446744073709551615", "x=\"open", "x=1e"] {
+            let err = parse_override(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("--set") && err.contains("not a TOML value"),
+                "{bad}: {err}"
+            );
+        }
+        for (text, want) in [
+            ("x=runs/a", "runs/a"),
+            ("x=1.3B/model.safetensors", "1.3B/model.safetensors"),
+        ] {
+            assert_eq!(parse_override(text).unwrap().1.as_str(), Some(want));
+        }
     }
 }

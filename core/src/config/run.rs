@@ -344,7 +344,31 @@ impl RunConfig {
             }
         }
         self.check_callback_roles()?;
-        self.check_callback_outputs()
+        self.check_callback_outputs()?;
+        self.check_sampling_steps()
+    }
+
+    /// No callback asks the method for more sampling steps than its sampler takes
+    /// ([`MethodConfig::max_sampling_steps`]): the first validation would fail, steps in.
+    fn check_sampling_steps(&self) -> Result<(), ConfigError> {
+        let Some((max, key)) = self.method.max_sampling_steps() else {
+            return Ok(());
+        };
+        for (i, cb) in self.callbacks.iter().enumerate() {
+            match cb.sampling_steps() {
+                Some(steps) if steps > max => {
+                    return Err(ConfigError::new(
+                        format!("callbacks[{i}].sampling_steps"),
+                        format!(
+                            "expected at most {max}: the method samples with at most \
+                             `method.{key}` ({max}) steps, got {steps}"
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// No two callbacks write the same entry of the run folder

@@ -356,4 +356,11 @@ pub trait MethodConfig: BuildMethodAll + Debug + Send + Sync {
         let _ = info;
         Ok(())
     }
+    /// The most steps the method's sampler takes, where it has a limit, with the `[method]`
+    /// key that sets it (a few-step generator samples with at most its `denoising_steps`):
+    /// a validation's `sampling_steps` over it is a config error, not a failure at the first
+    /// validation. The default: no limit.
+    fn max_sampling_steps(&self) -> Option<(usize, &'static str)> {
+        None
+    }
 }

@@ -57,11 +57,18 @@ impl Default for HeadsConfig {
     }
 }
 
+/// The widest head's hidden layer (a typo beyond it would allocate tens of gigabytes at the
+/// first step).
+pub const MAX_HIDDEN: usize = 65536;
+
 impl HeadsConfig {
     /// Check what needs no model: `hidden` and `stride` at least 1, `blocks` not empty.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.hidden == 0 {
-            return Err(ConfigError::new("hidden", "must be at least 1"));
+        if !(1..=MAX_HIDDEN).contains(&self.hidden) {
+            return Err(ConfigError::new(
+                "hidden",
+                format!("from 1 to {MAX_HIDDEN}, got {}", self.hidden),
+            ));
         }
         if self.blocks.as_ref().is_some_and(|b| b.is_empty()) {
             return Err(ConfigError::new(

@@ -173,6 +173,10 @@ impl MethodConfig for ConsistencyConfig {
     }
 
     /// The student can be block-checkpointed.
+    fn max_sampling_steps(&self) -> Option<(usize, &'static str)> {
+        Some((self.num_euler_timesteps, "num_euler_timesteps"))
+    }
+
     fn supports_gradient_checkpointing(&self) -> bool {
         true
     }

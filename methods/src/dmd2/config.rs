@@ -245,6 +245,10 @@ impl MethodConfig for Dmd2Config {
 
     /// The student and the critic can each be block-checkpointed (the GAN terms' judge
     /// forwards through the critic are not).
+    fn max_sampling_steps(&self) -> Option<(usize, &'static str)> {
+        Some((self.denoising_steps.len(), "denoising_steps"))
+    }
+
     fn supports_gradient_checkpointing(&self) -> bool {
         true
     }

@@ -186,6 +186,10 @@ impl CallbackConfig for ValidationConfig {
         vec![format!("{SAMPLES_DIR}/")]
     }
 
+    fn sampling_steps(&self) -> Option<usize> {
+        self.sampling_steps
+    }
+
     fn check_data(
         &self,
         spec: &DataSpec,
