@@ -34,11 +34,36 @@ pub fn hint(message: &str) -> Option<&'static str> {
         .then_some(OUT_OF_MEMORY_HINT)
 }
 
+/// How to end when `message` is `println!`'s panic on an output it cannot write: the exit
+/// code and the line to print, if any. A reader that went away (`reel list | head`) ends the
+/// process quietly with the shell's code for a broken pipe (141), as `yes | head` does; any
+/// other failure (a full disk, `> /dev/full`) is one error line and code 1.
+pub fn unwritable_output(message: &str) -> Option<(i32, Option<String>)> {
+    let (stream, why) = ["stdout", "stderr"].iter().find_map(|s| {
+        Some((
+            s,
+            message.strip_prefix(&format!("failed printing to {s}: "))?,
+        ))
+    })?;
+    if why.starts_with("Broken pipe") {
+        return Some((141, None));
+    }
+    Some((1, Some(format!("error: cannot write to {stream}: {why}"))))
+}
+
 /// Installs a panic hook that prints the default report, then [`hint`] when it applies (also
-/// for a training worker's panic, which the trainer catches and reports as an error).
+/// for a training worker's panic, which the trainer catches and reports as an error). An
+/// output that cannot be written ends the process with [`unwritable_output`]'s line instead
+/// of a panic report.
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        if let Some((code, line)) = unwritable_output(panic_message(info.payload()).unwrap_or("")) {
+            if let Some(line) = line {
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), (line + "\n").as_bytes());
+            }
+            std::process::exit(code);
+        }
         default(info);
         if let Some(h) = hint(panic_message(info.payload()).unwrap_or("")) {
             eprintln!("{h}");
@@ -49,6 +74,21 @@ pub fn install() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_that_cannot_be_written_is_one_line_or_a_quiet_end() {
+        let full = "failed printing to stdout: No space left on device (os error 28)";
+        assert_eq!(
+            unwritable_output(full),
+            Some((
+                1,
+                Some("error: cannot write to stdout: No space left on device (os error 28)".into())
+            ))
+        );
+        let pipe = "failed printing to stdout: Broken pipe (os error 32)";
+        assert_eq!(unwritable_output(pipe), Some((141, None)));
+        assert_eq!(unwritable_output("index out of bounds"), None);
+    }
 
     #[test]
     fn recognises_device_allocation_failures_only() {

@@ -85,36 +85,40 @@ fn mpirun(
     extra: &[&str],
     fault_on_last: Option<&str>,
 ) -> Output {
-    let reel = env!("CARGO_BIN_EXE_reel");
-    let mut args: Vec<String> = vec![];
-    let app = |np: usize, fault: Option<&str>| {
-        let mut a: Vec<String> = vec!["-np".into(), np.to_string()];
-        if let Some(f) = fault {
-            a.extend(["-x".into(), format!("REEL_FAULT={f}")]);
-        }
-        a.extend(
-            [
-                reel,
-                "train",
-                "run.toml",
-                "--output",
-                out,
-                "--set",
-                "runtime.launcher=mpi",
-            ]
-            .map(String::from),
-        );
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
     match fault_on_last {
-        None => args.extend(app(processes, None)),
-        Some(f) => {
-            args.extend(app(processes - 1, None));
-            args.push(":".into());
-            args.extend(app(1, Some(f)));
-        }
+        None => mpirun_apps(dir, &[app(processes, out, extra, None)]),
+        Some(f) => mpirun_apps(
+            dir,
+            &[
+                app(processes - 1, out, extra, None),
+                app(1, out, extra, Some(f)),
+            ],
+        ),
     }
+}
+
+/// The `mpirun` arguments of `np` processes running `reel train run.toml --output <out> --set
+/// runtime.launcher=mpi <extra...>`, with `REEL_FAULT=<fault>`.
+fn app(np: usize, out: &str, extra: &[&str], fault: Option<&str>) -> Vec<String> {
+    let mut a: Vec<String> = vec!["-np".into(), np.to_string()];
+    if let Some(f) = fault {
+        a.extend(["-x".into(), format!("REEL_FAULT={f}")]);
+    }
+    let reel = env!("CARGO_BIN_EXE_reel");
+    let train = [reel, "train", "run.toml", "--output", out];
+    a.extend(
+        train
+            .iter()
+            .chain(&["--set", "runtime.launcher=mpi"])
+            .map(|s| s.to_string()),
+    );
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// One `mpirun` job of these apps (each from [`app`]; their processes in order).
+fn mpirun_apps(dir: &Path, apps: &[Vec<String>]) -> Output {
+    let args = apps.join(&[":".to_string()][..]);
     let mut cmd = Command::new("mpirun");
     cmd.current_dir(dir)
         .args([
@@ -290,4 +294,67 @@ fn processes_started_by_mpirun_without_a_launcher_are_refused() {
         "{log}"
     );
     assert!(!tmp.path().join("x").exists(), "nothing may be written");
+}
+
+#[test]
+fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
+    let tmp = setup();
+    let dir = tmp.path();
+    // A flag given to one process only: each says so, and nothing is written.
+    let steps = ["--set", "training.max_steps=5"];
+    let apart = mpirun_apps(
+        dir,
+        &[app(1, "apart", &[], None), app(1, "apart", &steps, None)],
+    );
+    let log = stderr(&apart);
+    assert!(!apart.status.success(), "{log}");
+    let said = "the processes of the run: they were started with different configs: `run.toml`";
+    assert_eq!(log.matches(said).count(), 2, "{log}");
+    assert!(!dir.join("apart").exists(), "nothing may be written: {log}");
+    // A run with checkpoints at steps 1 and 2, in one process of 2 workers.
+    let first = single(
+        dir,
+        "run",
+        &["runtime.num_devices=2", "training.max_steps=2"],
+        false,
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    // One process resumes, the other would start a new run in the same folder: its own
+    // check fails before the others reach theirs; it says why and stops them all.
+    let resume = ["--resume", "latest"];
+    let alone = mpirun_apps(
+        dir,
+        &[app(1, "run", &resume, None), app(1, "run", &[], None)],
+    );
+    let log = stderr(&alone);
+    assert!(!alone.status.success(), "{log}");
+    assert!(
+        log.contains("reel: process 1 of 2: error: `--output`: `run` already holds a run")
+            && log.contains("(checkpoints up to step 2)")
+            && log.contains("stopping every process of the run"),
+        "{log}"
+    );
+    // Resuming different checkpoints: every worker says where it starts, and process 0,
+    // resuming the older one, leaves the newer checkpoint where it is.
+    let step1 = dir.join("run/checkpoints/step-00000001");
+    let older = ["--resume", step1.to_str().unwrap()];
+    let mixed = mpirun_apps(
+        dir,
+        &[app(1, "run", &older, None), app(1, "run", &resume, None)],
+    );
+    let log = stderr(&mixed);
+    assert!(!mixed.status.success(), "{log}");
+    assert!(
+        log.contains("they start at different steps: worker 0 resumes")
+            && log.contains("step-00000001` at step 1")
+            && log.contains("worker 1 resumes")
+            && log.contains("step-00000002` at step 2"),
+        "{log}"
+    );
+    assert!(ckpt(&dir.join("run"), 2).exists(), "{log}");
+    assert!(!log.contains("moved"), "nothing is set aside: {log}");
+    // The run is intact: the same two processes resume it together to its end.
+    let again = mpirun(dir, 2, "run", &resume, None);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(ckpt(&dir.join("run"), 4).exists());
 }

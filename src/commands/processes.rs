@@ -2,15 +2,18 @@
 //! checks around it.
 //!
 //! Across processes the trainer needs one operation, the sum of a host buffer
-//! ([`Processes::sum`]); MPI's `MPI_Allreduce` provides it through the `mpi` crate (rsmpi)
-//! when `reel` is built with `--features mpi`. Launch with `mpirun` (or `srun`), one process
-//! per machine; each process runs the workers of its own `runtime.devices`.
+//! ([`Processes::sum`](reel_core::parallel::Processes::sum)); MPI's `MPI_Allreduce`
+//! provides it through the `mpi` crate (rsmpi) when `reel` is built with `--features mpi`.
+//! Launch with `mpirun` (or `srun`), one process per machine; each process runs the workers
+//! of its own `runtime.devices`.
 
 use std::path::Path;
 
 use anyhow::bail;
 use reel_core::config::{Launcher, LoadedConfig};
-use reel_core::parallel::{ProcessHandle, Processes};
+use reel_core::parallel::ProcessHandle;
+#[cfg(feature = "mpi")]
+use reel_core::parallel::Processes;
 
 /// Environment variables MPI launchers set to the number of processes of the job (Open MPI,
 /// then MPICH/Hydra and Intel MPI).
@@ -125,17 +128,4 @@ impl Processes for MpiProcesses {
         use mpi::traits::Communicator;
         mpi::topology::SimpleCommunicator::world().abort(code)
     }
-}
-
-/// Whether every process ended with the same state digest (hex SHA-256): the sums of its
-/// bytes and of their squares over the processes equal `size` times this process's own only
-/// when all are equal.
-pub fn same_digest_everywhere(processes: &dyn Processes, digest: &str) -> anyhow::Result<bool> {
-    let bytes: Vec<f32> = digest.bytes().map(f32::from).collect();
-    let mut values: Vec<f32> = bytes.iter().chain(&bytes).copied().collect();
-    values[bytes.len()..].iter_mut().for_each(|b| *b *= *b);
-    let own = values.clone();
-    processes.sum(&mut values).map_err(anyhow::Error::msg)?;
-    let n = processes.size() as f32;
-    Ok(values.iter().zip(&own).all(|(sum, v)| *sum == n * v))
 }

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use reel_core::config::load_run_config;
+use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::parallel::Processes;
-use reel_core::trainer::{train, TrainOptions};
+use reel_core::trainer::{train, TrainError, TrainOptions};
 
 use reel_core::with_backend;
 
@@ -39,9 +39,44 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let loaded = load_run_config(config, set)?;
     let job = super::processes::join(&loaded, config)?;
+    let result = run_in(&loaded, config, resume, output, &job);
+    match (job.processes.as_deref(), result) {
+        (Some(p), Err(e)) if p.size() > 1 && !is_agreed(&e) => stop_processes(p, &e),
+        (_, result) => result,
+    }
+}
+
+/// An error every process of the run reaches by agreement (see [`TrainError::is_agreed`]):
+/// each reports it and ends normally.
+fn is_agreed(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<TrainError>()
+        .is_some_and(TrainError::is_agreed)
+}
+
+/// This process failed on its own (a check of its files or memory before any worker started,
+/// say) while the others may wait for it in a collective call: report it, then stop them all.
+/// Ending normally (MPI's finalize) left the others waiting, and the error unprinted.
+fn stop_processes(p: &dyn Processes, e: &anyhow::Error) -> ! {
+    say(&format!(
+        "reel: process {} of {}: error: {}; stopping every process of the run",
+        p.rank(),
+        p.size(),
+        crate::cli::error_line(e)
+    ));
+    p.abort(1)
+}
+
+/// [`run`] after joining the run's processes.
+fn run_in(
+    loaded: &LoadedConfig,
+    config: &Path,
+    resume: Option<String>,
+    output: Option<PathBuf>,
+    job: &super::processes::Job,
+) -> anyhow::Result<()> {
     let process = job.processes.as_ref().map(|p| (p.rank(), p.size()));
     if process.is_none_or(|(rank, _)| rank == 0) {
-        eprintln!("reel: {}: {}", config.display(), super::describe(&loaded));
+        eprintln!("reel: {}: {}", config.display(), super::describe(loaded));
         let kernels = reel_models::wan::kernel_settings();
         if !kernels.is_empty() {
             eprintln!(
@@ -63,10 +98,8 @@ pub fn run(
         interrupt: Some(interrupt_flag()),
         processes: job.processes.clone(),
     };
-    let summary = with_backend!(loaded.config.runtime.backend, |B| train::<B>(
-        &loaded, &opts
-    )
-    .map_err(anyhow::Error::from))?;
+    let summary = with_backend!(loaded.config.runtime.backend, |B| train::<B>(loaded, &opts)
+        .map_err(anyhow::Error::from))?;
     let main = process.is_none_or(|(rank, _)| rank == 0);
     if main {
         let losses: Vec<String> = summary
@@ -75,20 +108,20 @@ pub fn run(
             .map(|(k, v)| format!("{k}={v:.4}"))
             .collect();
         if summary.step_seconds.is_empty() {
-            eprintln!(
+            say(&format!(
                 "reel: nothing to train: the run is at step {} and `training.max_steps` is {} \
                  (raise it with --set to train on); checkpoint {}",
                 summary.steps,
                 loaded.config.training.max_steps,
                 summary.checkpoint.display()
-            );
+            ));
         } else {
-            eprintln!(
+            say(&format!(
                 "reel: done: {} steps, last {}, checkpoint {}",
                 summary.steps,
                 losses.join(" "),
                 summary.checkpoint.display()
-            );
+            ));
         }
         if summary.skipped_steps > 0 {
             eprintln!(
@@ -108,7 +141,7 @@ fn report_agreement(processes: Option<&dyn Processes>, digests: &[String]) -> an
     let here = digests.iter().all(|d| d == own);
     let (same, workers) = match processes {
         Some(p) => (
-            super::processes::same_digest_everywhere(p, own)? && here,
+            reel_core::parallel::same_everywhere(p, own).map_err(anyhow::Error::msg)? && here,
             format!("workers of the {} processes", p.size()),
         ),
         None => (here, format!("{} workers", digests.len())),

@@ -707,3 +707,25 @@ fn check_reports_head_blocks_the_feature_network_lacks() {
     assert!(!out.status.success());
     assert!(!dir.join("out/checkpoints").exists(), "no step was taken");
 }
+
+#[test]
+fn an_output_that_cannot_be_written_is_an_error_line_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = std::fs::File::create("/dev/full");
+    let Ok(full) = full else {
+        eprintln!("skipped: no /dev/full here");
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_reel"))
+        .current_dir(tmp.path())
+        .arg("list")
+        .stdout(full)
+        .output()
+        .expect("reel runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim(),
+        "error: cannot write to stdout: No space left on device (os error 28)"
+    );
+}

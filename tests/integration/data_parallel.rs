@@ -264,6 +264,26 @@ fn a_batch_that_does_not_split_over_the_workers_is_a_config_error() {
     );
 }
 
+#[test]
+fn the_processes_of_a_run_agree_on_all_but_their_devices_and_folder() {
+    let digest = |o: &[&str]| load(&finetune(""), o).run_digest();
+    let base = digest(&[]);
+    // What each process of a multi-process run may set for itself.
+    let own = ["runtime.num_devices=2", "runtime.output_dir=\"/scratch/x\""];
+    assert_eq!(digest(&own), base);
+    assert_eq!(digest(&["runtime.devices=[3]"]), base);
+    assert_eq!(digest(&["runtime.device=1"]), base);
+    // What makes two processes train apart.
+    for other in [
+        "training.max_steps=4",
+        "optimizer.lr=0.5",
+        "runtime.seed=12",
+        "data.batch_size=4",
+    ] {
+        assert_ne!(digest(&[other]), base, "{other}");
+    }
+}
+
 /// `reel train run.toml --output <out> --set runtime.num_devices=2 <extra>`, killed after
 /// `secs` seconds if it has not ended.
 fn reel_group(dir: &Path, out: &str, extra: &[&str], fault: Option<&str>) -> std::process::Output {

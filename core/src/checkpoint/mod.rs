@@ -201,6 +201,11 @@ impl CheckpointStore {
         &self.root
     }
 
+    /// The folder of the checkpoint after `step` completed steps, written or not.
+    pub fn step_dir(&self, step: u64) -> PathBuf {
+        self.root.join(step_dir_name(step))
+    }
+
     /// Start a checkpoint for `step` in a fresh temporary folder.
     pub fn begin(&self, step: u64) -> Result<PendingCheckpoint, CheckpointError> {
         fs::create_dir_all(&self.root).map_err(|e| CheckpointError::io(&self.root, e))?;
@@ -235,7 +240,7 @@ impl CheckpointStore {
         fault::point("checkpoint-manifest");
         write_synced(&pending.dir.join(MANIFEST), text.as_bytes())?;
         sync_dir(&pending.dir);
-        let final_dir = self.root.join(step_dir_name(pending.step));
+        let final_dir = self.step_dir(pending.step);
         // Re-saving a step (a damaged copy skipped at resume, or a step an interrupt saved
         // again): move the old copy aside, and delete it only once the new one is in place.
         let trash = self.root.join(format!(

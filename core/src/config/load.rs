@@ -23,7 +23,28 @@ pub struct LoadedConfig {
     pub fingerprint: String,
 }
 
+/// Keys of `[runtime]` that each process of a run sets for itself (see
+/// [`LoadedConfig::run_digest`]).
+const PER_PROCESS_KEYS: [&str; 4] = ["device", "devices", "num_devices", "output_dir"];
+
 impl LoadedConfig {
+    /// SHA-256 of the resolved config without the `[runtime]` keys each process of a
+    /// multi-process run may set for itself (`device`, `devices`, `num_devices`,
+    /// `output_dir`): the processes of one run must agree on it.
+    pub fn run_digest(&self) -> String {
+        // The resolved text parses (it was written from a table); were it not to, the text
+        // itself is compared.
+        let Ok(mut root) = toml::from_str::<toml::Table>(&self.resolved_toml) else {
+            return crate::checkpoint::sha256_hex(self.resolved_toml.as_bytes());
+        };
+        if let Some(runtime) = root.get_mut("runtime").and_then(|v| v.as_table_mut()) {
+            for key in PER_PROCESS_KEYS {
+                runtime.remove(key);
+            }
+        }
+        crate::checkpoint::sha256_hex(root.to_string().as_bytes())
+    }
+
     /// Resolve a path from the config against [`base_dir`](Self::base_dir).
     pub fn resolve(&self, p: &Path) -> PathBuf {
         self.base_dir.join(p)

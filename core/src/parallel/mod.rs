@@ -25,7 +25,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 pub use collective::{Collective, Session, BUCKET_VALUES};
-pub use processes::{global_workers, ProcessHandle, Processes};
+pub use processes::{agreement_values, global_workers, same_everywhere, ProcessHandle, Processes};
 
 /// Errors of collective operations.
 #[derive(Debug, thiserror::Error)]

@@ -34,17 +34,39 @@ pub trait Processes: Send + Sync + Debug {
 pub type ProcessHandle = Arc<dyn Processes>;
 
 /// Check that every process runs `local_workers` workers; returns the global worker count.
+/// Every process gets the same answer: the counts' sum and the sum of their squares show
+/// whether all are equal (`size · Σc² = (Σc)²` only then), not just this process's own.
 pub fn global_workers(processes: &dyn Processes, local_workers: usize) -> Result<usize, String> {
-    let mut counts = [local_workers as f32, 1.0];
+    let c = local_workers as f32;
+    let mut counts = [c, c * c, 1.0];
     processes.sum(&mut counts)?;
-    let (total, size) = (counts[0] as usize, counts[1] as usize);
-    if size != processes.size() || total != local_workers * size {
+    let (total, squares, size) = (counts[0], counts[1], counts[2]);
+    if size as usize != processes.size() || size * squares != total * total {
         return Err(format!(
             "every process must run the same number of workers (`runtime.devices`): process {} runs {local_workers}, the {size} processes run {total} in all",
             processes.rank()
         ));
     }
-    Ok(total)
+    Ok(total as usize)
+}
+
+/// `text`'s SHA-256 (hex) as numbers, then their squares: summed over processes (or averaged
+/// over workers), both halves equal `n` times this one's (or exactly this one's) only when
+/// every participant's text is the same, since their variance is then zero.
+pub fn agreement_values(text: &str) -> Vec<f32> {
+    let hex = crate::checkpoint::sha256_hex(text.as_bytes());
+    let bytes = hex.bytes().map(f32::from);
+    bytes.clone().chain(bytes.map(|b| b * b)).collect()
+}
+
+/// Whether every process passed the same `text` (each process calls it once, in the same
+/// order: it is a collective call).
+pub fn same_everywhere(processes: &dyn Processes, text: &str) -> Result<bool, String> {
+    let own = agreement_values(text);
+    let mut values = own.clone();
+    processes.sum(&mut values)?;
+    let n = processes.size() as f32;
+    Ok(values.iter().zip(&own).all(|(sum, v)| *sum == n * v))
 }
 
 #[cfg(test)]
@@ -141,5 +163,31 @@ pub(crate) mod tests {
             err.contains("process 0 runs 1") && err.contains("run 4 in all"),
             "{err}"
         );
+        // 1, 3 and 2 workers: the process of 2 runs the mean count, and is refused as well.
+        let mean_count: Vec<_> =
+            in_every_process(&group, |p| global_workers(p, [1, 3, 2][p.rank()]));
+        assert!(mean_count.iter().all(Result::is_err), "{mean_count:?}");
+    }
+
+    /// `f` in every process of `group` at once; their results in rank order.
+    fn in_every_process<T: Send>(
+        group: &[Arc<ThreadProcesses>],
+        f: impl Fn(&ThreadProcesses) -> T + Sync,
+    ) -> Vec<T> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = group.iter().map(|p| s.spawn(|| f(p))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn same_everywhere_is_false_in_every_process_when_one_differs() {
+        let group = ThreadProcesses::group(3);
+        let same = in_every_process(&group, |p| same_everywhere(p, "run.toml v1"));
+        assert_eq!(same, vec![Ok(true); 3]);
+        // One text differs: every process learns it, the two that agree with each other too.
+        let texts = ["a", "a", "b"];
+        let one_off = in_every_process(&group, |p| same_everywhere(p, texts[p.rank()]));
+        assert_eq!(one_off, vec![Ok(false); 3]);
     }
 }

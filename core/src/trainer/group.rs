@@ -11,7 +11,9 @@ use super::{TrainError, TrainOptions, TrainSummary, Trainer};
 use crate::backend::ReelBackend;
 use crate::config::ConfigError;
 use crate::config::LoadedConfig;
-use crate::parallel::{global_workers, Collective, ParallelError, Processes, Seat, Session};
+use crate::parallel::{
+    global_workers, same_everywhere, Collective, ParallelError, Processes, Seat, Session,
+};
 use crate::role::RoleHandle;
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -89,6 +91,7 @@ fn open_seats<B: ReelBackend>(
         return Ok((Some(session), seats));
     };
     let world = global_workers(&**processes, devices.len()).map_err(ParallelError::Processes)?;
+    check_same_config(loaded, &**processes)?;
     check_global_batch(loaded, world)?;
     if devices.len() == 1 {
         let only = Collective::sole_worker_of(processes.clone());
@@ -122,7 +125,7 @@ impl<B: Backend> Supervisor<'_, B> {
         let result = catch_unwind(AssertUnwindSafe(|| run_worker::<R>(loaded, opts, seat)))
             .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
         let mut failed_at = None;
-        if let Some(e) = result.as_ref().err().filter(|e| !agreed(e)) {
+        if let Some(e) = result.as_ref().err().filter(|e| !e.is_agreed()) {
             let first = self.failures.fetch_add(1, Ordering::SeqCst);
             failed_at = Some(first);
             if let Some(s) = self.session {
@@ -134,6 +137,26 @@ impl<B: Backend> Supervisor<'_, B> {
         }
         Outcome { result, failed_at }
     }
+}
+
+/// Every process must train the same run: the same config after `--set`, but for the keys
+/// that name its own devices and folder ([`LoadedConfig::run_digest`]). Processes started
+/// with different flags used to train apart silently, each with its own steps or rate.
+fn check_same_config(loaded: &LoadedConfig, processes: &dyn Processes) -> Result<(), TrainError> {
+    let digest = loaded.run_digest();
+    if same_everywhere(processes, &digest).map_err(ParallelError::Processes)? {
+        return Ok(());
+    }
+    Err(ParallelError::Processes(format!(
+        "they were started with different configs: `{}` after --set (sha256 {} in process {} of \
+         {}) is not the same in every process; only `runtime.device`, `devices`, `num_devices` \
+         and `output_dir` may differ, so start every process with the same file and flags",
+        loaded.path.display(),
+        &digest[..12],
+        processes.rank(),
+        processes.size()
+    ))
+    .into())
 }
 
 /// The global batch must split evenly over every worker of every process.
@@ -176,15 +199,6 @@ fn run_worker<B: ReelBackend>(
     let mut trainer = Trainer::<B>::in_seat(loaded, opts, seat)?;
     let summary = trainer.run_to_end()?;
     Ok((summary, trainer.state_digest()))
-}
-
-/// Errors every worker reaches at the same step by agreement (interrupt, non-finite stop):
-/// worker 0's, which carries the checkpoint, is the one to report.
-fn agreed(e: &TrainError) -> bool {
-    matches!(
-        e,
-        TrainError::Interrupted { .. } | TrainError::NonFinite { .. }
-    )
 }
 
 /// The group's result: the first worker failure that is not a consequence of another (a

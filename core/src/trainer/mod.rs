@@ -125,6 +125,20 @@ pub enum TrainError {
     },
 }
 
+impl TrainError {
+    /// An error every worker of the run, in every process, reaches at the same point by
+    /// agreement: an interrupt, a non-finite stop, processes that disagree on the run. Nothing
+    /// waits for a worker that stops with it, so no other worker or process needs stopping.
+    pub fn is_agreed(&self) -> bool {
+        matches!(
+            self,
+            TrainError::Interrupted { .. }
+                | TrainError::NonFinite { .. }
+                | TrainError::Parallel(ParallelError::Processes(_))
+        )
+    }
+}
+
 /// Options of one `reel train` invocation.
 #[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
@@ -259,10 +273,12 @@ fn check_memory(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainE
     loaded.check_batch_memory(&spec)?;
     let (floor, available) = loaded.check_memory_floor(&spec)?;
     if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
-        eprintln!(
-            "reel: memory: {}",
+        // One write: an MPI launcher tags and interleaves the processes' partial writes.
+        let line = format!(
+            "reel: memory: {}\n",
             crate::memory::describe(&floor, available)
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
     Ok(())
 }

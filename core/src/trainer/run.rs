@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
 
 use super::{build_method, io_err, publish_final, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
@@ -16,7 +17,7 @@ use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest};
 use crate::config::{ConfigError, LoadedConfig, SaveErrorPolicy};
 use crate::data::{negative_or_zeros, DataSource, Loader, TextCondition};
 use crate::method::TrainingMethod;
-use crate::parallel::Seat;
+use crate::parallel::{agreement_values, ParallelError, Seat};
 use crate::rng::RunRng;
 
 /// One training run on backend `B`: the method, its data, callbacks and checkpoints.
@@ -137,6 +138,14 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             Some(found) => Some(trainer.resume(found)?),
             None => None,
         };
+        if opts.processes.is_some() {
+            trainer.check_same_start(resumed.as_deref())?;
+        }
+        // Only once every process agrees on the step: a process resuming an older checkpoint
+        // than the others must not move their newer ones aside.
+        if resumed.is_some() && trainer.seat.is_main() {
+            trainer.set_aside_newer(trainer.step)?;
+        }
         trainer.start(resumed)?;
         Ok(trainer)
     }
@@ -179,7 +188,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     /// Restore the checkpoint `found` by [`CheckpointStore::resolve`] (its folder, manifest
     /// and the warnings about checkpoints skipped); returns its folder.
     fn resume(&mut self, found: (PathBuf, Manifest, Vec<String>)) -> Result<PathBuf, TrainError> {
-        let (dir, manifest, warnings) = found;
+        let (dir, _manifest, warnings) = found;
         let main = self.seat.is_main();
         for w in warnings.iter().filter(|_| main) {
             eprintln!("reel: warning: {w}");
@@ -200,7 +209,6 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.step = st.step;
         self.loader.set_cursor(st.data_cursor);
         if main {
-            self.set_aside_newer(manifest.step)?;
             for role in super::stamp::changed_weights(&st.weights, &self.weight_stamps) {
                 eprintln!(
                     "reel: warning: `models.{role}.weights` is not the file the checkpoint was \
@@ -242,6 +250,33 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             self.each_callback(false, |cb, ctx| cb.load_state(ctx, &dir))?;
         }
         self.each_callback(false, |cb, ctx| cb.on_train_start(ctx))
+    }
+
+    /// In a run of several processes every worker must start at the same step: processes
+    /// that see different run folders (no shared file system) or were given different
+    /// `--resume` trained apart silently. Every worker learns of a difference here, at the
+    /// same point, and stops with the same error.
+    fn check_same_start(&self, resumed: Option<&std::path::Path>) -> Result<(), TrainError> {
+        let Some(collective) = self.seat.collective() else {
+            return Ok(());
+        };
+        let own = agreement_values(&self.step.to_string());
+        let x = Tensor::from_data(TensorData::new(own.clone(), [own.len()]), &self.device);
+        let mean = collective.mean(x)?.into_data().convert::<f32>();
+        let mean = (mean.to_vec::<f32>()).unwrap_or_else(|e| panic!("f32 values: {e:?}"));
+        if mean == own {
+            return Ok(());
+        }
+        let from = match resumed {
+            Some(dir) => format!("resumes `{}` at step {}", dir.display(), self.step),
+            None => "starts a new run at step 0".to_string(),
+        };
+        Err(ParallelError::Processes(format!(
+            "they start at different steps: worker {} {from}; every process must see the same \
+             run folder (a shared file system) and be given the same --resume",
+            self.seat.rank
+        ))
+        .into())
     }
 
     fn interrupted(&self) -> bool {
@@ -349,10 +384,11 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     }
 
     /// A checkpoint of the current state with the data cursor `cursor`, written by worker 0
-    /// (the other workers return an empty path).
+    /// (the other workers return the folder it writes: in a run of several processes, theirs
+    /// print it when interrupted).
     fn save(&mut self, cursor: u64) -> Result<PathBuf, TrainError> {
         if !self.seat.is_main() {
-            return Ok(PathBuf::new());
+            return Ok(self.store.step_dir(self.step));
         }
         let loaded = self.loaded;
         let at = state::SavePoint {

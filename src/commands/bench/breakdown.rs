@@ -144,9 +144,11 @@ fn drop_weight_files(root: &mut toml::Table) {
     }
 }
 
-/// Every step the bench runs: warm-up, profiled, unprofiled.
+/// Every step the bench runs: the warm-up, then with `--breakdown` the profiled steps and as
+/// many unprofiled ones, with `--devices` just the `--steps` timed ones (it ran twice as many).
 pub(super) fn total_steps(args: &BenchArgs) -> usize {
-    args.warmup + 2 * args.steps
+    let timed = if args.breakdown { 2 } else { 1 } * args.steps;
+    args.warmup + timed
 }
 
 /// One generated run config per preset × LoRA rank.

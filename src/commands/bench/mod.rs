@@ -459,17 +459,75 @@ fn run_backend<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<BenchRow>
     Ok(rows)
 }
 
-/// Run the benchmark and print the table.
-pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    if args.shape.len() != 3 {
-        anyhow::bail!("--shape takes three numbers: F H W");
+/// The flags' errors that need no backend: counts and sizes of zero (a zero batch or shape
+/// panicked deep in the model), an unknown preset (named before any setup, not after the
+/// first preset's rows), bf16 on the CPU.
+fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.shape.len() == 3, "--shape takes three numbers: F H W");
+    anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");
+    let at_least_one = [
+        ("--batch", args.batch),
+        ("--text-len", args.text_len),
+        ("--steps", args.steps),
+    ];
+    for (flag, n) in at_least_one {
+        anyhow::ensure!(n >= 1, "{flag} must be at least 1, got {n}");
+    }
+    for (flag, dims) in [("--shape", &args.shape), ("--video", &args.video)] {
+        anyhow::ensure!(
+            dims.iter().all(|&n| n >= 1),
+            "{flag} takes three sizes of at least 1 (F H W), got {dims:?}"
+        );
+    }
+    // Every preset's rows need it known and the shape divisible by its patch (`--config`
+    // and the encoders' runs use no preset).
+    if args.config.is_none() && args.vae.is_none() && args.text_encoder.is_none() {
+        for p in &args.presets {
+            let (cfg, tokens) = preset_tokens(args, p)?;
+            check_bench_memory(args, p, &cfg, tokens)?;
+        }
     }
     if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu && args.config.is_none() {
         anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
     }
-    if args.steps == 0 {
-        anyhow::bail!("--steps must be at least 1");
-    }
+    Ok(())
+}
+
+/// A preset's bench holds at least its inputs (latents, noise, text) and, for the backward,
+/// one activation of `d` values per video token in every block, in float32: a shape or batch
+/// far beyond the bench device's memory (where it can be told) is an error, not an
+/// allocation failure that aborts the process.
+fn check_bench_memory(
+    args: &BenchArgs,
+    preset: &str,
+    cfg: &WanConfig,
+    tokens: usize,
+) -> anyhow::Result<()> {
+    let Some(available) = reel_core::memory::available_for(args.backend, &[0]) else {
+        return Ok(());
+    };
+    let b = args.batch as u128;
+    let latents: u128 = args.shape.iter().map(|&n| n as u128).product();
+    let inputs =
+        b * (2 * cfg.in_channels as u128 * latents + (args.text_len * cfg.text_dim) as u128);
+    let kept = b * tokens as u128 * cfg.inner_dim() as u128 * cfg.num_layers as u128;
+    let bytes = 4 * (inputs + kept);
+    anyhow::ensure!(
+        bytes <= available.bytes as u128,
+        "{preset} at --shape {:?} with --batch {} needs at least {} (inputs and one activation \
+         per block), more than the {} of {}: use a smaller --shape or --batch",
+        args.shape,
+        args.batch,
+        reel_core::memory::gib(bytes),
+        reel_core::memory::gib(available.bytes.into()),
+        available.of
+    );
+    Ok(())
+}
+
+/// Run the benchmark and print the table.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    check_args(args)?;
     if args.breakdown {
         return breakdown::run(args);
     }
@@ -488,7 +546,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return matmul::run(args);
     }
     if args.vae.is_some() || args.text_encoder.is_some() {
-        anyhow::ensure!(args.video.len() == 3, "--video takes three numbers: F H W");
         return encoders::run(args);
     }
     let rows = with_backend!(args.backend, |B| run_backend::<B>(args))?;
@@ -533,7 +590,70 @@ fn kernel_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::stats;
+    use super::{check_args, stats, BenchArgs};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    /// `check_args`'s error for `reel bench` with these flags.
+    fn refusal(flags: &[&str]) -> String {
+        let cli = Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
+            .expect("flags parse");
+        check_args(&cli.bench).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn zero_counts_and_sizes_are_refused_by_their_flags() {
+        assert!(refusal(&["--batch", "0"]).contains("--batch must be at least 1"));
+        assert!(refusal(&["--text-len", "0"]).contains("--text-len must be at least 1"));
+        assert!(refusal(&["--steps", "0"]).contains("--steps must be at least 1"));
+        let shape = refusal(&["--shape", "0", "16", "16"]);
+        assert!(
+            shape.contains("--shape") && shape.contains("[0, 16, 16]"),
+            "{shape}"
+        );
+        let video = refusal(&["--vae", "wan2.1", "--video", "81", "0", "832"]);
+        assert!(
+            video.contains("--video") && video.contains("[81, 0, 832]"),
+            "{video}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_preset_is_named_before_any_run() {
+        let e = refusal(&["--preset", "wan-quickstart", "--preset", "wan-1.3"]);
+        assert!(e.contains("unknown preset `wan-1.3`"), "{e}");
+        let e = refusal(&["--preset", "wan-quickstart", "--shape", "8", "15", "16"]);
+        assert!(e.contains("not divisible by the patch"), "{e}");
+        // 2^36 latent positions: far beyond any machine's memory.
+        let e = refusal(&["--shape", "4096", "4096", "4096"]);
+        assert!(
+            e.contains("needs at least") && e.contains("smaller --shape"),
+            "{e}"
+        );
+        assert!(
+            e.contains("wan-quickstart"),
+            "the error lists the presets: {e}"
+        );
+        let ok = Cli::try_parse_from(["bench"]).expect("defaults parse");
+        check_args(&ok.bench).expect("the defaults are valid");
+    }
+
+    #[test]
+    fn a_scaling_bench_runs_the_steps_asked_and_a_breakdown_twice_as_many() {
+        let steps = |flags: &[&str]| {
+            let flags = ["bench", "--warmup", "1", "--steps", "3"]
+                .iter()
+                .chain(flags);
+            super::breakdown::total_steps(&Cli::try_parse_from(flags).unwrap().bench)
+        };
+        assert_eq!(steps(&["--devices", "2"]), 1 + 3);
+        assert_eq!(steps(&["--breakdown"]), 1 + 2 * 3);
+    }
 
     #[test]
     fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
