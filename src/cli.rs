@@ -91,12 +91,26 @@ pub fn run() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Reported>() => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {}", error_line(&e));
+            reel_core::console::say(&format!("error: {}", error_line(&e)));
             ExitCode::FAILURE
         }
     }
 }
+
+/// An error its command already printed (in step with the other processes of a run, say):
+/// [`run`] only exits with failure.
+#[derive(Debug)]
+pub struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the error was reported above")
+    }
+}
+
+impl std::error::Error for Reported {}
 
 /// `e` and its causes on one line, joined by `: ` as `{e:#}` joins them, but without a cause
 /// whose message already ends the line (after a `: `): many errors print their source in their own

@@ -300,7 +300,8 @@ fn processes_started_by_mpirun_without_a_launcher_are_refused() {
 fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     let tmp = setup();
     let dir = tmp.path();
-    // A flag given to one process only: each says so, and nothing is written.
+    // A flag given to one process only: each says so (all lines are written before `mpirun`
+    // ends the job), and nothing is written.
     let steps = ["--set", "training.max_steps=5"];
     let apart = mpirun_apps(
         dir,
@@ -320,7 +321,7 @@ fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     );
     assert!(first.status.success(), "{}", stderr(&first));
     // One process resumes, the other would start a new run in the same folder: its own
-    // check fails before the others reach theirs; it says why and stops them all.
+    // check fails; every process learns it in the same sum, and all stop there with a reason.
     let resume = ["--resume", "latest"];
     let alone = mpirun_apps(
         dir,
@@ -329,11 +330,12 @@ fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     let log = stderr(&alone);
     assert!(!alone.status.success(), "{log}");
     assert!(
-        log.contains("reel: process 1 of 2: error: `--output`: `run` already holds a run")
+        log.contains("error: process 1 of 2: `--output`: `run` already holds a run")
             && log.contains("(checkpoints up to step 2)")
-            && log.contains("stopping every process of the run"),
+            && log.contains("process(es) 1 of 2 failed their checks before training"),
         "{log}"
     );
+    assert!(!log.contains("stopping every process"), "no abort: {log}");
     // Resuming different checkpoints: every worker says where it starts, and process 0,
     // resuming the older one, leaves the newer checkpoint where it is.
     let step1 = dir.join("run/checkpoints/step-00000001");
@@ -345,7 +347,7 @@ fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     let log = stderr(&mixed);
     assert!(!mixed.status.success(), "{log}");
     assert!(
-        log.contains("they start at different steps: worker 0 resumes")
+        log.contains("they start from different checkpoints: worker 0 resumes")
             && log.contains("step-00000001` at step 1")
             && log.contains("worker 1 resumes")
             && log.contains("step-00000002` at step 2"),
@@ -353,6 +355,21 @@ fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     );
     assert!(ckpt(&dir.join("run"), 2).exists(), "{log}");
     assert!(!log.contains("moved"), "nothing is set aside: {log}");
+    // The same step of another run (trained on one worker: its state differs): refused too.
+    let other = single(dir, "other", &["training.max_steps=2"], false);
+    assert!(other.status.success(), "{}", stderr(&other));
+    let two_runs = mpirun_apps(
+        dir,
+        &[app(1, "run", &resume, None), app(1, "other", &resume, None)],
+    );
+    let log = stderr(&two_runs);
+    assert!(!two_runs.status.success(), "{log}");
+    assert!(
+        log.contains("they start from different checkpoints: worker 1 resumes")
+            && log.contains("other/checkpoints/step-00000002` at step 2")
+            && log.contains("worker 0 resumes `run/checkpoints/step-00000002` at step 2"),
+        "{log}"
+    );
     // The run is intact: the same two processes resume it together to its end.
     let again = mpirun(dir, 2, "run", &resume, None);
     assert!(again.status.success(), "{}", stderr(&again));

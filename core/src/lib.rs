@@ -9,6 +9,7 @@ pub mod backend;
 pub mod callback;
 pub mod checkpoint;
 pub mod config;
+pub mod console;
 pub mod data;
 pub mod device_fault;
 mod device_setup;

@@ -1,11 +1,11 @@
 //! `reel train`: run (or resume) a training run.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use reel_core::config::{load_run_config, LoadedConfig};
+use reel_core::console::say;
 use reel_core::parallel::Processes;
 use reel_core::trainer::{train, TrainError, TrainOptions};
 
@@ -19,13 +19,15 @@ fn interrupt_flag() -> Arc<AtomicBool> {
     let f = flag.clone();
     let res = ctrlc::set_handler(move || {
         if f.swap(true, Ordering::SeqCst) {
-            eprintln!("\nreel: second interrupt, exiting now");
+            say("\nreel: second interrupt, exiting now");
             std::process::exit(130);
         }
-        eprintln!("\nreel: interrupt received, writing a checkpoint at the end of this step (Ctrl-C again to exit now)");
+        say("\nreel: interrupt received, writing a checkpoint at the end of this step (Ctrl-C again to exit now)");
     });
     if let Err(e) = res {
-        eprintln!("reel: warning: cannot install the Ctrl-C handler: {e}");
+        say(&format!(
+            "reel: warning: cannot install the Ctrl-C handler: {e}"
+        ));
     }
     flag
 }
@@ -42,8 +44,18 @@ pub fn run(
     let result = run_in(&loaded, config, resume, output, &job);
     match (job.processes.as_deref(), result) {
         (Some(p), Err(e)) if p.size() > 1 && !is_agreed(&e) => stop_processes(p, &e),
+        (Some(p), Err(e)) if p.size() > 1 => Err(said_everywhere(p, &e)),
         (_, result) => result,
     }
+}
+
+/// Every process of the run reached `e` at the same point: each says its own line, then all
+/// wait for one another before ending, since `mpirun` ends the job as soon as one process
+/// exits with an error, cutting off the lines the others had not written yet.
+fn said_everywhere(p: &dyn Processes, e: &anyhow::Error) -> anyhow::Error {
+    say(&format!("error: {}", crate::cli::error_line(e)));
+    let _ = p.sum(&mut [0.0]);
+    crate::cli::Reported.into()
 }
 
 /// An error every process of the run reaches by agreement (see [`TrainError::is_agreed`]):
@@ -53,9 +65,9 @@ fn is_agreed(e: &anyhow::Error) -> bool {
         .is_some_and(TrainError::is_agreed)
 }
 
-/// This process failed on its own (a check of its files or memory before any worker started,
-/// say) while the others may wait for it in a collective call: report it, then stop them all.
-/// Ending normally (MPI's finalize) left the others waiting, and the error unprinted.
+/// This process failed on its own outside a worker (opening its devices' group, say) while
+/// the others may wait for it in a collective call: report it, then stop them all. Ending
+/// normally (MPI's finalize) left the others waiting, and the error unprinted.
 fn stop_processes(p: &dyn Processes, e: &anyhow::Error) -> ! {
     say(&format!(
         "reel: process {} of {}: error: {}; stopping every process of the run",
@@ -76,13 +88,17 @@ fn run_in(
 ) -> anyhow::Result<()> {
     let process = job.processes.as_ref().map(|p| (p.rank(), p.size()));
     if process.is_none_or(|(rank, _)| rank == 0) {
-        eprintln!("reel: {}: {}", config.display(), super::describe(loaded));
+        say(&format!(
+            "reel: {}: {}",
+            config.display(),
+            super::describe(loaded)
+        ));
         let kernels = reel_models::wan::kernel_settings();
         if !kernels.is_empty() {
-            eprintln!(
+            say(&format!(
                 "reel: kernels chosen by the environment: {}",
                 kernels.join(", ")
-            );
+            ));
         }
     }
     if let Some((rank, size)) = process {
@@ -124,10 +140,10 @@ fn run_in(
             ));
         }
         if summary.skipped_steps > 0 {
-            eprintln!(
+            say(&format!(
                 "reel: {} step(s) were skipped for non-finite values",
                 summary.skipped_steps
-            );
+            ));
         }
     }
     report_agreement(job.processes.as_deref(), &summary.worker_digests)
@@ -141,7 +157,7 @@ fn report_agreement(processes: Option<&dyn Processes>, digests: &[String]) -> an
     let here = digests.iter().all(|d| d == own);
     let (same, workers) = match processes {
         Some(p) => (
-            reel_core::parallel::same_everywhere(p, own).map_err(anyhow::Error::msg)? && here,
+            reel_core::parallel::same_everywhere(p, own)? && here,
             format!("workers of the {} processes", p.size()),
         ),
         None => (here, format!("{} workers", digests.len())),
@@ -157,9 +173,4 @@ fn report_agreement(processes: Option<&dyn Processes>, digests: &[String]) -> an
         ));
     }
     Ok(())
-}
-
-/// A line to stderr in one write (an MPI launcher interleaves processes' partial writes).
-fn say(line: &str) {
-    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

@@ -25,7 +25,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 pub use collective::{Collective, Session, BUCKET_VALUES};
-pub use processes::{agreement_values, global_workers, same_everywhere, ProcessHandle, Processes};
+#[cfg(test)]
+pub(crate) use processes::tests::ThreadProcesses;
+pub use processes::{
+    agreed, agreement_values, global_workers, same_everywhere, sum_over, ProcessHandle, Processes,
+};
 
 /// Errors of collective operations.
 #[derive(Debug, thiserror::Error)]

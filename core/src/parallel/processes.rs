@@ -11,6 +11,8 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use super::ParallelError;
+
 /// The processes of a run. Process `rank` of `size` runs the workers with global ranks
 /// `rank·L .. (rank+1)·L`, where `L` is the number of devices each process lists.
 pub trait Processes: Send + Sync + Debug {
@@ -34,39 +36,63 @@ pub trait Processes: Send + Sync + Debug {
 pub type ProcessHandle = Arc<dyn Processes>;
 
 /// Check that every process runs `local_workers` workers; returns the global worker count.
-/// Every process gets the same answer: the counts' sum and the sum of their squares show
-/// whether all are equal (`size · Σc² = (Σc)²` only then), not just this process's own.
-pub fn global_workers(processes: &dyn Processes, local_workers: usize) -> Result<usize, String> {
+/// Every process decides from the same sums (the counts', their squares' and the
+/// processes'), so all get the same answer: `size · Σc² = (Σc)²` only when every count is equal.
+pub fn global_workers(
+    processes: &dyn Processes,
+    local_workers: usize,
+) -> Result<usize, ParallelError> {
     let c = local_workers as f32;
     let mut counts = [c, c * c, 1.0];
-    processes.sum(&mut counts)?;
-    let (total, squares, size) = (counts[0], counts[1], counts[2]);
+    sum_over(processes, &mut counts)?;
+    let [total, squares, size] = counts.map(|v| v.round() as u64);
     if size as usize != processes.size() || size * squares != total * total {
-        return Err(format!(
-            "every process must run the same number of workers (`runtime.devices`): process {} runs {local_workers}, the {size} processes run {total} in all",
+        return Err(ParallelError::Processes(format!(
+            "every process must run the same number of workers (`runtime.devices`): not every \
+             process runs {local_workers} as process {} does ({total} in all over {size} processes)",
             processes.rank()
-        ));
+        )));
     }
     Ok(total as usize)
 }
 
-/// `text`'s SHA-256 (hex) as numbers, then their squares: summed over processes (or averaged
-/// over workers), both halves equal `n` times this one's (or exactly this one's) only when
-/// every participant's text is the same, since their variance is then zero.
+/// `text`'s SHA-256 as its 64 hex digits (0 to 15), then their squares. Summed over
+/// participants, the values stay small integers (exact in `f32`), and [`agreed`] tells from
+/// the sums alone whether every participant's text was the same.
 pub fn agreement_values(text: &str) -> Vec<f32> {
     let hex = crate::checkpoint::sha256_hex(text.as_bytes());
-    let bytes = hex.bytes().map(f32::from);
-    bytes.clone().chain(bytes.map(|b| b * b)).collect()
+    let digits: Vec<f32> = hex
+        .chars()
+        .map(|c| c.to_digit(16).unwrap_or_else(|| panic!("hex digit: {c:?}")) as f32)
+        .collect();
+    let squares: Vec<f32> = digits.iter().map(|d| d * d).collect();
+    [digits, squares].concat()
+}
+
+/// Whether the sums over `n` participants of their [`agreement_values`] come from one text:
+/// for each digit `n · Σx² = (Σx)²` exactly when the variance is zero. It reads only the
+/// sums, which every participant has bit for bit, so every participant decides alike.
+pub fn agreed(sums: &[f32], n: usize) -> bool {
+    let (digits, squares) = sums.split_at(sums.len() / 2);
+    digits.iter().zip(squares).all(|(s, q)| {
+        let (s, q) = (s.round() as u64, q.round() as u64);
+        n as u64 * q == s * s
+    })
 }
 
 /// Whether every process passed the same `text` (each process calls it once, in the same
 /// order: it is a collective call).
-pub fn same_everywhere(processes: &dyn Processes, text: &str) -> Result<bool, String> {
-    let own = agreement_values(text);
-    let mut values = own.clone();
-    processes.sum(&mut values)?;
-    let n = processes.size() as f32;
-    Ok(values.iter().zip(&own).all(|(sum, v)| *sum == n * v))
+pub fn same_everywhere(processes: &dyn Processes, text: &str) -> Result<bool, ParallelError> {
+    let mut values = agreement_values(text);
+    sum_over(processes, &mut values)?;
+    Ok(agreed(&values, processes.size()))
+}
+
+/// [`Processes::sum`], its failure a collective error (the run cannot go on).
+pub fn sum_over(processes: &dyn Processes, values: &mut [f32]) -> Result<(), ParallelError> {
+    processes
+        .sum(values)
+        .map_err(|e| ParallelError::collective(processes.rank(), "sum over processes", e))
 }
 
 #[cfg(test)]
@@ -150,7 +176,7 @@ pub(crate) mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert!(even.iter().all(|r| *r == Ok(6)), "{even:?}");
+        assert!(even.iter().all(|r| matches!(r, Ok(6))), "{even:?}");
         let uneven: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = group
                 .iter()
@@ -158,9 +184,9 @@ pub(crate) mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let err = uneven[0].clone().unwrap_err();
+        let err = uneven[0].as_ref().unwrap_err().to_string();
         assert!(
-            err.contains("process 0 runs 1") && err.contains("run 4 in all"),
+            err.contains("not every process runs 1 as process 0 does (4 in all over 3 processes)"),
             "{err}"
         );
         // 1, 3 and 2 workers: the process of 2 runs the mean count, and is refused as well.
@@ -184,10 +210,33 @@ pub(crate) mod tests {
     fn same_everywhere_is_false_in_every_process_when_one_differs() {
         let group = ThreadProcesses::group(3);
         let same = in_every_process(&group, |p| same_everywhere(p, "run.toml v1"));
-        assert_eq!(same, vec![Ok(true); 3]);
+        assert!(same.iter().all(|r| matches!(r, Ok(true))), "{same:?}");
         // One text differs: every process learns it, the two that agree with each other too.
         let texts = ["a", "a", "b"];
         let one_off = in_every_process(&group, |p| same_everywhere(p, texts[p.rank()]));
-        assert_eq!(one_off, vec![Ok(false); 3]);
+        assert!(
+            one_off.iter().all(|r| matches!(r, Ok(false))),
+            "{one_off:?}"
+        );
+    }
+
+    #[test]
+    fn agreement_is_read_from_the_sums_alone() {
+        let (a, b) = (agreement_values("run a"), agreement_values("run b"));
+        assert_eq!(a.len(), 128);
+        assert!(a
+            .iter()
+            .all(|v| v.fract() == 0.0 && (0.0..=225.0).contains(v)));
+        let sum = |texts: &[&Vec<f32>]| -> Vec<f32> {
+            (0..texts[0].len())
+                .map(|i| texts.iter().map(|t| t[i]).sum())
+                .collect()
+        };
+        assert!(agreed(&sum(&[&a; 1000]), 1000));
+        assert!(!agreed(&sum(&[&a, &a, &b]), 3));
+        // The same sums as two equal texts, from two that differ: the squares tell them apart.
+        let (x, y) = (vec![4.0, 16.0], vec![2.0, 4.0]);
+        let z = vec![6.0, 36.0];
+        assert!(agreed(&sum(&[&x, &x]), 2) && !agreed(&sum(&[&y, &z]), 2));
     }
 }

@@ -12,7 +12,7 @@ use crate::backend::ReelBackend;
 use crate::config::ConfigError;
 use crate::config::LoadedConfig;
 use crate::parallel::{
-    global_workers, same_everywhere, Collective, ParallelError, Processes, Seat, Session,
+    global_workers, same_everywhere, sum_over, Collective, ParallelError, Processes, Seat, Session,
 };
 use crate::role::RoleHandle;
 
@@ -90,9 +90,9 @@ fn open_seats<B: ReelBackend>(
             .collect();
         return Ok((Some(session), seats));
     };
-    let world = global_workers(&**processes, devices.len()).map_err(ParallelError::Processes)?;
+    let world = global_workers(&**processes, devices.len())?;
     check_same_config(loaded, &**processes)?;
-    check_global_batch(loaded, world)?;
+    check_global_batch(loaded, world, &**processes)?;
     if devices.len() == 1 {
         let only = Collective::sole_worker_of(processes.clone());
         return Ok((None, vec![(processes.rank(), world, only)]));
@@ -144,7 +144,7 @@ impl<B: Backend> Supervisor<'_, B> {
 /// with different flags used to train apart silently, each with its own steps or rate.
 fn check_same_config(loaded: &LoadedConfig, processes: &dyn Processes) -> Result<(), TrainError> {
     let digest = loaded.run_digest();
-    if same_everywhere(processes, &digest).map_err(ParallelError::Processes)? {
+    if same_everywhere(processes, &digest)? {
         return Ok(());
     }
     Err(ParallelError::Processes(format!(
@@ -159,18 +159,58 @@ fn check_same_config(loaded: &LoadedConfig, processes: &dyn Processes) -> Result
     .into())
 }
 
-/// The global batch must split evenly over every worker of every process.
-fn check_global_batch(loaded: &LoadedConfig, world: usize) -> Result<(), TrainError> {
+/// The global batch must split evenly over every worker of every process. Every process
+/// decides alike (the config and the worker count are agreed by now), so all stop together.
+fn check_global_batch(
+    loaded: &LoadedConfig,
+    world: usize,
+    processes: &dyn Processes,
+) -> Result<(), TrainError> {
     let batch = loaded.config.data.batch_size();
     if batch.is_multiple_of(world) {
         return Ok(());
     }
-    Err(ConfigError::new(
+    let cause = ConfigError::new(
         "data.batch_size",
         format!("the global batch ({batch}) must split evenly over the {world} workers of all processes; expected a multiple of {world}"),
     )
-    .in_file(&loaded.path)
-    .into())
+    .in_file(&loaded.path);
+    Err(TrainError::StoppedTogether {
+        rank: processes.rank(),
+        size: processes.size(),
+        cause: Box::new(cause.into()),
+    })
+}
+
+/// Every process learns which processes' own checks (`own`: this one's, run before any worker
+/// starts) failed, in one sum over processes, and all stop together when any did: a process
+/// that failed alone used to end while the others waited for it in their first sum.
+pub(super) fn checked_everywhere(
+    processes: &dyn Processes,
+    own: Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let (rank, size) = (processes.rank(), processes.size());
+    let mut failed = vec![0.0_f32; size];
+    failed[rank] = if own.is_err() { 1.0 } else { 0.0 };
+    sum_over(processes, &mut failed)?;
+    let failed: Vec<String> = (0..size)
+        .filter(|&r| failed[r] > 0.0)
+        .map(|r| r.to_string())
+        .collect();
+    match own {
+        Err(cause) => Err(TrainError::StoppedTogether {
+            rank,
+            size,
+            cause: Box::new(cause),
+        }),
+        Ok(()) if failed.is_empty() => Ok(()),
+        Ok(()) => Err(ParallelError::Processes(format!(
+            "process(es) {} of {size} failed their checks before training (see their error \
+             lines); process {rank} stopped with them",
+            failed.join(", ")
+        ))
+        .into()),
+    }
 }
 
 /// A worker of a multi-process run failed first here: report it, then stop every process
@@ -180,13 +220,11 @@ fn stop_processes(processes: &dyn Processes, rank: usize, device: usize, e: &Tra
         named @ TrainError::Worker { .. } => named.to_string(),
         e => format!("worker {rank} (device {device}) failed: {e}"),
     };
-    // One write, so that the launcher does not interleave it with other processes' output.
-    let line = format!(
-        "reel: process {} of {}: {line}; stopping every process of the run\n",
+    crate::console::say(&format!(
+        "reel: process {} of {}: {line}; stopping every process of the run",
         processes.rank(),
         processes.size()
-    );
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    ));
     processes.abort(1)
 }
 
@@ -288,8 +326,48 @@ pub(super) fn digest_roles<B: AutodiffBackend>(roles: Vec<&dyn RoleHandle<B>>) -
 
 #[cfg(test)]
 mod tests {
-    use super::panic_message;
+    use super::{checked_everywhere, panic_message, TrainError};
+    use crate::parallel::{Processes, ThreadProcesses};
     use std::any::Any;
+
+    #[test]
+    fn a_check_failed_in_one_process_stops_every_process_with_a_reason() {
+        let group = ThreadProcesses::group(3);
+        let checks = |failing: &[usize]| -> Vec<Result<(), TrainError>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = group
+                    .iter()
+                    .map(|p| {
+                        let own = match failing.contains(&p.rank()) {
+                            true => Err(TrainError::Io {
+                                path: "run".into(),
+                                message: "holds a run".into(),
+                            }),
+                            false => Ok(()),
+                        };
+                        s.spawn(move || checked_everywhere(&**p, own))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        assert!(checks(&[]).iter().all(Result::is_ok));
+        let one = checks(&[1]);
+        assert!(one
+            .iter()
+            .all(|r| r.as_ref().is_err_and(TrainError::is_agreed)));
+        let errors: Vec<String> = one
+            .iter()
+            .map(|r| r.as_ref().unwrap_err().to_string())
+            .collect();
+        assert_eq!(errors[1], "process 1 of 3: run: holds a run");
+        for e in [&errors[0], &errors[2]] {
+            assert!(e.contains("process(es) 1 of 3 failed their checks"), "{e}");
+        }
+        let two = checks(&[0, 2]);
+        let e = two[1].as_ref().unwrap_err().to_string();
+        assert!(e.contains("process(es) 0, 2 of 3 failed"), "{e}");
+    }
 
     #[test]
     fn reads_both_kinds_of_panic_payload() {

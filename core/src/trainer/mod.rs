@@ -94,6 +94,18 @@ pub enum TrainError {
         /// The checkpoint folder.
         checkpoint: PathBuf,
     },
+    /// In a run of several processes, this process's own check failed before any worker
+    /// started. Every process learned of it at the same point and stopped there (the others
+    /// with [`ParallelError::Processes`]), so none is left waiting for it.
+    #[error("process {rank} of {size}: {cause}")]
+    StoppedTogether {
+        /// This process's rank.
+        rank: usize,
+        /// How many processes the run has.
+        size: usize,
+        /// Its error.
+        cause: Box<TrainError>,
+    },
     /// Interrupted (Ctrl-C) after writing a checkpoint.
     #[error("interrupted at step {step}; checkpoint written to {checkpoint}")]
     Interrupted {
@@ -134,6 +146,7 @@ impl TrainError {
             self,
             TrainError::Interrupted { .. }
                 | TrainError::NonFinite { .. }
+                | TrainError::StoppedTogether { .. }
                 | TrainError::Parallel(ParallelError::Processes(_))
         )
     }
@@ -234,8 +247,11 @@ pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    check_not_a_run(loaded, opts)?;
-    check_memory(loaded, opts)?;
+    let checked = check_not_a_run(loaded, opts).and_then(|()| check_memory(loaded, opts));
+    match opts.processes.as_deref() {
+        Some(p) => group::checked_everywhere(p, checked)?,
+        None => checked?,
+    }
     match (
         &opts.processes,
         loaded.config.runtime.worker_devices().as_slice(),
@@ -273,12 +289,8 @@ fn check_memory(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainE
     loaded.check_batch_memory(&spec)?;
     let (floor, available) = loaded.check_memory_floor(&spec)?;
     if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
-        // One write: an MPI launcher tags and interleaves the processes' partial writes.
-        let line = format!(
-            "reel: memory: {}\n",
-            crate::memory::describe(&floor, available)
-        );
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        let line = crate::memory::describe(&floor, available);
+        crate::console::say(&format!("reel: memory: {line}"));
     }
     Ok(())
 }

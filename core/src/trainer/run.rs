@@ -2,6 +2,7 @@
 
 mod step;
 
+use crate::console::say;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -17,7 +18,7 @@ use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest};
 use crate::config::{ConfigError, LoadedConfig, SaveErrorPolicy};
 use crate::data::{negative_or_zeros, DataSource, Loader, TextCondition};
 use crate::method::TrainingMethod;
-use crate::parallel::{agreement_values, ParallelError, Seat};
+use crate::parallel::{agreed, agreement_values, ParallelError, Seat};
 use crate::rng::RunRng;
 
 /// One training run on backend `B`: the method, its data, callbacks and checkpoints.
@@ -134,12 +135,16 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             published: false,
             weight_stamps: super::stamp::role_weight_stamps(loaded),
         };
-        let resumed = match resume_from {
-            Some(found) => Some(trainer.resume(found)?),
-            None => None,
+        // The checkpoint's manifest (every file's SHA-256) names what a worker resumes.
+        let (resumed, manifest) = match resume_from {
+            Some(found) => {
+                let manifest = serde_json::to_string(&found.1).unwrap_or_default();
+                (Some(trainer.resume(found)?), manifest)
+            }
+            None => (None, String::new()),
         };
         if opts.processes.is_some() {
-            trainer.check_same_start(resumed.as_deref())?;
+            trainer.check_same_start(resumed.as_deref(), &manifest)?;
         }
         // Only once every process agrees on the step: a process resuming an older checkpoint
         // than the others must not move their newer ones aside.
@@ -191,7 +196,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let (dir, _manifest, warnings) = found;
         let main = self.seat.is_main();
         for w in warnings.iter().filter(|_| main) {
-            eprintln!("reel: warning: {w}");
+            say(&format!("reel: warning: {w}"));
         }
         let st = state::restore(&dir, &mut *self.method)?;
         let seed = self.loaded.config.runtime.seed;
@@ -210,21 +215,25 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.loader.set_cursor(st.data_cursor);
         if main {
             for role in super::stamp::changed_weights(&st.weights, &self.weight_stamps) {
-                eprintln!(
+                say(&format!(
                     "reel: warning: `models.{role}.weights` is not the file the checkpoint was \
                      trained with (its size or bytes changed since); the run goes on with the \
                      new one"
-                );
+                ));
             }
-            eprintln!("reel: resumed from {} at step {}", dir.display(), self.step);
+            say(&format!(
+                "reel: resumed from {} at step {}",
+                dir.display(),
+                self.step
+            ));
             let (was, now) = (st.workers.max(1), self.seat.workers);
             if was != now {
                 let batch = self.loaded.config.data.batch_size();
-                eprintln!(
+                say(&format!(
                     "reel: the checkpoint was trained on {was} worker(s), this run has {now}: the global batch stays {batch} samples ({} per worker, was {}); weights, optimizer state, EMA and the data order continue unchanged",
                     batch / now,
                     batch / was
-                );
+                ));
             }
         }
         Ok(dir)
@@ -234,12 +243,12 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     /// from `step` on a new timeline), saying where they went.
     fn set_aside_newer(&self, step: u64) -> Result<(), TrainError> {
         if let Some((aside, names)) = self.store.set_aside_newer(step)? {
-            eprintln!(
+            say(&format!(
                 "reel: resuming from step {step}, before this run's newest checkpoint: moved {} \
                  to {} (kept, not pruned; delete it when no longer needed)",
                 names.join(", "),
                 aside.display()
-            );
+            ));
         }
         Ok(())
     }
@@ -252,19 +261,26 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         self.each_callback(false, |cb, ctx| cb.on_train_start(ctx))
     }
 
-    /// In a run of several processes every worker must start at the same step: processes
+    /// In a run of several processes every worker must start from the same point: the same
+    /// step of the same checkpoint (`manifest`: its files' SHA-256s), or a new run. Processes
     /// that see different run folders (no shared file system) or were given different
-    /// `--resume` trained apart silently. Every worker learns of a difference here, at the
-    /// same point, and stops with the same error.
-    fn check_same_start(&self, resumed: Option<&std::path::Path>) -> Result<(), TrainError> {
+    /// `--resume` trained apart silently. Every worker decides from the same means, at the same
+    /// point, and stops with the same error.
+    fn check_same_start(
+        &self,
+        resumed: Option<&std::path::Path>,
+        manifest: &str,
+    ) -> Result<(), TrainError> {
         let Some(collective) = self.seat.collective() else {
             return Ok(());
         };
-        let own = agreement_values(&self.step.to_string());
+        let own = agreement_values(&format!("step {}: {manifest}", self.step));
         let x = Tensor::from_data(TensorData::new(own.clone(), [own.len()]), &self.device);
         let mean = collective.mean(x)?.into_data().convert::<f32>();
         let mean = (mean.to_vec::<f32>()).unwrap_or_else(|e| panic!("f32 values: {e:?}"));
-        if mean == own {
+        let workers = self.seat.workers;
+        let sums: Vec<f32> = mean.iter().map(|m| m * workers as f32).collect();
+        if agreed(&sums, workers) {
             return Ok(());
         }
         let from = match resumed {
@@ -272,8 +288,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             None => "starts a new run at step 0".to_string(),
         };
         Err(ParallelError::Processes(format!(
-            "they start at different steps: worker {} {from}; every process must see the same \
-             run folder (a shared file system) and be given the same --resume",
+            "they start from different checkpoints: worker {} {from}; every process must see the \
+             same run folder (a shared file system) and be given the same --resume",
             self.seat.rank
         ))
         .into())
@@ -328,9 +344,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 checkpoint,
             },
             Err(e) => {
-                eprintln!(
+                say(&format!(
                     "reel: warning: the checkpoint after the callback's failure failed too: {e}"
-                );
+                ));
                 cause
             }
         }
@@ -349,11 +365,11 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         if due {
             match self.save(self.loader.cursor()) {
                 Ok(dir) => self.last_checkpoint = Some(dir),
-                Err(e) if training.on_save_error == SaveErrorPolicy::Continue => eprintln!(
+                Err(e) if training.on_save_error == SaveErrorPolicy::Continue => say(&format!(
                     "reel: warning: checkpoint at step {} failed, training continues \
                      (on_save_error = \"continue\"): {e}",
                     self.step
-                ),
+                )),
                 Err(e) => return Err(e),
             }
         }

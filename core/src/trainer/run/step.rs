@@ -2,6 +2,7 @@
 //! gradient all-reduce, one host sync for losses and norms, then the update or the
 //! non-finite policy.
 
+use crate::console::say;
 use std::time::Instant;
 
 use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
@@ -244,11 +245,11 @@ impl<B: ReelBackend> Trainer<'_, B> {
         match self.loaded.config.training.non_finite {
             NonFinitePolicy::Skip => {
                 self.skipped_steps += 1;
-                eprintln!(
+                say(&format!(
                     "reel: step {}: non-finite {}: update skipped (non_finite = \"skip\")",
                     self.step + 1,
                     bad.join(", ")
-                );
+                ));
                 Ok(())
             }
             NonFinitePolicy::Stop => {

@@ -10,6 +10,7 @@
 //! last one. The ETA is the remaining steps times the mean of the last [`WINDOW`] step times.
 //! A step whose update was skipped for non-finite values ends with `| SKIPPED`.
 
+use reel_core::console::say;
 use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -105,8 +106,8 @@ fn bar() -> std::sync::MutexGuard<'static, Option<ProgressBar>> {
 /// Print `line` on stderr, above the progress bar when one is drawn.
 pub fn print_above(line: &str) {
     match bar().as_ref() {
-        Some(b) => b.suspend(|| eprintln!("{line}")),
-        None => eprintln!("{line}"),
+        Some(b) => b.suspend(|| say(line)),
+        None => say(line),
     }
 }
 
@@ -173,7 +174,7 @@ impl Progress {
                 *slot = None;
             }
         } else if report.step.is_multiple_of(self.every) || is_final || report.skipped {
-            eprintln!("{line}");
+            say(&line);
         }
     }
 
