@@ -442,6 +442,9 @@ fn clips_to_trained_weights_to_videos() {
     );
     let (ok, err) = away("no-encoder", &[]);
     assert!(!ok && err.contains("the run's `[data]`"), "{err}");
+    let encoded =
+        |out: &str, flags: &[&str]| away(out, &[&["--text-encoder", t5_s][..], flags].concat());
+    sized_samples(tmp.path(), &vae, encoded);
     std::fs::rename(tmp.path().join("data-away"), tmp.path().join("data")).unwrap();
 
     // A model with 8 latent channels cannot use this 4-channel VAE.
@@ -473,6 +476,76 @@ fn clips_to_trained_weights_to_videos() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `reel sample --video-size` and `--latent-size` (through `sample(out, flags)`, a sample of
+/// one prompt without the run's data): clips of the size asked for, whatever the VAE's
+/// compression; the two flags asking for the same latents give the same clip; sizes the VAE
+/// or the model cannot make are refused naming the flag and the axis.
+fn sized_samples(dir: &Path, vae: &Path, sample: impl Fn(&str, &[&str]) -> (bool, String)) {
+    let vae_cfg = reel_models::vae::WanVaeConfig::from_json_file(vae.join("config.json")).unwrap();
+    let (t, s) = (vae_cfg.temporal_factor(), vae_cfg.spatial_factor());
+    let tiny = reel_models::WanConfig::preset("wan-tiny").unwrap();
+    let p = tiny.patch_size;
+    // 3 × 2 × 4 patches: a wide clip, so that swapped axes would show.
+    let latents = [3 * p[0], 2 * p[1], 4 * p[2]];
+    let video = [1 + (latents[0] - 1) * t, latents[1] * s, latents[2] * s];
+    let text = |d: [usize; 3]| format!("{}x{}x{}", d[0], d[1], d[2]);
+    let (ok, err) = sample("sized", &["--video-size", &text(video)]);
+    assert!(ok, "--video-size: {err}");
+    let clip = dir.join("sized/0-a_red_circle");
+    assert_eq!(
+        gif_info(&clip.with_extension("gif")),
+        (video[2], video[1], video[0])
+    );
+    let stored = |clip: &Path| {
+        let bytes = std::fs::read(clip.with_extension("safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("latents").unwrap();
+        (t.shape().to_vec(), t.data().to_vec())
+    };
+    let (shape, values) = stored(&clip);
+    assert_eq!(shape, [vae_cfg.z_dim, latents[0], latents[1], latents[2]]);
+    let (ok, err) = sample("latent-sized", &["--latent-size", &text(latents)]);
+    assert!(ok, "--latent-size: {err}");
+    assert_eq!(stored(&dir.join("latent-sized/0-a_red_circle")).1, values);
+
+    let refused = |flags: &[&str], says: &[&str]| {
+        let (ok, err) = sample("refused", flags);
+        assert!(!ok, "{flags:?} sampled");
+        for s in says {
+            assert!(err.contains(s), "{flags:?}: `{s}` not in {err}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    if t > 1 {
+        let frames = [video[0] + 1, video[1], video[2]];
+        refused(
+            &["--video-size", &text(frames)],
+            &["--video-size", &format!("1 + {t}·k frames")],
+        );
+    }
+    if s > 1 {
+        let width = [video[0], video[1], video[2] + 1];
+        refused(
+            &["--video-size", &text(width)],
+            &["width", "spatial compression"],
+        );
+    }
+    if p[1] > 1 {
+        let height = [latents[0], latents[1] + 1, latents[2]];
+        refused(
+            &["--latent-size", &text(height)],
+            &["--latent-size", "height", "patch"],
+        );
+    }
+    let long = [latents[0], (tiny.rope_max_seq_len + 1) * p[1], latents[2]];
+    refused(&["--latent-size", &text(long)], &["position encoding"]);
+    refused(&["--latent-size", "3x8"], &["FRAMESxHEIGHTxWIDTH"]);
+    assert!(
+        !dir.join("refused").exists(),
+        "a refused sample made its --out"
+    );
 }
 
 /// `reel data negative` writes what the UMT5 encoder gives for the prompt (Wan2.1's by

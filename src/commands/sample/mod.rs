@@ -17,6 +17,9 @@ use reel_plugins::callbacks::ValidationConfig;
 use super::inference::{load, read_config, Source};
 use super::progress;
 use reel_core::with_backend;
+use size::{ClipSize, SizeRequest};
+
+mod size;
 
 /// `reel sample` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,6 +38,14 @@ pub struct SampleArgs {
     /// Noise seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The clips' size in latents, FRAMESxHEIGHTxWIDTH (e.g. 21x60x104); default: the run's
+    /// data's.
+    #[arg(long, value_name = "FxHxW", conflicts_with = "video_size")]
+    latent_size: Option<ClipSize>,
+    /// The clips' size as videos, FRAMESxHEIGHTxWIDTH in frames and pixels (e.g. 81x480x832),
+    /// turned into latents by the `--vae`'s compression; default: the run's data's.
+    #[arg(long, value_name = "FxHxW")]
+    video_size: Option<ClipSize>,
     /// Output folder. Files an earlier sample wrote there (same clip names, the contact
     /// sheet) are replaced only with `--force`.
     #[arg(long, default_value = "samples")]
@@ -118,6 +129,11 @@ fn flag_error(e: reel_core::config::ConfigError) -> anyhow::Error {
     anyhow::anyhow!("--{}: {}", flag.replace('_', "-"), e.message)
 }
 
+/// The size flag given, if any.
+fn size_request(args: &SampleArgs) -> Option<SizeRequest> {
+    (args.latent_size.map(SizeRequest::Latent)).or(args.video_size.map(SizeRequest::Video))
+}
+
 /// The sampling steps' progress: a bar on a terminal; elsewhere a line at every tenth of the
 /// steps (a log of a 50-step sample gets 10 lines, not 50).
 fn step_progress(clips: usize) -> SampleProgress {
@@ -170,6 +186,11 @@ fn sample<B: ReelBackend>(
             "--steps {steps}: the method samples with at most `method.{key}` ({max}) steps"
         );
     }
+    // Checked before the weights are loaded, which can take minutes.
+    let size = match size_request(args) {
+        Some(r) => Some((r, size::latent_size(r, args.vae.as_deref(), loaded)?)),
+        None => None,
+    };
     // With a text encoder the prompts need not come from the data: its shapes suffice.
     let mut l = load::<B>(&args.source, loaded, args.text_encoder.is_some())?;
     if l.shapes_only && args.negative.is_none() {
@@ -179,7 +200,10 @@ fn sample<B: ReelBackend>(
         );
     }
     let device = B::device_for(loaded.config.runtime.main_device());
-    let spec = l.source.spec();
+    let spec = match size {
+        Some((request, latents)) => size::with_size(l.source.spec(), latents, request)?,
+        None => l.source.spec(),
+    };
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {

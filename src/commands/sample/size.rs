@@ -1,0 +1,277 @@
+//! The size of `reel sample`'s clips when it is not the run's data's: `--latent-size` in
+//! latents, `--video-size` in video frames and pixels (turned into latents by the `--vae`'s
+//! compression). Checked against the VAE and the roles' models before any weight is loaded.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use reel_core::config::LoadedConfig;
+use reel_core::data::DataSpec;
+use reel_core::memory;
+use reel_core::model::ModelInfo;
+use reel_models::checkpoint;
+use reel_models::vae::WanVaeConfig;
+
+/// Frames, height and width, written `FxHxW` (`81x480x832`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClipSize {
+    /// Frames.
+    pub frames: usize,
+    /// Height.
+    pub height: usize,
+    /// Width.
+    pub width: usize,
+}
+
+impl FromStr for ClipSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let expected = "expected FRAMESxHEIGHTxWIDTH, three whole numbers such as 81x480x832";
+        let parts: Vec<&str> = s.trim().split(['x', 'X']).collect();
+        let [f, h, w] = parts[..] else {
+            return Err(format!("`{s}`: {expected}"));
+        };
+        let number = |text: &str| match text.trim().parse::<usize>() {
+            Ok(0) => Err(format!("`{s}`: sizes start at 1, not 0")),
+            Ok(n) => Ok(n),
+            Err(_) => Err(format!("`{s}`: `{text}` is not a size; {expected}")),
+        };
+        Ok(Self {
+            frames: number(f)?,
+            height: number(h)?,
+            width: number(w)?,
+        })
+    }
+}
+
+impl fmt::Display for ClipSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.frames, self.height, self.width)
+    }
+}
+
+/// What a size flag asks for, before it is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeRequest {
+    /// `--latent-size`: latent frames, height and width.
+    Latent(ClipSize),
+    /// `--video-size`: video frames, height and width in pixels.
+    Video(ClipSize),
+}
+
+impl SizeRequest {
+    /// The flag, as the user wrote it.
+    fn flag(&self) -> String {
+        match self {
+            Self::Latent(s) => format!("--latent-size {s}"),
+            Self::Video(s) => format!("--video-size {s}"),
+        }
+    }
+}
+
+/// The latent size `request` asks for, from the VAE's compression (`vae`: its `config.json`,
+/// needed for `--video-size`), checked against every role's model the config describes: each
+/// axis a multiple of the model's patch, and within its position encoding. Errors name the
+/// flag and the axis.
+pub fn latent_size(
+    request: SizeRequest,
+    vae: Option<&Path>,
+    loaded: &LoadedConfig,
+) -> anyhow::Result<ClipSize> {
+    let flag = request.flag();
+    let latent = match request {
+        SizeRequest::Latent(size) => size,
+        SizeRequest::Video(size) => {
+            let Some(vae) = vae else {
+                anyhow::bail!(
+                    "{flag}: video sizes are turned into latents by --vae, and none is given"
+                );
+            };
+            let config = vae_config(vae).map_err(|e| anyhow::anyhow!("{flag}: --vae {e}"))?;
+            let (t, s) = (config.temporal_factor(), config.spatial_factor());
+            video_to_latent(size, t, s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
+        }
+    };
+    let what = match request {
+        SizeRequest::Latent(_) => flag,
+        SizeRequest::Video(_) => format!("{flag} ({latent} latents)"),
+    };
+    for (role, info) in model_infos(loaded)? {
+        fits(&info, latent).map_err(|e| anyhow::anyhow!("{what}: the `{role}` model: {e}"))?;
+    }
+    Ok(latent)
+}
+
+/// `spec` with the latent frames, height and width of `size`, which `request` asked for: one
+/// clip of it must fit in the host's memory (a mistyped size fails here, not by aborting
+/// the process when the noise is drawn).
+pub fn with_size(spec: DataSpec, size: ClipSize, request: SizeRequest) -> anyhow::Result<DataSpec> {
+    let spec = DataSpec {
+        frames: size.frames,
+        height: size.height,
+        width: size.width,
+        ..spec
+    };
+    let available = memory::host_memory_available();
+    memory::check_batch_memory(&spec, 1, available)
+        .map_err(|e| anyhow::anyhow!("{}: {}", request.flag(), e.message))?;
+    Ok(spec)
+}
+
+/// The `config.json` of the VAE at `path` (its folder or a weights file in it).
+fn vae_config(path: &Path) -> Result<WanVaeConfig, String> {
+    let dir = checkpoint::config_dir(path).map_err(|e| e.to_string())?;
+    WanVaeConfig::from_json_file(dir.join("config.json")).map_err(|e| e.to_string())
+}
+
+/// The latents a VAE compressing time by `t` and space by `s` decodes to `video`: its decoder
+/// makes `1 + (F - 1)·t` frames of `H·s × W·s` pixels from `F × H × W` latents, so the video's
+/// frames must be one more than a multiple of `t` and its sides multiples of `s`.
+fn video_to_latent(video: ClipSize, t: usize, s: usize) -> Result<ClipSize, String> {
+    if !(video.frames - 1).is_multiple_of(t) {
+        let below = video.frames - 1 - (video.frames - 1) % t + 1;
+        return Err(format!(
+            "the VAE decodes 1 + {t}·k frames; {} frames cannot be made: use {below} or {}",
+            video.frames,
+            below + t
+        ));
+    }
+    for (axis, pixels) in [("height", video.height), ("width", video.width)] {
+        if !pixels.is_multiple_of(s) {
+            return Err(format!(
+                "the {axis} {pixels} is not a multiple of the VAE's spatial compression {s}"
+            ));
+        }
+    }
+    Ok(ClipSize {
+        frames: 1 + (video.frames - 1) / t,
+        height: video.height / s,
+        width: video.width / s,
+    })
+}
+
+/// The shape facts of every role whose architecture tells them from its config.
+fn model_infos(loaded: &LoadedConfig) -> anyhow::Result<Vec<(String, ModelInfo)>> {
+    let resolve = |p: &Path| loaded.resolve(p);
+    let mut infos = Vec::new();
+    for (name, role) in &loaded.config.models {
+        let info = (role.model.model_info(role, &resolve)).map_err(|e| {
+            e.in_section(&format!("models.{name}"))
+                .in_file(&loaded.path)
+        })?;
+        if let Some(info) = info {
+            infos.push((name.clone(), info));
+        }
+    }
+    Ok(infos)
+}
+
+/// Whether a model of `info` can take latents of `size`: each axis a multiple of its patch,
+/// and no more patches long than its position encoding covers.
+fn fits(info: &ModelInfo, size: ClipSize) -> Result<(), String> {
+    let axes = [
+        ("frame count", size.frames),
+        ("height", size.height),
+        ("width", size.width),
+    ];
+    for ((axis, latents), patch) in axes.into_iter().zip(info.patch_size) {
+        if !latents.is_multiple_of(patch) {
+            return Err(format!(
+                "the latent {axis} {latents} is not a multiple of the model's patch {patch} on \
+                 that axis (patch_size {:?})",
+                info.patch_size
+            ));
+        }
+        if let Some(max) = info.max_grid.filter(|&max| latents / patch > max) {
+            return Err(format!(
+                "the latent {axis} {latents} is {} patches long, more than the {max} positions \
+                 the model's position encoding covers (rope_max_seq_len): at most {} latents",
+                latents / patch,
+                max * patch
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size(frames: usize, height: usize, width: usize) -> ClipSize {
+        ClipSize {
+            frames,
+            height,
+            width,
+        }
+    }
+
+    #[test]
+    fn sizes_parse_as_frames_by_height_by_width() {
+        assert_eq!("81x480x832".parse(), Ok(size(81, 480, 832)));
+        assert_eq!(" 3X8x16 ".parse(), Ok(size(3, 8, 16)));
+        assert_eq!(size(3, 8, 16).to_string(), "3x8x16");
+        for bad in ["81x480", "81x480x832x1", "81xax832", "", "81x-1x832"] {
+            let err = bad.parse::<ClipSize>().unwrap_err();
+            assert!(err.contains("FRAMESxHEIGHTxWIDTH"), "{bad}: {err}");
+        }
+        let err = "0x8x8".parse::<ClipSize>().unwrap_err();
+        assert!(err.contains("start at 1"), "{err}");
+    }
+
+    #[test]
+    fn a_video_size_becomes_the_latents_its_vae_decodes_to() {
+        // Wan2.1's VAE: 4× in time, 8× in space.
+        assert_eq!(
+            video_to_latent(size(81, 480, 832), 4, 8),
+            Ok(size(21, 60, 104))
+        );
+        assert_eq!(video_to_latent(size(1, 8, 8), 4, 8), Ok(size(1, 1, 1)));
+        // Whatever the compression, decoding the latents gives the video back.
+        for (t, s) in [(1, 1), (2, 4), (4, 8), (8, 16)] {
+            let video = size(1 + 3 * t, 5 * s, 7 * s);
+            let l = video_to_latent(video, t, s).unwrap();
+            assert_eq!(
+                size(1 + (l.frames - 1) * t, l.height * s, l.width * s),
+                video
+            );
+        }
+        let err = video_to_latent(size(80, 480, 832), 4, 8).unwrap_err();
+        assert!(err.contains("use 77 or 81"), "{err}");
+        let err = video_to_latent(size(81, 480, 830), 4, 8).unwrap_err();
+        assert!(
+            err.contains("width 830") && err.contains("compression 8"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn latents_must_tile_the_patch_and_fit_the_position_encoding() {
+        let info = ModelInfo {
+            in_channels: 4,
+            out_channels: 4,
+            text_dim: 32,
+            patch_size: [1, 2, 4],
+            hidden_size: 64,
+            num_layers: 2,
+            max_grid: Some(8),
+        };
+        assert_eq!(fits(&info, size(8, 16, 32)), Ok(()));
+        let err = fits(&info, size(3, 8, 10)).unwrap_err();
+        assert!(err.contains("width 10") && err.contains("patch 4"), "{err}");
+        let err = fits(&info, size(3, 18, 8)).unwrap_err();
+        assert!(
+            err.contains("height 18 is 9 patches") && err.contains("at most 16"),
+            "{err}"
+        );
+        let err = fits(&info, size(9, 2, 4)).unwrap_err();
+        assert!(err.contains("frame count 9"), "{err}");
+        let unlimited = ModelInfo {
+            max_grid: None,
+            ..info
+        };
+        assert_eq!(fits(&unlimited, size(1000, 2, 4)), Ok(()));
+    }
+}
