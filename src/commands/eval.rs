@@ -9,7 +9,7 @@ use reel_core::data::{negative_or_zeros, ClipScore};
 use reel_core::method::SampleRequest;
 use serde::Serialize;
 
-use super::inference::{load, read_config, Source};
+use super::inference::{load, read_config, Source, StandIn};
 use super::progress;
 use reel_core::with_backend;
 
@@ -68,7 +68,7 @@ fn eval<B: ReelBackend>(
     args: &EvalArgs,
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<EvalReport> {
-    let mut l = load::<B>(&args.source, loaded, false)?;
+    let mut l = load::<B>(&args.source, loaded, StandIn::Nothing)?;
     let evaluator = l
         .source
         .evaluator()

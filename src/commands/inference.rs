@@ -119,13 +119,23 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
     Ok(dir.join("config.toml"))
 }
 
-/// Build the method and load the weights. With `shapes_suffice` (the caller embeds its
-/// prompts itself), a run whose data cannot be read is sampled at the shapes its checkpoint
-/// recorded.
+/// What may stand in for a run's data that cannot be read (e.g. on another machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandIn {
+    /// Nothing: the data itself is needed (its prompts, its evaluator).
+    Nothing,
+    /// The shapes the checkpoint recorded (the caller embeds its prompts itself).
+    Recorded,
+    /// The shapes the checkpoint recorded, else these (an untrained model has none recorded).
+    RecordedOr(DataSpec),
+}
+
+/// Build the method and load the weights. A run whose data cannot be read is sampled at the
+/// shapes `stand_in` allows.
 pub fn load<B: ReelBackend>(
     src: &Source,
     loaded: &LoadedConfig,
-    shapes_suffice: bool,
+    stand_in: StandIn,
 ) -> anyhow::Result<Loaded<B>> {
     let device = B::device_for(loaded.config.runtime.main_device());
     let checkpoint = match src.untrained {
@@ -136,7 +146,7 @@ pub fn load<B: ReelBackend>(
             )?)?)
         }
     };
-    let (source, shapes_only) = data_source(loaded, checkpoint.as_deref(), shapes_suffice)?;
+    let (source, shapes_only) = data_source(loaded, checkpoint.as_deref(), stand_in)?;
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut ema = false;
     if let Some(dir) = &checkpoint {
@@ -160,39 +170,44 @@ pub fn load<B: ReelBackend>(
     })
 }
 
-/// The run's data source, and whether it is a stand-in. The run's data gives the clips' shape (and its prompts, where no
-/// text encoder is given): when it is gone (e.g. on another machine) and only its shapes are
-/// needed, a source of the shapes `checkpoint` recorded stands in; otherwise the error says
-/// how to point the config at the data.
+/// The run's data source, and whether it is a stand-in. The run's data gives the clips' shape
+/// (and its prompts, where no text encoder is given): when it is gone and only its shapes
+/// are needed, a source of the shapes `checkpoint` recorded (or `stand_in`'s own) stands in;
+/// otherwise the error says how to point the config at the data.
 fn data_source(
     loaded: &LoadedConfig,
     checkpoint: Option<&Path>,
-    shapes_suffice: bool,
+    stand_in: StandIn,
 ) -> anyhow::Result<(Arc<dyn DataSource>, bool)> {
     let err = match loaded.config.data.build(&loaded.base_dir) {
         Ok(source) => return Ok((Arc::from(source), false)),
         Err(e) => e,
     };
     let recorded = checkpoint
-        .filter(|_| shapes_suffice)
+        .filter(|_| stand_in != StandIn::Nothing)
         .and_then(|dir| Some((dir, TrainerState::read(dir).ok()?.data_spec?)));
-    let Some((dir, spec)) = recorded else {
-        return Err(anyhow::Error::new(err).context(format!(
-            "the run's `[data]` (from {}) is read for the clips' shape and prompts; point it \
-             at the data with --set data.path=... (or --config another config)",
-            loaded.path.display()
-        )));
+    let (spec, from) = match (recorded, stand_in) {
+        (Some((dir, spec)), _) => {
+            let from = format!("the shapes {} recorded", dir.join("state.json").display());
+            (spec, from)
+        }
+        (None, StandIn::RecordedOr(spec)) => (spec, "the size asked for".to_string()),
+        (None, _) => {
+            let or_size = match stand_in {
+                StandIn::Nothing => "",
+                _ => ", or give the clips' size with --video-size or --latent-size",
+            };
+            return Err(anyhow::Error::new(err).context(format!(
+                "the run's `[data]` (from {}) is read for the clips' shape and prompts; point \
+                 it at the data with --set data.path=... (or --config another config){or_size}",
+                loaded.path.display()
+            )));
+        }
     };
     eprintln!(
-        "reel: the run's data cannot be read ({err}); sampling at the shapes {} recorded: \
-         latents {}x{}x{}x{}, text {}x{}",
-        dir.join("state.json").display(),
-        spec.channels,
-        spec.frames,
-        spec.height,
-        spec.width,
-        spec.text_len,
-        spec.text_dim
+        "reel: the run's data cannot be read ({err}); sampling at {from}: latents \
+         {}x{}x{}x{}, text {}x{}",
+        spec.channels, spec.frames, spec.height, spec.width, spec.text_len, spec.text_dim
     );
     Ok((Arc::from(shapes_only(spec)?), true))
 }

@@ -445,6 +445,39 @@ fn clips_to_trained_weights_to_videos() {
     let encoded =
         |out: &str, flags: &[&str]| away(out, &[&["--text-encoder", t5_s][..], flags].concat());
     sized_samples(tmp.path(), &vae, encoded);
+    // An untrained model has no recorded shapes: a size and the model's own channels and text
+    // width stand in for the data, with Wan's 512 text tokens.
+    let untrained = |flags: &[&str]| {
+        let args = [
+            "sample",
+            "--untrained",
+            "--config",
+            "run.toml",
+            "--prompt",
+            "a cat",
+        ];
+        let rest = ["--steps", "2", "--text-encoder", t5_s, "--out", "untrained"];
+        reel(&[&args[..], &rest[..], flags].concat())
+    };
+    let p = reel_models::WanConfig::preset("wan-tiny")
+        .unwrap()
+        .patch_size;
+    let latents = [2 * p[0], 2 * p[1], 3 * p[2]];
+    let size = format!("{}x{}x{}", latents[0], latents[1], latents[2]);
+    let (ok, err) = untrained(&["--latent-size", &size]);
+    assert!(ok, "untrained, without data: {err}");
+    assert!(
+        err.contains("the size asked for") && err.contains("text 512x"),
+        "{err}"
+    );
+    let bytes = std::fs::read(tmp.path().join("untrained/0-a_cat.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("latents").unwrap().shape()[1..], latents);
+    let (ok, err) = untrained(&["--force"]);
+    assert!(
+        !ok && err.contains("--video-size or --latent-size"),
+        "{err}"
+    );
     std::fs::rename(tmp.path().join("data-away"), tmp.path().join("data")).unwrap();
 
     // A model with 8 latent channels cannot use this 4-channel VAE.

@@ -14,7 +14,7 @@ use reel_plugins::callbacks::validation::output::{check_clips, write_clips, SHEE
 use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
 use reel_plugins::callbacks::ValidationConfig;
 
-use super::inference::{load, read_config, Source};
+use super::inference::{load, read_config, Source, StandIn};
 use super::progress;
 use reel_core::with_backend;
 use size::{ClipSize, SizeRequest};
@@ -191,8 +191,16 @@ fn sample<B: ReelBackend>(
         Some(r) => Some((r, size::latent_size(r, args.vae.as_deref(), loaded)?)),
         None => None,
     };
-    // With a text encoder the prompts need not come from the data: its shapes suffice.
-    let mut l = load::<B>(&args.source, loaded, args.text_encoder.is_some())?;
+    // With a text encoder the prompts need not come from the data: its shapes suffice, and
+    // with a size the models' own (an untrained model, no data at hand).
+    let stand_in = match (&args.text_encoder, size) {
+        (None, _) => StandIn::Nothing,
+        (Some(_), None) => StandIn::Recorded,
+        (Some(_), Some((_, latents))) => {
+            (size::stand_in(loaded, latents)?).map_or(StandIn::Recorded, StandIn::RecordedOr)
+        }
+    };
+    let mut l = load::<B>(&args.source, loaded, stand_in)?;
     if l.shapes_only && args.negative.is_none() {
         eprintln!(
             "reel: without the run's data, guidance's unconditional branch gets zero text \

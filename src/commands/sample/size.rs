@@ -120,6 +120,27 @@ pub fn with_size(spec: DataSpec, size: ClipSize, request: SizeRequest) -> anyhow
     Ok(spec)
 }
 
+/// Text tokens per prompt where no data tells them: Wan's pipeline pads each prompt to 512
+/// (diffusers' `WanPipeline`, `max_sequence_length`), as `reel preprocess` and `reel data
+/// negative` do by default.
+pub const PIPELINE_TEXT_LEN: usize = 512;
+
+/// The shapes of clips of `latents` for the roles' models, with no data to tell them (an
+/// untrained model whose run has no data at hand): the latent channels and text width of the
+/// first role whose architecture tells them from its config, [`PIPELINE_TEXT_LEN`] text
+/// tokens. `None` when no role tells its shapes.
+pub fn stand_in(loaded: &LoadedConfig, latents: ClipSize) -> anyhow::Result<Option<DataSpec>> {
+    let infos = model_infos(loaded)?;
+    Ok(infos.first().map(|(_, info)| DataSpec {
+        channels: info.in_channels,
+        frames: latents.frames,
+        height: latents.height,
+        width: latents.width,
+        text_len: PIPELINE_TEXT_LEN,
+        text_dim: info.text_dim,
+    }))
+}
+
 /// The `config.json` of the VAE at `path` (its folder or a weights file in it).
 fn vae_config(path: &Path) -> Result<WanVaeConfig, String> {
     let dir = checkpoint::config_dir(path).map_err(|e| e.to_string())?;
