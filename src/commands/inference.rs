@@ -43,8 +43,9 @@ pub struct Loaded<B: ReelBackend> {
     pub checkpoint: Option<PathBuf>,
     /// Whether EMA weights are in use.
     pub ema: bool,
-    /// Whether `source` stands in for the run's data with its recorded shapes only.
-    pub shapes_only: bool,
+    /// Why `source` stands in for the run's data with shapes only, and whose shapes they are
+    /// (`the run's data cannot be read (...); sampling with ...`); `None` for the data itself.
+    pub stand_in: Option<String>,
 }
 
 /// `path`, if something is there: a missing run or checkpoint folder is named as one.
@@ -124,10 +125,12 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
 pub enum StandIn {
     /// Nothing: the data itself is needed (its prompts, its evaluator).
     Nothing,
-    /// The shapes the checkpoint recorded (the caller embeds its prompts itself).
+    /// The shapes the checkpoint recorded (the caller embeds its prompts itself, and could be
+    /// given a size to stand in without them).
     Recorded,
-    /// The shapes the checkpoint recorded, else these (an untrained model has none recorded).
-    RecordedOr(DataSpec),
+    /// The shapes the checkpoint recorded, else these (an untrained model has none recorded);
+    /// `None` where the models' configs do not tell their latent channels and text width.
+    RecordedOr(Option<DataSpec>),
 }
 
 /// Build the method and load the weights. A run whose data cannot be read is sampled at the
@@ -146,7 +149,7 @@ pub fn load<B: ReelBackend>(
             )?)?)
         }
     };
-    let (source, shapes_only) = data_source(loaded, checkpoint.as_deref(), stand_in)?;
+    let (source, stand_in) = data_source(loaded, checkpoint.as_deref(), stand_in)?;
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut ema = false;
     if let Some(dir) = &checkpoint {
@@ -166,21 +169,21 @@ pub fn load<B: ReelBackend>(
         source,
         checkpoint,
         ema,
-        shapes_only,
+        stand_in,
     })
 }
 
-/// The run's data source, and whether it is a stand-in. The run's data gives the clips' shape
-/// (and its prompts, where no text encoder is given): when it is gone and only its shapes
-/// are needed, a source of the shapes `checkpoint` recorded (or `stand_in`'s own) stands in;
-/// otherwise the error says how to point the config at the data.
+/// The run's data source, and why it is a stand-in (see [`Loaded::stand_in`]). The run's data
+/// gives the clips' shape (and its prompts, where no text encoder is given): when it is gone
+/// and only its shapes are needed, a source of the shapes `checkpoint` recorded (or
+/// `stand_in`'s own) stands in; otherwise the error says how to point the config at the data.
 fn data_source(
     loaded: &LoadedConfig,
     checkpoint: Option<&Path>,
     stand_in: StandIn,
-) -> anyhow::Result<(Arc<dyn DataSource>, bool)> {
+) -> anyhow::Result<(Arc<dyn DataSource>, Option<String>)> {
     let err = match loaded.config.data.build(&loaded.base_dir) {
-        Ok(source) => return Ok((Arc::from(source), false)),
+        Ok(source) => return Ok((Arc::from(source), None)),
         Err(e) => e,
     };
     let recorded = checkpoint
@@ -191,25 +194,28 @@ fn data_source(
             let from = format!("the shapes {} recorded", dir.join("state.json").display());
             (spec, from)
         }
-        (None, StandIn::RecordedOr(spec)) => (spec, "the size asked for".to_string()),
+        (None, StandIn::RecordedOr(Some(spec))) => {
+            let from = "the models' latent channels and text width".to_string();
+            (spec, from)
+        }
         (None, _) => {
-            let or_size = match stand_in {
+            let instead = match stand_in {
                 StandIn::Nothing => "",
-                _ => ", or give the clips' size with --video-size or --latent-size",
+                StandIn::Recorded => ", or give the clips' size with --video-size or --latent-size",
+                StandIn::RecordedOr(_) => {
+                    "; the size given cannot stand in for it: the models' configs do not tell \
+                     their latent channels and text width"
+                }
             };
             return Err(anyhow::Error::new(err).context(format!(
                 "the run's `[data]` (from {}) is read for the clips' shape and prompts; point \
-                 it at the data with --set data.path=... (or --config another config){or_size}",
+                 it at the data with --set data.path=... (or --config another config){instead}",
                 loaded.path.display()
             )));
         }
     };
-    eprintln!(
-        "reel: the run's data cannot be read ({err}); sampling at {from}: latents \
-         {}x{}x{}x{}, text {}x{}",
-        spec.channels, spec.frames, spec.height, spec.width, spec.text_len, spec.text_dim
-    );
-    Ok((Arc::from(shapes_only(spec)?), true))
+    let why = format!("the run's data cannot be read ({err}); sampling with {from}");
+    Ok((Arc::from(shapes_only(spec)?), Some(why)))
 }
 
 /// A data source of `spec`'s shapes and nothing else (no prompts, no negative embedding).

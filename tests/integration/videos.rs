@@ -467,7 +467,7 @@ fn clips_to_trained_weights_to_videos() {
     let (ok, err) = untrained(&["--latent-size", &size]);
     assert!(ok, "untrained, without data: {err}");
     assert!(
-        err.contains("the size asked for") && err.contains("text 512x"),
+        err.contains("the models' latent channels") && err.contains("text 512x"),
         "{err}"
     );
     let bytes = std::fs::read(tmp.path().join("untrained/0-a_cat.safetensors")).unwrap();

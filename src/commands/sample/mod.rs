@@ -196,22 +196,26 @@ fn sample<B: ReelBackend>(
     let stand_in = match (&args.text_encoder, size) {
         (None, _) => StandIn::Nothing,
         (Some(_), None) => StandIn::Recorded,
-        (Some(_), Some((_, latents))) => {
-            (size::stand_in(loaded, latents)?).map_or(StandIn::Recorded, StandIn::RecordedOr)
-        }
+        (Some(_), Some((_, latents))) => StandIn::RecordedOr(size::stand_in(loaded, latents)?),
     };
     let mut l = load::<B>(&args.source, loaded, stand_in)?;
-    if l.shapes_only && args.negative.is_none() {
-        eprintln!(
-            "reel: without the run's data, guidance's unconditional branch gets zero text \
-             embeddings; --negative \"...\" encodes a negative prompt for it"
-        );
-    }
-    let device = B::device_for(loaded.config.runtime.main_device());
     let spec = match size {
-        Some((request, latents)) => size::with_size(l.source.spec(), latents, request)?,
+        Some((_, latents)) => size::with_size(l.source.spec(), latents),
         None => l.source.spec(),
     };
+    if let Some(why) = &l.stand_in {
+        eprintln!(
+            "reel: {why}: latents {}x{}x{}x{}, text {}x{}",
+            spec.channels, spec.frames, spec.height, spec.width, spec.text_len, spec.text_dim
+        );
+        if args.negative.is_none() {
+            eprintln!(
+                "reel: without the run's data, guidance's unconditional branch gets zero text \
+                 embeddings; --negative \"...\" encodes a negative prompt for it"
+            );
+        }
+    }
+    let device = B::device_for(loaded.config.runtime.main_device());
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {

@@ -98,26 +98,44 @@ pub fn latent_size(
         SizeRequest::Latent(_) => flag,
         SizeRequest::Video(_) => format!("{flag} ({latent} latents)"),
     };
+    let available = memory::host_memory_available();
     for (role, info) in model_infos(loaded)? {
         fits(&info, latent).map_err(|e| anyhow::anyhow!("{what}: the `{role}` model: {e}"))?;
+        fits_in_memory(info.in_channels, latent, available)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
     }
     Ok(latent)
 }
 
-/// `spec` with the latent frames, height and width of `size`, which `request` asked for: one
-/// clip of it must fit in the host's memory (a mistyped size fails here, not by aborting
-/// the process when the noise is drawn).
-pub fn with_size(spec: DataSpec, size: ClipSize, request: SizeRequest) -> anyhow::Result<DataSpec> {
-    let spec = DataSpec {
+/// Whether one clip of `channels × size` float32 latents fits in `available` bytes (`None`:
+/// unknown, not checked): a mistyped size fails here, before the weights load, not by
+/// aborting the process when the noise is drawn. Sampling needs more than this (the model's
+/// activations); the check is for sizes that cannot be meant.
+fn fits_in_memory(channels: usize, size: ClipSize, available: Option<u64>) -> Result<(), String> {
+    let dims = [channels, size.frames, size.height, size.width];
+    let bytes = dims
+        .iter()
+        .try_fold(4u128, |acc, &n| acc.checked_mul(n as u128));
+    let clip = format!("one clip of {channels}x{size} latents");
+    match (bytes, available) {
+        (None, _) => Err(format!("{clip} has more values than can be counted")),
+        (Some(bytes), Some(free)) if bytes > u128::from(free) => Err(format!(
+            "{clip} takes {} as float32, more than the {} of memory this machine has available",
+            memory::size(bytes),
+            memory::size(u128::from(free))
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `spec` with the latent frames, height and width of `size`.
+pub fn with_size(spec: DataSpec, size: ClipSize) -> DataSpec {
+    DataSpec {
         frames: size.frames,
         height: size.height,
         width: size.width,
         ..spec
-    };
-    let available = memory::host_memory_available();
-    memory::check_batch_memory(&spec, 1, available)
-        .map_err(|e| anyhow::anyhow!("{}: {}", request.flag(), e.message))?;
-    Ok(spec)
+    }
 }
 
 /// Text tokens per prompt where no data tells them: Wan's pipeline pads each prompt to 512
@@ -153,10 +171,13 @@ fn vae_config(path: &Path) -> Result<WanVaeConfig, String> {
 fn video_to_latent(video: ClipSize, t: usize, s: usize) -> Result<ClipSize, String> {
     if !(video.frames - 1).is_multiple_of(t) {
         let below = video.frames - 1 - (video.frames - 1) % t + 1;
+        let above = below
+            .checked_add(t)
+            .map(|n| format!(" or {n}"))
+            .unwrap_or_default();
         return Err(format!(
-            "the VAE decodes 1 + {t}·k frames; {} frames cannot be made: use {below} or {}",
-            video.frames,
-            below + t
+            "the VAE decodes 1 + {t}·k frames; {} frames cannot be made: use {below}{above}",
+            video.frames
         ));
     }
     for (axis, pixels) in [("height", video.height), ("width", video.width)] {
@@ -261,11 +282,27 @@ mod tests {
         }
         let err = video_to_latent(size(80, 480, 832), 4, 8).unwrap_err();
         assert!(err.contains("use 77 or 81"), "{err}");
+        let err = video_to_latent(size(usize::MAX, 8, 8), 4, 8).unwrap_err();
+        assert!(err.contains(&format!("use {}", usize::MAX - 2)), "{err}");
         let err = video_to_latent(size(81, 480, 830), 4, 8).unwrap_err();
         assert!(
             err.contains("width 830") && err.contains("compression 8"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_clip_that_cannot_fit_in_memory_is_refused() {
+        // 16 × 2 × 4 × 4 float32 latents: 2 KiB.
+        assert_eq!(fits_in_memory(16, size(2, 4, 4), Some(2048)), Ok(()));
+        assert_eq!(fits_in_memory(16, size(2, 4, 4), None), Ok(()));
+        let err = fits_in_memory(16, size(2, 4, 5), Some(2048)).unwrap_err();
+        assert!(
+            err.contains("16x2x4x5") && err.contains("more than"),
+            "{err}"
+        );
+        let err = fits_in_memory(usize::MAX, size(usize::MAX, 1, 1), None).unwrap_err();
+        assert!(err.contains("than can be counted"), "{err}");
     }
 
     #[test]
