@@ -186,21 +186,25 @@ fn sample<B: ReelBackend>(
             "--steps {steps}: the method samples with at most `method.{key}` ({max}) steps"
         );
     }
-    // Checked before the weights are loaded, which can take minutes.
-    let size = match size_request(args) {
-        Some(r) => Some((r, size::latent_size(r, args.vae.as_deref(), loaded)?)),
-        None => None,
-    };
-    // With a text encoder the prompts need not come from the data: its shapes suffice, and
-    // with a size the models' own (an untrained model, no data at hand).
-    let stand_in = match (&args.text_encoder, size) {
-        (None, _) => StandIn::Nothing,
-        (Some(_), None) => StandIn::Recorded,
-        (Some(_), Some((_, latents))) => StandIn::RecordedOr(size::stand_in(loaded, latents)?),
+    // Checked before the weights are loaded, which can take minutes. With a text encoder the
+    // prompts need not come from the data: its shapes suffice, and with a size the models'
+    // own (an untrained model, no data at hand).
+    let (size, stand_in) = match (size_request(args), &args.text_encoder) {
+        (None, None) => (None, StandIn::Nothing),
+        (None, Some(_)) => (None, StandIn::Recorded),
+        (Some(request), encoder) => {
+            let infos = size::model_infos(loaded)?;
+            let latents = size::latent_size(request, args.vae.as_deref(), &infos)?;
+            let stand_in = match encoder {
+                None => StandIn::Nothing,
+                Some(_) => StandIn::RecordedOr(size::stand_in(&infos, latents)),
+            };
+            (Some(latents), stand_in)
+        }
     };
     let mut l = load::<B>(&args.source, loaded, stand_in)?;
     let spec = match size {
-        Some((_, latents)) => size::with_size(l.source.spec(), latents),
+        Some(latents) => size::with_size(l.source.spec(), latents),
         None => l.source.spec(),
     };
     if let Some(why) = &l.stand_in {

@@ -72,13 +72,13 @@ impl SizeRequest {
 }
 
 /// The latent size `request` asks for, from the VAE's compression (`vae`: its `config.json`,
-/// needed for `--video-size`), checked against every role's model the config describes: each
-/// axis a multiple of the model's patch, and within its position encoding. Errors name the
-/// flag and the axis.
+/// needed for `--video-size`), checked against the roles' models (`infos`, from
+/// [`model_infos`]): each axis a multiple of the model's patch, and within its position
+/// encoding. Errors name the flag and the axis.
 pub fn latent_size(
     request: SizeRequest,
     vae: Option<&Path>,
-    loaded: &LoadedConfig,
+    infos: &[(String, ModelInfo)],
 ) -> anyhow::Result<ClipSize> {
     let flag = request.flag();
     let latent = match request {
@@ -99,8 +99,8 @@ pub fn latent_size(
         SizeRequest::Video(_) => format!("{flag} ({latent} latents)"),
     };
     let available = memory::host_memory_available();
-    for (role, info) in model_infos(loaded)? {
-        fits(&info, latent).map_err(|e| anyhow::anyhow!("{what}: the `{role}` model: {e}"))?;
+    for (role, info) in infos {
+        fits(info, latent).map_err(|e| anyhow::anyhow!("{what}: the `{role}` model: {e}"))?;
         fits_in_memory(info.in_channels, latent, available)
             .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
     }
@@ -143,20 +143,19 @@ pub fn with_size(spec: DataSpec, size: ClipSize) -> DataSpec {
 /// negative` do by default.
 pub const PIPELINE_TEXT_LEN: usize = 512;
 
-/// The shapes of clips of `latents` for the roles' models, with no data to tell them (an
-/// untrained model whose run has no data at hand): the latent channels and text width of the
-/// first role whose architecture tells them from its config, [`PIPELINE_TEXT_LEN`] text
-/// tokens. `None` when no role tells its shapes.
-pub fn stand_in(loaded: &LoadedConfig, latents: ClipSize) -> anyhow::Result<Option<DataSpec>> {
-    let infos = model_infos(loaded)?;
-    Ok(infos.first().map(|(_, info)| DataSpec {
+/// The shapes of clips of `latents` for the roles' models (`infos`), with no data to tell
+/// them (an untrained model whose run has no data at hand): the latent channels and text width
+/// of the first role whose architecture tells them from its config, [`PIPELINE_TEXT_LEN`]
+/// text tokens. `None` when no role tells its shapes.
+pub fn stand_in(infos: &[(String, ModelInfo)], latents: ClipSize) -> Option<DataSpec> {
+    infos.first().map(|(_, info)| DataSpec {
         channels: info.in_channels,
         frames: latents.frames,
         height: latents.height,
         width: latents.width,
         text_len: PIPELINE_TEXT_LEN,
         text_dim: info.text_dim,
-    }))
+    })
 }
 
 /// The `config.json` of the VAE at `path` (its folder or a weights file in it).
@@ -195,7 +194,7 @@ fn video_to_latent(video: ClipSize, t: usize, s: usize) -> Result<ClipSize, Stri
 }
 
 /// The shape facts of every role whose architecture tells them from its config.
-fn model_infos(loaded: &LoadedConfig) -> anyhow::Result<Vec<(String, ModelInfo)>> {
+pub fn model_infos(loaded: &LoadedConfig) -> anyhow::Result<Vec<(String, ModelInfo)>> {
     let resolve = |p: &Path| loaded.resolve(p);
     let mut infos = Vec::new();
     for (name, role) in &loaded.config.models {
