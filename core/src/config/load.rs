@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{ConfigError, RunConfig};
 use crate::data::DataSpec;
+use crate::model::ModelInfo;
 
 /// A parsed and validated run config with its origin.
 #[derive(Debug)]
@@ -119,13 +120,7 @@ impl LoadedConfig {
     /// read). One error per role or callback at most, naming the file and the role
     /// (`models.<role>`) or key (`callbacks[<i>].vae`).
     pub fn model_problems(&self, spec: &DataSpec) -> Vec<ConfigError> {
-        let infos: BTreeMap<&str, _> = (self.config.models.iter())
-            .map(|(name, role)| {
-                let info = (role.model.model_info(role, &|p| self.resolve(p)))
-                    .map_err(|e| self.role_error(name, e));
-                (name.as_str(), info)
-            })
-            .collect();
+        let infos = self.model_infos();
         let roles = infos.iter().filter_map(|(name, info)| match info {
             Ok(Some(info)) => info
                 .check_data(name, spec)
@@ -149,6 +144,19 @@ impl LoadedConfig {
             .chain(roles)
             .chain(method)
             .chain(self.callback_data_problems(spec))
+            .collect()
+    }
+
+    /// Each role's shape facts by role name, as its architecture tells them from its config
+    /// (`Ok(None)`: an architecture that does not); no weights are read. An error names the
+    /// file and the role (`models.<role>`).
+    pub fn model_infos(&self) -> BTreeMap<&str, Result<Option<ModelInfo>, ConfigError>> {
+        (self.config.models.iter())
+            .map(|(name, role)| {
+                let info = (role.model.model_info(role, &|p| self.resolve(p)))
+                    .map_err(|e| self.role_error(name, e));
+                (name.as_str(), info)
+            })
             .collect()
     }
 

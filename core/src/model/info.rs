@@ -56,24 +56,42 @@ impl ModelInfo {
             ("data.height", spec.height),
             ("data.width", spec.width),
         ];
-        for ((key, size), patch) in axes.into_iter().zip(self.patch_size) {
-            if size % patch != 0 {
-                return err(format!(
-                    "`{key}` = {size} is not a multiple of the model's patch size {patch} on \
-                     that axis (patch_size {:?})",
-                    self.patch_size
-                ));
-            }
-            if let Some(max) = self.max_grid.filter(|&max| size / patch > max) {
-                return err(format!(
-                    "`{key}` = {size} is {} patches long, more than the {max} positions the \
-                     model's position encoding covers (rope_max_seq_len); use at most {}",
-                    size / patch,
-                    max * patch
-                ));
-            }
+        for (axis, (key, size)) in axes.into_iter().enumerate() {
+            self.check_extent(axis, size).map_err(|problem| {
+                ConfigError::new(
+                    format!("models.{role}"),
+                    problem.in_terms_of(&format!("`{key}` = {size}")),
+                )
+            })?;
         }
         Ok(())
+    }
+
+    /// Check that `size` latents on `axis` (0: frames, 1: height, 2: width) tile the model's
+    /// patch on that axis and are no more patches long than its position encoding covers.
+    ///
+    /// # Panics
+    /// If `axis` is not 0, 1 or 2 (a caller's broken invariant).
+    pub fn check_extent(&self, axis: usize, size: usize) -> Result<(), ExtentProblem> {
+        assert!(
+            axis < 3,
+            "axis {axis} of a 3-axis (frames, height, width) clip"
+        );
+        let patch = self.patch_size[axis];
+        if patch == 0 || !size.is_multiple_of(patch) {
+            return Err(ExtentProblem::NotPatchMultiple {
+                patch_size: self.patch_size,
+                axis,
+            });
+        }
+        match self.max_grid.filter(|&max| size / patch > max) {
+            Some(max) => Err(ExtentProblem::PastPositions {
+                patches: size / patch,
+                max,
+                at_most: max.saturating_mul(patch),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Video tokens of a clip of `frames × height × width` latents (one per patch); `None`
@@ -83,6 +101,49 @@ impl ModelInfo {
         axes.try_fold(1usize, |acc, (size, patch)| {
             acc.checked_mul(size.checked_div(patch)?)
         })
+    }
+}
+
+/// Why latents of some extent do not fit a model on one axis ([`ModelInfo::check_extent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentProblem {
+    /// The extent is not a multiple of the model's patch on that axis.
+    NotPatchMultiple {
+        /// The model's patch size `[t, h, w]`.
+        patch_size: [usize; 3],
+        /// The axis checked (0: frames, 1: height, 2: width).
+        axis: usize,
+    },
+    /// The extent is more patches long than the model's position encoding covers.
+    PastPositions {
+        /// Patches along the axis.
+        patches: usize,
+        /// Positions the encoding covers (Wan: `rope_max_seq_len`).
+        max: usize,
+        /// The longest extent in latents that fits.
+        at_most: usize,
+    },
+}
+
+impl ExtentProblem {
+    /// The problem as a sentence whose subject is `what` (the extent as the caller names it:
+    /// a config key and its value, or a flag's axis).
+    pub fn in_terms_of(&self, what: &str) -> String {
+        match *self {
+            Self::NotPatchMultiple { patch_size, axis } => format!(
+                "{what} is not a multiple of the model's patch size {} on that axis \
+                 (patch_size {patch_size:?})",
+                patch_size[axis]
+            ),
+            Self::PastPositions {
+                patches,
+                max,
+                at_most,
+            } => format!(
+                "{what} is {patches} patches long, more than the {max} positions the model's \
+                 position encoding covers (rope_max_seq_len); use at most {at_most}"
+            ),
+        }
     }
 }
 
@@ -184,5 +245,43 @@ mod tests {
             e.contains("`data.frames` = 28") && e.contains("at most 24"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn each_axis_is_checked_against_its_own_patch() {
+        let info = ModelInfo {
+            patch_size: [1, 2, 4],
+            max_grid: Some(5),
+            ..INFO
+        };
+        for (axis, patch) in info.patch_size.into_iter().enumerate() {
+            assert_eq!(info.check_extent(axis, 5 * patch), Ok(()));
+            assert_eq!(
+                info.check_extent(axis, 6 * patch),
+                Err(ExtentProblem::PastPositions {
+                    patches: 6,
+                    max: 5,
+                    at_most: 5 * patch
+                })
+            );
+            if patch > 1 {
+                let off = info.check_extent(axis, 3 * patch + 1).unwrap_err();
+                assert_eq!(
+                    off,
+                    ExtentProblem::NotPatchMultiple {
+                        patch_size: [1, 2, 4],
+                        axis
+                    }
+                );
+                let said = off.in_terms_of("the latent size");
+                assert!(said.contains(&format!("patch size {patch} on")), "{said}");
+            }
+        }
+        // A zero patch (a broken config) is a refusal, not a division by zero.
+        let zero = ModelInfo {
+            patch_size: [0, 2, 2],
+            ..INFO
+        };
+        assert!(zero.check_extent(0, 4).is_err());
     }
 }

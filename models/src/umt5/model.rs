@@ -49,6 +49,16 @@ pub enum Umt5Error {
     Input(String),
 }
 
+impl Umt5Config {
+    /// The config of a transformers `text_encoder/` folder, or of a weights file with
+    /// `config.json` beside it (the config [`Umt5Encoder::load`] builds from); no weights are
+    /// read.
+    pub fn of_pretrained(path: impl AsRef<Path>) -> Result<Self, Umt5Error> {
+        let dir = checkpoint::config_dir(path.as_ref())?;
+        Ok(Self::from_json_file(dir.join("config.json"))?)
+    }
+}
+
 /// `UMT5Block`: `layer.0` self-attention, `layer.1` feed-forward.
 #[derive(Module, Debug)]
 pub struct Umt5Block<B: Backend> {
@@ -144,7 +154,7 @@ impl<B: Backend> Umt5Encoder<B> {
     /// [`WEIGHT_FILES`]), or a weights file with `config.json` beside it.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, Umt5Error> {
         let path = path.as_ref();
-        let config = Umt5Config::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let config = Umt5Config::of_pretrained(path)?;
         Self::init(&config, device, 0)?.load_weights(path)
     }
 
@@ -162,7 +172,7 @@ impl<B: Backend> Umt5Encoder<B> {
     /// difference named with the file. Returns the config.
     pub fn check_pretrained(path: impl AsRef<Path>) -> Result<Umt5Config, Umt5Error> {
         let path = path.as_ref();
-        let config = Umt5Config::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let config = Umt5Config::of_pretrained(path)?;
         let model = Self::init(&config, &Default::default(), 0)?;
         let (source, rename) = tied_source(path)?;
         checkpoint::check(&model, &source, rename)?;

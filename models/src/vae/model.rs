@@ -43,6 +43,15 @@ pub enum VaeError {
     Input(String),
 }
 
+impl WanVaeConfig {
+    /// The config of a diffusers `vae/` folder, or of a weights file with `config.json`
+    /// beside it (the config [`WanVae::load`] builds from); no weights are read.
+    pub fn of_pretrained(path: impl AsRef<Path>) -> Result<Self, VaeError> {
+        let dir = checkpoint::config_dir(path.as_ref())?;
+        Ok(Self::from_json_file(dir.join("config.json"))?)
+    }
+}
+
 /// The posterior `q(z | video)`: a diagonal Gaussian per latent voxel.
 #[derive(Debug, Clone)]
 pub struct Posterior<B: Backend> {
@@ -104,8 +113,7 @@ impl<B: Backend> WanVae<B> {
     /// or a weights file with `config.json` beside it. Keys are diffusers' as they are.
     pub fn load(path: impl AsRef<Path>, device: &B::Device) -> Result<Self, VaeError> {
         let path = path.as_ref();
-        let config =
-            WanVaeConfig::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let config = WanVaeConfig::of_pretrained(path)?;
         Self::init(&config, device, 0)?.load_weights(path)
     }
 
@@ -121,8 +129,7 @@ impl<B: Backend> WanVae<B> {
     /// its keys and shapes, every difference named with the file. Returns the config.
     pub fn check_pretrained(path: impl AsRef<Path>) -> Result<WanVaeConfig, VaeError> {
         let path = path.as_ref();
-        let config =
-            WanVaeConfig::from_json_file(checkpoint::config_dir(path)?.join("config.json"))?;
+        let config = WanVaeConfig::of_pretrained(path)?;
         let model = Self::init(&config, &Default::default(), 0)?;
         let source = checkpoint::resolve(path, &WEIGHT_FILES)?;
         checkpoint::check(&model, &source, |k| Some(k.to_string()))?;

@@ -10,7 +10,6 @@ use reel_core::config::LoadedConfig;
 use reel_core::data::DataSpec;
 use reel_core::memory;
 use reel_core::model::ModelInfo;
-use reel_models::checkpoint;
 use reel_models::vae::WanVaeConfig;
 
 /// Frames, height and width, written `FxHxW` (`81x480x832`).
@@ -89,7 +88,8 @@ pub fn latent_size(
                     "{flag}: video sizes are turned into latents by --vae, and none is given"
                 );
             };
-            let config = vae_config(vae).map_err(|e| anyhow::anyhow!("{flag}: --vae {e}"))?;
+            let config = WanVaeConfig::of_pretrained(vae)
+                .map_err(|e| anyhow::anyhow!("{flag}: --vae {e}"))?;
             let (t, s) = (config.temporal_factor(), config.spatial_factor());
             video_to_latent(size, t, s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?
         }
@@ -158,12 +158,6 @@ pub fn stand_in(infos: &[(String, ModelInfo)], latents: ClipSize) -> Option<Data
     })
 }
 
-/// The `config.json` of the VAE at `path` (its folder or a weights file in it).
-fn vae_config(path: &Path) -> Result<WanVaeConfig, String> {
-    let dir = checkpoint::config_dir(path).map_err(|e| e.to_string())?;
-    WanVaeConfig::from_json_file(dir.join("config.json")).map_err(|e| e.to_string())
-}
-
 /// The latents a VAE compressing time by `t` and space by `s` decodes to `video`: its decoder
 /// makes `1 + (F - 1)·t` frames of `H·s × W·s` pixels from `F × H × W` latents, so the video's
 /// frames must be one more than a multiple of `t` and its sides multiples of `s`.
@@ -195,18 +189,10 @@ fn video_to_latent(video: ClipSize, t: usize, s: usize) -> Result<ClipSize, Stri
 
 /// The shape facts of every role whose architecture tells them from its config.
 pub fn model_infos(loaded: &LoadedConfig) -> anyhow::Result<Vec<(String, ModelInfo)>> {
-    let resolve = |p: &Path| loaded.resolve(p);
-    let mut infos = Vec::new();
-    for (name, role) in &loaded.config.models {
-        let info = (role.model.model_info(role, &resolve)).map_err(|e| {
-            e.in_section(&format!("models.{name}"))
-                .in_file(&loaded.path)
-        })?;
-        if let Some(info) = info {
-            infos.push((name.clone(), info));
-        }
-    }
-    Ok(infos)
+    let infos = loaded.model_infos().into_iter();
+    let known =
+        infos.filter_map(|(name, info)| info.transpose().map(|i| Ok((name.to_owned(), i?))));
+    known.collect()
 }
 
 /// Whether a model of `info` can take latents of `size`: each axis a multiple of its patch,
@@ -217,22 +203,9 @@ fn fits(info: &ModelInfo, size: ClipSize) -> Result<(), String> {
         ("height", size.height),
         ("width", size.width),
     ];
-    for ((axis, latents), patch) in axes.into_iter().zip(info.patch_size) {
-        if !latents.is_multiple_of(patch) {
-            return Err(format!(
-                "the latent {axis} {latents} is not a multiple of the model's patch {patch} on \
-                 that axis (patch_size {:?})",
-                info.patch_size
-            ));
-        }
-        if let Some(max) = info.max_grid.filter(|&max| latents / patch > max) {
-            return Err(format!(
-                "the latent {axis} {latents} is {} patches long, more than the {max} positions \
-                 the model's position encoding covers (rope_max_seq_len): at most {} latents",
-                latents / patch,
-                max * patch
-            ));
-        }
+    for (axis, (name, latents)) in axes.into_iter().enumerate() {
+        (info.check_extent(axis, latents))
+            .map_err(|problem| problem.in_terms_of(&format!("the latent {name} {latents}")))?;
     }
     Ok(())
 }
@@ -317,7 +290,10 @@ mod tests {
         };
         assert_eq!(fits(&info, size(8, 16, 32)), Ok(()));
         let err = fits(&info, size(3, 8, 10)).unwrap_err();
-        assert!(err.contains("width 10") && err.contains("patch 4"), "{err}");
+        assert!(
+            err.contains("width 10") && err.contains("patch size 4"),
+            "{err}"
+        );
         let err = fits(&info, size(3, 18, 8)).unwrap_err();
         assert!(
             err.contains("height 18 is 9 patches") && err.contains("at most 16"),

@@ -10,7 +10,6 @@ use reel_core::backend::CpuBackend;
 use reel_core::callback::CallbackError;
 use reel_core::config::ConfigError;
 use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
-use reel_models::checkpoint;
 use reel_models::umt5::{load_tokenizer, tokenizer_for, Umt5Config, Umt5Encoder, Umt5TextEncoder};
 use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 
@@ -85,8 +84,8 @@ pub fn check_data(
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<(), ConfigError> {
     if let Some(p) = &cfg.vae {
-        let z = read_config(&resolve(p), WanVaeConfig::from_json_file)
-            .map_err(|e| ConfigError::new("vae", e))?
+        let z = WanVaeConfig::of_pretrained(resolve(p))
+            .map_err(|e| ConfigError::new("vae", e.to_string()))?
             .z_dim;
         if z != spec.channels {
             let why = format!(
@@ -99,8 +98,8 @@ pub fn check_data(
         }
     }
     if let Some(p) = &cfg.text_encoder {
-        let d = read_config(&resolve(p), Umt5Config::from_json_file)
-            .map_err(|e| ConfigError::new("text_encoder", e))?
+        let d = Umt5Config::of_pretrained(resolve(p))
+            .map_err(|e| ConfigError::new("text_encoder", e.to_string()))?
             .d_model;
         if d != spec.text_dim {
             let why = format!(
@@ -113,15 +112,6 @@ pub fn check_data(
         }
     }
     Ok(())
-}
-
-/// The `config.json` of the model at `path` (its folder or a weights file in it), parsed.
-fn read_config<C, E: std::fmt::Display>(
-    path: &Path,
-    parse: impl Fn(PathBuf) -> Result<C, E>,
-) -> Result<C, String> {
-    let dir = checkpoint::config_dir(path).map_err(|e| e.to_string())?;
-    parse(dir.join("config.json")).map_err(|e| e.to_string())
 }
 
 impl<B: Backend> MediaModels<B> {
