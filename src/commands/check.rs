@@ -1,6 +1,6 @@
 //! `reel check`: validate a config completely without training: the TOML, every plugin's
 //! values, the files the roles name (architecture configs, weight headers; no tensor data is
-//! read), and the data: its source opens (a parquet set's footers, a folder's listing) and
+//! read), and the data: its source opens (a parquet set's footers, a safetensors folder's headers) and
 //! every role's model fits its latents (channels, text width, patch), as `reel train` would
 //! find when building the roles; and no file stands where the run folder must be made.
 //!
@@ -11,10 +11,9 @@
 
 use std::path::Path;
 
-use reel_core::checkpoint::CheckpointStore;
 use reel_core::config::{load_run_config_any_backend, ConfigError, LoadedConfig};
 use reel_core::memory;
-use reel_core::trainer::{run_dir_error, run_dir_for};
+use reel_core::trainer::{check_run_outside_data, run_dir_error, run_dir_for, EarlierRun};
 
 /// Validate `config` and print a summary (the run, the data and on a second line the roles'
 /// memory floor), or every problem found, one per line.
@@ -90,8 +89,10 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
 }
 
 /// Refuse a run folder (`runtime.output_dir`, else `runs/<config name>`) that `reel train`
-/// could not make because a file stands at its path or at a parent's. Nothing is created.
+/// could not make because a file stands at its path or at a parent's, or that lies in the
+/// data's folder. Nothing is created.
 fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    check_run_outside_data(loaded, None)?;
     let dir = run_dir_for(loaded, None);
     match dir.ancestors().find(|p| p.exists()) {
         Some(file) if !file.is_dir() => Err(run_dir_error(
@@ -108,15 +109,15 @@ fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     }
 }
 
-/// Say when the run folder already holds a run: `reel train` continues it only with
-/// `--resume latest` (without, it refuses the folder).
+/// Say when the run folder already holds a run, which `reel train` refuses without
+/// `--resume latest` (and refuses outright when there is no checkpoint to resume from).
 fn note_existing_run(loaded: &LoadedConfig) {
     let dir = run_dir_for(loaded, None);
-    if let Some((step, _)) = CheckpointStore::new(&dir, 1).list().into_iter().next() {
+    if let Some(earlier) = EarlierRun::in_folder(&dir) {
         eprintln!(
-            "reel: note: `{}` already holds a run (checkpoints up to step {step}): `reel train` \
-             continues it with `--resume latest`, and refuses the folder without",
-            dir.display()
+            "reel: note: `{}` already holds a run ({earlier}): {}",
+            dir.display(),
+            earlier.what_to_do()
         );
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use reel_core::backend::ReelBackend;
-use reel_core::data::{negative_or_zeros, ClipScore};
+use reel_core::data::{negative_or_zeros, ClipScore, DataSource, DataSpec, Prompt};
 use reel_core::method::SampleRequest;
 use serde::Serialize;
 
@@ -51,6 +51,32 @@ fn check_args(args: &EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The prompt of clip `i`: the caption of data sample `i` (modulo the data's length).
+fn prompt(source: &dyn DataSource, i: usize) -> anyhow::Result<Prompt> {
+    let s = source.get(i % source.len())?;
+    (source.prompt_for(&s.caption))
+        .with_context(|| format!("no prompt for caption `{}`", s.caption))
+}
+
+/// One sampling batch holds, per clip, its noise, latents and prediction and its text
+/// embeddings (float32): a `--batch` beyond the host's memory (`available`, `None`: unknown)
+/// is refused before sampling, not by aborting when the noise is drawn.
+fn check_batch_memory(batch: usize, spec: &DataSpec, available: Option<u64>) -> anyhow::Result<()> {
+    let latents = [spec.channels, spec.frames, spec.height, spec.width];
+    let latents: u128 = latents.iter().map(|&n| n as u128).product();
+    let text = spec.text_len as u128 * spec.text_dim as u128;
+    let bytes = batch as u128 * (3 * latents + text) * 4;
+    if let Some(available) = available.filter(|&a| bytes > a as u128) {
+        anyhow::bail!(
+            "--batch {batch}: a batch of clips needs at least {} (noise, latents, prediction and \
+             text per clip), more than the {} of memory available: use a smaller --batch",
+            reel_core::memory::gib(bytes),
+            reel_core::memory::gib(available.into())
+        );
+    }
+    Ok(())
+}
+
 /// The JSON report.
 #[derive(Debug, Serialize)]
 pub struct EvalReport {
@@ -75,21 +101,18 @@ fn eval<B: ReelBackend>(
         .context("this data source has no evaluator")?;
     let spec = l.source.spec();
     let negative = negative_or_zeros(&*l.source);
-    let mut prompts = vec![];
-    for i in 0..args.clips {
-        let s = l.source.get(i % l.source.len())?;
-        let p = l
-            .source
-            .prompt_for(&s.caption)
-            .with_context(|| format!("no prompt for caption `{}`", s.caption))?;
-        prompts.push(p);
-    }
+    let batch = args.batch.min(args.clips);
+    check_batch_memory(batch, &spec, reel_core::memory::host_memory_available())?;
     let t0 = Instant::now();
     let bar = progress::bar(args.clips as u64, "clips");
     let mut scores: Vec<ClipScore> = vec![];
-    for (b, chunk) in prompts.chunks(args.batch).enumerate() {
+    // The prompts of one batch at a time: `--clips` can be large without holding them all.
+    for (b, start) in (0..args.clips).step_by(batch).enumerate() {
+        let chunk = (start..args.clips.min(start + batch))
+            .map(|i| prompt(&*l.source, i))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let req = SampleRequest {
-            prompts: chunk.to_vec(),
+            prompts: chunk.clone(),
             negative: Some(negative.clone()),
             steps: args.steps,
             guidance: args.guidance,
@@ -98,7 +121,7 @@ fn eval<B: ReelBackend>(
             progress: None,
         };
         let clips = l.method.sample(&req)?;
-        for (clip, p) in clips.iter().zip(chunk) {
+        for (clip, p) in clips.iter().zip(&chunk) {
             scores.push(evaluator.score(clip, &spec, &p.caption));
         }
         bar.set_position(scores.len() as u64);
@@ -189,5 +212,26 @@ mod tests {
             let err = check(flags).unwrap_err();
             assert!(err.contains(want), "{flags:?}: {err}");
         }
+    }
+
+    /// A batch whose clips cannot all be held is refused naming `--batch`; the clips are
+    /// counted in u128, so no batch overflows the count.
+    #[test]
+    fn a_batch_beyond_memory_is_refused() {
+        let spec = DataSpec {
+            channels: 4,
+            frames: 2,
+            height: 4,
+            width: 4,
+            text_len: 8,
+            text_dim: 16,
+        };
+        let latents = (spec.channels * spec.frames * spec.height * spec.width) as u64;
+        let per_clip = (3 * latents + (spec.text_len * spec.text_dim) as u64) * 4;
+        check_batch_memory(4, &spec, Some(4 * per_clip)).unwrap();
+        check_batch_memory(4, &spec, None).unwrap();
+        let e = check_batch_memory(5, &spec, Some(4 * per_clip)).unwrap_err();
+        assert!(e.to_string().contains("--batch 5"), "{e}");
+        assert!(check_batch_memory(usize::MAX, &spec, Some(u64::MAX)).is_err());
     }
 }

@@ -70,9 +70,17 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     existing(path)?;
+    let latest = path.file_name().is_some_and(|n| n == "latest");
+    anyhow::ensure!(
+        !path.is_file() || latest,
+        "{} is a file, where a run folder or a checkpoint folder (such as \
+         runs/x/checkpoints/step-00000100) is expected",
+        path.display()
+    );
     let checkpoints = if path.is_file() {
         // `checkpoints/latest` names the newest step folder beside it.
-        path.parent().unwrap_or(Path::new(".")).to_path_buf()
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        parent.unwrap_or(Path::new(".")).to_path_buf()
     } else if path.join("checkpoints").is_dir() {
         path.join("checkpoints")
     } else {

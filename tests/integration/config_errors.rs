@@ -54,6 +54,15 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             ],
         ),
         (
+            "no [data] table",
+            Replace(
+                "[data]\nkind = \"synthetic\"\nbatch_size = 8\nnum_samples = 1024\nframes = 4\n\
+                 height = 12\nwidth = 12\nobject_size = 6\n",
+                "",
+            ),
+            &["bad.toml: `data`: missing field `data`"],
+        ),
+        (
             "an adapter table without its kind",
             Set(&["models.student.adapter={rank=4}"]),
             &[

@@ -142,6 +142,41 @@ fn training_on_exported_files_matches_the_synthetic_source() {
             );
         }
     }
+    // A run folder in the data's folder would have its checkpoints read as samples: `reel
+    // train` refuses it naming `--output` (here spelled through another folder), `reel
+    // check` naming `runtime.output_dir`, and the data folder gains no file.
+    let inside = dir.join("pq/../st/run");
+    let o = reel(
+        &[
+            "train",
+            "safetensors.toml",
+            "--output",
+            inside.to_str().unwrap(),
+        ],
+        dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("`--output`") && err.contains("lies in the data's"),
+        "{err}"
+    );
+    let o = reel(
+        &[
+            "check",
+            "safetensors.toml",
+            "--set",
+            "runtime.output_dir=st",
+        ],
+        dir,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("runtime.output_dir")
+            && err.contains("lies in the data's"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(dir.join("st")).unwrap().count(), 12);
     // `reel sample` reads the run's data for the clips' shape: with the data moved away the
     // error says where that comes from and how to point it elsewhere.
     std::fs::rename(dir.join("st"), dir.join("st-moved")).unwrap();
@@ -172,6 +207,17 @@ fn training_on_exported_files_matches_the_synthetic_source() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// A safetensors file's bytes with its first `latents` value (float32) set to NaN; the
+/// header is left whole.
+fn nan_in_latents(mut bytes: Vec<u8>) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["latents"]["dtype"], "F32", "{header}");
+    let start = header["latents"]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + n + start..][..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    bytes
+}
+
 #[test]
 fn bad_data_stops_training_naming_file_and_record() {
     let tmp = tempfile::tempdir().unwrap();
@@ -190,18 +236,30 @@ fn bad_data_stops_training_naming_file_and_record() {
         dir,
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // Sample 7 is cut short: the run fails when it reaches it, naming the file.
+    // Sample 7 cut short shows in its header: the run is refused when its data opens,
+    // naming the file, before the run folder is made.
     let bad = dir.join("st/00000007.safetensors");
     let bytes = std::fs::read(&bad).unwrap();
     std::fs::write(&bad, &bytes[..bytes.len() / 2]).unwrap();
-    let o = train(
-        dir,
-        "bad",
-        "kind = \"safetensors\"\npath = \"st\"\nbatch_size = 4\ntext_len = 8",
-    );
+    let data = "kind = \"safetensors\"\npath = \"st\"\nbatch_size = 4\ntext_len = 8";
+    let o = train(dir, "cut", data);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("00000007.safetensors: record 0"), "{err}");
+    assert!(
+        err.contains("00000007.safetensors: record 0") && err.contains("truncated"),
+        "{err}"
+    );
+    assert!(!dir.join("cut").exists(), "the run folder was made");
+    // Whole again but with a NaN among its latents, which only reading it shows: the run
+    // fails when it reaches it, naming the file.
+    std::fs::write(&bad, nan_in_latents(bytes)).unwrap();
+    let o = train(dir, "bad", data);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("00000007.safetensors: record 0") && err.contains("NaN"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 
     // Exporting that data stops at sample 7 and leaves no part of a data set behind (the

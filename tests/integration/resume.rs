@@ -138,6 +138,42 @@ fn a_new_run_in_a_folder_with_checkpoints_is_refused_and_touches_nothing() {
     same_as_clean(dir, "clean", "resumed at its end");
 }
 
+/// A run folder whose checkpoints were deleted (to free disk) still holds the `final/`
+/// weights other configs name (a teacher, a LoRA base): a new run there is refused, and the
+/// weights stay as they were.
+#[test]
+fn a_new_run_over_final_weights_is_refused_and_keeps_them() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    std::fs::remove_dir_all(dir.join("clean/checkpoints")).unwrap();
+    let weights = |d: &std::path::Path| -> Vec<_> {
+        let mut files: Vec<_> = std::fs::read_dir(d.join("clean/final"))
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (p.clone(), std::fs::read(p).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = weights(dir);
+    assert!(!before.is_empty(), "the run published no final weights");
+    let o = reel(dir, "clean", &["--set", "training.max_steps=2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`clean` already holds a run (final weights in `final/`, no checkpoint)")
+            && err.contains("another folder (`--output`)"),
+        "{err}"
+    );
+    assert!(weights(dir) == before, "the final weights changed");
+    assert!(
+        !dir.join("clean/checkpoints").exists(),
+        "a checkpoint was written"
+    );
+}
+
 /// Resuming from an older checkpoint of a run whose folder holds newer ones starts a new
 /// timeline: the newer checkpoints are moved, intact, into `abandoned-after-step-<n>/` (out of
 /// reach of pruning and `--resume latest`), and the run ends where the clean run ended.

@@ -55,6 +55,16 @@ pub enum CheckpointError {
         /// The path given.
         path: PathBuf,
     },
+    /// `--resume` named a file, or a folder that is neither a run nor a checkpoint.
+    #[error(
+        "{path} is not a checkpoint: `--resume` takes `latest` (this run's newest checkpoint), \
+         a run folder (its newest), or a checkpoint folder such as \
+         runs/x/checkpoints/step-00000100"
+    )]
+    NotACheckpoint {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The checkpoint was written by a run with a different model/method config.
     #[error("checkpoint {dir} was written by a different config (models/method differ): refusing to resume")]
     ConfigMismatch {
@@ -352,6 +362,16 @@ impl CheckpointStore {
         } else {
             None
         };
+        // A step folder without its manifest is a damaged checkpoint; any other folder without
+        // one (or a file) is not a checkpoint at all.
+        let named_step = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+        if store.is_none() && !path.join(MANIFEST).exists() && (path.is_file() || !named_step) {
+            return Err(CheckpointError::NotACheckpoint {
+                path: path.to_path_buf(),
+            });
+        }
         match store {
             Some(store) => store.resolve("latest", config_fingerprint),
             None => {
@@ -565,5 +585,29 @@ mod tests {
             .unwrap();
         let err = store.resolve("latest", "fp").unwrap_err();
         assert!(matches!(err, CheckpointError::NoCheckpoint { .. }), "{err}");
+    }
+
+    /// `--resume` given a file or a folder that is no run is told what it takes; a step
+    /// folder that lost its manifest is damaged.
+    #[test]
+    fn a_path_that_is_no_checkpoint_is_named_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 5);
+        let d1 = save(&store, 1, "fp");
+        let file = tmp.path().join("run.toml");
+        fs::write(&file, "x").unwrap();
+        let plain = tmp.path().join("notes");
+        fs::create_dir(&plain).unwrap();
+        for path in [&file, &plain] {
+            let spec = path.to_str().unwrap();
+            let err = store.resolve(spec, "fp").unwrap_err();
+            assert!(
+                matches!(err, CheckpointError::NotACheckpoint { .. }),
+                "{spec}: {err}"
+            );
+        }
+        fs::remove_file(d1.join(MANIFEST)).unwrap();
+        let err = store.resolve(d1.to_str().unwrap(), "fp").unwrap_err();
+        assert!(matches!(err, CheckpointError::Damaged { .. }), "{err}");
     }
 }

@@ -423,6 +423,9 @@ fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
     if let Some((field, _)) = unknown.filter(|(f, _)| table.contains_key(*f)) {
         return child(field);
     }
+    if let Some(field) = missing_here(root, at, table, msg) {
+        return child(&field);
+    }
     // A field whose removal clears the error, or changes it into another than a missing
     // field, is the culprit; a required field's removal always changes the error (into its
     // own absence), so those are suspects only when no other field is the culprit.
@@ -446,6 +449,32 @@ fn refine_in(root: &toml::Value, raw: &str, at: &str, msg: &str) -> String {
         Some(f) => join(f),
         None if required.len() == 1 => join(required[0]),
         None => at.to_string(),
+    }
+}
+
+/// The field a "missing field" error `msg` names, when it is missing from the table at `at`
+/// itself (a whole `[data]` table left out) rather than from a table inside: giving it an
+/// empty value there changes the error into another that is not about an unknown field.
+/// `None` for `kind`, which is keyed by its table.
+fn missing_here(
+    root: &toml::Value,
+    at: &str,
+    table: &toml::map::Map<String, toml::Value>,
+    msg: &str,
+) -> Option<String> {
+    let field = msg.strip_prefix("missing field `")?.strip_suffix('`')?;
+    // A missing `kind` is keyed by its table, with the kinds it could name (`with_kinds`).
+    if field == "kind" || table.contains_key(field) {
+        return None;
+    }
+    let mut probe = root.clone();
+    let toml::Value::Table(t) = value_at_mut(&mut probe, at)? else {
+        return None;
+    };
+    t.insert(field.to_string(), toml::Value::Table(Default::default()));
+    match deserialize(&probe) {
+        Err((_, m)) if m == msg || m.starts_with("unknown field") => None,
+        _ => Some(field.to_string()),
     }
 }
 

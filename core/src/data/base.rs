@@ -188,6 +188,12 @@ pub trait DataConfig: Debug + Send + Sync {
     fn shuffle(&self) -> bool {
         true
     }
+    /// The file or folder the data is read from (relative paths against the config file's
+    /// folder), if any. A run folder inside it would mix the run's files into the data, so
+    /// `reel train` and `reel check` refuse one. Default: none.
+    fn read_from(&self) -> Option<&std::path::Path> {
+        None
+    }
     /// Open the source. `base_dir` resolves relative paths (the config file's folder).
     fn build(&self, base_dir: &std::path::Path) -> Result<Box<dyn DataSource>, DataError>;
 }

@@ -247,7 +247,10 @@ pub fn train<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
-    let checked = check_not_a_run(loaded, opts).and_then(|()| check_memory(loaded, opts));
+    let output = opts.output_dir.as_deref();
+    let checked = (check_run_outside_data(loaded, output).map_err(TrainError::from))
+        .and_then(|()| check_not_a_run(loaded, opts))
+        .and_then(|()| check_memory(loaded, opts));
     match opts.processes.as_deref() {
         Some(p) => group::checked_everywhere(p, checked)?,
         None => checked?,
@@ -261,6 +264,58 @@ pub fn train<B: ReelBackend>(
     }
 }
 
+/// The run folder must not lie in the data's folder ([`DataConfig::read_from`]): the run's
+/// checkpoints and final weights would be read as samples by the next run or resume. An error
+/// keyed where the run folder came from (`--output` or `runtime.output_dir`).
+///
+/// [`DataConfig::read_from`]: crate::data::DataConfig::read_from
+pub fn check_run_outside_data(
+    loaded: &LoadedConfig,
+    output: Option<&Path>,
+) -> Result<(), ConfigError> {
+    let Some(data) = loaded.config.data.read_from() else {
+        return Ok(());
+    };
+    let data = absolute(&loaded.base_dir.join(data));
+    let run_dir = run_dir_for(loaded, output);
+    if !absolute(&run_dir).starts_with(&data) {
+        return Ok(());
+    }
+    let message = format!(
+        "the run folder `{}` lies in the data's folder `{}` (`data.path`): the run's checkpoints \
+         and weights would be read as data; train into a folder outside it",
+        run_dir.display(),
+        data.display()
+    );
+    Err(run_dir_error(loaded, output, message))
+}
+
+/// `path` made absolute with its links resolved as far as it exists (a run folder may not
+/// exist yet), so that two spellings of one folder compare equal.
+fn absolute(path: &Path) -> PathBuf {
+    let mut missing = Vec::new();
+    let mut existing = path;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            return missing
+                .iter()
+                .rev()
+                .fold(real, |p: PathBuf, part| p.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name.to_owned());
+                existing = if parent.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    parent
+                };
+            }
+            _ => return std::env::current_dir().map_or(path.to_path_buf(), |d| d.join(path)),
+        }
+    }
+}
+
 /// A run started without `--resume` must not write into a folder that holds another run's
 /// checkpoints: its step numbers would overwrite theirs and its `final/` replace theirs. An
 /// error keyed where the folder came from says how to continue that run or start a new one.
@@ -269,15 +324,63 @@ fn check_not_a_run(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), Tra
         return Ok(());
     }
     let run_dir = run_dir_for(loaded, opts.output_dir.as_deref());
-    let Some((step, _)) = CheckpointStore::new(&run_dir, 1).list().into_iter().next() else {
+    let Some(earlier) = EarlierRun::in_folder(&run_dir) else {
         return Ok(());
     };
     let message = format!(
-        "`{}` already holds a run (checkpoints up to step {step}): `--resume latest` continues \
-         it; to start a new run, train into another folder (`--output`) or delete this one",
-        run_dir.display()
+        "`{}` already holds a run ({earlier}): {}",
+        run_dir.display(),
+        earlier.what_to_do()
     );
     Err(run_dir_error(loaded, opts.output_dir.as_deref(), message).into())
+}
+
+/// What an earlier run left in a run folder that a new run there would overwrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlierRun {
+    /// Checkpoints, the newest at this step: `--resume latest` continues the run.
+    Checkpoints(u64),
+    /// No checkpoint, but weights in `final/` (other configs may name them, e.g. as a
+    /// teacher), which a new run would replace.
+    FinalWeights,
+}
+
+impl EarlierRun {
+    /// What an earlier run left in `run_dir`; `None` when it holds neither checkpoints nor
+    /// final weights (a missing or fresh folder).
+    pub fn in_folder(run_dir: &Path) -> Option<Self> {
+        if let Some((step, _)) = CheckpointStore::new(run_dir, 1).list().into_iter().next() {
+            return Some(Self::Checkpoints(step));
+        }
+        let entries = std::fs::read_dir(run_dir.join("final")).ok()?;
+        let weights = |name: &str| name.ends_with(".safetensors");
+        (entries.flatten())
+            .any(|e| weights(&e.file_name().to_string_lossy()))
+            .then_some(Self::FinalWeights)
+    }
+
+    /// How to go on: continue the run if it can be, else train elsewhere or delete it.
+    pub fn what_to_do(&self) -> &'static str {
+        match self {
+            Self::Checkpoints(_) => {
+                "`--resume latest` continues it; to start a new run, train into another folder \
+                 (`--output`) or delete this one"
+            }
+            Self::FinalWeights => {
+                "it has no checkpoint to resume from, and a new run would replace its `final/` \
+                 weights: train into another folder (`--output`) or delete this one"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for EarlierRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Checkpoints(step) => write!(f, "checkpoints up to step {step}"),
+            Self::FinalWeights => f.write_str("final weights in `final/`, no checkpoint"),
+        }
+    }
 }
 
 /// What the run needs in memory, checked once in each process before any of its workers

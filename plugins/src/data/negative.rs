@@ -95,6 +95,9 @@ pub fn write_negative(
         ("text_attention_mask", view(Dtype::U8, vec![len], &mask)?),
     ];
     let meta = HashMap::from([("prompt".to_string(), prompt.to_string())]);
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| bad(format!("cannot make its folder: {e}")))?;
+    }
     let tmp = path.with_extension("safetensors.partial");
     let written = safetensors::serialize_to_file(tensors, Some(meta), &tmp)
         .map_err(|e| e.to_string())
@@ -230,5 +233,9 @@ mod tests {
         );
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "only the folder: {left:?}");
+        // A folder that does not exist yet is made.
+        let nested = dir.path().join("new/negative.safetensors");
+        write_negative(&nested, &good, 3, "x").unwrap();
+        assert!(nested.is_file());
     }
 }

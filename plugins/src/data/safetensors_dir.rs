@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use reel_core::config::{check, ConfigError};
 use reel_core::data::{DataConfig, DataError, DataSource, DataSpec, Prompt, Sample, TextCondition};
+use reel_core::io::WeightError;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +94,10 @@ impl DataConfig for SafetensorsDirConfig {
 
     fn shuffle(&self) -> bool {
         self.shuffle
+    }
+
+    fn read_from(&self) -> Option<&Path> {
+        Some(&self.path)
     }
 
     fn build(&self, base_dir: &Path) -> Result<Box<dyn DataSource>, DataError> {
@@ -271,6 +276,7 @@ impl SafetensorsDirSource {
             record: 0,
             reason,
         })?;
+        check_headers(&files[1..], first.latent_dims, first.text_dims[1])?;
         let [channels, frames, height, width] = first.latent_dims;
         normalize
             .check_channels(channels)
@@ -293,6 +299,44 @@ impl SafetensorsDirSource {
             negative: None,
         })
     }
+}
+
+/// Every sample file past the first, from its header alone (no tensor is read): a whole
+/// safetensors file whose latents have the first file's shape and whose text embeddings are
+/// as wide, so that `reel check` and the start of training name a bad file, not the batch
+/// that reaches it hours later. The values themselves are checked when a file is read.
+fn check_headers(files: &[PathBuf], latents: [usize; 4], text_dim: usize) -> Result<(), DataError> {
+    for file in files {
+        let bad = |reason: String| DataError::Record {
+            file: file.clone(),
+            record: 0,
+            reason,
+        };
+        let header = reel_core::io::read_safetensors_header(file).map_err(|e| match e {
+            WeightError::Format { message, .. } => {
+                bad(format!("not a safetensors file: {message}"))
+            }
+            e => bad(e.to_string()),
+        })?;
+        let shape = |key: &str| match header.get(key) {
+            Some(t) => Ok(t.shape.iter().map(|&d| d as i64).collect::<Vec<_>>()),
+            None => Err(bad(format!("no tensor `{key}`"))),
+        };
+        let dims = latent_dims(&shape("latents")?).map_err(bad)?;
+        if dims != latents {
+            return Err(bad(format!(
+                "latents shape {dims:?} differs from the data set's {latents:?} (the first file's)"
+            )));
+        }
+        let [_, width] = text_dims(&shape("text_embedding")?).map_err(bad)?;
+        if width != text_dim {
+            return Err(bad(format!(
+                "text embedding width {width} differs from the data set's {text_dim} (the first \
+                 file's)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `reel preprocess`'s negative file ([`FILE_NAME`]) among the samples without
@@ -466,7 +510,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         sample(&dir.path().join("a.safetensors"), 0.0, 2);
         let bad = dir.path().join("b.safetensors");
-        let open = || SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None, None).unwrap();
         type Make<'a> = Box<dyn Fn() + 'a>;
         let cases: Vec<(&str, Make)> = vec![
             (
@@ -577,16 +620,31 @@ mod tests {
                 }),
             ),
             (
-                "not a safetensors file",
+                "truncated",
                 Box::new(|| {
                     let good = std::fs::read(dir.path().join("a.safetensors")).unwrap();
                     std::fs::write(&bad, &good[..good.len() - 10]).unwrap()
                 }),
             ),
         ];
+        // What a file's header shows is refused when the source opens (`reel check`, the
+        // start of training); its values when the file is read.
+        let in_header = [
+            "no tensor `latents`",
+            "differs from the data set's",
+            "text embedding width 2",
+            "truncated",
+        ];
         for (want, make) in cases {
             make();
-            let err = open().get(1).unwrap_err();
+            let opened = SafetensorsDirSource::open(dir.path(), 4, LatentNorm::None, None);
+            let at_open = in_header.iter().any(|h| want.starts_with(h));
+            let err = match opened {
+                Err(e) if at_open => e,
+                Ok(source) if !at_open => source.get(1).unwrap_err(),
+                Err(e) => panic!("{want}: refused at open: {e}"),
+                Ok(_) => panic!("{want}: not refused at open"),
+            };
             let msg = err.to_string();
             assert!(
                 matches!(&err, DataError::Record { file, .. } if file == &bad),
@@ -594,6 +652,7 @@ mod tests {
             );
             assert!(msg.contains(want), "{want}: {msg}");
         }
+        std::fs::remove_file(&bad).unwrap();
         // Wan normalisation needs 16 channels; an empty folder is empty.
         let err = SafetensorsDirSource::open(dir.path(), 4, LatentNorm::Wan, None).unwrap_err();
         assert!(err.to_string().contains("16 latent channels"), "{err}");

@@ -23,6 +23,7 @@
 mod attention;
 mod breakdown;
 mod encoders;
+mod limits;
 mod matmul;
 mod matmul_summary;
 mod progress;
@@ -269,8 +270,13 @@ fn preset_tokens(args: &BenchArgs, preset: &str) -> anyhow::Result<(WanConfig, u
     })?;
     let [f, h, w] = [args.shape[0], args.shape[1], args.shape[2]];
     let [pt, ph, pw] = cfg.patch_size;
-    if f % pt != 0 || h % ph != 0 || w % pw != 0 {
-        anyhow::bail!("shape {f}x{h}x{w} is not divisible by the patch {pt}x{ph}x{pw}");
+    let info = cfg.model_info();
+    for (axis, name) in ["frame count", "height", "width"].into_iter().enumerate() {
+        let n = args.shape[axis];
+        (info.check_extent(axis, n)).map_err(|problem| {
+            let what = format!("--shape {f} {h} {w}: the {name} {n}");
+            anyhow::anyhow!("{} (preset {preset})", problem.in_terms_of(&what))
+        })?;
     }
     let tokens = (f / pt)
         .checked_mul(h / ph)
@@ -299,14 +305,7 @@ fn run_one<B: AutodiffBackend>(
         .with_attention(args.attention)
         .with_precision(args.dtype);
     if lora_rank > 0 {
-        let spec = LoraSpec {
-            rank: lora_rank,
-            alpha: lora_rank as f64,
-            target_modules: args.lora_targets.clone(),
-            dropout: 0.0,
-            init_seed: Some(0),
-        };
-        model = apply_lora(model, &spec, 0)?;
+        model = apply_lora(model, &lora_spec(args, lora_rank), 0)?;
     }
     let mut role = TrainableRole::new(
         "student",
@@ -488,10 +487,17 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
     if args.config.is_none() && args.vae.is_none() && args.text_encoder.is_none() {
         for p in &args.presets {
             let (cfg, tokens) = preset_tokens(args, p)?;
-            if !args.attention_only && !args.matmul_only {
-                check_bench_memory(args, p, &cfg, tokens)?;
+            if args.attention_only {
+                limits::check_attention_memory(args, p, &cfg, tokens)?;
+            } else if !args.matmul_only {
+                for &rank in &args.lora_ranks {
+                    limits::check_bench_memory(args, p, &cfg, tokens, rank)?;
+                }
             }
         }
+    }
+    if args.vae.is_some() {
+        limits::check_video_memory(args)?;
     }
     if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu && args.config.is_none() {
         anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
@@ -499,41 +505,15 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A preset's bench holds at least its inputs (latents, noise, text; float32) and, for the
-/// backward, one activation of `d` values per video token in every block (in `--dtype`): a
-/// shape or batch
-/// far beyond the bench device's memory (where it can be told) is an error, not an
-/// allocation failure that aborts the process.
-fn check_bench_memory(
-    args: &BenchArgs,
-    preset: &str,
-    cfg: &WanConfig,
-    tokens: usize,
-) -> anyhow::Result<()> {
-    let Some(available) = reel_core::memory::available_for(args.backend, &[0]) else {
-        return Ok(());
-    };
-    let b = args.batch as u128;
-    let latents: u128 = args.shape.iter().map(|&n| n as u128).product();
-    let text = args.text_len as u128 * cfg.text_dim as u128;
-    let inputs = b * (2 * cfg.in_channels as u128 * latents + text);
-    let kept = b * tokens as u128 * cfg.inner_dim() as u128 * cfg.num_layers as u128;
-    let activation_bytes = match args.dtype {
-        Precision::Bf16 => 2,
-        _ => 4,
-    };
-    let bytes = 4 * inputs + activation_bytes * kept;
-    anyhow::ensure!(
-        bytes <= available.bytes as u128,
-        "{preset} at --shape {:?} with --batch {} needs at least {} (inputs and one activation \
-         per block), more than the {} of {}: use a smaller --shape or --batch",
-        args.shape,
-        args.batch,
-        reel_core::memory::gib(bytes),
-        reel_core::memory::gib(available.bytes.into()),
-        available.of
-    );
-    Ok(())
+/// The LoRA adapter of `rank` that `--lora-rank` rows train.
+pub(super) fn lora_spec(args: &BenchArgs, rank: usize) -> LoraSpec {
+    LoraSpec {
+        rank,
+        alpha: rank as f64,
+        target_modules: args.lora_targets.clone(),
+        dropout: 0.0,
+        init_seed: Some(0),
+    }
 }
 
 /// Run the benchmark and print the table.
@@ -601,7 +581,7 @@ fn kernel_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_args, stats, BenchArgs};
+    use super::{check_args, stats, BenchArgs, WanConfig};
     use clap::Parser;
 
     #[derive(Parser)]
@@ -639,11 +619,23 @@ mod tests {
         let e = refusal(&["--preset", "wan-quickstart", "--preset", "wan-1.3"]);
         assert!(e.contains("unknown preset `wan-1.3`"), "{e}");
         let e = refusal(&["--preset", "wan-quickstart", "--shape", "8", "15", "16"]);
-        assert!(e.contains("not divisible by the patch"), "{e}");
-        // 2^36 latent positions: far beyond any machine's memory, where it can be told.
+        assert!(
+            e.contains("the height 15") && e.contains("patch size"),
+            "{e}"
+        );
+        // A side more patches long than the position encoding covers: refused, where the
+        // model would stop on its internal check.
+        let quick = WanConfig::preset("wan-quickstart").unwrap();
+        let long = ((quick.rope_max_seq_len + 1) * quick.patch_size[1]).to_string();
+        let e = refusal(&["--preset", "wan-quickstart", "--shape", "8", &long, "16"]);
+        assert!(
+            e.contains(&format!("the height {long}")) && e.contains("rope_max_seq_len"),
+            "{e}"
+        );
+        // A batch far beyond any machine's memory, where it can be told.
         let cpu = reel_core::memory::available_for(super::BackendName::Cpu, &[0]);
         if cpu.is_some() {
-            let e = refusal(&["--shape", "4096", "4096", "4096"]);
+            let e = refusal(&["--batch", "100000000"]);
             assert!(
                 e.contains("needs at least") && e.contains("smaller --shape"),
                 "{e}"
@@ -653,10 +645,26 @@ mod tests {
                 "the error lists the presets: {e}"
             );
         }
-        // Too many tokens to count is an error, not an overflow.
-        let big = (1_u64 << 30).to_string();
-        let e = refusal(&["--shape", &big, &big, &big]);
-        assert!(e.contains("more tokens than fit a count"), "{e}");
+        // The weights and their AdamW state count too: an absurd LoRA rank, a shape for the
+        // attention alone, a video for the VAE, each refused before anything is built.
+        if cpu.is_some() {
+            let e = refusal(&["--batch", "1", "--lora-rank", "1000000000"]);
+            assert!(e.contains("--lora-rank 1000000000 needs at least"), "{e}");
+            let preset = ["--preset", "wan2.1-t2v-1.3b"];
+            let e = refusal(
+                &[
+                    &preset[..],
+                    &["--attention-only", "--shape", "1024", "1024", "1024"],
+                ]
+                .concat(),
+            );
+            assert!(
+                e.contains("--attention-only") && e.contains("needs at least"),
+                "{e}"
+            );
+            let e = refusal(&["--vae", "wan2.1", "--video", "100001", "100000", "100000"]);
+            assert!(e.contains("--video") && e.contains("needs at least"), "{e}");
+        }
         let ok = Cli::try_parse_from(["bench"]).expect("defaults parse");
         check_args(&ok.bench).expect("the defaults are valid");
     }

@@ -1,0 +1,134 @@
+//! What a bench needs in memory at least, checked against the bench device's before
+//! anything is built: a shape, batch, LoRA rank or video far beyond it is an error naming
+//! the flags, not an allocation failure that aborts the process (or a host that swaps).
+
+use reel_core::backend::CpuBackend;
+use reel_core::config::Precision;
+use reel_core::memory::{available_for, gib};
+use reel_core::params::{named_param_shapes, ParamShape};
+use reel_models::lora::apply_lora;
+use reel_models::WanConfig;
+
+use super::{lora_spec, BenchArgs};
+
+/// Parameters of `cfg`'s model, all and trained (every weight, or the LoRA adapter's for a
+/// rank above 0), counted on a lazily initialised model: nothing is allocated.
+fn param_counts(args: &BenchArgs, cfg: &WanConfig, rank: usize) -> anyhow::Result<(u128, u128)> {
+    let count = |shapes: Vec<ParamShape>, keep: &dyn Fn(&str) -> bool| {
+        let kept = shapes.into_iter().filter(|s| keep(&s.path));
+        kept.map(|s| s.shape.iter().map(|&n| n as u128).product::<u128>())
+            .sum::<u128>()
+    };
+    let model = cfg.try_init::<CpuBackend>(&Default::default(), 0)?;
+    if rank == 0 {
+        let all = count(named_param_shapes(&model), &|_| true);
+        return Ok((all, all));
+    }
+    let adapted = apply_lora(model, &lora_spec(args, rank), 0)?;
+    let shapes = named_param_shapes(&adapted);
+    let all = count(shapes.clone(), &|_| true);
+    Ok((all, count(shapes, &|p: &str| p.contains(".lora_"))))
+}
+
+/// A preset's bench holds at least its weights (float32), the trained parameters' gradients
+/// and AdamW moments, its inputs (latents, noise, text; float32) and, for the backward, one
+/// activation of `d` values per video token in every block (in `--dtype`): a shape, batch or
+/// LoRA rank far beyond the bench device's memory (where it can be told) is an error, not an
+/// allocation failure that aborts the process.
+pub(super) fn check_bench_memory(
+    args: &BenchArgs,
+    preset: &str,
+    cfg: &WanConfig,
+    tokens: usize,
+    rank: usize,
+) -> anyhow::Result<()> {
+    let b = args.batch as u128;
+    let latents: u128 = args.shape.iter().map(|&n| n as u128).product();
+    let text = args.text_len as u128 * cfg.text_dim as u128;
+    let inputs = b * (2 * cfg.in_channels as u128 * latents + text);
+    let kept = b * tokens as u128 * cfg.inner_dim() as u128 * cfg.num_layers as u128;
+    let (params, trained) = param_counts(args, cfg, rank)?;
+    let bytes = 4 * (inputs + params + 3 * trained) + activation_bytes(args) * kept;
+    let lora = if rank > 0 {
+        format!(" and --lora-rank {rank}")
+    } else {
+        String::new()
+    };
+    let what = format!(
+        "{preset} at --shape {:?} with --batch {}{lora}",
+        args.shape, args.batch
+    );
+    within_device(
+        args,
+        bytes,
+        &what,
+        "weights, gradients and AdamW state, inputs and one activation per block",
+        "use a smaller --shape, --batch or --lora-rank, or a smaller preset",
+    )
+}
+
+/// Bytes per activation value in `--dtype`.
+fn activation_bytes(args: &BenchArgs) -> u128 {
+    match args.dtype {
+        Precision::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// `--attention-only` holds at least q, k, v, the output and their four gradients, each
+/// `[B, tokens, d]` in `--dtype`: a shape beyond the device's memory is refused before any
+/// tensor is drawn.
+pub(super) fn check_attention_memory(
+    args: &BenchArgs,
+    preset: &str,
+    cfg: &WanConfig,
+    tokens: usize,
+) -> anyhow::Result<()> {
+    let one = args.batch as u128 * tokens as u128 * cfg.inner_dim() as u128;
+    let what = format!(
+        "--attention-only: {preset} at --shape {:?} with --batch {}",
+        args.shape, args.batch
+    );
+    within_device(
+        args,
+        8 * one * activation_bytes(args),
+        &what,
+        "q, k, v, the output and their gradients",
+        "use a smaller --shape or --batch",
+    )
+}
+
+/// `--vae` holds at least the decoded video and the video it encodes, each `3 × F × H × W`
+/// float32: a `--video` beyond the device's memory is refused before the VAE is built.
+pub(super) fn check_video_memory(args: &BenchArgs) -> anyhow::Result<()> {
+    let pixels: u128 = args.video.iter().map(|&n| n as u128).product();
+    within_device(
+        args,
+        2 * 3 * 4 * pixels,
+        &format!("--video {:?}", args.video),
+        "the decoded video and the video encoded, float32",
+        "use a smaller --video",
+    )
+}
+
+/// `bytes` (for `what`, made of `parts`) against the bench device's memory, where it can be
+/// told: more is an error that ends with `advice`.
+fn within_device(
+    args: &BenchArgs,
+    bytes: u128,
+    what: &str,
+    parts: &str,
+    advice: &str,
+) -> anyhow::Result<()> {
+    let Some(available) = available_for(args.backend, &[0]) else {
+        return Ok(());
+    };
+    anyhow::ensure!(
+        bytes <= available.bytes as u128,
+        "{what} needs at least {} ({parts}), more than the {} of {}: {advice}",
+        gib(bytes),
+        gib(available.bytes.into()),
+        available.of
+    );
+    Ok(())
+}
