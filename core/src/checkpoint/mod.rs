@@ -362,21 +362,38 @@ impl CheckpointStore {
         } else {
             None
         };
-        // A step folder without its manifest is a damaged checkpoint; any other folder without
-        // one (or a file) is not a checkpoint at all.
-        let named_step = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
-        if store.is_none() && !path.join(MANIFEST).exists() && (path.is_file() || !named_step) {
-            return Err(CheckpointError::NotACheckpoint {
-                path: path.to_path_buf(),
-            });
+        if store.is_none() && !path.join(MANIFEST).exists() {
+            return Err(Self::no_manifest(path));
         }
         match store {
             Some(store) => store.resolve("latest", config_fingerprint),
             None => {
                 let m = Self::verify(path, config_fingerprint)?;
                 Ok((path.to_path_buf(), m, vec![]))
+            }
+        }
+    }
+
+    /// What `--resume <path>` without a manifest (and no checkpoints under it) is: a step
+    /// folder that lost it is damaged ([`Self::verify`] says so); a run folder or an empty
+    /// `checkpoints/` holds no checkpoint yet; any other folder, or a file, is no checkpoint.
+    fn no_manifest(path: &Path) -> CheckpointError {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.unwrap_or_default();
+        let run = path.join("config.resolved.toml").is_file() || path.join("final").is_dir();
+        if path.is_dir() && name.starts_with("step-") {
+            Self::verify(path, "")
+                .err()
+                .unwrap_or(CheckpointError::NotACheckpoint {
+                    path: path.to_path_buf(),
+                })
+        } else if path.is_dir() && (run || name == "checkpoints") {
+            CheckpointError::NoCheckpoint {
+                dir: path.to_path_buf(),
+            }
+        } else {
+            CheckpointError::NotACheckpoint {
+                path: path.to_path_buf(),
             }
         }
     }
@@ -606,6 +623,17 @@ mod tests {
                 "{spec}: {err}"
             );
         }
+        // A run folder whose checkpoints are gone, and an empty `checkpoints/`: no checkpoint.
+        let run = tmp.path().join("run");
+        fs::create_dir_all(run.join("checkpoints")).unwrap();
+        fs::write(run.join("config.resolved.toml"), "").unwrap();
+        for path in [run.join("checkpoints"), run.clone()] {
+            let err = store.resolve(path.to_str().unwrap(), "fp").unwrap_err();
+            assert!(matches!(err, CheckpointError::NoCheckpoint { .. }), "{err}");
+        }
+        fs::remove_dir(run.join("checkpoints")).unwrap();
+        let err = store.resolve(run.to_str().unwrap(), "fp").unwrap_err();
+        assert!(matches!(err, CheckpointError::NoCheckpoint { .. }), "{err}");
         fs::remove_file(d1.join(MANIFEST)).unwrap();
         let err = store.resolve(d1.to_str().unwrap(), "fp").unwrap_err();
         assert!(matches!(err, CheckpointError::Damaged { .. }), "{err}");

@@ -188,12 +188,15 @@ pub trait DataConfig: Debug + Send + Sync {
     fn shuffle(&self) -> bool {
         true
     }
-    /// The file or folder the data is read from (relative paths against the config file's
-    /// folder), if any. A run folder inside it would mix the run's files into the data, so
-    /// `reel train` and `reel check` refuse one. Default: none.
+    /// The folder this source searches for sample files of a kind a run writes too (a
+    /// folder of `.safetensors` samples, where a run writes `.safetensors` checkpoints and
+    /// weights), relative to the current directory as [`build`](Self::build)'s `base_dir`
+    /// is. A run folder inside it would have its files read as samples, so `reel train` and
+    /// `reel check` refuse one. Default: none (the source reads nothing a run writes).
     fn read_from(&self) -> Option<&std::path::Path> {
         None
     }
-    /// Open the source. `base_dir` resolves relative paths (the config file's folder).
+    /// Open the source. `base_dir` resolves relative paths (the current directory, see
+    /// [`crate::config::base_dir_for`]).
     fn build(&self, base_dir: &std::path::Path) -> Result<Box<dyn DataSource>, DataError>;
 }

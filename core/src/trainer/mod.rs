@@ -293,27 +293,28 @@ pub fn check_run_outside_data(
 /// `path` made absolute with its links resolved as far as it exists (a run folder may not
 /// exist yet), so that two spellings of one folder compare equal.
 fn absolute(path: &Path) -> PathBuf {
-    let mut missing = Vec::new();
-    let mut existing = path;
-    loop {
-        if let Ok(real) = std::fs::canonicalize(existing) {
-            return missing
-                .iter()
-                .rev()
-                .fold(real, |p: PathBuf, part| p.join(part));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                missing.push(name.to_owned());
-                existing = if parent.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    parent
-                };
+    use std::path::Component;
+    let parts: Vec<Component> = path.components().collect();
+    for n in (0..=parts.len()).rev() {
+        let prefix: PathBuf = parts[..n].iter().collect();
+        let prefix = if n == 0 { PathBuf::from(".") } else { prefix };
+        let Ok(real) = std::fs::canonicalize(&prefix) else {
+            continue;
+        };
+        // The part that does not exist yet, its `..` taken lexically, as making the folders
+        // would take them (`new/../data/run` is `data/run`).
+        return parts[n..].iter().fold(real, |mut p, part| {
+            match part {
+                Component::ParentDir => {
+                    p.pop();
+                }
+                Component::CurDir => {}
+                part => p.push(part),
             }
-            _ => return std::env::current_dir().map_or(path.to_path_buf(), |d| d.join(path)),
-        }
+            p
+        });
     }
+    path.to_path_buf()
 }
 
 /// A run started without `--resume` must not write into a folder that holds another run's
@@ -461,4 +462,30 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::absolute;
+
+    /// Two spellings of one folder, existing or not yet, compare equal; `..` after a folder
+    /// that does not exist is taken as making the folders would take it.
+    #[test]
+    fn absolute_paths_resolve_what_exists_and_the_rest_lexically() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let real = std::fs::canonicalize(&data).unwrap();
+        assert_eq!(absolute(&data), real);
+        assert_eq!(
+            absolute(&tmp.path().join("data/./run/a")),
+            real.join("run/a")
+        );
+        assert_eq!(
+            absolute(&tmp.path().join("absent/../data/run")),
+            real.join("run")
+        );
+        assert_eq!(absolute(&tmp.path().join("data/x/..")), real);
+        assert!(!absolute(&tmp.path().join("elsewhere/run")).starts_with(&real));
+    }
 }

@@ -147,21 +147,11 @@ pub fn apply_lora<B: Backend>(
         .map_err(|e| LoraError::Spec(e.to_string()))?;
     let seed = spec.init_seed.unwrap_or(run_seed ^ RUN_SEED_SALT);
     let mut model = model.no_grad();
-    let mut matched = vec![false; spec.target_modules.len()];
-    for (path, lin) in wan_linears_mut(&mut model) {
-        let hits: Vec<usize> = (0..matched.len())
-            .filter(|&i| target_matches(&path, &spec.target_modules[i]))
-            .collect();
-        if hits.is_empty() {
-            continue;
-        }
+    for (path, lin) in targeted_linears(&mut model, spec)? {
         if lin.has_lora() {
             return Err(LoraError::Spec(format!(
                 "`{path}` already has a LoRA adapter"
             )));
-        }
-        for i in hits {
-            matched[i] = true;
         }
         let (d_in, d_out, r) = (lin.in_features(), lin.out_features(), spec.rank);
         let device = lin.weight.lazy_device();
@@ -172,10 +162,49 @@ pub fn apply_lora<B: Backend>(
         let b = lazy_param::<B>(device, [d_out, r], move || vec![0.0; d_out * r]);
         lin.attach_lora(a, b, spec.scaling());
     }
-    let unmatched: Vec<&str> = spec
-        .target_modules
-        .iter()
-        .zip(&matched)
+    Ok(model)
+}
+
+/// Parameters the adapter of `spec` would add to `model` (`A` and `B` of every targeted
+/// layer: `rank · (in + out)` each), from the layers' shapes alone: unlike [`apply_lora`],
+/// which needs the model's weights to freeze them, nothing is initialised or allocated.
+/// Errors as [`apply_lora`]'s for a target that matches no layer.
+pub fn lora_param_count<B: Backend>(
+    model: &mut WanModel<B>,
+    spec: &LoraSpec,
+) -> Result<u64, LoraError> {
+    spec.validate()
+        .map_err(|e| LoraError::Spec(e.to_string()))?;
+    let layers = targeted_linears(model, spec)?;
+    // Saturating: an absurd rank counts as "more than any memory", not as a wrapped number.
+    let count = |lin: &Linear<B>| {
+        let widths = (lin.in_features() + lin.out_features()) as u64;
+        (spec.rank as u64).saturating_mul(widths)
+    };
+    Ok((layers.iter()).fold(0u64, |n, (_, lin)| n.saturating_add(count(lin))))
+}
+
+/// The linear layers of `model` that some entry of `spec.target_modules` names, with their
+/// paths; a target that matches no layer is an error naming the layers there are.
+fn targeted_linears<'m, B: Backend>(
+    model: &'m mut WanModel<B>,
+    spec: &LoraSpec,
+) -> Result<Vec<(String, &'m mut Linear<B>)>, LoraError> {
+    let mut matched = vec![false; spec.target_modules.len()];
+    let mut layers = Vec::new();
+    for (path, lin) in wan_linears_mut(model) {
+        let mut hit = false;
+        for (i, target) in spec.target_modules.iter().enumerate() {
+            if target_matches(&path, target) {
+                matched[i] = true;
+                hit = true;
+            }
+        }
+        if hit {
+            layers.push((path, lin));
+        }
+    }
+    let unmatched: Vec<&str> = (spec.target_modules.iter().zip(&matched))
         .filter(|(_, m)| !**m)
         .map(|(t, _)| t.as_str())
         .collect();
@@ -185,7 +214,7 @@ pub fn apply_lora<B: Backend>(
             WAN_LINEAR_MODULES.join(", ")
         )));
     }
-    Ok(model)
+    Ok(layers)
 }
 
 /// Module paths of the layers that carry an adapter.
@@ -267,5 +296,40 @@ mod tests {
         assert_ne!(a, lora_a_init_values(6, "blocks.0.attn1.to_q", 4, 64));
         assert!(a.iter().all(|v| v.abs() <= 0.125));
         assert!(a.iter().any(|v| v.abs() > 0.1));
+    }
+
+    /// The count from shapes alone equals the adapter `apply_lora` attaches, for one target
+    /// and for several overlapping ones; an unmatched target is refused alike.
+    #[test]
+    fn the_adapter_is_counted_without_attaching_it() {
+        let cfg = crate::WanConfig::preset("wan-tiny").unwrap();
+        let model = cfg.init::<burn::backend::Flex>(&Default::default());
+        for (rank, targets) in [
+            (3, vec!["to_q"]),
+            (2, vec!["attn1.to_q", "to_q", "ffn.net.2"]),
+        ] {
+            let spec = LoraSpec {
+                rank,
+                alpha: rank as f64,
+                target_modules: targets.iter().map(|t| t.to_string()).collect(),
+                dropout: 0.0,
+                init_seed: Some(0),
+            };
+            let counted = lora_param_count(&mut model.clone(), &spec).unwrap();
+            let adapted = apply_lora(model.clone(), &spec, 0).unwrap();
+            let shapes = reel_core::params::named_param_shapes(&adapted);
+            let lora = shapes.iter().filter(|s| s.path.contains(".lora_"));
+            let attached: usize = lora.map(|s| s.shape.iter().product::<usize>()).sum();
+            assert!(attached > 0);
+            assert_eq!(counted, attached as u64, "{targets:?}");
+        }
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 2.0,
+            target_modules: vec!["to_x".into()],
+            dropout: 0.0,
+            init_seed: None,
+        };
+        assert!(lora_param_count(&mut model.clone(), &spec).is_err());
     }
 }

@@ -27,7 +27,7 @@ use reel_core::model::{
 use reel_core::role::RoleConfig;
 
 use super::{AttentionMode, WanConfig, WanModel};
-use crate::lora::{apply_lora, LoraSpec};
+use crate::lora::{apply_lora, lora_param_count, LoraSpec};
 
 /// The Wan keys of a `[models.<role>]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,8 +178,8 @@ impl ModelConfig for WanArch {
         Ok(Some(count_params(&model, |_| true)))
     }
 
-    /// A LoRA's `A` and `B` of every targeted layer, counted on a lazily initialised model
-    /// with the adapter attached (nothing is allocated).
+    /// A LoRA's `A` and `B` of every targeted layer, counted from the layers' shapes on a
+    /// lazily initialised model (nothing is allocated).
     fn num_adapter_params(
         &self,
         role: &RoleConfig,
@@ -191,10 +191,10 @@ impl ModelConfig for WanArch {
         let Some(spec) = adapter.as_any().downcast_ref::<LoraSpec>() else {
             return Ok(None);
         };
-        let model = lazy_model(&self.wan_config(resolve)?)?;
-        let adapted =
-            apply_lora(model, spec, 0).map_err(|e| ConfigError::new("adapter", e.to_string()))?;
-        Ok(Some(count_params(&adapted, |path| path.contains(".lora_"))))
+        let mut model = lazy_model(&self.wan_config(resolve)?)?;
+        let count = lora_param_count(&mut model, spec)
+            .map_err(|e| ConfigError::new("adapter", e.to_string()))?;
+        Ok(Some(count))
     }
 }
 

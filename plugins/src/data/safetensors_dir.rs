@@ -313,13 +313,16 @@ fn check_headers(files: &[PathBuf], latents: [usize; 4], text_dim: usize) -> Res
             reason,
         };
         let header = reel_core::io::read_safetensors_header(file).map_err(|e| match e {
-            WeightError::Format { message, .. } => {
-                bad(format!("not a safetensors file: {message}"))
-            }
+            WeightError::Format { message, .. } => bad(format!("unreadable header: {message}")),
             e => bad(e.to_string()),
         })?;
         let shape = |key: &str| match header.get(key) {
             Some(t) => Ok(t.shape.iter().map(|&d| d as i64).collect::<Vec<_>>()),
+            // A negative-prompt file among the samples is told where it belongs (only this
+            // error path reads the whole file).
+            None if std::fs::read(file).is_ok_and(|b| is_negative_file(&b)) => {
+                Err(bad(format!("no tensor `{key}`; {NEGATIVE_HINT}")))
+            }
             None => Err(bad(format!("no tensor `{key}`"))),
         };
         let dims = latent_dims(&shape("latents")?).map_err(bad)?;

@@ -5,29 +5,26 @@
 use reel_core::backend::CpuBackend;
 use reel_core::config::Precision;
 use reel_core::memory::{available_for, gib};
-use reel_core::params::{named_param_shapes, ParamShape};
-use reel_models::lora::apply_lora;
+use reel_core::params::named_param_shapes;
+use reel_models::lora::lora_param_count;
 use reel_models::WanConfig;
 
 use super::{lora_spec, BenchArgs};
 
 /// Parameters of `cfg`'s model, all and trained (every weight, or the LoRA adapter's for a
-/// rank above 0), counted on a lazily initialised model: nothing is allocated.
+/// rank above 0), counted from their shapes on a lazily initialised model: nothing is
+/// allocated (`apply_lora` would fill the frozen weights to freeze them).
 fn param_counts(args: &BenchArgs, cfg: &WanConfig, rank: usize) -> anyhow::Result<(u128, u128)> {
-    let count = |shapes: Vec<ParamShape>, keep: &dyn Fn(&str) -> bool| {
-        let kept = shapes.into_iter().filter(|s| keep(&s.path));
-        kept.map(|s| s.shape.iter().map(|&n| n as u128).product::<u128>())
-            .sum::<u128>()
-    };
-    let model = cfg.try_init::<CpuBackend>(&Default::default(), 0)?;
+    let mut model = cfg.try_init::<CpuBackend>(&Default::default(), 0)?;
+    let shapes = named_param_shapes(&model).into_iter();
+    let base: u128 = shapes
+        .map(|s| s.shape.iter().map(|&n| n as u128).product::<u128>())
+        .sum();
     if rank == 0 {
-        let all = count(named_param_shapes(&model), &|_| true);
-        return Ok((all, all));
+        return Ok((base, base));
     }
-    let adapted = apply_lora(model, &lora_spec(args, rank), 0)?;
-    let shapes = named_param_shapes(&adapted);
-    let all = count(shapes.clone(), &|_| true);
-    Ok((all, count(shapes, &|p: &str| p.contains(".lora_"))))
+    let adapter = lora_param_count(&mut model, &lora_spec(args, rank))? as u128;
+    Ok((base + adapter, adapter))
 }
 
 /// A preset's bench holds at least its weights (float32), the trained parameters' gradients

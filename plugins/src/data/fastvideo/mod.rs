@@ -115,10 +115,6 @@ impl DataConfig for FastVideoParquetConfig {
         self.shuffle
     }
 
-    fn read_from(&self) -> Option<&Path> {
-        Some(&self.path)
-    }
-
     fn build(&self, base_dir: &Path) -> Result<Box<dyn DataSource>, DataError> {
         Ok(Box::new(
             FastVideoParquetSource::open(
