@@ -25,6 +25,7 @@ pub mod model;
 pub mod optim;
 pub mod parallel;
 pub mod params;
+pub mod paths;
 pub mod profile;
 pub mod registry;
 pub mod rng;

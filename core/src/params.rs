@@ -143,6 +143,15 @@ pub fn named_param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamShap
     c.0
 }
 
+/// Values in `module`'s float parameters, counted from their shapes as
+/// [`named_param_shapes`] reads them (lazy parameters stay lazy: nothing is allocated).
+/// Saturating, so that an absurd configuration counts as more than any memory rather than
+/// as a wrapped number.
+pub fn num_param_values<B: Backend, M: Module<B>>(module: &M) -> u64 {
+    let values = |s: &ParamShape| (s.shape.iter()).fold(1u64, |n, &d| n.saturating_mul(d as u64));
+    (named_param_shapes(module).iter()).fold(0u64, |n, s| n.saturating_add(values(s)))
+}
+
 /// A transformation applied to every float parameter together with its dotted path.
 pub trait NamedParamMapper<B: Backend> {
     /// Map one parameter. Return it unchanged to leave it alone.

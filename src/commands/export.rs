@@ -35,7 +35,7 @@ use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy, LoraSpec};
 use reel_models::wan::weights::{CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE};
 use reel_models::{build_wan_role, WanArch, WanModel, ARCH_NAME};
 
-use super::inference::{config_for, resolve_checkpoint};
+use super::inference::{config_for, weights_folder};
 
 /// Output layout of `reel export`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -92,6 +92,14 @@ impl ExportFormat {
 /// Refuse an output folder whose files the export would replace (unless `force`), or that
 /// holds a sharded diffusers model: its index would still be loaded in place of the export.
 fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()> {
+    let resolved = reel_core::paths::resolved(out);
+    if let Some(checkpoint) = resolved.ancestors().find(|a| a.join(MANIFEST).is_file()) {
+        bail!(
+            "--out {} lies in the checkpoint folder {}: a run's checkpoint rotation              (`training.keep_last`) deletes whole checkpoint folders, the export with them;              export into another folder",
+            out.display(),
+            checkpoint.display()
+        );
+    }
     if format == ExportFormat::Diffusers && out.join(INDEX_FILE).exists() {
         bail!(
             "--out {} holds a sharded model ({INDEX_FILE}): a loader would read its shards, \
@@ -112,16 +120,6 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
         );
     }
     Ok(())
-}
-
-/// The folder holding `<role>.safetensors`: a run's `final/` folder (no manifest) as it is,
-/// else the checkpoint [`resolve_checkpoint`] finds (a checkpoint folder named directly is
-/// verified against its manifest).
-fn checkpoint_dir(path: &Path, role: &str) -> anyhow::Result<PathBuf> {
-    if path.join(weights_file(role)).is_file() && !path.join(MANIFEST).is_file() {
-        return Ok(path.to_path_buf());
-    }
-    resolve_checkpoint(path)
 }
 
 /// Rebuild role `name` from the config and load the checkpoint file into its trainable
@@ -223,7 +221,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         .filter_map(|(name, role)| Some((name.clone(), loaded.resolve(role.weights.as_ref()?))))
         .collect();
     check_not_weights(&args.out, args.format, &weights)?;
-    let dir = checkpoint_dir(&args.checkpoint, &args.role)?;
+    let dir = weights_folder(&args.checkpoint)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
         ExportFormat::Diffusers => {
@@ -263,6 +261,26 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An export inside a checkpoint folder would be deleted with it by the rotation: refused,
+    /// even with `--force`; a folder beside it is not.
+    #[test]
+    fn an_output_folder_in_a_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = dir.path().join("run/checkpoints/step-00000004");
+        std::fs::create_dir_all(&step).unwrap();
+        std::fs::write(step.join(MANIFEST), b"{}").unwrap();
+        for out in [step.clone(), step.join("exported/lora")] {
+            let err = check_out(&out, ExportFormat::Lora, true)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("lies in the checkpoint folder") && err.contains("keep_last"),
+                "{err}"
+            );
+        }
+        check_out(&step.join("../exported"), ExportFormat::Lora, false).unwrap();
+    }
 
     #[test]
     fn an_output_folder_with_the_files_is_refused_without_force() {

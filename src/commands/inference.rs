@@ -10,16 +10,19 @@ use reel_core::checkpoint::{CheckpointStore, Manifest, TrainerState, MANIFEST};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::data::{DataConfig as _, DataSource, DataSpec};
 use reel_core::method::TrainingMethod;
-use reel_core::trainer::{build_method, load_checkpoint_into};
+use reel_core::trainer::{
+    build_method, holds_final_weights, load_checkpoint_into, load_final_into,
+};
 use reel_plugins::data::RandomDataConfig;
 
 /// Where the weights come from.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Source {
-    /// A checkpoint folder (`.../checkpoints/step-N`) or a run folder (its newest intact
-    /// checkpoint is used).
+    /// A checkpoint folder (`.../checkpoints/step-N`), a run folder (its newest intact
+    /// checkpoint is used) or a run's `final/` folder (its published weights).
     pub checkpoint: Option<PathBuf>,
-    /// The run config; defaults to the checkpoint's own `config.toml`.
+    /// The run config; defaults to the checkpoint's own `config.toml` (the run's
+    /// `config.resolved.toml` for its `final/` folder).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Use the model as configured, without loading a checkpoint (e.g. the untrained model).
@@ -101,6 +104,16 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The folder whose weights `sample`, `eval` and `export` read: a run's `final/` folder (or
+/// a copy of it: weights without a manifest) as it is, else the checkpoint
+/// [`resolve_checkpoint`] finds.
+pub fn weights_folder(path: &Path) -> anyhow::Result<PathBuf> {
+    if holds_final_weights(path) {
+        return Ok(path.to_path_buf());
+    }
+    resolve_checkpoint(path)
+}
+
 /// The config of a checkpoint or run: `config` when given, else the folder's own
 /// `config.toml` (a checkpoint) or `config.resolved.toml` (a run), the run's
 /// `config.resolved.toml` for its `final/` folder, else the `config.toml` of
@@ -152,7 +165,7 @@ pub fn load<B: ReelBackend>(
     let checkpoint = match src.untrained {
         true => None,
         false => {
-            Some(resolve_checkpoint(src.checkpoint.as_ref().context(
+            Some(weights_folder(src.checkpoint.as_ref().context(
                 "give a checkpoint or run folder (or --untrained)",
             )?)?)
         }
@@ -161,7 +174,11 @@ pub fn load<B: ReelBackend>(
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut ema = false;
     if let Some(dir) = &checkpoint {
-        load_checkpoint_into(dir, &mut *method)?;
+        if holds_final_weights(dir) {
+            load_final_into(dir, &mut *method)?;
+        } else {
+            load_checkpoint_into(dir, &mut *method)?;
+        }
         if !src.no_ema {
             let role = method.sampling_role().to_string();
             for r in method.roles_mut() {

@@ -177,6 +177,30 @@ fn training_on_exported_files_matches_the_synthetic_source() {
         "{err}"
     );
     assert_eq!(std::fs::read_dir(dir.join("st")).unwrap().count(), 12);
+    // The data's search follows links: a run under a link in its folder that points out of
+    // it is refused too, and nothing is written where the link points.
+    #[cfg(unix)]
+    {
+        std::fs::create_dir(dir.join("scratch")).unwrap();
+        std::os::unix::fs::symlink(dir.join("scratch"), dir.join("st/runs")).unwrap();
+        let via_link = dir.join("st/runs/a");
+        let o = reel(
+            &[
+                "train",
+                "safetensors.toml",
+                "--output",
+                via_link.to_str().unwrap(),
+            ],
+            dir,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains("lies in the data's"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(dir.join("scratch")).unwrap().count(), 0);
+        std::fs::remove_file(dir.join("st/runs")).unwrap();
+    }
     // `reel sample` reads the run's data for the clips' shape: with the data moved away the
     // error says where that comes from and how to point it elsewhere.
     std::fs::rename(dir.join("st"), dir.join("st-moved")).unwrap();

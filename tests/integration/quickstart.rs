@@ -125,6 +125,24 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     let o = again(true);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_ne!(std::fs::read(samples.join("sheet.png")).unwrap(), sheet);
+    // The run's `final/` folder samples as its last checkpoint does: the same weights, the
+    // EMA swapped in, the same latents bit for bit.
+    let from_final = tmp.path().join("from_final");
+    let o = Command::new(BIN)
+        .args(["sample"])
+        .arg(out.join("final"))
+        .args(["--prompt", "a red circle moving left", "--steps", "2"])
+        .args(["--seed", "9", "--out"])
+        .arg(&from_final)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let clip = "0-a_red_circle_moving_left.safetensors";
+    assert_eq!(
+        std::fs::read(from_final.join(clip)).unwrap(),
+        std::fs::read(samples.join(clip)).unwrap(),
+        "final/ and the last checkpoint sample differently"
+    );
 
     // A caption outside the synthetic data's grammar: an error that shows captions it takes.
     let o = Command::new(BIN)

@@ -6,7 +6,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use super::*;
-use crate::params::{named_param_shapes, named_params, named_tensor_data};
+use crate::params::{named_param_shapes, named_params, named_tensor_data, num_param_values};
 use burn::module::ParamId;
 use burn::tensor::Shape;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -215,6 +215,47 @@ fn load_does_not_run_lazy_initializers() {
         vec![1.0; 6]
     );
     assert!(!ran.load(Ordering::SeqCst), "initializer ran during load");
+}
+
+/// A parameter of `shape` whose initializer records that it ran.
+fn lazy_param(shape: [usize; 2], ran: &Arc<AtomicBool>) -> Param<Tensor<Inner, 2>> {
+    let flag = ran.clone();
+    Param::uninitialized(
+        ParamId::new(),
+        move |d, _| {
+            flag.store(true, Ordering::SeqCst);
+            Tensor::zeros([1, 1], d)
+        },
+        Default::default(),
+        true,
+        Shape::new(shape),
+    )
+}
+
+#[test]
+fn values_are_counted_from_shapes_without_initializing_and_saturate() {
+    let ran = Arc::new(AtomicBool::new(false));
+    let dev = Default::default();
+    let m = Tiny {
+        blocks: vec![Lin {
+            weight: lazy_param([5, 7], &ran),
+            bias: None,
+        }],
+        to_out: vec![lin(2, 2, true, 0.0, &dev)],
+        table: Param::from_data(TensorData::new(vec![0.0f32; 6], [1, 2, 3]), &dev),
+        head: lin(1, 3, false, 0.0, &dev),
+    };
+    assert_eq!(num_param_values(&m), 35 + (4 + 2) + 6 + 3);
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "initializer ran while counting"
+    );
+    let huge = Lin::<Inner> {
+        weight: lazy_param([usize::MAX, 3], &ran),
+        bias: None,
+    };
+    assert_eq!(num_param_values(&huge), u64::MAX);
+    assert!(!ran.load(Ordering::SeqCst));
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use sha2::{Digest, Sha256};
@@ -11,6 +12,7 @@ use super::{TrainError, TrainOptions, TrainSummary, Trainer};
 use crate::backend::ReelBackend;
 use crate::config::ConfigError;
 use crate::config::LoadedConfig;
+use crate::data::DataSource;
 use crate::parallel::{
     global_workers, same_everywhere, sum_over, Collective, ParallelError, Processes, Seat, Session,
 };
@@ -32,6 +34,7 @@ pub(super) fn train_group<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
     devices: &[usize],
+    source: Arc<dyn DataSource>,
 ) -> Result<TrainSummary, TrainError> {
     let processes = opts.processes.as_deref();
     let (session, seats) = open_seats::<B>(loaded, opts, devices)?;
@@ -48,11 +51,12 @@ pub(super) fn train_group<B: ReelBackend>(
             .zip(devices)
             .map(|((rank, workers, collective), &device)| {
                 let supervisor = &supervisor;
+                let source = source.clone();
                 std::thread::Builder::new()
                     .name(format!("reel-worker-{rank}"))
                     .spawn_scoped(s, move || {
                         let seat = Seat::in_group(rank, workers, device, collective);
-                        supervisor.run::<B>(loaded, opts, seat)
+                        supervisor.run::<B>(loaded, opts, seat, source)
                     })
                     .unwrap_or_else(|e| panic!("cannot start worker thread {rank}: {e}"))
             })
@@ -120,10 +124,13 @@ impl<B: Backend> Supervisor<'_, B> {
         loaded: &LoadedConfig,
         opts: &TrainOptions,
         seat: Seat<B>,
+        source: Arc<dyn DataSource>,
     ) -> Outcome {
         let (rank, device) = (seat.rank, seat.device);
-        let result = catch_unwind(AssertUnwindSafe(|| run_worker::<R>(loaded, opts, seat)))
-            .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            run_worker::<R>(loaded, opts, seat, source)
+        }))
+        .unwrap_or_else(|panic| Err(panicked(rank, device, panic)));
         let mut failed_at = None;
         if let Some(e) = result.as_ref().err().filter(|e| !e.is_agreed()) {
             let first = self.failures.fetch_add(1, Ordering::SeqCst);
@@ -185,10 +192,10 @@ fn check_global_batch(
 /// Every process learns which processes' own checks (`own`: this one's, run before any worker
 /// starts) failed, in one sum over processes, and all stop together when any did: a process
 /// that failed alone used to end while the others waited for it in their first sum.
-pub(super) fn checked_everywhere(
+pub(super) fn checked_everywhere<T>(
     processes: &dyn Processes,
-    own: Result<(), TrainError>,
-) -> Result<(), TrainError> {
+    own: Result<T, TrainError>,
+) -> Result<T, TrainError> {
     let (rank, size) = (processes.rank(), processes.size());
     let mut failed = vec![0.0_f32; size];
     failed[rank] = if own.is_err() { 1.0 } else { 0.0 };
@@ -203,8 +210,8 @@ pub(super) fn checked_everywhere(
             size,
             cause: Box::new(cause),
         }),
-        Ok(()) if failed.is_empty() => Ok(()),
-        Ok(()) => Err(ParallelError::Processes(format!(
+        Ok(checked) if failed.is_empty() => Ok(checked),
+        Ok(_) => Err(ParallelError::Processes(format!(
             "process(es) {} of {size} failed their checks before training (see their error \
              lines); process {rank} stopped with them",
             failed.join(", ")
@@ -233,8 +240,9 @@ fn run_worker<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
     seat: Seat<Inner<B>>,
+    source: Arc<dyn DataSource>,
 ) -> Result<(TrainSummary, String), TrainError> {
-    let mut trainer = Trainer::<B>::in_seat(loaded, opts, seat)?;
+    let mut trainer = Trainer::<B>::in_seat(loaded, opts, seat, source)?;
     let summary = trainer.run_to_end()?;
     Ok((summary, trainer.state_digest()))
 }

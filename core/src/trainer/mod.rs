@@ -28,9 +28,10 @@ use crate::backend::ReelBackend;
 use crate::callback::CallbackError;
 use crate::checkpoint::{CheckpointError, CheckpointStore, TrainerState};
 use crate::config::{ConfigError, LoadedConfig};
-use crate::data::{DataError, DataSource};
+use crate::data::{DataError, DataSource, DataSpec};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
-use crate::parallel::{ParallelError, ProcessHandle};
+use crate::parallel::{ParallelError, ProcessHandle, Seat};
+use crate::paths;
 
 /// Errors that end a training run.
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +241,27 @@ pub fn load_checkpoint_into<B: AutodiffBackend>(
     state::restore(dir, method)
 }
 
+/// Load a run's `final/` weights (each trainable role's, and its EMA shadow where the run
+/// kept one) into a freshly built method, for `sample` / `eval`: the step's optimizer and
+/// method state are not there.
+pub fn load_final_into<B: AutodiffBackend>(
+    dir: &Path,
+    method: &mut dyn TrainingMethod<B>,
+) -> Result<(), TrainError> {
+    state::load_final(dir, method)
+}
+
+/// Whether `dir` holds a run's published weights, as its `final/` folder does: weight files
+/// without the manifest of a checkpoint.
+pub fn holds_final_weights(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let weights = |name: &str| name.ends_with(".safetensors") && !name.starts_with('.');
+    !dir.join(crate::checkpoint::MANIFEST).is_file()
+        && (entries.flatten()).any(|e| weights(&e.file_name().to_string_lossy()))
+}
+
 /// Train a run to `max_steps` (or until interrupted) on backend `B`: on `runtime.device`,
 /// or with one worker per device of `runtime.devices`, and with the other processes of
 /// `opts.processes` (see [`crate::parallel`]).
@@ -248,20 +270,30 @@ pub fn train<B: ReelBackend>(
     opts: &TrainOptions,
 ) -> Result<TrainSummary, TrainError> {
     let output = opts.output_dir.as_deref();
+    // The data is opened once: its spec sizes the memory check, and every worker reads it.
     let checked = (check_run_outside_data(loaded, output).map_err(TrainError::from))
         .and_then(|()| check_not_a_run(loaded, opts))
-        .and_then(|()| check_memory(loaded, opts));
-    match opts.processes.as_deref() {
+        .and_then(|()| open_data(loaded))
+        .and_then(|source| check_memory(loaded, opts, &source.spec()).map(|()| source));
+    let source = match opts.processes.as_deref() {
         Some(p) => group::checked_everywhere(p, checked)?,
         None => checked?,
-    }
+    };
     match (
         &opts.processes,
         loaded.config.runtime.worker_devices().as_slice(),
     ) {
-        (None, [_]) => Trainer::<B>::new(loaded, opts)?.run(),
-        (_, devices) => group::train_group::<B>(loaded, opts, devices),
+        (None, [device]) => {
+            Trainer::<B>::in_seat(loaded, opts, Seat::single(*device), source)?.run()
+        }
+        (_, devices) => group::train_group::<B>(loaded, opts, devices, source),
     }
+}
+
+/// The config's data source, opened (every file's header read) for the run's workers to
+/// share.
+pub fn open_data(loaded: &LoadedConfig) -> Result<Arc<dyn DataSource>, TrainError> {
+    Ok(Arc::from(loaded.config.data.build(&loaded.base_dir)?))
 }
 
 /// The run folder must not lie in the data's folder ([`DataConfig::read_from`]): the run's
@@ -276,11 +308,15 @@ pub fn check_run_outside_data(
     let Some(data) = loaded.config.data.read_from() else {
         return Ok(());
     };
-    let data = absolute(&loaded.base_dir.join(data));
+    let data = loaded.base_dir.join(data);
     let run_dir = run_dir_for(loaded, output);
-    if !absolute(&run_dir).starts_with(&data) {
+    // Compared resolved and as written: the data's file search follows links, so a run
+    // under a link in the data's folder (`data/runs -> /scratch`) is read as data too.
+    let inside = |path: fn(&Path) -> PathBuf| path(&run_dir).starts_with(path(&data));
+    if !inside(paths::resolved) && !inside(paths::as_written) {
         return Ok(());
     }
+    let data = paths::resolved(&data);
     let message = format!(
         "the run folder `{}` lies in the data's folder `{}` (`data.path`): the run's checkpoints \
          and weights would be read as data; train into a folder outside it",
@@ -288,33 +324,6 @@ pub fn check_run_outside_data(
         data.display()
     );
     Err(run_dir_error(loaded, output, message))
-}
-
-/// `path` made absolute with its links resolved as far as it exists (a run folder may not
-/// exist yet), so that two spellings of one folder compare equal.
-fn absolute(path: &Path) -> PathBuf {
-    use std::path::Component;
-    let parts: Vec<Component> = path.components().collect();
-    for n in (0..=parts.len()).rev() {
-        let prefix: PathBuf = parts[..n].iter().collect();
-        let prefix = if n == 0 { PathBuf::from(".") } else { prefix };
-        let Ok(real) = std::fs::canonicalize(&prefix) else {
-            continue;
-        };
-        // The part that does not exist yet, its `..` taken lexically, as making the folders
-        // would take them (`new/../data/run` is `data/run`).
-        return parts[n..].iter().fold(real, |mut p, part| {
-            match part {
-                Component::ParentDir => {
-                    p.pop();
-                }
-                Component::CurDir => {}
-                part => p.push(part),
-            }
-            p
-        });
-    }
-    path.to_path_buf()
 }
 
 /// A run started without `--resume` must not write into a folder that holds another run's
@@ -353,11 +362,7 @@ impl EarlierRun {
         if let Some((step, _)) = CheckpointStore::new(run_dir, 1).list().into_iter().next() {
             return Some(Self::Checkpoints(step));
         }
-        let entries = std::fs::read_dir(run_dir.join("final")).ok()?;
-        let weights = |name: &str| name.ends_with(".safetensors");
-        (entries.flatten())
-            .any(|e| weights(&e.file_name().to_string_lossy()))
-            .then_some(Self::FinalWeights)
+        holds_final_weights(&run_dir.join("final")).then_some(Self::FinalWeights)
     }
 
     /// How to go on: continue the run if it can be, else train elsewhere or delete it.
@@ -388,10 +393,13 @@ impl std::fmt::Display for EarlierRun {
 /// builds a role or reads a weight: one batch of the data against the host's memory, and the
 /// roles' floor against each device's ([`crate::memory`]), printed by the first process.
 /// A config that cannot fit is an error naming the file, and no run folder is made.
-fn check_memory(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainError> {
-    let spec = loaded.config.data.build(&loaded.base_dir)?.spec();
-    loaded.check_batch_memory(&spec)?;
-    let (floor, available) = loaded.check_memory_floor(&spec)?;
+fn check_memory(
+    loaded: &LoadedConfig,
+    opts: &TrainOptions,
+    spec: &DataSpec,
+) -> Result<(), TrainError> {
+    loaded.check_batch_memory(spec)?;
+    let (floor, available) = loaded.check_memory_floor(spec)?;
     if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
         let line = crate::memory::describe(&floor, available);
         crate::console::say(&format!("reel: memory: {line}"));
@@ -462,30 +470,4 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::absolute;
-
-    /// Two spellings of one folder, existing or not yet, compare equal; `..` after a folder
-    /// that does not exist is taken as making the folders would take it.
-    #[test]
-    fn absolute_paths_resolve_what_exists_and_the_rest_lexically() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        let real = std::fs::canonicalize(&data).unwrap();
-        assert_eq!(absolute(&data), real);
-        assert_eq!(
-            absolute(&tmp.path().join("data/./run/a")),
-            real.join("run/a")
-        );
-        assert_eq!(
-            absolute(&tmp.path().join("absent/../data/run")),
-            real.join("run")
-        );
-        assert_eq!(absolute(&tmp.path().join("data/x/..")), real);
-        assert!(!absolute(&tmp.path().join("elsewhere/run")).starts_with(&real));
-    }
 }

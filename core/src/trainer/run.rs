@@ -53,20 +53,19 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     /// Build the run on one device (`runtime.main_device()`): folder, data, method and
     /// callbacks; restore a checkpoint when `opts.resume` says so.
     pub fn new(loaded: &'a LoadedConfig, opts: &TrainOptions) -> Result<Self, TrainError> {
-        Self::in_seat(
-            loaded,
-            opts,
-            Seat::single(loaded.config.runtime.main_device()),
-        )
+        let seat = Seat::single(loaded.config.runtime.main_device());
+        Self::in_seat(loaded, opts, seat, super::open_data(loaded)?)
     }
 
-    /// Build worker `seat.rank` of a data-parallel group (see [`crate::parallel`]): it reads
+    /// Build worker `seat.rank` of a data-parallel group (see [`crate::parallel`]) on the
+    /// config's data `source` ([`super::open_data`], shared by the group's workers): it reads
     /// its shard of each batch; only worker 0 writes files and runs the callbacks that are
     /// not [`Callback::on_every_worker`].
     pub fn in_seat(
         loaded: &'a LoadedConfig,
         opts: &TrainOptions,
         seat: Seat<<B as AutodiffBackend>::InnerBackend>,
+        source: Arc<dyn DataSource>,
     ) -> Result<Self, TrainError> {
         let cfg = &loaded.config;
         let run_dir = super::run_dir_for(loaded, opts.output_dir.as_deref());
@@ -74,10 +73,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             // A mistyped validation VAE path fails now, not at the first validation.
             loaded.check_callback_files()?;
         }
-        // Data, weights and callbacks come before the run folder: a mistyped path leaves no
-        // empty run behind.
+        // Weights and callbacks come before the run folder, as the data (opened by the
+        // caller) does: a mistyped path leaves no empty run behind.
         let device = B::device_for(seat.device);
-        let source: Arc<dyn DataSource> = Arc::from(cfg.data.build(&loaded.base_dir)?);
         if seat.is_main() {
             // A validation VAE whose latents are not the data's fails now too. (What the
             // run needs in memory was checked once, before any worker: `check_memory`.)

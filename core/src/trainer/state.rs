@@ -7,9 +7,10 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainError;
 use crate::callback::{Callback, CallbackContext};
-use crate::checkpoint::{read_tensors, CheckpointStore, TrainerState};
+use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState};
 use crate::data::DataSpec;
 use crate::method::{MethodError, TrainingMethod};
+use crate::role::RoleHandle;
 
 /// File name of a role's trainable weights inside a checkpoint.
 pub fn weights_file(role: &str) -> String {
@@ -117,11 +118,43 @@ pub(super) fn restore<B: AutodiffBackend>(
         let k = state.optimizer_steps.get(&name).copied().unwrap_or(0);
         role.load_optimizer_tensors(&o, k)
             .map_err(MethodError::from)?;
-        if dir.join(ema_file(&name)).is_file() {
-            let (e, _) = read_tensors(dir, &ema_file(&name))?;
-            role.load_ema_tensors(&e).map_err(MethodError::from)?;
-        }
+        load_ema_if_kept(dir, role)?;
     }
     method.load_state(&state.method_state)?;
     Ok(state)
+}
+
+/// Load the weights a run published in `dir` (its `final/` folder: each trainable role's
+/// weights and, where the run kept one, its EMA shadow) into a freshly built method. No
+/// optimizer or method state is read: for `sample`, `eval` and `export`, not for resuming.
+/// A role without its file is an error naming the file.
+pub(super) fn load_final<B: AutodiffBackend>(
+    dir: &Path,
+    method: &mut dyn TrainingMethod<B>,
+) -> Result<(), TrainError> {
+    for role in method.roles_mut() {
+        let name = role.name().to_string();
+        let file = dir.join(weights_file(&name));
+        if !file.is_file() {
+            let why = format!("missing: the final weights hold no file of role `{name}`");
+            return Err(CheckpointError::io(&file, why).into());
+        }
+        let (w, _) = read_tensors(dir, &weights_file(&name))?;
+        role.load_trainable_tensors(&w).map_err(MethodError::from)?;
+        load_ema_if_kept(dir, role)?;
+    }
+    Ok(())
+}
+
+/// Load `role`'s EMA shadow from `dir` when the run kept one there.
+fn load_ema_if_kept<B: AutodiffBackend>(
+    dir: &Path,
+    role: &mut dyn RoleHandle<B>,
+) -> Result<(), TrainError> {
+    let name = ema_file(role.name());
+    if dir.join(&name).is_file() {
+        let (e, _) = read_tensors(dir, &name)?;
+        role.load_ema_tensors(&e).map_err(MethodError::from)?;
+    }
+    Ok(())
 }

@@ -26,8 +26,8 @@ use reel_core::model::{
 };
 use reel_core::role::RoleConfig;
 
-use super::{AttentionMode, WanConfig, WanModel};
-use crate::lora::{apply_lora, lora_param_count, LoraSpec};
+use super::{AttentionMode, WanConfig, WanConfigError, WanModel};
+use crate::lora::{apply_lora, lora_param_count, LoraError, LoraSpec};
 
 /// The Wan keys of a `[models.<role>]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,22 +90,29 @@ impl WanArch {
     }
 }
 
-/// Parameters of `model` whose dotted path passes `keep` (shapes only: lazy ones stay so).
-fn count_params<B: burn::tensor::backend::Backend>(
-    model: &WanModel<B>,
-    keep: impl Fn(&str) -> bool,
-) -> u64 {
-    let shapes = reel_core::params::named_param_shapes(model);
-    let shapes = shapes.iter().filter(|s| keep(&s.path));
-    shapes
-        .map(|s| s.shape.iter().product::<usize>() as u64)
-        .sum()
-}
-
 /// The model of `cfg` with lazily initialised parameters: their shapes, no memory.
 fn lazy_model(cfg: &WanConfig) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
     cfg.try_init(&Default::default(), 0)
         .map_err(|e| ConfigError::new("preset", e.to_string()))
+}
+
+impl WanConfig {
+    /// Values in the model's parameters, counted on a lazily initialised model
+    /// ([`num_param_values`](reel_core::params::num_param_values)): nothing is allocated.
+    /// Errors as [`Self::try_init`].
+    pub fn num_params(&self) -> Result<u64, WanConfigError> {
+        let model = self.try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0)?;
+        Ok(reel_core::params::num_param_values(&model))
+    }
+
+    /// Values the LoRA adapter of `spec` would add to the model ([`lora_param_count`]),
+    /// counted on a lazily initialised model: nothing is allocated. A config that cannot
+    /// build a model is a [`LoraError::Spec`] naming why.
+    pub fn num_lora_params(&self, spec: &LoraSpec) -> Result<u64, LoraError> {
+        let mut model = (self.try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0))
+            .map_err(|e| LoraError::Spec(e.to_string()))?;
+        lora_param_count(&mut model, spec)
+    }
 }
 
 impl WanConfig {
@@ -174,8 +181,9 @@ impl ModelConfig for WanArch {
         _role: &RoleConfig,
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<Option<u64>, ConfigError> {
-        let model = lazy_model(&self.wan_config(resolve)?)?;
-        Ok(Some(count_params(&model, |_| true)))
+        let count = (self.wan_config(resolve)?.num_params())
+            .map_err(|e| ConfigError::new("preset", e.to_string()))?;
+        Ok(Some(count))
     }
 
     /// A LoRA's `A` and `B` of every targeted layer, counted from the layers' shapes on a
@@ -191,8 +199,7 @@ impl ModelConfig for WanArch {
         let Some(spec) = adapter.as_any().downcast_ref::<LoraSpec>() else {
             return Ok(None);
         };
-        let mut model = lazy_model(&self.wan_config(resolve)?)?;
-        let count = lora_param_count(&mut model, spec)
+        let count = (self.wan_config(resolve)?.num_lora_params(spec))
             .map_err(|e| ConfigError::new("adapter", e.to_string()))?;
         Ok(Some(count))
     }

@@ -16,9 +16,11 @@ use std::time::Instant;
 
 use reel_core::backend::ReelBackend;
 use reel_core::config::{parse_run_config, LoadedConfig};
+use reel_core::data::DataSpec;
 use reel_core::memory::allocator::pool_usage;
+use reel_core::parallel::Seat;
 use reel_core::profile;
-use reel_core::trainer::{TrainOptions, Trainer};
+use reel_core::trainer::{open_data, TrainOptions, Trainer};
 use reel_core::with_backend;
 use reel_models::wan::WanArch;
 use reel_models::WanConfig;
@@ -243,8 +245,10 @@ fn bench_run<B: ReelBackend>(
         output_dir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let mut trainer = Trainer::<B>::new(loaded, &opts)?;
-    let device = B::device_for(loaded.config.runtime.main_device());
+    let source = open_data(loaded)?;
+    let main = loaded.config.runtime.main_device();
+    let mut trainer = Trainer::<B>::in_seat(loaded, &opts, Seat::single(main), source.clone())?;
+    let device = B::device_for(main);
     let mut progress = Progress::new(label, total_steps(args));
     // One trainer step, synced, and its line on stderr; its time in ms.
     let mut step = |trainer: &mut Trainer<B>, kind: &str| -> anyhow::Result<f64> {
@@ -268,7 +272,7 @@ fn bench_run<B: ReelBackend>(
     for _ in 0..args.steps {
         plain.push(step(&mut trainer, "timed")?);
     }
-    let spec = trainer_spec(loaded)?;
+    let spec = trainer_spec(loaded, &source.spec());
     let mut b = summarize(label, loaded, spec, &steps, plain);
     b.pools_mib = pool_usage::<B>(&device).map(|u| PoolsMib {
         in_use: mib(u.in_use.into()),
@@ -277,13 +281,11 @@ fn bench_run<B: ReelBackend>(
     Ok(b)
 }
 
-/// Samples per step, tokens per sample (of the run's data and first Wan-like role) and the
-/// memory floor in MiB.
-fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize, f64)> {
+/// Samples per step, tokens per sample (of the run's data `s` and first Wan-like role) and
+/// the memory floor in MiB.
+fn trainer_spec(loaded: &LoadedConfig, s: &DataSpec) -> (usize, usize, f64) {
     let cfg = &loaded.config;
-    let source = cfg.data.build(&loaded.base_dir)?;
-    let s = source.spec();
-    let floor = mib(loaded.memory_floor(&s).total());
+    let floor = mib(loaded.memory_floor(s).total());
     let patch = cfg
         .models
         .values()
@@ -291,11 +293,11 @@ fn trainer_spec(loaded: &LoadedConfig) -> anyhow::Result<(usize, usize, f64)> {
         .find_map(|a| a.wan_config(|p| loaded.resolve(p)).ok())
         .map_or([1, 1, 1], |c| c.patch_size);
     let tokens = (s.frames / patch[0]) * (s.height / patch[1]) * (s.width / patch[2]);
-    Ok((
+    (
         cfg.data.batch_size() * cfg.training.grad_accumulation,
         tokens,
         floor,
-    ))
+    )
 }
 
 /// `bytes` in MiB.

@@ -179,13 +179,11 @@ fn umt5_row<B: Backend>(
     spec: &str,
     device: &B::Device,
 ) -> anyhow::Result<EncoderRow> {
-    let path = Path::new(spec);
-    let model = if spec == "umt5-xxl" {
-        Umt5Encoder::<B>::init(&Umt5Config::from_json_str(UMT5_XXL)?, device, 0)?
-    } else if path.extension().is_some_and(|e| e == "json") {
-        Umt5Encoder::init(&Umt5Config::from_json_file(path)?, device, 0)?
+    let config = umt5_config(spec)?;
+    let model = if is_folder_or_weights(spec) {
+        Umt5Encoder::load(spec, device).with_context(|| format!("--text-encoder {spec}"))?
     } else {
-        Umt5Encoder::load(path, device).with_context(|| format!("--text-encoder {spec}"))?
+        Umt5Encoder::<B>::init(&config, device, 0)?
     };
     let [b, l] = [args.batch, args.text_len];
     let vocab = model.config.vocab_size as u64;
@@ -204,4 +202,23 @@ fn umt5_row<B: Backend>(
         peak_rss_mib: peak_rss_mib(),
         kernels: format!("matmul {}", pin::<B>()),
     })
+}
+
+/// Whether `--text-encoder spec` names weights to load (a `text_encoder/` folder or a weights
+/// file), not a config of random weights (`umt5-xxl`, a `.json`).
+fn is_folder_or_weights(spec: &str) -> bool {
+    spec != "umt5-xxl" && Path::new(spec).extension().is_none_or(|e| e != "json")
+}
+
+/// The UMT5 configuration `--text-encoder spec` names: Wan's UMT5-XXL, a `config.json`, or
+/// that of a `text_encoder/` folder (or of a weights file beside its `config.json`).
+pub(super) fn umt5_config(spec: &str) -> anyhow::Result<Umt5Config> {
+    let config = if spec == "umt5-xxl" {
+        Umt5Config::from_json_str(UMT5_XXL)?
+    } else if is_folder_or_weights(spec) {
+        Umt5Config::of_pretrained(spec)?
+    } else {
+        Umt5Config::from_json_file(spec)?
+    };
+    Ok(config)
 }

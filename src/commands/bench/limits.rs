@@ -5,25 +5,20 @@
 use reel_core::backend::CpuBackend;
 use reel_core::config::Precision;
 use reel_core::memory::{available_for, gib};
-use reel_core::params::named_param_shapes;
-use reel_models::lora::lora_param_count;
+use reel_core::params::num_param_values;
+use reel_models::umt5::{Umt5Config, Umt5Encoder};
 use reel_models::WanConfig;
 
 use super::{lora_spec, BenchArgs};
 
 /// Parameters of `cfg`'s model, all and trained (every weight, or the LoRA adapter's for a
-/// rank above 0), counted from their shapes on a lazily initialised model: nothing is
-/// allocated (`apply_lora` would fill the frozen weights to freeze them).
+/// rank above 0), counted from their shapes: nothing is allocated.
 fn param_counts(args: &BenchArgs, cfg: &WanConfig, rank: usize) -> anyhow::Result<(u128, u128)> {
-    let mut model = cfg.try_init::<CpuBackend>(&Default::default(), 0)?;
-    let shapes = named_param_shapes(&model).into_iter();
-    let base: u128 = shapes
-        .map(|s| s.shape.iter().map(|&n| n as u128).product::<u128>())
-        .sum();
+    let base = cfg.num_params()? as u128;
     if rank == 0 {
         return Ok((base, base));
     }
-    let adapter = lora_param_count(&mut model, &lora_spec(args, rank))? as u128;
+    let adapter = cfg.num_lora_params(&lora_spec(args, rank))? as u128;
     Ok((base + adapter, adapter))
 }
 
@@ -105,6 +100,31 @@ pub(super) fn check_video_memory(args: &BenchArgs) -> anyhow::Result<()> {
         &format!("--video {:?}", args.video),
         "the decoded video and the video encoded, float32",
         "use a smaller --video",
+    )
+}
+
+/// `--text-encoder` holds at least the encoder's weights (float32, counted on a lazily built
+/// model: nothing is allocated) and one layer's attention scores `[B, heads, L, L]` twice
+/// (with the position bias): a model or batch beyond the bench device's memory (UMT5-XXL's
+/// 5.7 B parameters on a small host) is refused before its weights are drawn.
+pub(super) fn check_text_encoder_memory(
+    args: &BenchArgs,
+    spec: &str,
+    config: &Umt5Config,
+) -> anyhow::Result<()> {
+    let model = Umt5Encoder::<CpuBackend>::init(config, &Default::default(), 0)?;
+    let weights = num_param_values(&model) as u128;
+    let [b, l] = [args.batch as u128, args.text_len as u128];
+    let scores = 2 * b * config.num_heads as u128 * l * l;
+    within_device(
+        args,
+        4 * (weights + scores),
+        &format!(
+            "--text-encoder {spec} with --batch {} --text-len {}",
+            args.batch, args.text_len
+        ),
+        "its float32 weights and one layer's attention scores",
+        "use a device with more memory, or a smaller --batch or --text-len",
     )
 }
 

@@ -31,6 +31,7 @@ mod scaling;
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
 use reel_core::backend::{BackendName, ReelBackend};
@@ -499,6 +500,11 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
     if args.vae.is_some() {
         limits::check_video_memory(args)?;
     }
+    if let Some(spec) = &args.text_encoder {
+        let config =
+            encoders::umt5_config(spec).with_context(|| format!("--text-encoder {spec}"))?;
+        limits::check_text_encoder_memory(args, spec, &config)?;
+    }
     if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu && args.config.is_none() {
         anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
     }
@@ -667,6 +673,44 @@ mod tests {
         }
         let ok = Cli::try_parse_from(["bench"]).expect("defaults parse");
         check_args(&ok.bench).expect("the defaults are valid");
+    }
+
+    /// The text encoder's weights and attention scores are counted before any is drawn: a
+    /// model or prompt length beyond memory is refused naming the flags, a small one passes,
+    /// and an unreadable `--text-encoder` is named.
+    #[test]
+    fn a_text_encoder_beyond_memory_is_refused_before_it_is_built() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |vocab: u64| {
+            let path = dir.path().join(format!("umt5-{vocab}.json"));
+            let json = format!(
+                r#"{{"vocab_size": {vocab}, "d_model": 8, "d_kv": 4, "d_ff": 16,
+                    "num_layers": 1, "num_heads": 2}}"#
+            );
+            std::fs::write(&path, json).unwrap();
+            path.to_string_lossy().into_owned()
+        };
+        let parse = |flags: &[&str]| {
+            let flags = std::iter::once("bench").chain(flags.iter().copied());
+            Cli::try_parse_from(flags).expect("flags parse").bench
+        };
+        check_args(&parse(&["--text-encoder", &config(300)])).expect("a tiny encoder fits");
+        let missing = dir.path().join("no_encoder").to_string_lossy().into_owned();
+        let e = refusal(&["--text-encoder", &missing]);
+        assert!(e.contains(&format!("--text-encoder {missing}")), "{e}");
+        if reel_core::memory::available_for(super::BackendName::Cpu, &[0]).is_some() {
+            let huge = config(1 << 40);
+            let e = refusal(&["--text-encoder", &huge]);
+            assert!(
+                e.contains(&format!("--text-encoder {huge}")) && e.contains("needs at least"),
+                "{e}"
+            );
+            let e = refusal(&["--text-encoder", "umt5-xxl", "--text-len", "10000000"]);
+            assert!(
+                e.contains("--text-len 10000000") && e.contains("needs at least"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
