@@ -142,6 +142,17 @@ fn catalogue() -> Vec<(&'static str, Edit, &'static [&'static str])> {
             &["`models.student.bogus`", "unknown field"],
         ),
         (
+            "a mistyped key every role takes: listed with the architecture's",
+            Replace("trainable = true", "trainabel = true"),
+            &[
+                "`models.student.trainabel`",
+                "`trainable`",
+                "`gradient_checkpointing`",
+                "`preset`",
+                "`arch`",
+            ],
+        ),
+        (
             "bad value in a callback, set with the key form errors use",
             Set(&["callbacks[2].num_prompts=-1"]),
             &["`callbacks[2].num_prompts`", "-1"],

@@ -137,9 +137,30 @@ impl<'de> Deserialize<'de> for RoleConfig {
         }
         let keys = RoleKeys::deserialize(toml::Value::Table(shared)).map_err(D::Error::custom)?;
         let model = Box::<dyn ModelConfig>::deserialize(toml::Value::Table(arch))
-            .map_err(D::Error::custom)?;
+            .map_err(|e| D::Error::custom(with_role_keys(e.to_string())))?;
         Ok(RoleConfig { model, keys })
     }
+}
+
+/// An architecture's "unknown field `x`, expected one of `a`, `b`" with the keys it does not
+/// know but every role table takes (`arch` and [`ROLE_KEYS`]) added to the list: a mistyped
+/// `trainable` is shown its spelling. Other messages are returned as they are.
+fn with_role_keys(message: String) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message;
+    };
+    let Some((field, _)) = rest.split_once('`') else {
+        return message;
+    };
+    // Backquoted names alternate with the text between them: the field, then the list.
+    let listed = message.split('`').skip(3).step_by(2);
+    let keys: Vec<String> = (std::iter::once("arch").chain(listed).chain(ROLE_KEYS))
+        .map(|k| format!("`{k}`"))
+        .collect();
+    format!(
+        "unknown field `{field}`, expected one of {}",
+        keys.join(", ")
+    )
 }
 
 impl Serialize for RoleConfig {

@@ -243,26 +243,52 @@ pub fn read_caption_list(path: &Path) -> anyhow::Result<BTreeMap<String, String>
 fn json_rows(text: &str) -> Result<Vec<(String, String)>, String> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let rows = value.as_array().ok_or("expected a JSON array of objects")?;
-    rows.iter()
-        .enumerate()
-        .map(|(i, row)| {
-            let field = |names: &[&str]| names.iter().find_map(|n| row.get(*n));
-            let path = field(&["path", "file_name"]).and_then(|v| v.as_str());
-            let caption = match field(&["caption", "cap"]) {
-                Some(serde_json::Value::String(s)) => Some(s.clone()),
-                Some(serde_json::Value::Array(a)) => {
-                    a.first().and_then(|v| v.as_str()).map(str::to_string)
-                }
-                _ => None,
-            };
-            match (path, caption) {
-                (Some(p), Some(c)) => Ok((p.to_string(), c)),
-                _ => Err(format!(
-                    "record {i}: expected `path` and `caption` (or `cap`)"
-                )),
-            }
-        })
+    (rows.iter().enumerate())
+        .map(|(i, row)| json_row(row).map_err(|e| format!("record {i}: {e}")))
         .collect()
+}
+
+/// One JSON record's `(path, caption)`; what is missing or of the wrong type is named.
+fn json_row(row: &serde_json::Value) -> Result<(String, String), String> {
+    use serde_json::Value;
+    if !row.is_object() {
+        return Err(format!(
+            "expected an object with `path` and `caption`, found {}",
+            json_kind(row)
+        ));
+    }
+    let field = |names: &[&'static str]| names.iter().find_map(|&n| Some((n, row.get(n)?)));
+    let path = match field(&["path", "file_name"]) {
+        Some((_, Value::String(p))) => p.clone(),
+        Some((name, v)) => return Err(format!("`{name}` is {}, expected a string", json_kind(v))),
+        None => return Err("expected `path` (or `file_name`) and `caption` (or `cap`)".into()),
+    };
+    match field(&["caption", "cap"]) {
+        Some((_, Value::String(c))) => Ok((path, c.clone())),
+        Some((_, Value::Array(a))) if a.first().is_some_and(Value::is_string) => {
+            Ok((path, a[0].as_str().unwrap_or_default().to_string()))
+        }
+        Some((name, v)) => Err(format!(
+            "`{name}` of {path} is {}, expected a string (or, as FastVideo's `cap`, a list of \
+             strings)",
+            json_kind(v)
+        )),
+        None => Err(format!("{path} has no `caption` (or `cap`)")),
+    }
+}
+
+/// What a JSON value is, for an error: `the number 12`, `an empty list`, ...
+fn json_kind(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(_) => "a string".into(),
+        Value::Array(a) if a.is_empty() => "an empty list".into(),
+        Value::Array(_) => "a list whose first item is not a string".into(),
+        Value::Object(_) => "an object".into(),
+    }
 }
 
 fn csv_rows(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -410,9 +436,36 @@ mod tests {
         std::fs::write(&json, r#"[{"path": "c.gif"}]"#).unwrap();
         let err = read_caption_list(&json).unwrap_err().to_string();
         assert!(
-            err.contains("list.json") && err.contains("record 0"),
+            err.contains("list.json: record 0: c.gif has no `caption`"),
             "{err}"
         );
+        // A value of the wrong type is named with its key, its record and what it is.
+        let wrong = [
+            (
+                r#"[{"path": "a.png", "caption": 12}]"#,
+                "`caption` of a.png is the number 12",
+            ),
+            (
+                r#"[{"path": "a.png", "cap": []}]"#,
+                "`cap` of a.png is an empty list",
+            ),
+            (
+                r#"[{"path": ["a.png"], "caption": "x"}]"#,
+                "`path` is a list",
+            ),
+            (
+                r#"[{"path": "a.png", "caption": "x"}, "b.png"]"#,
+                "record 1: expected an object",
+            ),
+        ];
+        for (text, says) in wrong {
+            std::fs::write(&json, text).unwrap();
+            let err = read_caption_list(&json).unwrap_err().to_string();
+            assert!(
+                err.contains("list.json: record") && err.contains(says),
+                "{err}"
+            );
+        }
         // `.JSON` is JSON; CSV headers match in any case; a header naming neither column
         // (tab-separated here) is quoted in the error.
         let upper = d.join("LIST.JSON");
