@@ -1,5 +1,6 @@
 //! Paths compared as folders: two spellings of one folder (links, `.` and `..`, relative or
-//! absolute) made equal, for checks such as "does this run folder lie in the data's folder".
+//! absolute) made equal, and whether a path lies in a folder as a search of it would reach
+//! it, for checks such as "does this run folder lie in the data's folder".
 
 use std::path::{Component, Path, PathBuf};
 
@@ -20,13 +21,27 @@ pub fn resolved(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
-/// `path` made absolute as written: links are not resolved, `..` drops the name before it.
-pub fn as_written(path: &Path) -> PathBuf {
+/// Whether `path`, followed from the root one name at a time, enters `folder` and stays in
+/// it, as a search of `folder` that follows links would reach it: a name below a folder
+/// inside stays inside even through a link (`data/runs -> /scratch`: `data/runs/a` lies in
+/// `data`), while a `..` is taken where its links lead (`data/link/../a` with
+/// `data/link -> /scratch/x` is `/scratch/a`, outside). Parts that do not exist yet are
+/// taken as making the folders would take them.
+pub fn lies_in(path: &Path, folder: &Path) -> bool {
     let Ok(full) = std::path::absolute(path) else {
-        return path.to_path_buf();
+        return resolved(path).starts_with(resolved(folder));
     };
-    let parts: Vec<_> = full.components().collect();
-    push_lexically(PathBuf::new(), &parts)
+    let folder = resolved(folder);
+    let mut prefix = PathBuf::new();
+    let mut inside = false;
+    for part in full.components() {
+        prefix.push(part);
+        // Descending from a folder inside keeps inside; anything else is judged afresh.
+        if !(inside && matches!(part, Component::Normal(_))) {
+            inside = resolved(&prefix).starts_with(&folder);
+        }
+    }
+    inside
 }
 
 /// `base` with `parts` pushed, `.` skipped and `..` popping the last name.
@@ -45,7 +60,7 @@ fn push_lexically(base: PathBuf, parts: &[Component]) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::{as_written, resolved};
+    use super::{lies_in, resolved};
 
     /// Two spellings of one folder, existing or not yet, compare equal; `..` after a folder
     /// that does not exist is taken as making the folders would take it.
@@ -66,19 +81,21 @@ mod tests {
         );
         assert_eq!(resolved(&tmp.path().join("data/x/..")), real);
         assert!(!resolved(&tmp.path().join("elsewhere/run")).starts_with(&real));
-        // As written: a link stays, `..` and `.` fold.
-        let written = as_written(&tmp.path().join("data/./link/../run"));
-        assert_eq!(written, as_written(tmp.path()).join("data/run"));
-        assert!(written.is_absolute());
-        // A link inside the folder to another folder: resolved leaves the folder, as
-        // written stays in it.
+        // A link inside the folder to another folder: the path through it lies in the
+        // folder (a search following links reaches it), a `..` after it does not.
         #[cfg(unix)]
         {
-            std::fs::create_dir(tmp.path().join("elsewhere")).unwrap();
-            std::os::unix::fs::symlink(tmp.path().join("elsewhere"), data.join("link")).unwrap();
-            let run = data.join("link/run");
-            assert!(!resolved(&run).starts_with(&real));
-            assert!(as_written(&run).starts_with(as_written(&data)));
+            let elsewhere = tmp.path().join("elsewhere");
+            std::fs::create_dir(&elsewhere).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, data.join("link")).unwrap();
+            assert!(!resolved(&data.join("link/run")).starts_with(&real));
+            assert!(lies_in(&data.join("link/run"), &data));
+            assert!(!lies_in(&data.join("link/../../outside"), &data));
+            assert!(!lies_in(&elsewhere.join("run"), &data));
         }
+        assert!(lies_in(&tmp.path().join("absent/../data/run"), &data));
+        assert!(lies_in(&data, &data));
+        assert!(!lies_in(&tmp.path().join("data-2/run"), &data));
+        assert!(!lies_in(&data.join("../run"), &data));
     }
 }

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use reel_core::backend::CpuBackend;
-use reel_core::checkpoint::MANIFEST;
+use reel_core::checkpoint::Manifest;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
@@ -92,10 +92,14 @@ impl ExportFormat {
 /// Refuse an output folder whose files the export would replace (unless `force`), or that
 /// holds a sharded diffusers model: its index would still be loaded in place of the export.
 fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()> {
+    // A checkpoint is a folder whose `manifest.json` reads as one (not any project's).
     let resolved = reel_core::paths::resolved(out);
-    if let Some(checkpoint) = resolved.ancestors().find(|a| a.join(MANIFEST).is_file()) {
+    let is_checkpoint = |dir: &Path| Manifest::read(dir).is_ok();
+    if let Some(checkpoint) = resolved.ancestors().find(|a| is_checkpoint(a)) {
         bail!(
-            "--out {} lies in the checkpoint folder {}: a run's checkpoint rotation              (`training.keep_last`) deletes whole checkpoint folders, the export with them;              export into another folder",
+            "--out {} lies in the checkpoint folder {}: a run's checkpoint rotation \
+             (`training.keep_last`) deletes whole checkpoint folders, the export with them; \
+             export into another folder",
             out.display(),
             checkpoint.display()
         );
@@ -221,7 +225,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         .filter_map(|(name, role)| Some((name.clone(), loaded.resolve(role.weights.as_ref()?))))
         .collect();
     check_not_weights(&args.out, args.format, &weights)?;
-    let dir = weights_folder(&args.checkpoint)?;
+    let dir = weights_folder(&args.checkpoint, &loaded)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
         ExportFormat::Diffusers => {
@@ -261,21 +265,26 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reel_core::checkpoint::{CheckpointStore, MANIFEST};
 
     /// An export inside a checkpoint folder would be deleted with it by the rotation: refused,
     /// even with `--force`; a folder beside it is not.
     #[test]
     fn an_output_folder_in_a_checkpoint_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let step = dir.path().join("run/checkpoints/step-00000004");
-        std::fs::create_dir_all(&step).unwrap();
-        std::fs::write(step.join(MANIFEST), b"{}").unwrap();
+        let store = CheckpointStore::at(&dir.path().join("run/checkpoints"));
+        let pending = store.begin(4).unwrap();
+        pending.write_bytes("state.json", b"{}").unwrap();
+        let step = store.commit(pending, "fingerprint").unwrap();
+        // A project's own `manifest.json` above `--out` is no checkpoint.
+        std::fs::write(dir.path().join(MANIFEST), b"{\"name\": \"app\"}").unwrap();
+        check_out(&dir.path().join("exported"), ExportFormat::Lora, false).unwrap();
         for out in [step.clone(), step.join("exported/lora")] {
             let err = check_out(&out, ExportFormat::Lora, true)
                 .unwrap_err()
                 .to_string();
             assert!(
-                err.contains("lies in the checkpoint folder") && err.contains("keep_last"),
+                err.contains("lies in the checkpoint folder") && err.contains("rotation (`"),
                 "{err}"
             );
         }

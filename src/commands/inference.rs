@@ -105,10 +105,15 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The folder whose weights `sample`, `eval` and `export` read: a run's `final/` folder (or
-/// a copy of it: weights without a manifest) as it is, else the checkpoint
-/// [`resolve_checkpoint`] finds.
-pub fn weights_folder(path: &Path) -> anyhow::Result<PathBuf> {
-    if holds_final_weights(path) {
+/// a copy of it: the weights of every trainable role of `loaded`, nothing of a checkpoint,
+/// see [`holds_final_weights`]) as it is, else the checkpoint [`resolve_checkpoint`] finds.
+pub fn weights_folder(path: &Path, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
+    let models = &loaded.config.models;
+    let trainable: Vec<&str> = (models.iter())
+        .filter(|(_, role)| role.trainable)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    if holds_final_weights(path, &trainable) {
         return Ok(path.to_path_buf());
     }
     resolve_checkpoint(path)
@@ -165,19 +170,19 @@ pub fn load<B: ReelBackend>(
     let checkpoint = match src.untrained {
         true => None,
         false => {
-            Some(weights_folder(src.checkpoint.as_ref().context(
-                "give a checkpoint or run folder (or --untrained)",
-            )?)?)
+            let path = src.checkpoint.as_ref();
+            let path = path.context("give a checkpoint or run folder (or --untrained)")?;
+            Some(weights_folder(path, loaded)?)
         }
     };
     let (source, stand_in) = data_source(loaded, checkpoint.as_deref(), stand_in)?;
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut ema = false;
     if let Some(dir) = &checkpoint {
-        if holds_final_weights(dir) {
-            load_final_into(dir, &mut *method)?;
-        } else {
+        if dir.join(MANIFEST).is_file() {
             load_checkpoint_into(dir, &mut *method)?;
+        } else {
+            load_final_into(dir, &mut *method)?;
         }
         if !src.no_ema {
             let role = method.sampling_role().to_string();

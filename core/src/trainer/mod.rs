@@ -251,15 +251,26 @@ pub fn load_final_into<B: AutodiffBackend>(
     state::load_final(dir, method)
 }
 
-/// Whether `dir` holds a run's published weights, as its `final/` folder does: weight files
-/// without the manifest of a checkpoint.
-pub fn holds_final_weights(dir: &Path) -> bool {
+/// Whether `dir` holds a run's published weights for the trainable `roles`, as its `final/`
+/// folder (or a copy of it) does: each role's weights file, and nothing of a checkpoint: no
+/// manifest, state or optimizer file, and not a step folder (`step-*`) or one a save left
+/// unfinished (`.tmp-*`), which are read only verified, or refused.
+pub fn holds_final_weights(dir: &Path, roles: &[&str]) -> bool {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let step_folder = name.is_some_and(|n| n.starts_with("step-") || n.starts_with(".tmp-"));
+    let checkpoint_file = |f: &str| {
+        f == crate::checkpoint::MANIFEST || f == "state.json" || f.ends_with(".optim.safetensors")
+    };
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
-    let weights = |name: &str| name.ends_with(".safetensors") && !name.starts_with('.');
-    !dir.join(crate::checkpoint::MANIFEST).is_file()
-        && (entries.flatten()).any(|e| weights(&e.file_name().to_string_lossy()))
+    let mut files = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    !roles.is_empty()
+        && !step_folder
+        && roles.iter().all(|r| dir.join(weights_file(r)).is_file())
+        && !files.any(|f| checkpoint_file(&f))
 }
 
 /// Train a run to `max_steps` (or until interrupted) on backend `B`: on `runtime.device`,
@@ -310,10 +321,8 @@ pub fn check_run_outside_data(
     };
     let data = loaded.base_dir.join(data);
     let run_dir = run_dir_for(loaded, output);
-    // Compared resolved and as written: the data's file search follows links, so a run
-    // under a link in the data's folder (`data/runs -> /scratch`) is read as data too.
-    let inside = |path: fn(&Path) -> PathBuf| path(&run_dir).starts_with(path(&data));
-    if !inside(paths::resolved) && !inside(paths::as_written) {
+    // As the data's file search reaches it: through links too (`data/runs -> /scratch`).
+    if !paths::lies_in(&run_dir, &data) {
         return Ok(());
     }
     let data = paths::resolved(&data);
@@ -362,7 +371,12 @@ impl EarlierRun {
         if let Some((step, _)) = CheckpointStore::new(run_dir, 1).list().into_iter().next() {
             return Some(Self::Checkpoints(step));
         }
-        holds_final_weights(&run_dir.join("final")).then_some(Self::FinalWeights)
+        // Any weights there count: the run that wrote them may have had other roles.
+        let entries = std::fs::read_dir(run_dir.join("final")).ok()?;
+        let weights = |name: &str| name.ends_with(".safetensors") && !name.starts_with('.');
+        (entries.flatten())
+            .any(|e| weights(&e.file_name().to_string_lossy()))
+            .then_some(Self::FinalWeights)
     }
 
     /// How to go on: continue the run if it can be, else train elsewhere or delete it.
@@ -470,4 +484,52 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_final_weights;
+
+    /// A `final/` folder (or a copy) is told by its roles' weights; a run folder holding
+    /// sampled clips, a step folder without its manifest, an unfinished save and a folder
+    /// of another config's roles are not.
+    #[test]
+    fn final_weights_are_told_from_checkpoints_and_run_folders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let folder = |name: &str, files: &[&str]| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in files {
+                std::fs::write(dir.join(f), b"").unwrap();
+            }
+            dir
+        };
+        let weights = ["student.safetensors", "student.ema.safetensors"];
+        let student = ["student"];
+        assert!(holds_final_weights(&folder("final", &weights), &student));
+        assert!(holds_final_weights(
+            &folder("copy", &weights[..1]),
+            &student
+        ));
+        let run = folder("run", &["0-a_clip.safetensors", "config.resolved.toml"]);
+        std::fs::create_dir(run.join("checkpoints")).unwrap();
+        assert!(!holds_final_weights(&run, &student));
+        for (name, extra) in [
+            ("step-00000004", None),
+            (".tmp-step-00000004-7", None),
+            ("with_state", Some("state.json")),
+            ("with_optimizer", Some("student.optim.safetensors")),
+            ("with_manifest", Some("manifest.json")),
+        ] {
+            let files: Vec<&str> = weights.iter().copied().chain(extra).collect();
+            assert!(
+                !holds_final_weights(&folder(name, &files), &student),
+                "{name}"
+            );
+        }
+        let two = folder("two", &weights);
+        assert!(!holds_final_weights(&two, &["student", "critic"]));
+        assert!(!holds_final_weights(&two, &[]));
+        assert!(!holds_final_weights(&tmp.path().join("absent"), &student));
+    }
 }

@@ -126,8 +126,8 @@ pub(super) fn restore<B: AutodiffBackend>(
 
 /// Load the weights a run published in `dir` (its `final/` folder: each trainable role's
 /// weights and, where the run kept one, its EMA shadow) into a freshly built method. No
-/// optimizer or method state is read: for `sample`, `eval` and `export`, not for resuming.
-/// A role without its file is an error naming the file.
+/// optimizer or method state is read: for `sample` and `eval`, not for resuming. A role
+/// without its file is an error naming the file.
 pub(super) fn load_final<B: AutodiffBackend>(
     dir: &Path,
     method: &mut dyn TrainingMethod<B>,
