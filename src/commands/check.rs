@@ -1,8 +1,9 @@
 //! `reel check`: validate a config completely without training: the TOML, every plugin's
 //! values, the files the roles name (architecture configs, weight headers; no tensor data is
-//! read), and the data: its source opens (a parquet set's footers, a safetensors folder's headers) and
-//! every role's model fits its latents (channels, text width, patch), as `reel train` would
-//! find when building the roles; and no file stands where the run folder must be made.
+//! read), and the data: its source opens (a parquet set's footers, a safetensors folder's
+//! headers) and every role's model fits its latents (channels, text width, patch), as `reel
+//! train` would find when building the roles; and no file stands where the run folder must be
+//! made.
 //!
 //! The values are checked first and the first bad one stops the check (later keys may depend
 //! on it); past them, every problem is listed: a backend this binary lacks, each role's and

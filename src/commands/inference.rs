@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use reel_core::backend::ReelBackend;
-use reel_core::checkpoint::{CheckpointStore, Manifest, TrainerState, MANIFEST};
+use reel_core::checkpoint::{CheckpointStore, Manifest, TrainerState, MANIFEST, STATE_FILE};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::data::{DataConfig as _, DataSource, DataSpec};
 use reel_core::method::TrainingMethod;
@@ -108,12 +108,7 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
 /// a copy of it: the weights of every trainable role of `loaded`, nothing of a checkpoint,
 /// see [`holds_final_weights`]) as it is, else the checkpoint [`resolve_checkpoint`] finds.
 pub fn weights_folder(path: &Path, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
-    let models = &loaded.config.models;
-    let trainable: Vec<&str> = (models.iter())
-        .filter(|(_, role)| role.trainable)
-        .map(|(name, _)| name.as_str())
-        .collect();
-    if holds_final_weights(path, &trainable) {
+    if holds_final_weights(path, &loaded.config.trainable_roles()) {
         return Ok(path.to_path_buf());
     }
     resolve_checkpoint(path)
@@ -221,7 +216,7 @@ fn data_source(
         .and_then(|dir| Some((dir, TrainerState::read(dir).ok()?.data_spec?)));
     let (spec, from) = match (recorded, stand_in) {
         (Some((dir, spec)), _) => {
-            let from = format!("the shapes {} recorded", dir.join("state.json").display());
+            let from = format!("the shapes {} recorded", dir.join(STATE_FILE).display());
             (spec, from)
         }
         (None, StandIn::RecordedOr(Some(spec))) => {

@@ -12,6 +12,9 @@ use super::CheckpointError;
 
 /// Manifest file name inside a checkpoint folder.
 pub const MANIFEST: &str = "manifest.json";
+/// The trainer's state (step, RNG, optimizer steps: [`super::TrainerState`]) inside a
+/// checkpoint folder.
+pub const STATE_FILE: &str = "state.json";
 /// Manifest format version.
 pub const FORMAT_VERSION: u32 = 1;
 

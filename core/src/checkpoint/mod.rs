@@ -113,11 +113,11 @@ pub struct TrainerState {
 impl TrainerState {
     /// Read the `state.json` of checkpoint folder `dir`.
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
-        let path = dir.join("state.json");
+        let path = dir.join(STATE_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
         serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
             dir: dir.to_path_buf(),
-            reason: format!("state.json: {e}"),
+            reason: format!("{STATE_FILE}: {e}"),
         })
     }
 }

@@ -257,6 +257,14 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// Names of the trainable roles of `[models]`, in table order.
+    pub fn trainable_roles(&self) -> Vec<&str> {
+        (self.models.iter())
+            .filter(|(_, r)| r.trainable)
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+
     /// Check everything that can be checked without loading weights or data: ranges, backend,
     /// registered architectures, the method's roles, adapters, callbacks.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -433,15 +441,12 @@ impl RunConfig {
     /// `[models]`, and no two callbacks keep one of the same role: a role has one shadow,
     /// which both would update.
     fn check_callback_roles(&self) -> Result<(), ConfigError> {
-        let trainable: Vec<&String> = (self.models.iter())
-            .filter(|(_, r)| r.trainable)
-            .map(|(n, _)| n)
-            .collect();
+        let trainable = self.trainable_roles();
         let mut owner: BTreeMap<String, usize> = BTreeMap::new();
         for (i, cb) in self.callbacks.iter().enumerate() {
             for role in cb.copies_of_roles() {
                 let key = format!("callbacks[{i}]");
-                if !trainable.contains(&&role) {
+                if !trainable.contains(&role.as_str()) {
                     return Err(ConfigError::new(
                         key,
                         format!(

@@ -26,7 +26,7 @@ pub use state::{ema_file, optim_file, weights_file};
 
 use crate::backend::ReelBackend;
 use crate::callback::CallbackError;
-use crate::checkpoint::{CheckpointError, CheckpointStore, TrainerState};
+use crate::checkpoint::{CheckpointError, CheckpointStore, TrainerState, MANIFEST, STATE_FILE};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::data::{DataError, DataSource, DataSpec};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
@@ -258,9 +258,8 @@ pub fn load_final_into<B: AutodiffBackend>(
 pub fn holds_final_weights(dir: &Path, roles: &[&str]) -> bool {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
     let step_folder = name.is_some_and(|n| n.starts_with("step-") || n.starts_with(".tmp-"));
-    let checkpoint_file = |f: &str| {
-        f == crate::checkpoint::MANIFEST || f == "state.json" || f.ends_with(".optim.safetensors")
-    };
+    let checkpoint_file =
+        |f: &str| f == MANIFEST || f == STATE_FILE || f.ends_with(".optim.safetensors");
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
@@ -373,7 +372,7 @@ impl EarlierRun {
         }
         // Any weights there count: the run that wrote them may have had other roles.
         let entries = std::fs::read_dir(run_dir.join("final")).ok()?;
-        let weights = |name: &str| name.ends_with(".safetensors") && !name.starts_with('.');
+        let weights = |name: &str| name.ends_with(".safetensors");
         (entries.flatten())
             .any(|e| weights(&e.file_name().to_string_lossy()))
             .then_some(Self::FinalWeights)

@@ -7,7 +7,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainError;
 use crate::callback::{Callback, CallbackContext};
-use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState};
+use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState, STATE_FILE};
 use crate::data::DataSpec;
 use crate::method::{MethodError, TrainingMethod};
 use crate::role::RoleHandle;
@@ -94,7 +94,7 @@ pub(super) fn save<B: AutodiffBackend>(
     };
     let json = serde_json::to_string_pretty(&state)
         .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));
-    pending.write_bytes("state.json", json.as_bytes())?;
+    pending.write_bytes(STATE_FILE, json.as_bytes())?;
     pending.write_bytes("config.toml", at.resolved_toml.as_bytes())?;
     for cb in callbacks.iter_mut() {
         cb.on_checkpoint(ctx, pending.dir())?;
@@ -134,12 +134,12 @@ pub(super) fn load_final<B: AutodiffBackend>(
 ) -> Result<(), TrainError> {
     for role in method.roles_mut() {
         let name = role.name().to_string();
-        let file = dir.join(weights_file(&name));
-        if !file.is_file() {
+        let file = weights_file(&name);
+        if !dir.join(&file).is_file() {
             let why = format!("missing: the final weights hold no file of role `{name}`");
-            return Err(CheckpointError::io(&file, why).into());
+            return Err(CheckpointError::io(&dir.join(&file), why).into());
         }
-        let (w, _) = read_tensors(dir, &weights_file(&name))?;
+        let (w, _) = read_tensors(dir, &file)?;
         role.load_trainable_tensors(&w).map_err(MethodError::from)?;
         load_ema_if_kept(dir, role)?;
     }

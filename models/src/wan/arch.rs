@@ -18,6 +18,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
+use reel_core::backend::CpuBackend;
 use reel_core::config::{ConfigError, Precision};
 use reel_core::method::BuildContext;
 use reel_core::model::{
@@ -90,27 +91,30 @@ impl WanArch {
     }
 }
 
-/// The model of `cfg` with lazily initialised parameters: their shapes, no memory.
-fn lazy_model(cfg: &WanConfig) -> Result<WanModel<reel_core::backend::CpuBackend>, ConfigError> {
-    cfg.try_init(&Default::default(), 0)
+/// The model of `cfg` with lazily initialised parameters, its error keyed `preset`.
+fn lazy_model(cfg: &WanConfig) -> Result<WanModel<CpuBackend>, ConfigError> {
+    cfg.lazy()
         .map_err(|e| ConfigError::new("preset", e.to_string()))
 }
 
 impl WanConfig {
+    /// The model with lazily initialised parameters: their shapes, no memory.
+    fn lazy(&self) -> Result<WanModel<CpuBackend>, WanConfigError> {
+        self.try_init(&Default::default(), 0)
+    }
+
     /// Values in the model's parameters, counted on a lazily initialised model
     /// ([`num_param_values`](reel_core::params::num_param_values)): nothing is allocated.
     /// Errors as [`Self::try_init`].
     pub fn num_params(&self) -> Result<u64, WanConfigError> {
-        let model = self.try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0)?;
-        Ok(reel_core::params::num_param_values(&model))
+        Ok(reel_core::params::num_param_values(&self.lazy()?))
     }
 
     /// Values the LoRA adapter of `spec` would add to the model ([`lora_param_count`]),
     /// counted on a lazily initialised model: nothing is allocated. A config that cannot
     /// build a model is a [`LoraError::Spec`] naming why.
     pub fn num_lora_params(&self, spec: &LoraSpec) -> Result<u64, LoraError> {
-        let mut model = (self.try_init::<reel_core::backend::CpuBackend>(&Default::default(), 0))
-            .map_err(|e| LoraError::Spec(e.to_string()))?;
+        let mut model = self.lazy().map_err(|e| LoraError::Spec(e.to_string()))?;
         lora_param_count(&mut model, spec)
     }
 }

@@ -179,11 +179,10 @@ fn umt5_row<B: Backend>(
     spec: &str,
     device: &B::Device,
 ) -> anyhow::Result<EncoderRow> {
-    let config = umt5_config(spec)?;
-    let model = if is_folder_or_weights(spec) {
-        Umt5Encoder::load(spec, device).with_context(|| format!("--text-encoder {spec}"))?
-    } else {
-        Umt5Encoder::<B>::init(&config, device, 0)?
+    let model = Umt5Encoder::<B>::init(&umt5_config(spec)?, device, 0)?;
+    let model = match is_folder_or_weights(spec) {
+        true => (model.load_weights(spec)).with_context(|| format!("--text-encoder {spec}"))?,
+        false => model,
     };
     let [b, l] = [args.batch, args.text_len];
     let vocab = model.config.vocab_size as u64;
