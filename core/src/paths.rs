@@ -44,6 +44,39 @@ pub fn lies_in(path: &Path, folder: &Path) -> bool {
     inside
 }
 
+/// A link inside `folder` (hidden names skipped, as the data's file search skips them) to a
+/// folder that holds `path` or is `path`: a search of `folder` that follows links reaches
+/// `path` through it, although `path` itself names a place outside (`data/runs -> /scratch`
+/// holds `/scratch/a`). The first such link found, else `None`. Links are followed as the
+/// search follows them, each folder listed once; a folder that cannot be listed is passed by
+/// (the search itself names it).
+pub fn link_reaching(folder: &Path, path: &Path) -> Option<PathBuf> {
+    let target = resolved(path);
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![folder.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(real) = dir.canonicalize() else {
+            continue;
+        };
+        if !seen.insert(real) {
+            continue;
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let (p, kind) = (entry.path(), entry.file_type());
+            let link = kind.as_ref().is_ok_and(|k| k.is_symlink());
+            match p.canonicalize() {
+                Ok(real) if link && real.is_dir() && target.starts_with(&real) => return Some(p),
+                Ok(real) if real.is_dir() => stack.push(p),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
 /// `base` with `parts` pushed, `.` skipped and `..` popping the last name.
 fn push_lexically(base: PathBuf, parts: &[Component]) -> PathBuf {
     parts.iter().fold(base, |mut p, part| {
@@ -60,7 +93,7 @@ fn push_lexically(base: PathBuf, parts: &[Component]) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::{lies_in, resolved};
+    use super::{lies_in, link_reaching, resolved};
 
     /// Two spellings of one folder, existing or not yet, compare equal; `..` after a folder
     /// that does not exist is taken as making the folders would take it.
@@ -94,6 +127,29 @@ mod tests {
             assert!(!lies_in(&elsewhere.join("run"), &data));
         }
         assert!(lies_in(&tmp.path().join("absent/../data/run"), &data));
+        // The same folder named by its own path: the link that reaches it is found.
+        #[cfg(unix)]
+        {
+            let elsewhere = tmp.path().join("elsewhere");
+            assert_eq!(
+                link_reaching(&data, &elsewhere.join("run")),
+                Some(data.join("link"))
+            );
+            assert_eq!(link_reaching(&data, &elsewhere), Some(data.join("link")));
+            assert_eq!(link_reaching(&data, &tmp.path().join("run")), None);
+            // Found below a real folder and through a link to a link; a link back up loops
+            // not, and hidden names are passed by as the search passes them.
+            let deeper = tmp.path().join("deeper");
+            std::fs::create_dir_all(deeper.join("runs")).unwrap();
+            std::fs::create_dir_all(data.join("sub")).unwrap();
+            std::os::unix::fs::symlink(&data, data.join("sub/up")).unwrap();
+            std::os::unix::fs::symlink(&deeper, elsewhere.join("on")).unwrap();
+            let run = deeper.join("runs/a");
+            assert_eq!(link_reaching(&data, &run), Some(data.join("link/on")));
+            std::fs::create_dir_all(data.join(".hidden")).unwrap();
+            std::os::unix::fs::symlink(tmp.path(), data.join(".hidden/all")).unwrap();
+            assert_eq!(link_reaching(&data, &tmp.path().join("run")), None);
+        }
         assert!(lies_in(&data, &data));
         assert!(!lies_in(&tmp.path().join("data-2/run"), &data));
         assert!(!lies_in(&data.join("../run"), &data));

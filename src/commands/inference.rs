@@ -130,15 +130,35 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
             return Ok(ck.join(name));
         }
     }
-    // A run's `final/` folder: the run's config beside it.
-    let run_config = ck.parent().map(|run| run.join("config.resolved.toml"));
-    if let Some(c) = run_config.filter(|c| ck.ends_with("final") && c.is_file()) {
+    // A run's `final/` folder (also named as `.` from inside it): the run's config beside it.
+    let run_config = run_of_final(ck).map(|run| run.join("config.resolved.toml"));
+    if let Some(c) = run_config.filter(|c| c.is_file()) {
         return Ok(c);
     }
     // The cause names the folder.
     let dir = resolve_checkpoint(existing(ck)?)
         .context("cannot find the run's config.toml (pass --config)")?;
     Ok(dir.join("config.toml"))
+}
+
+/// The run folder of a run's `final/` folder, however the folder is named (`runs/x/final`,
+/// `.` from inside it); `None` for any other folder.
+fn run_of_final(dir: &Path) -> Option<PathBuf> {
+    let dir = dir.canonicalize().ok()?;
+    dir.ends_with("final")
+        .then(|| dir.parent().map(Path::to_path_buf))?
+}
+
+/// The shapes recorded for the weights in `dir`, and the file that recorded them: a
+/// checkpoint's own `state.json`; for a run's `final/` folder (which holds none), that of the
+/// run's newest intact checkpoint, whose weights `final/` published.
+fn recorded_spec(dir: &Path) -> Option<(PathBuf, DataSpec)> {
+    let own = |d: &Path| Some((d.join(STATE_FILE), TrainerState::read(d).ok()?.data_spec?));
+    if dir.join(MANIFEST).is_file() {
+        return own(dir);
+    }
+    let checkpoints = run_of_final(dir)?.join("checkpoints");
+    own(&resolve_checkpoint(&checkpoints).ok()?)
 }
 
 /// What may stand in for a run's data that cannot be read (e.g. on another machine).
@@ -213,12 +233,9 @@ fn data_source(
     };
     let recorded = checkpoint
         .filter(|_| stand_in != StandIn::Nothing)
-        .and_then(|dir| Some((dir, TrainerState::read(dir).ok()?.data_spec?)));
+        .and_then(recorded_spec);
     let (spec, from) = match (recorded, stand_in) {
-        (Some((dir, spec)), _) => {
-            let from = format!("the shapes {} recorded", dir.join(STATE_FILE).display());
-            (spec, from)
-        }
+        (Some((file, spec)), _) => (spec, format!("the shapes {} recorded", file.display())),
         (None, StandIn::RecordedOr(Some(spec))) => {
             let from = "the models' latent channels and text width".to_string();
             (spec, from)

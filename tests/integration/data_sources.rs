@@ -199,6 +199,26 @@ fn training_on_exported_files_matches_the_synthetic_source() {
             "{err}"
         );
         assert_eq!(std::fs::read_dir(dir.join("scratch")).unwrap().count(), 0);
+        // The same folder named by its own path: the link that reaches it is named.
+        let own = dir.join("scratch/a");
+        let o = reel(
+            &[
+                "train",
+                "safetensors.toml",
+                "--output",
+                own.to_str().unwrap(),
+            ],
+            dir,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains("lies in the data's")
+                && err.contains("through the link `")
+                && err.contains("runs`"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(dir.join("scratch")).unwrap().count(), 0);
         std::fs::remove_file(dir.join("st/runs")).unwrap();
     }
     // `reel sample` reads the run's data for the clips' shape: with the data moved away the

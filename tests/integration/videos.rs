@@ -442,6 +442,36 @@ fn clips_to_trained_weights_to_videos() {
     );
     let (ok, err) = away("no-encoder", &[]);
     assert!(!ok && err.contains("the run's `[data]`"), "{err}");
+    // The run's `final/` folder records no shapes: those of the run's last checkpoint stand
+    // in, whether it is named from the run's parent or as `.` from inside it.
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap();
+    for (dir, name) in [
+        (tmp.path().to_path_buf(), "run/final"),
+        (abs(&tmp.path().join("run/final")), "."),
+    ] {
+        let out = tmp.path().join(format!("away-{}", name.len()));
+        let o = Command::new(env!("CARGO_BIN_EXE_reel"))
+            .current_dir(&dir)
+            .args(["sample", name, "--prompt", "a red circle", "--steps", "2"])
+            .arg("--text-encoder")
+            .arg(abs(&t5))
+            .arg("--vae")
+            .arg(abs(&vae))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "sample {name} without the data: {err}");
+        assert!(
+            err.contains("checkpoints") && err.contains("state.json"),
+            "{err}"
+        );
+        assert_eq!(
+            gif_info(&out.join("0-a_red_circle.gif")),
+            (side, side, frames)
+        );
+    }
     let encoded =
         |out: &str, flags: &[&str]| away(out, &[&["--text-encoder", t5_s][..], flags].concat());
     sized_samples(tmp.path(), &vae, encoded);

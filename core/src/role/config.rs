@@ -136,20 +136,26 @@ impl<'de> Deserialize<'de> for RoleConfig {
             }
         }
         let keys = RoleKeys::deserialize(toml::Value::Table(shared)).map_err(D::Error::custom)?;
+        let top: Vec<String> = arch.keys().cloned().collect();
         let model = Box::<dyn ModelConfig>::deserialize(toml::Value::Table(arch))
-            .map_err(|e| D::Error::custom(with_role_keys(e.to_string())))?;
+            .map_err(|e| D::Error::custom(with_role_keys(e.to_string(), &top)))?;
         Ok(RoleConfig { model, keys })
     }
 }
 
 /// An architecture's "unknown field `x`, expected one of `a`, `b`" with the keys it does not
 /// know but every role table takes (`arch` and [`ROLE_KEYS`]) added to the list: a mistyped
-/// `trainable` is shown its spelling. Other messages are returned as they are.
-fn with_role_keys(message: String) -> String {
+/// `trainable` is shown its spelling. Other messages are returned as they are, and so is one
+/// about a field that is not among the role table's own keys `top` (a table nested in the
+/// architecture's config, whose keys are its own).
+fn with_role_keys(message: String, top: &[String]) -> String {
     let Some(rest) = message.strip_prefix("unknown field `") else {
         return message;
     };
-    let Some((field, _)) = rest.split_once('`') else {
+    let Some((field, _)) = rest
+        .split_once('`')
+        .filter(|(f, _)| top.iter().any(|k| k == f))
+    else {
         return message;
     };
     // Backquoted names alternate with the text between them: the field, then the list.
@@ -206,5 +212,27 @@ impl RoleRequirement {
             trainable: Some(false),
             optional: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_keys_are_added_only_for_a_field_of_the_role_table() {
+        let msg = "unknown field `trainabel`, expected one of `preset`, `config`".to_string();
+        let top = ["preset".to_string(), "trainabel".to_string()];
+        let listed = with_role_keys(msg.clone(), &top);
+        let head = "unknown field `trainabel`, expected one of `arch`, `preset`, `config`, `";
+        assert!(listed.starts_with(head), "{listed}");
+        assert!(
+            ROLE_KEYS.iter().all(|k| listed.contains(&format!("`{k}`"))),
+            "{listed}"
+        );
+        // The same message from a table nested in the architecture's config: its own keys.
+        assert_eq!(with_role_keys(msg.clone(), &top[..1]), msg);
+        let other = "invalid type: integer `3`, expected a string".to_string();
+        assert_eq!(with_role_keys(other.clone(), &top), other);
     }
 }

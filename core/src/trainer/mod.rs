@@ -320,14 +320,19 @@ pub fn check_run_outside_data(
     };
     let data = loaded.base_dir.join(data);
     let run_dir = run_dir_for(loaded, output);
-    // As the data's file search reaches it: through links too (`data/runs -> /scratch`).
-    if !paths::lies_in(&run_dir, &data) {
-        return Ok(());
-    }
+    // As the data's file search reaches it: through links too (`data/runs -> /scratch`),
+    // named through the link or by its own path.
+    let through = match paths::lies_in(&run_dir, &data) {
+        true => String::new(),
+        false => match paths::link_reaching(&data, &run_dir) {
+            Some(link) => format!(" through the link `{}`", link.display()),
+            None => return Ok(()),
+        },
+    };
     let data = paths::resolved(&data);
     let message = format!(
-        "the run folder `{}` lies in the data's folder `{}` (`data.path`): the run's checkpoints \
-         and weights would be read as data; train into a folder outside it",
+        "the run folder `{}` lies in the data's folder `{}` (`data.path`){through}: the run's \
+         checkpoints and weights would be read as data; train into a folder outside it",
         run_dir.display(),
         data.display()
     );
