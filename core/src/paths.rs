@@ -47,32 +47,44 @@ pub fn lies_in(path: &Path, folder: &Path) -> bool {
 /// A link inside `folder` (hidden names skipped, as the data's file search skips them) to a
 /// folder that holds `path` or is `path`: a search of `folder` that follows links reaches
 /// `path` through it, although `path` itself names a place outside (`data/runs -> /scratch`
-/// holds `/scratch/a`). The first such link found, else `None`. Links are followed as the
-/// search follows them, each folder listed once; a folder that cannot be listed is passed by
-/// (the search itself names it).
+/// holds `/scratch/a`). `None` where there is none. Links are followed as the search follows
+/// them, each folder listed once and its entries in name order, so that the link named is the
+/// same on every call; files cost no more than their listing, and a folder that cannot be
+/// listed is passed by (the search itself names it).
 pub fn link_reaching(folder: &Path, path: &Path) -> Option<PathBuf> {
     let target = resolved(path);
     let mut seen = std::collections::HashSet::new();
     let mut stack = vec![folder.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let Ok(real) = dir.canonicalize() else {
-            continue;
-        };
-        if !seen.insert(real) {
+        if !dir.canonicalize().is_ok_and(|real| seen.insert(real)) {
             continue;
         }
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if entry.file_name().to_string_lossy().starts_with('.') {
+        // Folders and links only: a data folder's many files are passed by unlisted.
+        let mut entries: Vec<(PathBuf, bool)> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| {
+                let kind = e.file_type().ok()?;
+                (kind.is_dir() || kind.is_symlink()).then(|| (e.path(), kind.is_symlink()))
+            })
+            .collect();
+        entries.sort();
+        let mut below = Vec::new();
+        for (p, link) in entries {
+            if !link {
+                below.push(p);
                 continue;
             }
-            let (p, kind) = (entry.path(), entry.file_type());
-            let link = kind.as_ref().is_ok_and(|k| k.is_symlink());
             match p.canonicalize() {
-                Ok(real) if link && real.is_dir() && target.starts_with(&real) => return Some(p),
-                Ok(real) if real.is_dir() => stack.push(p),
+                Ok(real) if real.is_dir() && target.starts_with(&real) => return Some(p),
+                Ok(real) if real.is_dir() => below.push(p),
                 _ => {}
             }
         }
+        // Listed next in name order.
+        stack.extend(below.into_iter().rev());
     }
     None
 }

@@ -11,7 +11,8 @@ use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::data::{DataConfig as _, DataSource, DataSpec};
 use reel_core::method::TrainingMethod;
 use reel_core::trainer::{
-    build_method, holds_final_weights, load_checkpoint_into, load_final_into,
+    build_method, final_shapes, holds_final_weights, load_checkpoint_into, load_final_into,
+    SHAPES_FILE,
 };
 use reel_plugins::data::RandomDataConfig;
 
@@ -141,24 +142,31 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
     Ok(dir.join("config.toml"))
 }
 
-/// The run folder of a run's `final/` folder, however the folder is named (`runs/x/final`,
-/// `.` from inside it); `None` for any other folder.
+/// The run folder of a run's `final/` folder: the folder above it as the path is written
+/// (`runs/x/final`, even where `final` is a link), else as it resolves (`.` from inside it);
+/// `None` for any other folder.
 fn run_of_final(dir: &Path) -> Option<PathBuf> {
-    let dir = dir.canonicalize().ok()?;
-    dir.ends_with("final")
-        .then(|| dir.parent().map(Path::to_path_buf))?
+    let written = std::path::absolute(dir)
+        .ok()
+        .filter(|d| d.ends_with("final"));
+    let dir = written.or_else(|| dir.canonicalize().ok().filter(|d| d.ends_with("final")))?;
+    dir.parent().map(Path::to_path_buf)
 }
 
 /// The shapes recorded for the weights in `dir`, and the file that recorded them: a
-/// checkpoint's own `state.json`; for a run's `final/` folder (which holds none), that of the
-/// run's newest intact checkpoint, whose weights `final/` published.
+/// checkpoint's `state.json`, or the `shapes.json` a run publishes in `final/`. A `final/`
+/// published before that file was written takes the `state.json` of the newest checkpoint
+/// beside it that has one (only its shapes are read: nothing there is verified or loaded).
 fn recorded_spec(dir: &Path) -> Option<(PathBuf, DataSpec)> {
-    let own = |d: &Path| Some((d.join(STATE_FILE), TrainerState::read(d).ok()?.data_spec?));
+    let state = |d: &Path| Some((d.join(STATE_FILE), TrainerState::read(d).ok()?.data_spec?));
     if dir.join(MANIFEST).is_file() {
-        return own(dir);
+        return state(dir);
     }
-    let checkpoints = run_of_final(dir)?.join("checkpoints");
-    own(&resolve_checkpoint(&checkpoints).ok()?)
+    if let Some(spec) = final_shapes(dir) {
+        return Some((dir.join(SHAPES_FILE), spec));
+    }
+    let checkpoints = CheckpointStore::at(&run_of_final(dir)?.join("checkpoints")).list();
+    checkpoints.iter().find_map(|(_, d)| state(d))
 }
 
 /// What may stand in for a run's data that cannot be read (e.g. on another machine).
@@ -280,4 +288,34 @@ fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
 pub fn read_config(src: &Source) -> anyhow::Result<LoadedConfig> {
     let path = config_for(src.checkpoint.as_deref(), src.config.as_deref())?;
     Ok(load_run_config(&path, &src.set)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_of_final;
+
+    /// A `final/` folder's run is the folder above it as the path is written, also where
+    /// `final` is a link to a folder of another name; any other folder has none.
+    #[test]
+    fn the_run_of_a_final_folder_is_the_folder_above_it_as_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir_all(root.join("run/final")).unwrap();
+        std::fs::create_dir_all(root.join("store/model-v3")).unwrap();
+        assert_eq!(
+            run_of_final(&root.join("run/final")),
+            Some(root.join("run"))
+        );
+        assert_eq!(run_of_final(&root.join("store/model-v3")), None);
+        #[cfg(unix)]
+        {
+            std::fs::create_dir(root.join("linked")).unwrap();
+            let link = root.join("linked/final");
+            std::os::unix::fs::symlink(root.join("store/model-v3"), &link).unwrap();
+            assert_eq!(run_of_final(&link), Some(root.join("linked")));
+            // A link named otherwise to a `final/` folder: the run the folder lies in.
+            std::os::unix::fs::symlink(root.join("run/final"), root.join("weights")).unwrap();
+            assert_eq!(run_of_final(&root.join("weights")), Some(root.join("run")));
+        }
+    }
 }

@@ -442,36 +442,57 @@ fn clips_to_trained_weights_to_videos() {
     );
     let (ok, err) = away("no-encoder", &[]);
     assert!(!ok && err.contains("the run's `[data]`"), "{err}");
-    // The run's `final/` folder records no shapes: those of the run's last checkpoint stand
-    // in, whether it is named from the run's parent or as `.` from inside it.
+    // The run's `final/` folder records its shapes in `shapes.json`, named from the run's
+    // parent or as `.` from inside it; one published without that file takes those of the
+    // run's last checkpoint, and with neither the size must be given.
     let abs = |p: &Path| std::fs::canonicalize(p).unwrap();
-    for (dir, name) in [
-        (tmp.path().to_path_buf(), "run/final"),
-        (abs(&tmp.path().join("run/final")), "."),
-    ] {
-        let out = tmp.path().join(format!("away-{}", name.len()));
+    let final_dir = abs(&tmp.path().join("run/final"));
+    let sample_final = |dir: &Path, name: &str, out: &str| {
         let o = Command::new(env!("CARGO_BIN_EXE_reel"))
-            .current_dir(&dir)
+            .current_dir(dir)
             .args(["sample", name, "--prompt", "a red circle", "--steps", "2"])
             .arg("--text-encoder")
             .arg(abs(&t5))
             .arg("--vae")
             .arg(abs(&vae))
             .arg("--out")
-            .arg(&out)
+            .arg(tmp.path().join(out))
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "sample {name} without the data: {err}");
-        assert!(
-            err.contains("checkpoints") && err.contains("state.json"),
-            "{err}"
-        );
-        assert_eq!(
-            gif_info(&out.join("0-a_red_circle.gif")),
-            (side, side, frames)
-        );
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        (o.status.success(), err)
+    };
+    let cases = [
+        (tmp.path(), "run/final", "shapes.json recorded"),
+        (final_dir.as_path(), ".", "shapes.json recorded"),
+        (tmp.path(), "run/final", "state.json recorded"),
+    ];
+    for (i, (dir, name, recorded)) in cases.into_iter().enumerate() {
+        if i == 2 {
+            std::fs::remove_file(final_dir.join("shapes.json")).unwrap();
+        }
+        let out = format!("away-final-{i}");
+        let (ok, err) = sample_final(dir, name, &out);
+        assert!(ok, "sample {name} without the data: {err}");
+        assert!(err.contains(recorded), "{err}");
+        let clip = tmp.path().join(out).join("0-a_red_circle.gif");
+        assert_eq!(gif_info(&clip), (side, side, frames));
     }
+    std::fs::rename(
+        tmp.path().join("run/checkpoints"),
+        tmp.path().join("ck-away"),
+    )
+    .unwrap();
+    let (ok, err) = sample_final(tmp.path(), "run/final", "away-final-3");
+    assert!(
+        !ok && err.contains("--video-size or --latent-size"),
+        "{err}"
+    );
+    std::fs::rename(
+        tmp.path().join("ck-away"),
+        tmp.path().join("run/checkpoints"),
+    )
+    .unwrap();
     let encoded =
         |out: &str, flags: &[&str]| away(out, &[&["--text-encoder", t5_s][..], flags].concat());
     sized_samples(tmp.path(), &vae, encoded);

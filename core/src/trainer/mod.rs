@@ -22,7 +22,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use group::panic_message;
 pub use run::Trainer;
-pub use state::{ema_file, optim_file, weights_file};
+pub use state::{ema_file, final_shapes, optim_file, weights_file, SHAPES_FILE};
 
 use crate::backend::ReelBackend;
 use crate::callback::CallbackError;
@@ -474,7 +474,8 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
 
 /// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path other
 /// configs can name (e.g. a DMD2 teacher:
-/// `weights = "runs/quickstart/final/student.ema.safetensors"`).
+/// `weights = "runs/quickstart/final/student.ema.safetensors"`), with the data shapes the
+/// checkpoint recorded ([`SHAPES_FILE`]).
 fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
     let final_dir = run_dir.join("final");
     std::fs::create_dir_all(&final_dir).map_err(|e| io_err(&final_dir, e))?;
@@ -487,7 +488,13 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
             std::fs::rename(&tmp, final_dir.join(&name)).map_err(|err| io_err(&final_dir, err))?;
         }
     }
-    Ok(())
+    match TrainerState::read(checkpoint)
+        .ok()
+        .and_then(|s| s.data_spec)
+    {
+        Some(spec) => state::write_shapes(&final_dir, &spec),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -510,7 +517,8 @@ mod tests {
         };
         let weights = ["student.safetensors", "student.ema.safetensors"];
         let student = ["student"];
-        assert!(holds_final_weights(&folder("final", &weights), &student));
+        let published = [&weights[..], &["shapes.json"]].concat();
+        assert!(holds_final_weights(&folder("final", &published), &student));
         assert!(holds_final_weights(
             &folder("copy", &weights[..1]),
             &student

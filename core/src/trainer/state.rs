@@ -146,6 +146,26 @@ pub(super) fn load_final<B: AutodiffBackend>(
     Ok(())
 }
 
+/// The data shapes a run trained at, written beside the weights it publishes in `final/`
+/// (which holds no checkpoint state), so that they can be sampled where the data is not.
+pub const SHAPES_FILE: &str = "shapes.json";
+
+/// Write `spec` as `dir`'s [`SHAPES_FILE`], through a temporary file renamed into place.
+pub(super) fn write_shapes(dir: &Path, spec: &DataSpec) -> Result<(), TrainError> {
+    let text = serde_json::to_string_pretty(spec).map_err(|e| super::io_err(dir, e))?;
+    let tmp = dir.join(format!(".{SHAPES_FILE}.tmp"));
+    std::fs::write(&tmp, text).map_err(|e| super::io_err(&tmp, e))?;
+    std::fs::rename(&tmp, dir.join(SHAPES_FILE)).map_err(|e| super::io_err(dir, e))
+}
+
+/// The data shapes recorded beside published weights ([`SHAPES_FILE`] in `final/` or a copy
+/// of it); `None` where there is no such file (a run published before it was written) or it
+/// does not read as one.
+pub fn final_shapes(dir: &Path) -> Option<DataSpec> {
+    let text = std::fs::read_to_string(dir.join(SHAPES_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 /// Load `role`'s EMA shadow from `dir` when the run kept one there.
 fn load_ema_if_kept<B: AutodiffBackend>(
     dir: &Path,
