@@ -158,6 +158,16 @@ mod tests {
             std::os::unix::fs::symlink(&deeper, elsewhere.join("on")).unwrap();
             let run = deeper.join("runs/a");
             assert_eq!(link_reaching(&data, &run), Some(data.join("link/on")));
+            // Of two links that reach it, the first in name order is named, every time.
+            let other = tmp.path().join("other");
+            std::fs::create_dir_all(other.join("runs")).unwrap();
+            for name in ["zz", "mm"] {
+                std::os::unix::fs::symlink(&other, data.join(name)).unwrap();
+            }
+            let run = other.join("runs/a");
+            for _ in 0..3 {
+                assert_eq!(link_reaching(&data, &run), Some(data.join("mm")));
+            }
             std::fs::create_dir_all(data.join(".hidden")).unwrap();
             std::os::unix::fs::symlink(tmp.path(), data.join(".hidden/all")).unwrap();
             assert_eq!(link_reaching(&data, &tmp.path().join("run")), None);

@@ -143,14 +143,24 @@ pub fn config_for(checkpoint: Option<&Path>, config: Option<&Path>) -> anyhow::R
 }
 
 /// The run folder of a run's `final/` folder: the folder above it as the path is written
-/// (`runs/x/final`, even where `final` is a link), else as it resolves (`.` from inside it);
-/// `None` for any other folder.
+/// where that is a run (it holds `config.resolved.toml` or `checkpoints/`: `runs/x/final`,
+/// also where `final` is a link to weights kept elsewhere), else the folder above it as it
+/// resolves (`.` from inside it, or a link to another run's `final/`); `None` for a folder
+/// that is no `final/` either way.
 fn run_of_final(dir: &Path) -> Option<PathBuf> {
-    let written = std::path::absolute(dir)
-        .ok()
-        .filter(|d| d.ends_with("final"));
-    let dir = written.or_else(|| dir.canonicalize().ok().filter(|d| d.ends_with("final")))?;
-    dir.parent().map(Path::to_path_buf)
+    let above_final = |d: PathBuf| {
+        d.parent()
+            .filter(|_| d.ends_with("final"))
+            .map(Path::to_path_buf)
+    };
+    let is_run =
+        |r: &PathBuf| r.join("config.resolved.toml").is_file() || r.join("checkpoints").is_dir();
+    let written = std::path::absolute(dir).ok().and_then(above_final);
+    let real = dir.canonicalize().ok().and_then(above_final);
+    match (written, real) {
+        (Some(w), _) if is_run(&w) => Some(w),
+        (w, r) => r.or(w),
+    }
 }
 
 /// The shapes recorded for the weights in `dir`, and the file that recorded them: a
@@ -316,6 +326,22 @@ mod tests {
             // A link named otherwise to a `final/` folder: the run the folder lies in.
             std::os::unix::fs::symlink(root.join("run/final"), root.join("weights")).unwrap();
             assert_eq!(run_of_final(&root.join("weights")), Some(root.join("run")));
+            // A `final` link to another run's `final/`: the run it leads to, unless the
+            // folder it is written in is a run itself.
+            for (name, is_run) in [("best", false), ("mine", true)] {
+                std::fs::create_dir(root.join(name)).unwrap();
+                if is_run {
+                    std::fs::write(root.join(name).join("config.resolved.toml"), "").unwrap();
+                }
+                let link = root.join(name).join("final");
+                std::os::unix::fs::symlink(root.join("run/final"), &link).unwrap();
+                let run = if is_run {
+                    root.join(name)
+                } else {
+                    root.join("run")
+                };
+                assert_eq!(run_of_final(&link), Some(run), "{name}");
+            }
         }
     }
 }

@@ -467,9 +467,20 @@ fn clips_to_trained_weights_to_videos() {
         (final_dir.as_path(), ".", "shapes.json recorded"),
         (tmp.path(), "run/final", "state.json recorded"),
     ];
+    // `shapes.json` serves with the checkpoints gone; without it, they are read.
+    let checkpoints = |away: bool| {
+        let [run, moved] = [
+            tmp.path().join("run/checkpoints"),
+            tmp.path().join("ck-away"),
+        ];
+        let (from, to) = if away { (run, moved) } else { (moved, run) };
+        std::fs::rename(from, to).unwrap();
+    };
+    checkpoints(true);
     for (i, (dir, name, recorded)) in cases.into_iter().enumerate() {
         if i == 2 {
             std::fs::remove_file(final_dir.join("shapes.json")).unwrap();
+            checkpoints(false);
         }
         let out = format!("away-final-{i}");
         let (ok, err) = sample_final(dir, name, &out);
@@ -478,21 +489,13 @@ fn clips_to_trained_weights_to_videos() {
         let clip = tmp.path().join(out).join("0-a_red_circle.gif");
         assert_eq!(gif_info(&clip), (side, side, frames));
     }
-    std::fs::rename(
-        tmp.path().join("run/checkpoints"),
-        tmp.path().join("ck-away"),
-    )
-    .unwrap();
+    checkpoints(true);
     let (ok, err) = sample_final(tmp.path(), "run/final", "away-final-3");
     assert!(
         !ok && err.contains("--video-size or --latent-size"),
         "{err}"
     );
-    std::fs::rename(
-        tmp.path().join("ck-away"),
-        tmp.path().join("run/checkpoints"),
-    )
-    .unwrap();
+    checkpoints(false);
     let encoded =
         |out: &str, flags: &[&str]| away(out, &[&["--text-encoder", t5_s][..], flags].concat());
     sized_samples(tmp.path(), &vae, encoded);

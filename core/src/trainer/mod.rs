@@ -488,12 +488,13 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
             std::fs::rename(&tmp, final_dir.join(&name)).map_err(|err| io_err(&final_dir, err))?;
         }
     }
+    // No shapes recorded: none are left from an earlier publish either.
     match TrainerState::read(checkpoint)
         .ok()
         .and_then(|s| s.data_spec)
     {
         Some(spec) => state::write_shapes(&final_dir, &spec),
-        None => Ok(()),
+        None => state::remove_shapes(&final_dir),
     }
 }
 

@@ -158,6 +158,14 @@ pub(super) fn write_shapes(dir: &Path, spec: &DataSpec) -> Result<(), TrainError
     std::fs::rename(&tmp, dir.join(SHAPES_FILE)).map_err(|e| super::io_err(dir, e))
 }
 
+/// Remove `dir`'s [`SHAPES_FILE`], if there is one.
+pub(super) fn remove_shapes(dir: &Path) -> Result<(), TrainError> {
+    match std::fs::remove_file(dir.join(SHAPES_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(super::io_err(dir, e)),
+        _ => Ok(()),
+    }
+}
+
 /// The data shapes recorded beside published weights ([`SHAPES_FILE`] in `final/` or a copy
 /// of it); `None` where there is no such file (a run published before it was written) or it
 /// does not read as one.
