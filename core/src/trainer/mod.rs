@@ -483,9 +483,11 @@ fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
         if name.ends_with(".safetensors") && !name.contains(".optim.") {
-            let tmp = final_dir.join(format!(".{name}.tmp"));
-            std::fs::copy(e.path(), &tmp).map_err(|err| io_err(&tmp, err))?;
-            std::fs::rename(&tmp, final_dir.join(&name)).map_err(|err| io_err(&final_dir, err))?;
+            // Whole or not at all, as every file written for keeps (`crate::io`).
+            let dest = final_dir.join(&name);
+            let copy = |tmp: &Path| std::fs::copy(e.path(), tmp).map(drop);
+            crate::io::replace_file_with(&dest, copy, |err| err)
+                .map_err(|err| io_err(&dest, err))?;
         }
     }
     // No shapes recorded: none are left from an earlier publish either.

@@ -150,12 +150,11 @@ pub(super) fn load_final<B: AutodiffBackend>(
 /// (which holds no checkpoint state), so that they can be sampled where the data is not.
 pub const SHAPES_FILE: &str = "shapes.json";
 
-/// Write `spec` as `dir`'s [`SHAPES_FILE`], through a temporary file renamed into place.
+/// Write `spec` as `dir`'s [`SHAPES_FILE`], whole or not at all ([`crate::io::replace_file`]).
 pub(super) fn write_shapes(dir: &Path, spec: &DataSpec) -> Result<(), TrainError> {
-    let text = serde_json::to_string_pretty(spec).map_err(|e| super::io_err(dir, e))?;
-    let tmp = dir.join(format!(".{SHAPES_FILE}.tmp"));
-    std::fs::write(&tmp, text).map_err(|e| super::io_err(&tmp, e))?;
-    std::fs::rename(&tmp, dir.join(SHAPES_FILE)).map_err(|e| super::io_err(dir, e))
+    let path = dir.join(SHAPES_FILE);
+    let text = serde_json::to_string_pretty(spec).map_err(|e| super::io_err(&path, e))?;
+    crate::io::replace_file(&path, text.as_bytes()).map_err(|e| super::io_err(&path, e))
 }
 
 /// Remove `dir`'s [`SHAPES_FILE`], if there is one.
