@@ -13,6 +13,7 @@ pub mod console;
 pub mod data;
 pub mod device_fault;
 mod device_setup;
+pub mod devices;
 pub mod fault;
 pub mod fixtures;
 pub mod flow;

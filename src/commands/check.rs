@@ -2,8 +2,8 @@
 //! values, the files the roles name (architecture configs, weight headers; no tensor data is
 //! read), and the data: its source opens (a parquet set's footers, a safetensors folder's
 //! headers) and every role's model fits its latents (channels, text width, patch), as `reel
-//! train` would find when building the roles; and no file stands where the run folder must be
-//! made.
+//! train` would find when building the roles; the run's GPUs exist; and no file stands where
+//! the run folder must be made.
 //!
 //! The values are checked first and the first bad one stops the check (later keys may depend
 //! on it); past them, every problem is listed: a backend this binary lacks, each role's and
@@ -22,8 +22,13 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
     let loaded = load_run_config_any_backend(config, set)?;
     let mut problems: Vec<String> = Vec::new();
     let mut note = |e: ConfigError| problems.push(e.to_string());
-    if let Err(e) = loaded.config.runtime.backend.check_compiled() {
-        note(e.in_file(config));
+    match loaded.config.runtime.backend.check_compiled() {
+        Err(e) => note(e.in_file(config)),
+        Ok(()) => {
+            if let Err(e) = loaded.check_devices() {
+                note(e);
+            }
+        }
     }
     loaded.file_problems().into_iter().for_each(&mut note);
     let data = check_data(&loaded, &mut note);

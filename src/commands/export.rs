@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use reel_core::backend::CpuBackend;
-use reel_core::checkpoint::Manifest;
+use reel_core::checkpoint::{CheckpointError, Manifest};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
@@ -176,7 +176,10 @@ pub fn load_role_weights(
     let mut handle = TrainableRole::new(name, model, cfg.optimizer.clone(), None, 1);
     let (tensors, _) =
         reel_core::checkpoint::read_tensors(dir, &file.file_name().unwrap().to_string_lossy())?;
-    handle.load_trainable_tensors(&tensors)?;
+    (handle.load_trainable_tensors(&tensors)).map_err(|e| CheckpointError::DoesNotFit {
+        path: file.clone(),
+        message: e.to_string(),
+    })?;
     Ok((handle.model_valid(), file))
 }
 

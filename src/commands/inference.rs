@@ -192,6 +192,11 @@ pub enum StandIn {
     RecordedOr(Option<DataSpec>),
 }
 
+/// What chose the device `reel sample` and `reel eval` run on, for the error when it does
+/// not exist here.
+pub const RUN_DEVICE: &str =
+    "the run's first device (`[runtime]` of its config, which `--set` changes)";
+
 /// Build the method and load the weights. A run whose data cannot be read is sampled at the
 /// shapes `stand_in` allows.
 pub fn load<B: ReelBackend>(
@@ -199,7 +204,7 @@ pub fn load<B: ReelBackend>(
     loaded: &LoadedConfig,
     stand_in: StandIn,
 ) -> anyhow::Result<Loaded<B>> {
-    let device = B::device_for(loaded.config.runtime.main_device());
+    let device = super::device::<B>(loaded.config.runtime.main_device(), RUN_DEVICE)?;
     let checkpoint = match src.untrained {
         true => None,
         false => {

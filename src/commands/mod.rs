@@ -13,7 +13,17 @@ mod progress;
 pub mod sample;
 pub mod train;
 
+use reel_core::backend::ReelBackend;
 use reel_core::config::LoadedConfig;
+
+/// `B`'s device `index` once it is known to exist on this machine
+/// ([`reel_core::devices::check_indices`]); otherwise an error led by `what`, the flag or key
+/// that chose it (`--device`).
+pub fn device<B: ReelBackend>(index: usize, what: &str) -> anyhow::Result<B::Device> {
+    reel_core::devices::check_indices(B::NAME, &[index])
+        .map_err(|message| anyhow::anyhow!("{what}: {message}"))?;
+    Ok(B::device_for(index))
+}
 
 /// One-line description of a loaded config.
 pub fn describe(loaded: &LoadedConfig) -> String {

@@ -91,7 +91,7 @@ fn check_out(out: &Path, force: bool) -> anyhow::Result<()> {
 
 fn encode<B: ReelBackend + AutodiffBackend>(args: &NegativeArgs) -> anyhow::Result<()> {
     let start = Instant::now();
-    let device = B::device_for(args.device);
+    let device = super::device::<B>(args.device, "--device")?;
     let tokenizer =
         super::preprocess::tokenizer_for_encoder(args.tokenizer.as_deref(), &args.text_encoder)?;
     let encoder = Umt5TextEncoder::<B::InnerBackend>::load(tokenizer, &args.text_encoder, &device)

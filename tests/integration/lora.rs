@@ -388,6 +388,45 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
             .collect::<Vec<_>>(),
         fixture_keys
     );
+
+    // A config that builds the adapter at another rank cannot read the run's weights: the
+    // error names the file and says why, for `export` and `sample` alike.
+    let rank = format!("rank = {}", spec.rank);
+    assert_eq!(text.matches(&rank).count(), 1, "{text}");
+    let other = tmp.path().join("other_rank.toml");
+    std::fs::write(
+        &other,
+        text.replace(&rank, &format!("rank = {}", spec.rank + 1)),
+    )
+    .unwrap();
+    let other = other.to_str().unwrap();
+    let out_dir = tmp.path().join("other_out");
+    let out_dir = out_dir.to_str().unwrap();
+    let export = [
+        "export", ck, "--config", other, "--format", "lora", "--out", out_dir,
+    ];
+    let sample = [
+        "sample", ck, "--config", other, "--prompt", "a", "--steps", "1",
+    ];
+    let weights = ckpt.join("student.safetensors").display().to_string();
+    for args in [&export[..], &[&sample[..], &["--out", out_dir]].concat()] {
+        let out = Command::new(env!("CARGO_BIN_EXE_reel"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{args:?} read weights of another rank"
+        );
+        assert!(
+            err.contains(&format!("{weights}: role `student`: weights:"))
+                && err.contains("wrong shape")
+                && err.contains("builds the role differently"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!Path::new(out_dir).exists(), "nothing written");
 }
 
 /// A LoRA run with EMA and gradient accumulation resumes exactly: 6 steps straight equal

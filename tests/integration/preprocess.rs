@@ -367,6 +367,59 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
 /// A video goes through FFmpeg (skipped without it, unless `REEL_REQUIRE_FFMPEG` is set, as
 /// CI does): a lossless QuickTime clip with a quarter-turn rotation is encoded upright,
 /// exactly the VAE mean of its first frames turned.
+/// Named pipes in the input folder (a `.gif` that is a FIFO, a sidecar caption that is one)
+/// are reported as failed items, and the run goes on: nothing waits for a writer.
+#[cfg(unix)]
+#[test]
+fn named_pipes_are_reported_not_waited_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("clips");
+    std::fs::create_dir(&input).unwrap();
+    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
+    for name in ["a", "e"] {
+        write_gif(
+            &input.join(format!("{name}.gif")),
+            &frames,
+            SIDE,
+            SIDE,
+            1,
+            10,
+        )
+        .unwrap();
+    }
+    std::fs::write(input.join("a.txt"), "first").unwrap();
+    std::fs::write(input.join("p.txt"), "a pipe").unwrap();
+    for fifo in ["p.gif", "e.txt"] {
+        let made = Command::new("mkfifo").arg(input.join(fifo)).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+    }
+    let out = tmp.path().join("pq");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (input_c, out_c) = (input.clone(), out.clone());
+    std::thread::spawn(move || done_tx.send(preprocess(&input_c, &out_c, &[])).unwrap());
+    let Ok(o) = done_rx.recv_timeout(std::time::Duration::from_secs(300)) else {
+        // Unblock the reader so that the process can end, then fail.
+        for fifo in ["p.gif", "e.txt"] {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(input.join(fifo));
+        }
+        panic!("reel preprocess waited on a named pipe");
+    };
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("p.gif") && err.contains("not a regular file or folder"),
+        "{err}"
+    );
+    assert!(err.contains("e.txt is not a regular file"), "{err}");
+    let listed = std::fs::read_to_string(out.join("data_00000.failed.txt")).unwrap();
+    assert!(listed.contains("e.txt"), "{listed}");
+}
+
 #[test]
 fn a_rotated_video_is_encoded_upright() {
     if !reel_plugins::media::decode::ffmpeg_for_tests() {

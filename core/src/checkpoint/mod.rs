@@ -32,6 +32,18 @@ pub enum CheckpointError {
         /// The OS error.
         message: String,
     },
+    /// A file's tensors do not fit the role the config builds: a checkpoint or published
+    /// weights of another config (another model size, adapter rank or target list), or a
+    /// file edited by hand.
+    #[error(
+        "{path}: {message} (the config builds the role differently from the run that wrote this file)"
+    )]
+    DoesNotFit {
+        /// The weights, optimizer or EMA file.
+        path: PathBuf,
+        /// Which tensors differ ([`crate::role::RoleStateError`]).
+        message: String,
+    },
     /// A checkpoint is incomplete or corrupted.
     #[error("checkpoint {dir} is damaged: {reason}")]
     Damaged {

@@ -109,6 +109,18 @@ pub mod check {
         }
     }
 
+    /// `1 <= value <= most`; `why` (` (...)`, or empty) says what the limit keeps from
+    /// happening.
+    pub fn count_in(key: &str, value: usize, most: usize, why: &str) -> Result<(), ConfigError> {
+        if (1..=most).contains(&value) {
+            return Ok(());
+        }
+        Err(ConfigError::new(
+            key,
+            format!("expected an integer in [1, {most}]{why}, got {value}"),
+        ))
+    }
+
     /// The most sampling steps a sampler takes: far above any schedule in use (Wan samples
     /// in 50), low enough that a mistyped count is an error, not an allocation of its
     /// σ schedule that aborts the process.
@@ -124,6 +136,27 @@ pub mod check {
             ));
         }
         Ok(())
+    }
+
+    /// The sizes of a model config (`(key, value, limit)`: a width, a channel, head or layer
+    /// count, a vocabulary) that are above their limit, each a message naming its key. An
+    /// architecture's limits lie far above every released model: a value past one is a typo,
+    /// and staying below them keeps every count derived from the sizes (parameters, tensor
+    /// elements, bytes) far from overflowing. A product of sizes is given saturated
+    /// (`saturating_mul`): `usize::MAX` reads "too large to count".
+    pub fn sizes_above(sizes: &[(&str, usize, usize)]) -> Vec<String> {
+        sizes
+            .iter()
+            .filter(|(_, value, limit)| value > limit)
+            .map(|(key, value, limit)| {
+                // A product saturated at `usize::MAX` has no value worth printing.
+                let is = match *value {
+                    usize::MAX => "is too large to count, above".to_string(),
+                    v => format!("= {v} is above"),
+                };
+                format!("`{key}` {is} the limit {limit} (far beyond released models)")
+            })
+            .collect()
     }
 
     /// `lo <= value <= hi`.

@@ -1,5 +1,5 @@
-//! A loaded config's memory checks ([`crate::memory`]): one batch against the host's memory,
-//! the roles' floor against each device's.
+//! A loaded config's checks against this machine: its devices exist, one batch fits the
+//! host's memory and the roles' floor each device's ([`crate::memory`]).
 
 use super::{ConfigError, LoadedConfig};
 use crate::data::DataSpec;
@@ -7,6 +7,14 @@ use crate::memory::{self, MemoryFloor, RoleState, Training};
 use crate::role::RoleConfig;
 
 impl LoadedConfig {
+    /// The run's devices exist on this machine's backend
+    /// ([`super::RuntimeConfig::check_devices_exist`]): an error naming the file and the
+    /// `runtime` key.
+    pub fn check_devices(&self) -> Result<(), ConfigError> {
+        (self.config.runtime.check_devices_exist())
+            .map_err(|e| e.in_section("runtime").in_file(&self.path))
+    }
+
     /// One batch of the data (`data.batch_size` samples of `spec`) against the memory this
     /// machine has available ([`crate::memory::check_batch_memory`]): a mistyped size fails
     /// here rather than aborting the process at the first batch.

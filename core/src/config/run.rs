@@ -112,6 +112,30 @@ impl RuntimeConfig {
         self.worker_devices()[0]
     }
 
+    /// Check that the worker devices exist on this machine's `backend`
+    /// ([`crate::devices::check_indices`]), keyed by the key that names them; keys relative
+    /// to `[runtime]`. Not part of [`Self::validate`]: a config stays valid on a smaller
+    /// machine, where `reel sample` of its run uses the first device only.
+    pub fn check_devices_exist(&self) -> Result<(), ConfigError> {
+        match crate::devices::device_count(self.backend) {
+            Some(count) => self.check_devices_against(count),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::check_devices_exist`] against `count` devices.
+    fn check_devices_against(&self, count: usize) -> Result<(), ConfigError> {
+        let devices = self.worker_devices();
+        crate::devices::check_against(self.backend, &devices, count).map_err(|message| {
+            let key = match (&self.devices, self.num_devices) {
+                (Some(_), _) => "devices",
+                (None, Some(_)) => "num_devices",
+                (None, None) => "device",
+            };
+            ConfigError::new(key, message)
+        })
+    }
+
     /// Check the device keys; keys relative to `[runtime]`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.devices.is_some() && self.num_devices.is_some() {
@@ -467,5 +491,33 @@ impl RunConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device past the machine's count is named under the key that chose it.
+    #[test]
+    fn a_missing_device_is_named_under_the_key_that_chose_it() {
+        let cuda = |devices: Option<Vec<usize>>, num_devices: Option<usize>, device: usize| {
+            RuntimeConfig {
+                backend: BackendName::Cuda,
+                device,
+                devices,
+                num_devices,
+                ..RuntimeConfig::default()
+            }
+        };
+        let key = |c: RuntimeConfig| c.check_devices_against(2).map_err(|e| e.key);
+        assert_eq!(key(cuda(None, None, 1)), Ok(()));
+        assert_eq!(key(cuda(None, None, 2)), Err("device".into()));
+        assert_eq!(key(cuda(None, Some(2), 0)), Ok(()));
+        assert_eq!(key(cuda(None, Some(4), 0)), Err("num_devices".into()));
+        assert_eq!(key(cuda(Some(vec![1, 0]), None, 0)), Ok(()));
+        assert_eq!(key(cuda(Some(vec![0, 3]), None, 0)), Err("devices".into()));
+        let e = cuda(None, Some(4), 0).check_devices_against(2).unwrap_err();
+        assert!(e.message.starts_with("device 2 does not exist"), "{e}");
     }
 }

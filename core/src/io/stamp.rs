@@ -12,8 +12,12 @@ use std::path::Path;
 use crate::checkpoint::sha256_hex;
 
 /// `size:hash` of a file: its size and a SHA-256 of its first and last `end` bytes; `None`
-/// if it cannot be read.
+/// if it cannot be read or is not a regular file (opening a named pipe would wait for a
+/// writer forever).
 fn file_stamp(path: &Path, end: u64) -> Option<String> {
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
     let mut f = File::open(path).ok()?;
     let size = f.metadata().ok()?.len();
     let mut bytes = Vec::with_capacity((2 * end).min(size) as usize);
@@ -82,5 +86,28 @@ mod tests {
         let folder = stamp(tmp.path()).unwrap();
         std::fs::write(tmp.path().join("config.json"), b"{}").unwrap();
         assert_ne!(stamp(tmp.path()).unwrap(), folder);
+    }
+
+    /// A named pipe (a `clip.mp4` that is a FIFO in a folder to preprocess) has no stamp, and
+    /// asking for one returns at once instead of waiting for a writer.
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_has_no_stamp_and_does_not_block() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("clip.mp4");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || tx.send(content_stamp(&path, 1 << 10)).unwrap());
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(got, Ok(None), "the stamp of a named pipe");
+        // The folder's stamp leaves it out as it leaves out sub-folders.
+        let with_pipe = content_stamp(tmp.path(), 1 << 10);
+        std::fs::remove_file(&fifo).unwrap();
+        assert_eq!(with_pipe, content_stamp(tmp.path(), 1 << 10));
     }
 }

@@ -281,7 +281,9 @@ pub fn train<B: ReelBackend>(
 ) -> Result<TrainSummary, TrainError> {
     let output = opts.output_dir.as_deref();
     // The data is opened once: its spec sizes the memory check, and every worker reads it.
-    let checked = (check_run_outside_data(loaded, output).map_err(TrainError::from))
+    let checked = (loaded.check_devices())
+        .and_then(|()| check_run_outside_data(loaded, output))
+        .map_err(TrainError::from)
         .and_then(|()| check_not_a_run(loaded, opts))
         .and_then(|()| open_data(loaded))
         .and_then(|source| check_memory(loaded, opts, &source.spec()).map(|()| source));

@@ -9,8 +9,8 @@ use super::TrainError;
 use crate::callback::{Callback, CallbackContext};
 use crate::checkpoint::{read_tensors, CheckpointError, CheckpointStore, TrainerState, STATE_FILE};
 use crate::data::DataSpec;
-use crate::method::{MethodError, TrainingMethod};
-use crate::role::RoleHandle;
+use crate::method::TrainingMethod;
+use crate::role::{RoleHandle, RoleStateError};
 
 /// File name of a role's trainable weights inside a checkpoint.
 pub fn weights_file(role: &str) -> String {
@@ -112,12 +112,13 @@ pub(super) fn restore<B: AutodiffBackend>(
     let state = TrainerState::read(dir)?;
     for role in method.roles_mut() {
         let name = role.name().to_string();
-        let (w, _) = read_tensors(dir, &weights_file(&name))?;
-        role.load_trainable_tensors(&w).map_err(MethodError::from)?;
-        let (o, _) = read_tensors(dir, &optim_file(&name))?;
+        let file = weights_file(&name);
+        let (w, _) = read_tensors(dir, &file)?;
+        (role.load_trainable_tensors(&w)).map_err(|e| does_not_fit(dir, &file, e))?;
+        let file = optim_file(&name);
+        let (o, _) = read_tensors(dir, &file)?;
         let k = state.optimizer_steps.get(&name).copied().unwrap_or(0);
-        role.load_optimizer_tensors(&o, k)
-            .map_err(MethodError::from)?;
+        (role.load_optimizer_tensors(&o, k)).map_err(|e| does_not_fit(dir, &file, e))?;
         load_ema_if_kept(dir, role)?;
     }
     method.load_state(&state.method_state)?;
@@ -140,7 +141,7 @@ pub(super) fn load_final<B: AutodiffBackend>(
             return Err(CheckpointError::io(&dir.join(&file), why).into());
         }
         let (w, _) = read_tensors(dir, &file)?;
-        role.load_trainable_tensors(&w).map_err(MethodError::from)?;
+        (role.load_trainable_tensors(&w)).map_err(|e| does_not_fit(dir, &file, e))?;
         load_ema_if_kept(dir, role)?;
     }
     Ok(())
@@ -181,7 +182,17 @@ fn load_ema_if_kept<B: AutodiffBackend>(
     let name = ema_file(role.name());
     if dir.join(&name).is_file() {
         let (e, _) = read_tensors(dir, &name)?;
-        role.load_ema_tensors(&e).map_err(MethodError::from)?;
+        (role.load_ema_tensors(&e)).map_err(|e| does_not_fit(dir, &name, e))?;
     }
     Ok(())
+}
+
+/// A role whose state does not fit the tensors of `dir`'s `file`, as an error naming the file.
+fn does_not_fit(dir: &Path, file: &str, e: RoleStateError) -> TrainError {
+    let path = dir.join(file);
+    CheckpointError::DoesNotFit {
+        path,
+        message: e.to_string(),
+    }
+    .into()
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use reel_core::config::check;
 use serde::{Deserialize, Serialize};
 
 /// Why a [`Umt5Config`] cannot be used.
@@ -200,6 +201,7 @@ impl Umt5Config {
                 errs.push(format!("`{name}` must be positive"));
             }
         }
+        errs.extend(self.sizes_above_limits());
         // Bidirectional buckets: half per direction, half of those exact.
         let max_exact = self.relative_attention_num_buckets / 4;
         if max_exact == 0 {
@@ -237,6 +239,29 @@ impl Umt5Config {
             ));
         }
         errs
+    }
+
+    /// The sizes above their limit ([`check::sizes_above`]): a vocabulary of 2^22, a width
+    /// of 2^16, attention of 2^17 channels (`num_heads × d_kv`, however split), an FFN of
+    /// 2^20, 1024 layers and 2^16 position buckets (UMT5-XXL: a vocabulary of 256384, width
+    /// 4096, 24 layers, FFN 10240).
+    fn sizes_above_limits(&self) -> Vec<String> {
+        check::sizes_above(&[
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("d_model", self.d_model, 1 << 16),
+            (
+                "num_heads × d_kv",
+                self.num_heads.saturating_mul(self.d_kv),
+                1 << 17,
+            ),
+            ("d_ff", self.d_ff, 1 << 20),
+            ("num_layers", self.num_layers, 1024),
+            (
+                "relative_attention_num_buckets",
+                self.relative_attention_num_buckets,
+                1 << 16,
+            ),
+        ])
     }
 
     /// `(gated, activation)` from `feed_forward_proj`, as transformers derives
@@ -299,6 +324,27 @@ mod tests {
         ] {
             assert!(msg.contains(&format!("`{key}`")), "{key} not in: {msg}");
         }
+    }
+
+    #[test]
+    fn sizes_far_beyond_released_models_are_refused_by_key() {
+        let msg = Umt5Config::from_json_str(
+            r#"{"d_model": 32, "d_kv": 1099511627776, "d_ff": 64, "num_layers": 100000000,
+                "num_heads": 1099511627776, "vocab_size": 300}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        for key in [
+            "`num_heads × d_kv` is too large to count, above the limit 131072",
+            "`num_layers` = 100000000",
+        ] {
+            assert!(msg.contains(key), "{key} not in: {msg}");
+        }
+        assert!(!msg.contains("`vocab_size`"), "{msg}");
+        let at_limits = r#"{"d_model": 65536, "d_kv": 128, "d_ff": 1048576, "num_layers": 1024,
+            "num_heads": 1024, "vocab_size": 4194304, "relative_attention_num_buckets": 65536,
+            "relative_attention_max_distance": 100000}"#;
+        Umt5Config::from_json_str(at_limits).unwrap();
     }
 
     /// A diffusers model's config (a VAE folder given as the text encoder) is called that,

@@ -1,5 +1,6 @@
 //! Validation of a [`WanVaeConfig`]: type errors and invalid values, each naming its key.
 
+use reel_core::config::check;
 use serde::de::DeserializeOwned;
 
 use super::config::{WanVaeConfig, ENCODE_CHUNK};
@@ -68,6 +69,7 @@ impl WanVaeConfig {
             ));
         }
         self.check_temporal(&mut errs);
+        errs.extend(self.sizes_above_limits());
         if self
             .attn_scales
             .iter()
@@ -104,6 +106,23 @@ impl WanVaeConfig {
             ));
         }
         errs
+    }
+
+    /// The sizes above their limit ([`check::sizes_above`]): 4096 channels at the base
+    /// widths, in the latents and in the images, multipliers of 16 over at most 8 levels, and
+    /// 64 residual blocks a level (the Wan2.1 VAE: base 96, multipliers [1, 2, 4, 4], z 16).
+    fn sizes_above_limits(&self) -> Vec<String> {
+        let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+        check::sizes_above(&[
+            ("base_dim", self.base_dim, 4096),
+            ("decoder_base_dim", self.decoder_base_dim.unwrap_or(0), 4096),
+            ("max(dim_mult)", most(&self.dim_mult), 16),
+            ("len(dim_mult)", self.dim_mult.len(), 8),
+            ("z_dim", self.z_dim, 4096),
+            ("num_res_blocks", self.num_res_blocks, 64),
+            ("in_channels", self.in_channels, 4096),
+            ("out_channels", self.out_channels, 4096),
+        ])
     }
 
     fn check_temporal(&self, errs: &mut Vec<String>) {
@@ -172,6 +191,33 @@ mod tests {
             assert!(msg.contains(&format!("`{key}`")), "{key} not in: {msg}");
         }
         assert!(msg.contains("Wan2.2"), "{msg}");
+    }
+
+    #[test]
+    fn sizes_far_beyond_released_models_are_refused_by_key() {
+        let json = JSON
+            .replace("\"base_dim\": 8", "\"base_dim\": 1099511627776")
+            .replace("[1, 2, 2, 2]", "[1, 2, 2, 2, 1, 1, 1, 1, 64]")
+            .replace(
+                "[false, true, true]",
+                "[false, true, true, false, false, false, false, false]",
+            );
+        let msg = WanVaeConfig::from_json_str(&json).unwrap_err().to_string();
+        for key in [
+            "`base_dim` = 1099511627776",
+            "`max(dim_mult)` = 64",
+            "`len(dim_mult)` = 9",
+        ] {
+            assert!(msg.contains(key), "{key} not in: {msg}");
+        }
+        let at_limits = JSON
+            .replace("\"base_dim\": 8", "\"base_dim\": 4096")
+            .replace("[1, 2, 2, 2]", "[1, 2, 2, 2, 1, 1, 1, 16]")
+            .replace(
+                "[false, true, true]",
+                "[false, true, true, false, false, false, false]",
+            );
+        WanVaeConfig::from_json_str(&at_limits).unwrap();
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use reel_core::config::check;
 use serde::{Deserialize, Serialize};
 
 /// Why a [`WanConfig`] cannot be used.
@@ -168,6 +169,26 @@ impl WanConfig {
         serde_json::to_string_pretty(self).expect("WanConfig serializes")
     }
 
+    /// The sizes above their limit ([`check::sizes_above`]): 1024 layers, a width
+    /// (`num_attention_heads × attention_head_dim`, however split) of 2^17, an FFN of 2^20,
+    /// text embeddings of 2^17, 4096 latent channels, patches of 64, and 2^16 for the timestep
+    /// embedding and the RoPE tables (Wan2.1-14B: 40 layers of width 5120, FFN 13824).
+    fn sizes_above_limits(&self) -> Vec<String> {
+        let width = (self.num_attention_heads).saturating_mul(self.attention_head_dim);
+        let patch = self.patch_size.iter().copied().max().unwrap_or(0);
+        check::sizes_above(&[
+            ("num_layers", self.num_layers, 1024),
+            ("num_attention_heads × attention_head_dim", width, 1 << 17),
+            ("ffn_dim", self.ffn_dim, 1 << 20),
+            ("text_dim", self.text_dim, 1 << 17),
+            ("in_channels", self.in_channels, 4096),
+            ("out_channels", self.out_channels, 4096),
+            ("max(patch_size)", patch, 64),
+            ("freq_dim", self.freq_dim, 1 << 16),
+            ("rope_max_seq_len", self.rope_max_seq_len, 1 << 16),
+        ])
+    }
+
     /// Check that the values describe a model this implementation can build; every problem
     /// is listed in the error.
     pub fn validate(&self) -> Result<(), WanConfigError> {
@@ -186,6 +207,7 @@ impl WanConfig {
                 errs.push(format!("`{name}` must be positive"));
             }
         }
+        errs.extend(self.sizes_above_limits());
         if self.patch_size.contains(&0) {
             errs.push(format!(
                 "`patch_size` entries must be positive, got {:?}",
@@ -281,6 +303,41 @@ mod tests {
         let c = WanConfig::from_json_str(&json).unwrap();
         assert_eq!(c.extra["future"], serde_json::json!(3));
         assert!(c.to_json_string().contains("\"future\": 3"));
+    }
+
+    #[test]
+    fn sizes_far_beyond_released_models_are_refused_by_key() {
+        let mut c = WanConfig::from_json_str(FIXTURE_JSON).unwrap();
+        c.validate().unwrap();
+        // 2^40 × 2^30 wraps a usize product to 0: the width must be checked, not computed.
+        c.num_attention_heads = 1 << 40;
+        c.attention_head_dim = 1 << 30;
+        c.num_layers = 1_000_000_000_000;
+        c.patch_size = [1, 2, 1 << 20];
+        let msg = c.validate().unwrap_err().to_string();
+        for key in [
+            "`num_layers` = 1000000000000",
+            "`num_attention_heads × attention_head_dim` is too large to count, above the limit 131072",
+            "`max(patch_size)` = 1048576",
+        ] {
+            assert!(msg.contains(key), "{key} not in: {msg}");
+        }
+        // At the limits a config is valid, however its width is split into heads.
+        c.num_layers = 1024;
+        c.patch_size = [64, 64, 64];
+        for (heads, head_dim) in [(1 << 14, 8), (32, 4096), (1, 1 << 17)] {
+            c.num_attention_heads = heads;
+            c.attention_head_dim = head_dim;
+            c.validate().unwrap();
+        }
+        c.attention_head_dim += 2;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains(
+                "`num_attention_heads × attention_head_dim` = 131074 is above the limit 131072"
+            ),
+            "{msg}"
+        );
     }
 
     #[test]

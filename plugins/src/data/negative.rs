@@ -23,7 +23,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::prompts::encode_text;
 use super::safetensors_dir::decode_text;
-use super::tensors::pad_text;
+use super::tensors::{all_finite, pad_text};
 
 /// The name `reel preprocess` gives the negative file in its output folder.
 pub const FILE_NAME: &str = "negative.safetensors";
@@ -47,6 +47,7 @@ pub fn read_negative(path: &Path, spec: &DataSpec) -> Result<TextCondition, Data
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
     let stored = decode_text(&st).map_err(bad)?;
+    all_finite("text_embedding", &stored.values).map_err(bad)?;
     let [seq, dim] = stored.dims;
     if dim != spec.text_dim {
         return Err(bad(format!(
@@ -64,7 +65,7 @@ pub fn read_negative(path: &Path, spec: &DataSpec) -> Result<TextCondition, Data
 }
 
 /// Write `text` (`L·D` values of width `dim`, with its mask) and the `prompt` it encodes to
-/// `path`, under a temporary name renamed when complete.
+/// `path`, whole or not at all ([`reel_core::io::replace_file_with`]).
 pub fn write_negative(
     path: &Path,
     text: &TextCondition,
@@ -98,15 +99,12 @@ pub fn write_negative(
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| bad(format!("cannot make its folder: {e}")))?;
     }
-    let tmp = path.with_extension("safetensors.partial");
-    let written = safetensors::serialize_to_file(tensors, Some(meta), &tmp)
-        .map_err(|e| e.to_string())
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
-    written.map_err(|e| {
-        // Nothing half-written stays behind (the file named `path` is untouched).
-        let _ = std::fs::remove_file(&tmp);
-        bad(format!("cannot write: {e}"))
-    })
+    // Whole or not at all: a failed write leaves `path` as it was and nothing beside it.
+    let write = |tmp: &Path| {
+        safetensors::serialize_to_file(tensors, Some(meta), tmp).map_err(|e| e.to_string())
+    };
+    reel_core::io::replace_file_with(path, write, |e| e.to_string())
+        .map_err(|e| bad(format!("cannot write: {e}")))
 }
 
 /// The prompt and token count of the negative file at `path`, from its header (`None` when
@@ -170,7 +168,8 @@ mod tests {
             mask: (0..len).map(|t| t < real).collect(),
         };
         write_negative(&path, &text, dim, "blurry").unwrap();
-        assert!(!path.with_extension("safetensors.partial").exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
         assert_eq!(stored_prompt(&path), Some(("blurry".to_string(), len)));
         assert_eq!(stored_prompt(&dir.path().join("none")), None);
 
@@ -203,6 +202,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a safetensors file"), "{err}");
+
+        // A NaN in the file is refused here, naming the file and the value, rather than
+        // turning guidance's unconditional branch into a non-finite loss.
+        let mut nan = text.clone();
+        nan.embedding[5] = f32::NAN;
+        let bad_file = dir.path().join("nan.safetensors");
+        write_negative(&bad_file, &nan, dim, "blurry").unwrap();
+        let err = read_negative(&bad_file, &spec(len, dim))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nan.safetensors") && err.contains("text_embedding: value 5 is NaN"),
+            "{err}"
+        );
     }
 
     /// A mask whose length does not divide the values is refused, and nothing is written; a

@@ -78,12 +78,12 @@ impl RandomDataConfig {
 impl DataConfig for RandomDataConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("batch_size", self.batch_size)?;
-        check::positive_usize("num_samples", self.num_samples)?;
+        super::tensors::check_generated_samples(self.num_samples)?;
         check::positive_usize("channels", self.channels)?;
         check::positive_usize("frames", self.frames)?;
         check::positive_usize("height", self.height)?;
         check::positive_usize("width", self.width)?;
-        check::positive_usize("text_len", self.text_len)?;
+        super::tensors::check_text_len(self.text_len)?;
         check::positive_usize("text_dim", self.text_dim)
     }
 

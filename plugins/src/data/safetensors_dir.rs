@@ -85,7 +85,7 @@ impl DataConfig for SafetensorsDirConfig {
             ));
         }
         check::positive_usize("batch_size", self.batch_size)?;
-        check::positive_usize("text_len", self.text_len)
+        super::tensors::check_text_len(self.text_len)
     }
 
     fn batch_size(&self) -> usize {

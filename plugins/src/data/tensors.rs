@@ -4,8 +4,28 @@
 use reel_core::io::decode_le_floats;
 use safetensors::tensor::Dtype;
 
+use reel_core::config::{check, ConfigError};
 use reel_core::data::TextCondition;
+use reel_models::umt5::MAX_TEXT_LEN;
 use serde::{Deserialize, Serialize};
+
+/// A data source's `text_len`: from 1 to [`MAX_TEXT_LEN`] tokens, as `reel preprocess`
+/// accepts. A larger count is a typo that would pad every caption (and the negative prompt)
+/// to a size that does not fit in memory.
+pub fn check_text_len(text_len: usize) -> Result<(), ConfigError> {
+    let why = " (text tokens per prompt; Wan: 512)";
+    check::count_in("text_len", text_len, MAX_TEXT_LEN, why)
+}
+
+/// The most samples a generated source (`synthetic`, `random`) may have: the loader's
+/// shuffle holds one index per sample, 80 MB per worker at this count.
+pub const MAX_GENERATED_SAMPLES: usize = 10_000_000;
+
+/// A generated source's `num_samples`: from 1 to [`MAX_GENERATED_SAMPLES`].
+pub fn check_generated_samples(num_samples: usize) -> Result<(), ConfigError> {
+    let why = " (each epoch shuffles an index of them)";
+    check::count_in("num_samples", num_samples, MAX_GENERATED_SAMPLES, why)
+}
 
 /// Element types a stored tensor may have (named as numpy / torch name them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

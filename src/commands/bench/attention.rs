@@ -155,7 +155,7 @@ fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<AttentionRow>> {
         .iter()
         .map(|spec| parse_tiles(spec))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let device = B::device_for(0);
+    let device = crate::commands::device::<B>(0, "--backend")?;
     let [b, h, n, d] = shape;
     // Stored `[B, N, heads, d]`, seen as `[B, heads, N, d]`, in the bench's dtype.
     let mut rng = StreamRng::from_seed(0);

@@ -85,7 +85,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 fn rows<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<EncoderRow>> {
-    let device = B::device_for(0);
+    let device = crate::commands::device::<B>(0, "--backend")?;
     let mut rows = vec![];
     if let Some(spec) = &args.vae {
         rows.extend(vae_rows::<B::InnerBackend>(args, spec, &device)?);

@@ -178,7 +178,7 @@ fn report<B: ReelBackend>(
     let preset = args.presets.first().map(String::as_str).unwrap_or("");
     let (cfg, tokens) = preset_tokens(args, preset)?;
     let products = products(args.batch * tokens, cfg.inner_dim(), cfg.ffn_dim);
-    let device = B::device_for(0);
+    let device = crate::commands::device::<B>(0, "--backend")?;
     let mut rows = vec![];
     for (i, product) in products.iter().enumerate() {
         let [lhs, rhs] =

@@ -453,7 +453,7 @@ fn backend_label(name: BackendName) -> String {
 }
 
 fn run_backend<B: ReelBackend>(args: &BenchArgs) -> anyhow::Result<Vec<BenchRow>> {
-    let device = &B::device_for(0);
+    let device = &crate::commands::device::<B>(0, "--backend")?;
     let mut rows = vec![];
     for p in &args.presets {
         for &r in &args.lora_ranks {
@@ -600,7 +600,7 @@ mod tests {
     fn refusal(flags: &[&str]) -> String {
         let cli = Cli::try_parse_from(std::iter::once("bench").chain(flags.iter().copied()))
             .expect("flags parse");
-        check_args(&cli.bench).expect_err("refused").to_string()
+        format!("{:#}", check_args(&cli.bench).expect_err("refused"))
     }
 
     #[test]
@@ -681,10 +681,10 @@ mod tests {
     #[test]
     fn a_text_encoder_beyond_memory_is_refused_before_it_is_built() {
         let dir = tempfile::tempdir().unwrap();
-        let config = |vocab: u64| {
-            let path = dir.path().join(format!("umt5-{vocab}.json"));
+        let config = |vocab: u64, d_model: u64| {
+            let path = dir.path().join(format!("umt5-{vocab}-{d_model}.json"));
             let json = format!(
-                r#"{{"vocab_size": {vocab}, "d_model": 8, "d_kv": 4, "d_ff": 16,
+                r#"{{"vocab_size": {vocab}, "d_model": {d_model}, "d_kv": 4, "d_ff": 16,
                     "num_layers": 1, "num_heads": 2}}"#
             );
             std::fs::write(&path, json).unwrap();
@@ -694,15 +694,22 @@ mod tests {
             let flags = std::iter::once("bench").chain(flags.iter().copied());
             Cli::try_parse_from(flags).expect("flags parse").bench
         };
-        check_args(&parse(&["--text-encoder", &config(300)])).expect("a tiny encoder fits");
+        check_args(&parse(&["--text-encoder", &config(300, 8)])).expect("a tiny encoder fits");
         let missing = dir.path().join("no_encoder").to_string_lossy().into_owned();
         let e = refusal(&["--text-encoder", &missing]);
         assert!(e.contains(&format!("--text-encoder {missing}")), "{e}");
         if reel_core::memory::available_for(super::BackendName::Cpu, &[0]).is_some() {
-            let huge = config(1 << 40);
+            // 2^22 × 2^16 embedding values: 1 TiB in float32, within the size limits.
+            let huge = config(1 << 22, 1 << 16);
             let e = refusal(&["--text-encoder", &huge]);
             assert!(
                 e.contains(&format!("--text-encoder {huge}")) && e.contains("needs at least"),
+                "{e}"
+            );
+            let past_limit = config(1 << 40, 8);
+            let e = refusal(&["--text-encoder", &past_limit]);
+            assert!(
+                e.contains("`vocab_size` = 1099511627776 is above the limit"),
                 "{e}"
             );
             let e = refusal(&["--text-encoder", "umt5-xxl", "--text-len", "10000000"]);

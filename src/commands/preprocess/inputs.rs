@@ -177,6 +177,10 @@ fn caption_of(
         _ => vec![path.with_extension("txt")],
     };
     for s in &sidecars {
+        // A named pipe would wait for a writer forever.
+        if std::fs::metadata(s).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            return Err(format!("{} is not a regular file", s.display()));
+        }
         let bytes = match std::fs::read(s) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,

@@ -199,7 +199,7 @@ pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
 }
 
 fn load<B: ReelBackend>(args: &PreprocessArgs) -> anyhow::Result<Encoders<B::InnerBackend>> {
-    let device = B::device_for(args.device);
+    let device = super::device::<B>(args.device, "--device")?;
     let vae = WanVae::load(&args.vae, &device).context("loading the VAE")?;
     let text = Umt5TextEncoder::load(args.tokenizer()?, &args.text_encoder, &device)
         .context("loading the text encoder")?;

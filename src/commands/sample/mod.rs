@@ -219,7 +219,10 @@ fn sample<B: ReelBackend>(
             );
         }
     }
-    let device = B::device_for(loaded.config.runtime.main_device());
+    let device = super::device::<B>(
+        loaded.config.runtime.main_device(),
+        super::inference::RUN_DEVICE,
+    )?;
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {

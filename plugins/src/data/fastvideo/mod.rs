@@ -104,7 +104,7 @@ impl DataConfig for FastVideoParquetConfig {
         if let Some(t) = self.num_latent_t {
             check::positive_usize("num_latent_t", t)?;
         }
-        check::positive_usize("text_len", self.text_len)
+        super::tensors::check_text_len(self.text_len)
     }
 
     fn batch_size(&self) -> usize {

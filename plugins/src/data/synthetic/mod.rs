@@ -165,7 +165,7 @@ fn check_range(
 impl DataConfig for SyntheticConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("batch_size", self.batch_size)?;
-        check::positive_usize("num_samples", self.num_samples)?;
+        crate::data::tensors::check_generated_samples(self.num_samples)?;
         if self.batch_size > self.num_samples {
             return Err(ConfigError::new(
                 "batch_size",
