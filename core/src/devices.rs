@@ -6,8 +6,9 @@
 use crate::backend::BackendName;
 
 /// How many devices `backend` has on this machine, where that can be told: on `cuda`, the
-/// devices the CUDA driver sees (it honours `CUDA_VISIBLE_DEVICES`), 0 without a driver or
-/// when it does not start. `None` in a build without `cuda` and on the other backends (the
+/// devices the CUDA driver sees (it honours `CUDA_VISIBLE_DEVICES`). `None` where there is
+/// no driver to ask or it does not start (a login node checking a config: as the memory
+/// check, nothing is compared), in a build without `cuda`, and on the other backends (the
 /// CPU backends ignore the index; `wgpu`'s adapters are not counted).
 pub fn device_count(backend: BackendName) -> Option<usize> {
     match backend {
@@ -37,8 +38,8 @@ pub(crate) fn check_against(
     };
     let has = match count {
         0 => format!(
-            "this machine shows no {backend} device (no driver or GPU, or CUDA_VISIBLE_DEVICES \
-             hides them)"
+            "the {backend} driver of this machine shows no device (CUDA_VISIBLE_DEVICES may \
+             hide them)"
         ),
         1 => format!("this machine has 1 {backend} device, index 0"),
         n => format!(
@@ -54,13 +55,11 @@ fn cuda_count() -> Option<usize> {
     use cudarc::driver::result as driver;
     // SAFETY: only looks for the driver library.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Some(0);
+        return None;
     }
-    if driver::init().is_err() {
-        return Some(0);
-    }
+    driver::init().ok()?;
     let count = driver::device::get_count().ok()?;
-    Some(usize::try_from(count).unwrap_or(0))
+    usize::try_from(count).ok()
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -84,7 +83,9 @@ mod tests {
         let e = check_against(cuda, &[1], 1).unwrap_err();
         assert!(e.ends_with("has 1 cuda device, index 0"), "{e}");
         let e = check_against(cuda, &[0], 0).unwrap_err();
-        assert!(e.starts_with("device 0 does not exist: this machine shows no cuda device"));
+        assert!(e.starts_with(
+            "device 0 does not exist: the cuda driver of this machine shows no device"
+        ));
     }
 
     #[test]
@@ -102,7 +103,10 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_refuses_the_index_after_the_last_gpu() {
-        let count = device_count(BackendName::Cuda).expect("the cuda build counts");
+        let Some(count) = device_count(BackendName::Cuda) else {
+            eprintln!("skipped: no CUDA driver here");
+            return;
+        };
         let e = check_indices(BackendName::Cuda, &[count]).unwrap_err();
         assert!(
             e.starts_with(&format!("device {count} does not exist")),

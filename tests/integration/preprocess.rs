@@ -364,9 +364,6 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     assert_ne!(inode(&negative), negative_inode, "{err}");
 }
 
-/// A video goes through FFmpeg (skipped without it, unless `REEL_REQUIRE_FFMPEG` is set, as
-/// CI does): a lossless QuickTime clip with a quarter-turn rotation is encoded upright,
-/// exactly the VAE mean of its first frames turned.
 /// Named pipes in the input folder (a `.gif` that is a FIFO, a sidecar caption that is one)
 /// are reported as failed items, and the run goes on: nothing waits for a writer.
 #[cfg(unix)]
@@ -420,6 +417,9 @@ fn named_pipes_are_reported_not_waited_on() {
     assert!(listed.contains("e.txt"), "{listed}");
 }
 
+/// A video goes through FFmpeg (skipped without it, unless `REEL_REQUIRE_FFMPEG` is set, as
+/// CI does): a lossless QuickTime clip with a quarter-turn rotation is encoded upright,
+/// exactly the VAE mean of its first frames turned.
 #[test]
 fn a_rotated_video_is_encoded_upright() {
     if !reel_plugins::media::decode::ffmpeg_for_tests() {

@@ -45,6 +45,10 @@ pub enum Launcher {
     Mpi,
 }
 
+/// The most data-parallel workers one process runs (`runtime.num_devices`): far above the
+/// GPUs of one machine, low enough that a typo is an error, not a list of a trillion workers.
+pub const MAX_WORKERS: usize = 1024;
+
 /// `[runtime]`: where and how the run executes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -151,13 +155,20 @@ impl RuntimeConfig {
             ));
         }
         if let Some(n) = self.num_devices {
-            check::positive_usize("num_devices", n)?;
+            let why = " (workers of one process; each holds its own copy of the roles)";
+            check::count_in("num_devices", n, MAX_WORKERS, why)?;
         }
         if let Some(d) = &self.devices {
             if d.is_empty() {
                 return Err(ConfigError::new(
                     "devices",
                     "expected at least one device index",
+                ));
+            }
+            if d.len() > MAX_WORKERS {
+                return Err(ConfigError::new(
+                    "devices",
+                    format!("expected at most {MAX_WORKERS} devices, got {}", d.len()),
                 ));
             }
             let mut seen = d.clone();
@@ -497,6 +508,32 @@ impl RunConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Worker counts past one process's limit are refused by key before any list is made.
+    #[test]
+    fn a_worker_count_past_the_limit_is_refused() {
+        let runtime = |devices: Option<Vec<usize>>, num_devices: Option<usize>| RuntimeConfig {
+            devices,
+            num_devices,
+            ..RuntimeConfig::default()
+        };
+        runtime(None, Some(MAX_WORKERS)).validate().unwrap();
+        let e = runtime(None, Some(1_000_000_000_000))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.key, "num_devices");
+        assert!(e.message.contains("[1, 1024]"), "{e}");
+        assert_eq!(
+            runtime(None, Some(0)).validate().unwrap_err().key,
+            "num_devices"
+        );
+        let many: Vec<usize> = (0..=MAX_WORKERS).collect();
+        let e = runtime(Some(many), None).validate().unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.message.contains("at most 1024")),
+            ("devices", true)
+        );
+    }
 
     /// A device past the machine's count is named under the key that chose it.
     #[test]

@@ -83,6 +83,8 @@ pub fn write_negative(
             text.embedding.len()
         )));
     }
+    // Every read would refuse it (see `read_negative`).
+    all_finite("text_embedding", &text.embedding).map_err(bad)?;
     let values: Vec<u8> = text
         .embedding
         .iter()
@@ -208,7 +210,19 @@ mod tests {
         let mut nan = text.clone();
         nan.embedding[5] = f32::NAN;
         let bad_file = dir.path().join("nan.safetensors");
-        write_negative(&bad_file, &nan, dim, "blurry").unwrap();
+        let err = write_negative(&bad_file, &nan, dim, "blurry")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("value 5 is NaN") && !bad_file.exists(),
+            "{err}"
+        );
+        // A file made elsewhere: the good file with one value replaced in place.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let one = (0.5f32 * 5.0 - 1.0).to_le_bytes();
+        let at = bytes.windows(4).position(|w| w == one).unwrap();
+        bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        std::fs::write(&bad_file, bytes).unwrap();
         let err = read_negative(&bad_file, &spec(len, dim))
             .unwrap_err()
             .to_string();

@@ -138,6 +138,15 @@ pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
     }
 }
 
+/// Refuse a named pipe or a device (a frame `0001.png` that is a FIFO): reading one would
+/// block, or never end.
+fn not_special(path: &Path) -> Result<(), MediaError> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => Err(invalid(path, "not a regular file or folder")),
+        _ => Ok(()),
+    }
+}
+
 fn open(path: &Path) -> Result<BufReader<File>, MediaError> {
     File::open(path)
         .map(BufReader::new)
@@ -149,11 +158,7 @@ fn open(path: &Path) -> Result<BufReader<File>, MediaError> {
 
 /// Read any supported media (see [`MediaKind`]), decoding the frames `need` says.
 pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
-    // A named pipe or device would block the read, or never end.
-    let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir());
-    if special {
-        return Err(invalid(path, "not a regular file or folder"));
-    }
+    not_special(path)?;
     match MediaKind::of(path) {
         Some(MediaKind::Gif) => read_gif(path, need),
         Some(MediaKind::Image) => {
@@ -173,6 +178,7 @@ pub fn read_clip(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
 
 /// A PNG or JPEG image (by extension) as RGB pixels: `(pixels, width, height)`.
 pub fn read_image(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError> {
+    not_special(path)?;
     let ext = path.extension().and_then(|e| e.to_str());
     let jpeg = ext.is_some_and(|e| JPEG_EXTENSIONS.iter().any(|j| e.eq_ignore_ascii_case(j)));
     match jpeg {
@@ -696,6 +702,20 @@ mod tests {
         let err = read_clip(&fifo, FrameNeed::ALL).unwrap_err().to_string();
         assert!(
             err.contains("clip.gif") && err.contains("not a regular file"),
+            "{err}"
+        );
+        // A frame of a frame folder that is a pipe is refused the same way.
+        let frames = dir.path().join("scene");
+        std::fs::create_dir(&frames).unwrap();
+        write_png(&frames.join("0001.png"), &frame(1, 4, 4), 4, 4).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(frames.join("0002.png"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = read_clip(&frames, FrameNeed::ALL).unwrap_err().to_string();
+        assert!(
+            err.contains("0002.png") && err.contains("not a regular file"),
             "{err}"
         );
     }

@@ -247,8 +247,9 @@ fn bench_run<B: ReelBackend>(
     };
     let source = open_data(loaded)?;
     let main = loaded.config.runtime.main_device();
+    // Before the trainer makes the device: a missing GPU is an error, not a backend panic.
+    let device = crate::commands::device::<B>(main, crate::commands::inference::RUN_DEVICE)?;
     let mut trainer = Trainer::<B>::in_seat(loaded, &opts, Seat::single(main), source.clone())?;
-    let device = crate::commands::device::<B>(main, "`runtime` devices")?;
     let mut progress = Progress::new(label, total_steps(args));
     // One trainer step, synced, and its line on stderr; its time in ms.
     let mut step = |trainer: &mut Trainer<B>, kind: &str| -> anyhow::Result<f64> {
