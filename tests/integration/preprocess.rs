@@ -4,7 +4,7 @@
 //! clip and the UMT5 embedding of the caption; bad files are named and skipped; a second
 //! run resumes; other settings are refused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use burn::tensor::{Tensor, TensorData};
@@ -60,6 +60,18 @@ fn preprocess_with(input: &Path, out: &Path, vae: &Path, t5: &Path, extra: &[&st
         .args(extra)
         .output()
         .expect("reel runs")
+}
+
+/// A folder `clips` in `dir` holding `<name>.gif` of the same frames for each of `names`.
+fn gif_folder(dir: &Path, names: &[&str]) -> PathBuf {
+    let input = dir.join("clips");
+    std::fs::create_dir(&input).unwrap();
+    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
+    for name in names {
+        let gif = input.join(format!("{name}.gif"));
+        write_gif(&gif, &frames, SIDE, SIDE, 1, 10).unwrap();
+    }
+    input
 }
 
 /// The clips as `[1, 3, F, H, W]` in [-1, 1].
@@ -193,20 +205,7 @@ fn names(dir: &Path) -> Vec<String> {
 #[test]
 fn resuming_never_mixes_runs_and_retries_what_failed() {
     let tmp = tempfile::tempdir().unwrap();
-    let input = tmp.path().join("clips");
-    std::fs::create_dir(&input).unwrap();
-    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
-    for name in ["a", "b", "c"] {
-        write_gif(
-            &input.join(format!("{name}.gif")),
-            &frames,
-            SIDE,
-            SIDE,
-            1,
-            10,
-        )
-        .unwrap();
-    }
+    let input = gif_folder(tmp.path(), &["a", "b", "c"]);
     std::fs::write(input.join("a.txt"), "first").unwrap();
     std::fs::write(input.join("c.txt"), "third").unwrap();
     // The output folder inside the input folder.
@@ -328,6 +327,7 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     assert_eq!(source.get(2).unwrap().caption, "third, edited");
 
     // A clip added since would shift the shards: refused, naming it, and nothing changes.
+    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
     write_gif(&input.join("0.gif"), &frames, SIDE, SIDE, 1, 10).unwrap();
     std::fs::write(input.join("0.txt"), "new").unwrap();
     let before: Vec<_> = names(&out)
@@ -370,20 +370,7 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
 #[test]
 fn named_pipes_are_reported_not_waited_on() {
     let tmp = tempfile::tempdir().unwrap();
-    let input = tmp.path().join("clips");
-    std::fs::create_dir(&input).unwrap();
-    let frames: Vec<_> = (0..FRAMES).map(frame).collect();
-    for name in ["a", "e"] {
-        write_gif(
-            &input.join(format!("{name}.gif")),
-            &frames,
-            SIDE,
-            SIDE,
-            1,
-            10,
-        )
-        .unwrap();
-    }
+    let input = gif_folder(tmp.path(), &["a", "e"]);
     std::fs::write(input.join("a.txt"), "first").unwrap();
     std::fs::write(input.join("p.txt"), "a pipe").unwrap();
     for fifo in ["p.gif", "e.txt"] {
