@@ -176,10 +176,8 @@ pub fn load_role_weights(
     let mut handle = TrainableRole::new(name, model, cfg.optimizer.clone(), None, 1);
     let (tensors, _) =
         reel_core::checkpoint::read_tensors(dir, &file.file_name().unwrap().to_string_lossy())?;
-    (handle.load_trainable_tensors(&tensors)).map_err(|e| CheckpointError::DoesNotFit {
-        path: file.clone(),
-        message: e.to_string(),
-    })?;
+    (handle.load_trainable_tensors(&tensors))
+        .map_err(|e| CheckpointError::does_not_fit(&file, &e))?;
     Ok((handle.model_valid(), file))
 }
 

@@ -86,6 +86,14 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
+    /// The tensors of `path` that do not fit a role's state ([`CheckpointError::DoesNotFit`]).
+    pub fn does_not_fit(path: &Path, e: &crate::role::RoleStateError) -> Self {
+        CheckpointError::DoesNotFit {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: &Path, e: impl std::fmt::Display) -> Self {
         CheckpointError::Io {

@@ -13,7 +13,8 @@
 //! - [`replace_file`] / [`replace_file_with`] write any file whole (temporary sibling, sync,
 //!   rename), as the safetensors writer does; [`sync_dir`] makes renames in a folder durable
 //!   (the checkpoints' folders too);
-//! - [`content_stamp`] identifies a file or folder by its size and both ends' bytes.
+//! - [`content_stamp`] identifies a file or folder by its size and both ends' bytes;
+//!   [`is_special`] tells a named pipe or device, which a reader must not open.
 
 mod atomic;
 mod error;
@@ -26,7 +27,7 @@ pub use self::atomic::*;
 pub use self::safetensors::*;
 pub use error::*;
 pub use module::*;
-pub use stamp::content_stamp;
+pub use stamp::{content_stamp, is_special};
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,13 @@ use std::path::Path;
 
 use crate::checkpoint::sha256_hex;
 
+/// Whether `path` is a named pipe, socket or device: neither a regular file nor a folder.
+/// Reading one would wait for a writer forever, or never end; `false` for a path that
+/// cannot be looked at (its reader reports that).
+pub fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
 /// `size:hash` of a file: its size and a SHA-256 of its first and last `end` bytes; `None`
 /// if it cannot be read or is not a regular file (opening a named pipe would wait for a
 /// writer forever).

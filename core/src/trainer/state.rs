@@ -189,10 +189,5 @@ fn load_ema_if_kept<B: AutodiffBackend>(
 
 /// A role whose state does not fit the tensors of `dir`'s `file`, as an error naming the file.
 fn does_not_fit(dir: &Path, file: &str, e: RoleStateError) -> TrainError {
-    let path = dir.join(file);
-    CheckpointError::DoesNotFit {
-        path,
-        message: e.to_string(),
-    }
-    .into()
+    CheckpointError::does_not_fit(&dir.join(file), &e).into()
 }

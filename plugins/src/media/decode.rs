@@ -141,9 +141,9 @@ pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> MediaError {
 /// Refuse a named pipe or a device (a frame `0001.png` that is a FIFO): reading one would
 /// block, or never end.
 fn not_special(path: &Path) -> Result<(), MediaError> {
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() && !m.is_dir() => Err(invalid(path, "not a regular file or folder")),
-        _ => Ok(()),
+    match reel_core::io::is_special(path) {
+        true => Err(invalid(path, "not a regular file or folder")),
+        false => Ok(()),
     }
 }
 

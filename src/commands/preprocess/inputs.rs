@@ -178,7 +178,7 @@ fn caption_of(
     };
     for s in &sidecars {
         // A named pipe would wait for a writer forever.
-        if std::fs::metadata(s).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        if reel_core::io::is_special(s) {
             return Err(format!("{} is not a regular file", s.display()));
         }
         let bytes = match std::fs::read(s) {

@@ -219,10 +219,8 @@ fn sample<B: ReelBackend>(
             );
         }
     }
-    let device = super::device::<B>(
-        loaded.config.runtime.main_device(),
-        super::inference::RUN_DEVICE,
-    )?;
+    // `load` has checked that the device exists.
+    let device = B::device_for(loaded.config.runtime.main_device());
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
     let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {
