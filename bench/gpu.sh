@@ -4,15 +4,15 @@
 # in the same run, the `--breakdown` of the fine-tuning and DMD2 steps at ~29k tokens, and the
 # Wan VAE (decode/encode of 81x480x832) and UMT5-XXL (512 tokens).
 # Writes bench/results/<date>-<gpu>[-<TAG>].{json,md} (RESULTS_DIR; and a copy under $OUT,
-# with every run's raw output and stderr as gpu-logs.tgz) after every run, so a run cut short
-# still leaves what it measured: one row per Reel run
-# with the device, the date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON
-# of every GPU run.
+# with every run's raw output and stderr as <date>-<gpu>[-<TAG>]-logs.tgz) after every run, so
+# a run cut short still leaves what it measured: one row per Reel run with the device, the
+# date, the build variant and the Reel/PyTorch `ratio`. Commit the JSON of every GPU run.
 #
 # GPU minutes are scarce, so build here and only measure there:
-#   BUILD_ONLY=1 bench/gpu.sh      # here: bench/bin/reel-cuda-<variant>, stripped, and
-#                                  # bench/bin/reel-cuda.tar.xz (16 MB for one variant, less
-#                                  # for each more, and diffusers' wheel, 6 MB) to carry
+#   BUILD_ONLY=1 PLAN=session bench/gpu.sh   # here: bench/bin/reel-cuda-plain, stripped, and
+#                                  # bench/bin/reel-cuda.tar.xz (23 MB with diffusers' wheel,
+#                                  # 6 MB; 2026-12-04) to carry. Without PLAN=session it builds
+#                                  # the matrix's three variants (about 70 minutes more here).
 #   PLAN=session bench/gpu.sh      # there: the prioritized runs below, within BUDGET_S
 #   bench/gpu.sh                   # there: the whole matrix (unpacks the tarball when needed)
 #
@@ -84,13 +84,17 @@
 #     `small` a Reel row at 2048 tokens each, in `memory` the 29120-token step each (GPU
 #     memory beside pages'), in `host` a table each ("" runs pages alone).
 #   e.g. `ONLY="configs encoders" BUDGET_S=240 bench/gpu.sh`; results go to
-#   <date>-<gpu>-<ONLY's words joined by '-'> (TAG).
+#   <date>-<gpu>-<ONLY's words joined by '-'> (TAG). ONLY needs BUDGET_S set: the session
+#   plan's 500 s would overrun a later call's device time, which only the caller knows.
 # BUDGET_S (both plans; empty: none) bounds the whole run: each run gets at most the time
 # left, and runs that no longer fit are recorded as skipped.
 # 29k tokens without checkpointing do not fit 80 GB for Reel or PyTorch: a run that fails
 # (out of memory) is recorded with `error` and the list goes on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The budget counts from this script's start (unpacking and the library search take time too):
+# from SECONDS now, not 0, since a caller's exported SECONDS is inherited.
+start=$SECONDS
 # An empty pin is no pin (REEL_MATMUL="" would not parse, and fall back to Burn's matmul, not
 # the `cuda` default).
 for pin in REEL_MATMUL REEL_FLASH REEL_TILED_TILES; do
@@ -106,6 +110,14 @@ for part in $ONLY; do
   esac
 done
 if [[ -n $ONLY ]]; then PLAN=session; fi
+# A part run alone is a later, short call: the session plan's default budget (500 s) would
+# run past the device time left, which only the caller knows (the device tool's `status`).
+if [[ -n $ONLY && -z ${BUDGET_S+x} && -z ${BUILD_ONLY:-} ]]; then
+  echo "ONLY='$ONLY' needs BUDGET_S: the seconds this call may take (the device time left less" \
+    "a minute for the results to come back, at most 540), e.g. BUDGET_S=240; BUDGET_S= runs" \
+    "without a bound" >&2
+  exit 2
+fi
 PLAN=${PLAN:-matrix}
 PRESET=${PRESET:-wan2.1-t2v-1.3b}
 BATCH=${BATCH:-1}
@@ -219,6 +231,13 @@ if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import torch, diffusers" 2>/dev/null; th
   echo "no torch + diffusers for $PYTHON: PyTorch columns stay empty (TORCH=0)" >&2
   TORCH=0
 fi
+# bench/pytorch/bench_encoders.py builds UMT5 with `transformers` (the rest needs only torch and
+# diffusers): without it, PyTorch's UMT5 run alone is skipped, and listed with that reason.
+TORCH_UMT5=$TORCH
+if [[ $TORCH == 1 ]] && ! "$PYTHON" -c "import transformers" 2>/dev/null; then
+  echo "no transformers for $PYTHON: PyTorch's UMT5 run is skipped" >&2
+  TORCH_UMT5=0
+fi
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 gpu=${gpu:-unknown-gpu}
@@ -231,8 +250,7 @@ mkdir -p "$RESULTS_DIR"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 manifest=$tmp/manifest.jsonl
 : >"$manifest"
-# The budget counts from this script's start: unpacking and the library search take time too.
-start=0
+# (The budget's start is taken at the top of the script.)
 n=0
 
 # Seconds this run may still take (a large number without a budget).
@@ -251,16 +269,28 @@ peak_run() {
 }
 
 # One job: `job KIND KEY=VALUE... -- COMMAND...`; records it in the manifest and rewrites the
-# results. It is skipped when less of the budget is left than it needs to finish: 30 seconds,
-# 90 for the long ones (29120 tokens, the shipped configs, the encoders), which would only be
-# killed part way.
+# results. It is skipped when less of the budget is left than it needs to finish (it would
+# only be killed part way). The needs are the wall seconds the H200 session of 2026-11-30 took
+# (bench/results/2026-11-30-NVIDIA-H200-late.json's timeline, unless named), with a margin:
+#   120: a shipped config (configs/dmd2_wan.toml took 103 s);
+#   150: an 81-frame VAE run (the decode of 81x480x832: 73 s of steps, 42 of them the warm-up,
+#        plus its start; encode and decode together were stopped at 251 s,
+#        2026-11-30-NVIDIA-H200-late-encoders.json);
+#    90: the other encoder runs (UMT5-XXL took 62 s, 2026-11-30-NVIDIA-H200-encoders-configs.json);
+#    60: PyTorch's steps (38, 48 and 54 s at 8190, 2048 and 29120 tokens) and every run at 8190
+#        or 29120 tokens (Reel's steps 37-42 s; 65 s before the kernel cache,
+#        2026-11-30-NVIDIA-H200.json; the attention and matmul alone 40-47 s);
+#    30: the rest (Reel's 2048-token step 26 s, the 8190-token breakdown 24 s).
 job() {
   local kind=$1; shift
   local fields=() need=30
   while [[ $1 != -- ]]; do fields+=("$1"); shift; done
   shift
   case " $kind ${fields[*]} " in
-    *" encoder "* | *" torch-encoder "* | *" shape=20,56,104 "* | *" method=configs/"*) need=90 ;;
+    *" method=configs/"*) need=120 ;;
+    " encoder "*"--video 81 "* | " torch-encoder "*"--video 81 "*) need=150 ;;
+    " encoder "* | " torch-encoder "*) need=90 ;;
+    " torch "* | *" shape=21,30,52 "* | *" shape=20,56,104 "*) need=60 ;;
   esac
   n=$((n + 1))
   local file=$tmp/run.$n.json rc=skipped mem="" began=$SECONDS secs=""
@@ -269,10 +299,32 @@ job() {
     read -r rc mem < <(peak_run "$file" "$@")
     secs=$((SECONDS - began))
   fi
+  record "$kind" "$file" "$rc" "$mem" "$secs" "${fields[@]}"
+}
+
+# A job not run for REASON (not the budget): listed among the skipped, with its reason.
+skip_job() { # KIND REASON FIELD...
+  local kind=$1 reason=$2; shift 2
+  n=$((n + 1))
+  echo "[$((SECONDS - start)) s] $kind $*: skipped, $reason" >&2
+  record "$kind" "$tmp/run.$n.json" skipped "" "" "$@" reason="$reason"
+}
+
+# One manifest line (KIND FILE RC MEM SECS FIELD...), then the results rewritten.
+record() {
   "$PYTHON" -c 'import json, sys; k, f, rc, mem, secs, *kv = sys.argv[1:]
 print(json.dumps(dict(kind=k, file=f, rc=rc, mem=mem, secs=secs, **dict(x.split("=", 1) for x in kv))))' \
-    "$kind" "$file" "$rc" "$mem" "$secs" "${fields[@]}" >>"$manifest"
+    "$@" >>"$manifest"
   summarize >/dev/null
+}
+
+# Copy FILE under $OUT (when set) by its own name, through a temporary name: a call killed
+# part way leaves the last whole copy, not half of one.
+copy_out() { # FILE
+  [[ -n ${OUT:-} ]] || return 0
+  local to
+  to=$OUT/$(basename "$1")
+  cp "$1" "$to.part" 2>/dev/null && mv -f "$to.part" "$to"
 }
 
 torch_job() { # SHAPE DTYPE CKPT
@@ -310,7 +362,8 @@ profile_job() { # VARIANT ATTENTION SHAPE [CKPT, default 1]
   step_job kernels "$dir" "$toml" "$1" "$2" "$3" "${4:-1}" log="$dir/cubecl.log"
   if [[ -s $dir/autotune.log ]]; then
     cp "$dir/autotune.log" "$out-autotune.log"
-    if [[ -n ${OUT:-} ]]; then cp "$dir/autotune.log" "$OUT/"; fi
+    # Named after the results, so a second gpu.sh in the same call keeps the first's.
+    copy_out "$out-autotune.log"
   fi
 }
 
@@ -425,7 +478,13 @@ matmul_job() { # VARIANT SHAPE
 }
 
 # The kernels the matmul-alone run at SHAPE found fastest over a block, per layout (a
-# REEL_MATMUL value); empty when that is Burn's own matmul or the run failed.
+# REEL_MATMUL value); empty when that is the `cuda` default, Burn's own matmul, or the run
+# failed. The report's `burn` (REEL_MATMUL=burn: Burn's matmul for all three products,
+# models/src/wan/block_kernels/matmul_pin.rs) means Burn's matmul was the fastest correct
+# kernel on every layout, or that no kernel ran a layout's products correctly (best_per_layout,
+# src/commands/bench/matmul_summary.rs). Burn's matmul wins where cuBLAS's rows fail (no
+# libcublas, as on the CPU stand-in): there the `cuda` default (default_pin) is Burn's matmul
+# too, and a pinned row would repeat the default's (~50 s at 8190 tokens).
 fastest_matmul() {
   "$PYTHON" - "$manifest" "$1" <<'PY'
 import json, sys
@@ -439,8 +498,8 @@ for line in open(manifest):
             best = report.get("best_pin", report["best"])
         except Exception:
             pass
-# The `cuda` default (wan::matmul::default_pin) needs no pin.
-print("" if best == "cublas-stream" else best)
+# The `cuda` default (wan::matmul::default_pin) needs no pin; nor does `burn` (above).
+print("" if best in ("cublas-stream", "burn") else best)
 PY
 }
 
@@ -463,6 +522,11 @@ encoder_job() { # VARIANT "[NAME=value ...] <reel bench args>"
   # PyTorch's run of the same arguments, once (the environment words are Reel's kernels).
   [[ $TORCH == 1 && " ${torch_encoder_done[*]} " != *" [$args] "* ]] || return 0
   torch_encoder_done+=("[$args]")
+  if [[ $TORCH_UMT5 == 0 && " $args " == *" --text-encoder "* ]]; then
+    skip_job torch-encoder "no transformers for $PYTHON (bench_encoders.py builds UMT5 with it)" \
+      args="$args"
+    return 0
+  fi
   job torch-encoder args="$args" -- "$PYTHON" bench/pytorch/bench_encoders.py --device cuda \
     "${words[@]}" --steps "${ENCODER_STEPS:-$STEPS}" --warmup "$WARMUP" --json
 }
@@ -543,15 +607,19 @@ PY
 }
 
 # Rewrite $out.json and $out.md from the manifest, and copy them under $OUT with every job's
-# raw output and full stderr (gpu-logs.tgz: the manifest and run.N.json[.err]), which come back
-# even when the summary cannot be made.
+# raw output and full stderr ($(basename $out)-logs.tgz: the manifest and run.N.json[.err]),
+# which come back even when the summary cannot be made. The logs are named after the results,
+# so two gpu.sh runs in one device call (the plan, then ONLY=...) keep each other's.
 summarize() {
+  local logs
   "$PYTHON" bench/gpu_summary.py "$manifest" "$out" "$gpu" "$date" "$PLAN" "${BUDGET_S:-}" "$rev" ||
-    echo "bench/gpu_summary.py failed: the raw results are in gpu-logs.tgz" >&2
+    echo "bench/gpu_summary.py failed: the raw results are in $(basename "$out")-logs.tgz" >&2
   if [[ -n ${OUT:-} ]]; then
-    cp "$out.json" "$out.md" "$OUT/" 2>/dev/null
-    tar -C "$tmp" --exclude='profile*' --exclude='vae-profile-*' --exclude='memlog-*' \
-      -czf "$OUT/gpu-logs.tgz" . 2>/dev/null
+    copy_out "$out.json"
+    copy_out "$out.md"
+    logs=$OUT/$(basename "$out")-logs.tgz
+    { tar -C "$tmp" --exclude='profile*' --exclude='vae-profile-*' --exclude='memlog-*' \
+      -czf "$logs.part" . 2>/dev/null && mv -f "$logs.part" "$logs"; } || rm -f "$logs.part"
   fi
   return 0
 }
@@ -587,26 +655,32 @@ small_runs() { # VARIANT [PROFILE, default 1: 0 where the plan profiled it befor
 }
 
 # The host's own cost per step by depth (bench/host-overhead.sh on cuda, bf16 and the
-# session's attention as the real rows; ONLY=host): a table of its own in $out-host.md.
+# session's attention as the real rows; ONLY=host): a table of its own in $out-host.md, copied
+# under $OUT after each setting, so a call stopped part way brings back the tables it made.
 host_runs() { # VARIANT
-  local set m pin flash settings=()
-  : >"$out-host.md"
+  local set m pin flash settings=() host=$out-host.md
+  : >"$host"
   for m in pages $GPU_MEMORY; do settings+=("REEL_GPU_MEMORY=$m"); done
   for pin in $STEP_PINS; do
     settings+=("REEL_MATMUL=$pin")
     for flash in $FLASH_PINS; do settings+=("REEL_MATMUL=$pin REEL_FLASH=$flash"); done
   done
   for set in "${settings[@]}"; do
-    if (($(left) < 60)); then echo "host ($set): skipped, $(left) s left" >&2; return 0; fi
+    if (($(left) < 60)); then
+      echo "host ($set): skipped, $(left) s left" >&2
+      printf '\n%s: skipped (time budget, %s s left)\n' "$set" "$(left)" >>"$host"
+      continue
+    fi
     echo "[$((SECONDS - start)) s] host overhead, $set" >&2
-    printf '\n%s\n\n' "$set" >>"$out-host.md"
+    printf '\n%s\n\n' "$set" >>"$host"
     # shellcheck disable=SC2086 # one or two NAME=value words
     env $set BACKEND=cuda DTYPE=bf16 ATTENTION="$ATTENTION" REEL="$BIN_DIR/reel-cuda-$1" \
-      STEPS="$STEPS" timeout -k 5 "$(left)" bench/host-overhead.sh >>"$out-host.md" \
+      STEPS="$STEPS" timeout -k 5 "$(left)" bench/host-overhead.sh >>"$host" \
       2>"$tmp/host.err" || tail -3 "$tmp/host.err" >&2
+    copy_out "$host"
   done
-  cat "$out-host.md" >&2
-  if [[ -n ${OUT:-} ]]; then cp "$out-host.md" "$OUT/"; fi
+  copy_out "$host"
+  cat "$host" >&2
 }
 
 # The 29120-token step with CubeCL's memory log, then that step with each GPU_MEMORY mode: its
@@ -648,7 +722,7 @@ elif [[ $PLAN == session ]]; then
   if [[ -n $MATMUL_KERNELS ]]; then
     matmul_job "${VARIANTS%% *}" 21,30,52
     pinned=$(fastest_matmul 21,30,52)
-    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-cublas-stream (the cuda default), or no result}" >&2
+    echo "fastest matmul kernels over a block at 8190 tokens: ${pinned:-none to pin (the cuda default cublas-stream, Burn matmul, or no result: the matmul table says which)}" >&2
   fi
   if [[ $ATTENTION == pick ]]; then
     pick=$(fastest_attention 21,30,52)

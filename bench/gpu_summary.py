@@ -38,7 +38,8 @@ def last_step(lines):
 
 def error(job):
     if job["rc"] == "skipped":
-        return "skipped: time budget spent"
+        # bench/gpu.sh's skip_job names its reason (e.g. no `transformers` for UMT5).
+        return "skipped: " + job.get("reason", "time budget spent")
     lines = err_lines(job)
     if job["rc"] == "124":
         return ("stopped: time budget spent" + last_step(lines))[:300]
@@ -210,11 +211,21 @@ def kernels_of(jobs):
     """The profiled step's kernels, most time first: name, launches, ms, share."""
     out = []
     for j in (j for j in jobs if j["kind"] == "kernels"):
+        if j["rc"] != "0":
+            # A run stopped or failed part way leaves a partial log: the warm-up's launches
+            # with their compilation, maybe part of the step. Its later half is not the
+            # profiled step (on the H200, 2026-11-30, such a table showed a 4.3-s matmul), so
+            # no table is made from it.
+            err = error(j)
+            if j["rc"] != "skipped" and os.path.exists(j.get("log", "")):
+                err += ("; its partial profile holds the warm-up and the kernels' compilation, "
+                        "not a profiled step: no kernel table")
+            out.append(dict(what=profile_what(j), rc=j["rc"], error=err))
+            continue
         try:
             times = kernel_times(j["log"])
         except Exception as e:
-            out.append(dict(what=profile_what(j),
-                            error=error(j) if j["rc"] != "0" else f"no profile log ({e})"))
+            out.append(dict(what=profile_what(j), rc=j["rc"], error=f"no profile log ({e})"))
             continue
         total = sum(ms for _, _, ms in times) or 1.0
         out.append(dict(what=profile_what(j), rc=j["rc"], total_ms=total,
@@ -433,7 +444,7 @@ def markdown(gpu, date, rows, breakdowns, encoders, skipped, attention=(), profi
     if all_notes:
         lines += ["", "Notes from Reel's runs:", ""] + [f"- `{n}`" for n in all_notes]
     if skipped:
-        lines += ["", "Skipped (time budget): " + "; ".join(skipped)]
+        lines += ["", "Skipped (time budget, unless a reason is given): " + "; ".join(skipped)]
     lines += timeline_lines(timeline)
     return "\n".join(lines) + "\n"
 

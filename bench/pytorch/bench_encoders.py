@@ -95,7 +95,11 @@ def vae_rows(args, dev):
 
 
 def umt5_row(args, dev):
-    from transformers import UMT5Config, UMT5EncoderModel
+    # Only UMT5 needs `transformers` (bench/gpu.sh checks for it and skips this run without).
+    try:
+        from transformers import UMT5Config, UMT5EncoderModel
+    except ImportError as e:
+        sys.exit(f"--text-encoder needs `transformers` for UMT5 ({e})")
 
     if args.text_encoder != "umt5-xxl":
         sys.exit(f"--text-encoder {args.text_encoder}: only `umt5-xxl` (random weights) is built in")

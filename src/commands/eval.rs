@@ -25,7 +25,7 @@ pub struct EvalArgs {
     /// Sampling steps (method default when omitted).
     #[arg(long)]
     steps: Option<usize>,
-    /// Guidance scale (method default when omitted).
+    /// Guidance scale (omitted: the method's sampling guidance; 1, no CFG, for dmd2).
     #[arg(long)]
     guidance: Option<f64>,
     /// Noise seed.

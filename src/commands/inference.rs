@@ -91,10 +91,10 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
         path.to_path_buf()
     };
     let store = CheckpointStore::at(&checkpoints);
-    let fingerprint = store
-        .list()
-        .first()
-        .and_then(|(_, d)| Manifest::read(d).ok())
+    // The newest checkpoint whose manifest reads: a newest one damaged (a copy cut short)
+    // is skipped with a warning, not taken for another config's.
+    let fingerprint = (store.list().iter())
+        .find_map(|(_, d)| Manifest::read(d).ok())
         .map(|m| m.config_fingerprint)
         .unwrap_or_default();
     // Its error names the `checkpoints/` folder it searched.
@@ -279,12 +279,25 @@ fn data_source(
             )));
         }
     };
+    let source = shapes_only(spec).with_context(|| format!("sampling with {from}"))?;
     let why = format!("the run's data cannot be read ({err}); sampling with {from}");
-    Ok((Arc::from(shapes_only(spec)?), Some(why)))
+    Ok((Arc::from(source), Some(why)))
 }
 
 /// A data source of `spec`'s shapes and nothing else (no prompts, no negative embedding).
+/// Shapes read from a file are checked as a `random` data table's are, and must be countable:
+/// a hand-edited `shapes.json` gets an error, not an overflow. (`reel sample` checks the clip
+/// it draws against the host's memory once a size given on its command line has replaced
+/// these.)
 fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
+    let latent = [spec.channels, spec.frames, spec.height, spec.width];
+    let countable = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+    anyhow::ensure!(
+        countable(&latent).is_some() && countable(&[spec.text_len, spec.text_dim]).is_some(),
+        "the shapes {latent:?} (text {}x{}) have more values than can be counted",
+        spec.text_len,
+        spec.text_dim
+    );
     let cfg = RandomDataConfig {
         batch_size: 1,
         num_samples: 1,
@@ -296,6 +309,7 @@ fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
         text_len: spec.text_len,
         text_dim: spec.text_dim,
     };
+    cfg.validate()?;
     Ok(cfg.build(Path::new("."))?)
 }
 
@@ -307,7 +321,25 @@ pub fn read_config(src: &Source) -> anyhow::Result<LoadedConfig> {
 
 #[cfg(test)]
 mod tests {
-    use super::run_of_final;
+    use super::{resolve_checkpoint, run_of_final};
+    use reel_core::checkpoint::{CheckpointStore, MANIFEST};
+
+    /// A run whose newest checkpoint lost its manifest (a copy cut short) resolves to the
+    /// newest intact one, not to an error that calls it another config's.
+    #[test]
+    fn a_damaged_newest_checkpoint_falls_back_to_an_intact_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 5);
+        let dirs: Vec<_> = (1..=2)
+            .map(|step| {
+                let p = store.begin(step).unwrap();
+                p.write_bytes("state.json", b"{}").unwrap();
+                store.commit(p, "fp").unwrap()
+            })
+            .collect();
+        std::fs::remove_file(dirs[1].join(MANIFEST)).unwrap();
+        assert_eq!(resolve_checkpoint(tmp.path()).unwrap(), dirs[0]);
+    }
 
     /// A `final/` folder's run is the folder above it as the path is written, also where
     /// `final` is a link to a folder of another name; any other folder has none.

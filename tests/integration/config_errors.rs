@@ -429,10 +429,47 @@ fn every_shipped_config_is_accepted() {
             };
             load_run_config(&p, &set)
                 .unwrap_or_else(|e| panic!("{} should be valid: {e}", p.display()));
+            if text.contains("backend = \"cuda\"") {
+                gpu_roles_run_flash_attention(&p, &text);
+            }
             n += 1;
         }
     }
     assert!(n >= 1, "no configs found in {}", dir.display());
+}
+
+/// bf16 on `wgpu` is refused by key whether or not this build has `wgpu`: its WGSL kernels
+/// have no bfloat16 (the check `reel check` makes of a config for another build).
+#[test]
+fn bf16_on_wgpu_is_refused_by_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("q.toml");
+    std::fs::write(&path, BASE).unwrap();
+    let sets = ["runtime.backend=\"wgpu\"", "runtime.dtype=\"bf16\""].map(String::from);
+    let err = reel_core::config::load_run_config_any_backend(&path, &sets).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("runtime.dtype") && msg.contains("WGSL"),
+        "{msg}"
+    );
+}
+
+/// A shipped GPU recipe runs every Wan role's attention on tensor cores (`flash`, the
+/// measured fastest on `cuda`), not the default `auto`'s blocked kernel of tensor operations.
+fn gpu_roles_run_flash_attention(path: &Path, text: &str) {
+    let doc: toml::Value = toml::from_str(text).unwrap();
+    let roles = doc["models"].as_table().unwrap();
+    for (name, role) in roles {
+        if role.get("arch").and_then(|a| a.as_str()) == Some("wan") {
+            let attention = role.get("attention").and_then(|a| a.as_str());
+            assert_eq!(
+                attention,
+                Some("flash"),
+                "{}: models.{name}.attention",
+                path.display()
+            );
+        }
+    }
 }
 
 #[test]

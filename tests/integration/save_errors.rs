@@ -2,7 +2,7 @@
 //! `REEL_FAULT=checkpoint-disk-full:<n>`, or an output folder that cannot hold checkpoints)
 //! never damages the previous checkpoint. `on_save_error = "stop"` (default) exits non-zero
 //! with the error and the run resumes to the uninterrupted result; `"continue"` warns and
-//! trains on.
+//! trains on, except at the last step.
 
 use crate::common;
 
@@ -102,6 +102,46 @@ fn disk_full_with_continue_warns_and_trains_on() {
             tensors(&ckpt(&run, 5).join(file)),
             tensors(&ckpt(&dir.join("clean"), 5).join(file)),
             "{file}: a failed save must not change training"
+        );
+    }
+}
+
+/// The last step's save is the run's result: its failure stops the run even with
+/// `"continue"` (which would otherwise publish the step before as `final/` and report the run
+/// done), and the run then resumes to the uninterrupted result.
+#[test]
+fn a_failed_last_save_is_an_error_even_with_continue() {
+    let tmp = tiny_run_with_clean(&[]);
+    let dir = tmp.path();
+    // The files of one checkpoint (its manifest is written apart from them): the fault falls
+    // on the second file of the last step's checkpoint.
+    let clean = ckpt(&dir.join("clean"), 1);
+    let per_checkpoint = std::fs::read_dir(&clean).unwrap().count() - 1;
+    let steps = 5;
+    let fault = format!("checkpoint-disk-full:{}", (steps - 1) * per_checkpoint + 2);
+    let cont = ["--set", "training.on_save_error=\"continue\""];
+    let o = reel_train(dir, "last", &cont, Some(fault.as_str()));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "a failed last save ends the run: {err}"
+    );
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let run = dir.join("last");
+    assert!(
+        !run.join("final").exists(),
+        "final/ was published from an older checkpoint"
+    );
+    let (saved, leftovers) = checkpoint_dirs(&run);
+    assert_eq!((saved.len(), leftovers), (steps - 1, false), "{saved:?}");
+    let o = reel_train(dir, "last", &["--resume", "latest"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for file in FILES.iter().filter(|f| !f.contains(".optim.")) {
+        assert_eq!(
+            tensors(&run.join("final").join(file)),
+            tensors(&dir.join("clean/final").join(file)),
+            "{file}"
         );
     }
 }

@@ -209,6 +209,45 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
+/// The step of a checkpoint folder's name (`step-N`).
+fn step_of(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
+}
+
+/// The step of a previous copy that a re-save moved aside (`.old-step-N-<pid>`).
+fn step_set_aside(name: &str) -> Option<u64> {
+    let (step, pid) = name.strip_prefix(".old-step-")?.rsplit_once('-')?;
+    pid.parse::<u32>().ok()?;
+    step.parse().ok()
+}
+
+/// Whether `dir` has no manifest or one that is not JSON of a manifest: a folder no resume can
+/// take. A manifest that cannot be read now (a permission, a network file system's hiccup) is
+/// not taken for one, so pruning never deletes an intact checkpoint for it.
+fn lacks_manifest(dir: &Path) -> bool {
+    match fs::read_to_string(dir.join(MANIFEST)) {
+        Ok(text) => serde_json::from_str::<Manifest>(&text).is_err(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// A path's last component, lossily as text.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Remove a folder or a file.
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    }
+}
+
 impl CheckpointStore {
     /// The store under `<run_dir>/checkpoints`.
     pub fn new(run_dir: &Path, keep_last: usize) -> Self {
@@ -278,11 +317,19 @@ impl CheckpointStore {
             step_dir_name(pending.step),
             std::process::id()
         ));
-        if final_dir.exists() {
+        let replaced = final_dir.exists();
+        if replaced {
             fs::rename(&final_dir, &trash).map_err(|e| CheckpointError::io(&final_dir, e))?;
         }
         fault::point("checkpoint-rename");
-        fs::rename(&pending.dir, &final_dir).map_err(|e| CheckpointError::io(&final_dir, e))?;
+        if let Err(e) = fs::rename(&pending.dir, &final_dir) {
+            // The old copy goes back; had the process died here instead, `list` reads it
+            // under its hidden name until a new copy of the step is in place.
+            if replaced {
+                let _ = fs::rename(&trash, &final_dir);
+            }
+            return Err(CheckpointError::io(&final_dir, e));
+        }
         sync_dir(&self.root);
         let _ = fs::remove_dir_all(&trash);
         let latest = self.root.join("latest");
@@ -292,37 +339,69 @@ impl CheckpointStore {
         Ok(final_dir)
     }
 
-    /// Completed checkpoints `(step, folder)`, newest first (not verified).
+    /// Completed checkpoints `(step, folder)`, newest first (not verified). A step whose
+    /// `step-N` folder is missing but whose previous copy was moved aside by a re-save that
+    /// died before the new copy was renamed into place (`.old-step-N-<pid>`) is listed under
+    /// that hidden folder (one whose manifest reads, where there are several).
     pub fn list(&self) -> Vec<(u64, PathBuf)> {
-        let mut out = vec![];
+        let (mut found, set_aside) = self.scan();
+        for (n, dir) in set_aside {
+            let better =
+                |kept: &PathBuf| Manifest::read(kept).is_err() && Manifest::read(&dir).is_ok();
+            match found.get(&n) {
+                None => {
+                    found.insert(n, dir);
+                }
+                Some(kept) if step_set_aside(&file_name(kept)).is_some() && better(kept) => {
+                    found.insert(n, dir);
+                }
+                Some(_) => {}
+            }
+        }
+        found.into_iter().rev().collect()
+    }
+
+    /// The store's `step-N` folders by step, and its moved-aside previous copies
+    /// (`.old-step-N-<pid>`), every one.
+    fn scan(&self) -> (BTreeMap<u64, PathBuf>, Vec<(u64, PathBuf)>) {
+        let mut steps = BTreeMap::new();
+        let mut set_aside = vec![];
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
-                if let Some(n) = name
-                    .strip_prefix("step-")
-                    .and_then(|s| s.parse::<u64>().ok())
-                {
-                    out.push((n, e.path()));
+                if let Some(n) = step_of(&name) {
+                    steps.insert(n, e.path());
+                } else if let Some(n) = step_set_aside(&name) {
+                    set_aside.push((n, e.path()));
                 }
             }
         }
-        out.sort_by_key(|e| std::cmp::Reverse(e.0));
-        out
+        (steps, set_aside)
     }
 
-    /// Remove leftovers of interrupted saves, then all checkpoints but `kept` (the one just
-    /// written, never removed) and the newest `keep_last - 1` others.
+    /// Remove leftovers of interrupted saves (a previous copy moved aside only once its step
+    /// has a copy in place), then all checkpoints but `kept` (the one just written, never
+    /// removed) and the newest `keep_last - 1` others that have a manifest: those without one
+    /// (or with one that does not parse), which no resume can take, are removed without
+    /// counting, so they never push out an older resumable checkpoint.
     fn prune(&self, kept: &Path) {
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().to_string();
-                if name.starts_with(".tmp-") || name.starts_with(".old-") {
-                    let _ = fs::remove_dir_all(e.path());
+                let leftover = name.starts_with(".tmp-")
+                    || crate::io::tmp_sibling_target(&name).is_some()
+                    || step_set_aside(&name).is_some_and(|n| self.step_dir(n).is_dir());
+                if leftover {
+                    let _ = remove_any(&e.path());
                 }
             }
         }
         let others = self.list().into_iter().filter(|(_, d)| d != kept);
-        for (_, dir) in others.skip(self.keep_last - 1) {
+        let (damaged, intact): (Vec<_>, Vec<_>) = others.partition(|(_, d)| lacks_manifest(d));
+        let removed = damaged
+            .into_iter()
+            .chain(intact.into_iter().skip(self.keep_last - 1));
+        for (_, dir) in removed {
             let _ = fs::remove_dir_all(dir);
         }
     }
@@ -336,7 +415,11 @@ impl CheckpointStore {
         &self,
         step: u64,
     ) -> Result<Option<(PathBuf, Vec<String>)>, CheckpointError> {
-        let newer: Vec<PathBuf> = (self.list().into_iter())
+        // Every copy of a later step, also a previous copy moved aside beside its step's
+        // folder (a re-save whose clean-up did not finish), which would else be listed again
+        // once that folder is gone.
+        let (steps, set_aside) = self.scan();
+        let newer: Vec<PathBuf> = (steps.into_iter().chain(set_aside))
             .filter(|(n, _)| *n > step)
             .map(|(_, d)| d)
             .collect();
@@ -353,7 +436,7 @@ impl CheckpointStore {
             .expect("an unused folder name");
         fs::create_dir(&aside).map_err(|e| CheckpointError::io(&aside, e))?;
         let mut names = vec![];
-        for dir in newer.iter().rev() {
+        for dir in &newer {
             let name = dir.file_name().expect("a step folder").to_owned();
             fs::rename(dir, aside.join(&name)).map_err(|e| CheckpointError::io(dir, e))?;
             names.push(name.to_string_lossy().into_owned());
@@ -600,6 +683,69 @@ mod tests {
             .count();
         assert_eq!(hidden, 0);
         Manifest::read(&d3).unwrap().verify(&d3).unwrap();
+    }
+
+    /// A re-save of step 2 that died between its two renames left the old copy under its
+    /// hidden name and no `step-00000002`: it is still listed and resumed, a later save does
+    /// not delete it, and a new copy of step 2 replaces it (and then it goes). A leftover
+    /// temporary `latest` goes at the next save too.
+    #[test]
+    fn a_copy_moved_aside_by_a_dead_resave_is_kept_until_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 3);
+        save(&store, 1, "fp");
+        let d2 = save(&store, 2, "fp");
+        let aside = store.root().join(".old-step-00000002-4242");
+        fs::rename(&d2, &aside).unwrap();
+        fs::write(store.root().join(".latest.tmp4242"), "x").unwrap();
+        let (dir, m, _) = store.resolve("latest", "fp").unwrap();
+        assert_eq!((dir, m.step), (aside.clone(), 2));
+        save(&store, 3, "fp");
+        assert!(aside.is_dir(), "the only copy of step 2 was pruned");
+        assert!(!store.root().join(".latest.tmp4242").exists());
+        let steps: Vec<u64> = store.list().iter().map(|(n, _)| *n).collect();
+        assert_eq!(steps, [3, 2, 1]);
+        save(&store, 2, "fp");
+        assert!(
+            !aside.exists(),
+            "a copy of step 2 is in place: the old one goes"
+        );
+        assert_eq!(store.list()[1], (2, store.step_dir(2)));
+        // A previous copy of step 3 beside its folder (a clean-up that did not finish) goes
+        // with it when a resume from step 1 sets the later steps aside: it is not listed
+        // again once `step-00000003` is gone.
+        fs::create_dir(store.root().join(".old-step-00000003-777")).unwrap();
+        let (_, names) = store.set_aside_newer(1).unwrap().unwrap();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert_eq!(store.list(), [(1, store.step_dir(1))]);
+    }
+
+    /// Pruning keeps `keep_last` checkpoints with a manifest: one without (which no resume
+    /// can take) is removed and does not take the place of an older resumable one; one whose
+    /// manifest cannot be read now (here: a folder in its place) is kept and counted.
+    #[test]
+    fn damaged_checkpoints_do_not_count_towards_keep_last() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 2);
+        let d1 = save(&store, 1, "fp");
+        let d2 = save(&store, 2, "fp");
+        fs::remove_file(d2.join(MANIFEST)).unwrap();
+        save(&store, 3, "fp");
+        assert!(
+            d1.is_dir(),
+            "the intact fallback was pruned for a damaged one"
+        );
+        assert!(!d2.exists());
+        assert_eq!(store.list().len(), 2);
+        let d4 = save(&store, 4, "fp");
+        fs::remove_file(d4.join(MANIFEST)).unwrap();
+        fs::create_dir(d4.join(MANIFEST)).unwrap();
+        save(&store, 5, "fp");
+        assert!(
+            d4.is_dir(),
+            "a manifest that cannot be read now is no missing one"
+        );
+        assert_eq!(store.list().len(), 2);
     }
 
     #[test]

@@ -214,7 +214,8 @@ pub enum SaveErrorPolicy {
     /// Stop training with the error (the previous checkpoint stays intact).
     #[default]
     Stop,
-    /// Log the error and keep training.
+    /// Log the error and keep training; the last step's save still stops with the error
+    /// (it is what `final/` publishes).
     Continue,
 }
 
@@ -310,10 +311,17 @@ impl RunConfig {
     /// [`Self::validate`] but for whether the backend is compiled into this binary (`reel
     /// check` reports that with the file problems, so a CUDA config is checked on a CPU build).
     pub fn validate_settings(&self) -> Result<(), ConfigError> {
-        if self.runtime.dtype == Precision::Bf16 && self.runtime.backend == BackendName::Cpu {
+        let backend = self.runtime.backend;
+        if self.runtime.dtype == Precision::Bf16
+            && matches!(backend, BackendName::Cpu | BackendName::Wgpu)
+        {
+            let why = match backend {
+                BackendName::Cpu => "the ndarray `cpu` backend computes in f32 only",
+                _ => "WGSL, the shading language of Burn's `wgpu` backend, has no bfloat16",
+            };
             return Err(ConfigError::new(
                 "runtime.dtype",
-                "bf16 needs a backend with bfloat16 kernels: set `runtime.backend = \"cuda\"` (or \"flex\" on CPU); the ndarray `cpu` backend computes in f32 only",
+                format!("bf16 needs a backend with bfloat16 kernels: set `runtime.backend = \"cuda\"` (or \"flex\" on CPU); {why}"),
             ));
         }
         self.runtime

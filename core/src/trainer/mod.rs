@@ -10,6 +10,7 @@
 //! non-finite policy), the callbacks and `checkpoint_if_due`.
 
 mod group;
+mod publish;
 mod run;
 mod stamp;
 mod state;
@@ -471,34 +472,6 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::Io {
         path: path.to_path_buf(),
         message: e.to_string(),
-    }
-}
-
-/// Copy the final weights (and EMA shadows) of every role to `<run>/final/`, a stable path other
-/// configs can name (e.g. a DMD2 teacher:
-/// `weights = "runs/quickstart/final/student.ema.safetensors"`), with the data shapes the
-/// checkpoint recorded ([`SHAPES_FILE`]).
-fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), TrainError> {
-    let final_dir = run_dir.join("final");
-    std::fs::create_dir_all(&final_dir).map_err(|e| io_err(&final_dir, e))?;
-    let entries = std::fs::read_dir(checkpoint).map_err(|e| io_err(checkpoint, e))?;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if name.ends_with(".safetensors") && !name.contains(".optim.") {
-            // Whole or not at all, as every file written for keeps (`crate::io`).
-            let dest = final_dir.join(&name);
-            let copy = |tmp: &Path| std::fs::copy(e.path(), tmp).map(drop);
-            crate::io::replace_file_with(&dest, copy, |err| err)
-                .map_err(|err| io_err(&dest, err))?;
-        }
-    }
-    // No shapes recorded: none are left from an earlier publish either.
-    match TrainerState::read(checkpoint)
-        .ok()
-        .and_then(|s| s.data_spec)
-    {
-        Some(spec) => state::write_shapes(&final_dir, &spec),
-        None => state::remove_shapes(&final_dir),
     }
 }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::{build_method, io_err, publish_final, state, TrainError, TrainOptions, TrainSummary};
+use super::publish::publish_final;
+use super::{build_method, io_err, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
 use crate::callback::{Callback, CallbackContext, CallbackError, StepReport};
 use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest};
@@ -107,7 +108,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             (cfg.check_run_folder(&run_dir)).map_err(|e| e.in_file(&loaded.path))?;
             super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
-            std::fs::write(&resolved, &loaded.resolved_toml).map_err(|e| io_err(&resolved, e))?;
+            crate::io::replace_file(&resolved, loaded.resolved_toml.as_bytes())
+                .map_err(|e| io_err(&resolved, e))?;
         } else {
             callbacks.retain(|c| c.on_every_worker());
         }
@@ -351,8 +353,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     }
 
     /// Write a checkpoint every `checkpoint_every` steps and at the end (then
-    /// `final/` is published and `on_train_end` runs); a failed save stops the run or, with `on_save_error = "continue"`,
-    /// is reported and training goes on.
+    /// `final/` is published and `on_train_end` runs); a failed save stops the run or, with
+    /// `on_save_error = "continue"`, is reported and training goes on, except at the last step.
     fn checkpoint_if_due(&mut self) -> Result<(), TrainError> {
         let loaded = self.loaded;
         let training = &loaded.config.training;
@@ -363,11 +365,17 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         if due {
             match self.save(self.loader.cursor()) {
                 Ok(dir) => self.last_checkpoint = Some(dir),
-                Err(e) if training.on_save_error == SaveErrorPolicy::Continue => say(&format!(
-                    "reel: warning: checkpoint at step {} failed, training continues \
+                // The last step's save is the run's result: it never just warns, or an older
+                // checkpoint would be published as `final/` and the run reported done.
+                Err(e)
+                    if training.on_save_error == SaveErrorPolicy::Continue && !self.is_final() =>
+                {
+                    say(&format!(
+                        "reel: warning: checkpoint at step {} failed, training continues \
                      (on_save_error = \"continue\"): {e}",
-                    self.step
-                )),
+                        self.step
+                    ))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -401,8 +409,12 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     /// (the other workers return the folder it writes: in a run of several processes, theirs
     /// print it when interrupted).
     fn save(&mut self, cursor: u64) -> Result<PathBuf, TrainError> {
-        if !self.seat.is_main() {
-            return Ok(self.store.step_dir(self.step));
+        let dir = self.store.step_dir(self.step);
+        // Nothing changed since this process saved this step (an interrupt or a non-finite
+        // stop right after a due checkpoint): saving again would only open a moment in which
+        // the step's folder is moved aside.
+        if !self.seat.is_main() || self.last_checkpoint.as_ref() == Some(&dir) {
+            return Ok(dir);
         }
         let loaded = self.loaded;
         let at = state::SavePoint {

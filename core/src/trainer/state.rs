@@ -158,14 +158,6 @@ pub(super) fn write_shapes(dir: &Path, spec: &DataSpec) -> Result<(), TrainError
     crate::io::replace_file(&path, text.as_bytes()).map_err(|e| super::io_err(&path, e))
 }
 
-/// Remove `dir`'s [`SHAPES_FILE`], if there is one.
-pub(super) fn remove_shapes(dir: &Path) -> Result<(), TrainError> {
-    match std::fs::remove_file(dir.join(SHAPES_FILE)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(super::io_err(dir, e)),
-        _ => Ok(()),
-    }
-}
-
 /// The data shapes recorded beside published weights ([`SHAPES_FILE`] in `final/` or a copy
 /// of it); `None` where there is no such file (a run published before it was written) or it
 /// does not read as one.

@@ -51,7 +51,7 @@ use progress::time;
 /// What to benchmark.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Wan preset(s) (`reel list` shows them); repeat for several.
+    /// Wan preset(s) (an unknown name lists them; docs/config.md); repeat for several.
     #[arg(long = "preset", default_values_t = vec!["wan-quickstart".to_string()])]
     pub presets: Vec<String>,
     /// Latent frames / height / width (token count = F/pt · H/ph · W/pw).
@@ -505,8 +505,13 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
             encoders::umt5_config(spec).with_context(|| format!("--text-encoder {spec}"))?;
         limits::check_text_encoder_memory(args, spec, &config)?;
     }
-    if args.dtype == Precision::Bf16 && args.backend == BackendName::Cpu && args.config.is_none() {
-        anyhow::bail!("--dtype bf16 needs bfloat16 kernels: use --backend cuda or --backend flex");
+    let no_bf16 = matches!(args.backend, BackendName::Cpu | BackendName::Wgpu);
+    if args.dtype == Precision::Bf16 && no_bf16 && args.config.is_none() {
+        anyhow::bail!(
+            "--dtype bf16 needs bfloat16 kernels, which --backend {} lacks: use --backend cuda \
+             or --backend flex",
+            args.backend
+        );
     }
     Ok(())
 }

@@ -32,7 +32,7 @@ pub struct SampleArgs {
     /// Sampling steps (method default when omitted).
     #[arg(long)]
     steps: Option<usize>,
-    /// Guidance scale (method default when omitted).
+    /// Guidance scale (omitted: the method's sampling guidance; 1, no CFG, for dmd2).
     #[arg(long)]
     guidance: Option<f64>,
     /// Noise seed.
@@ -207,6 +207,18 @@ fn sample<B: ReelBackend>(
         Some(latents) => size::with_size(l.source.spec(), latents),
         None => l.source.spec(),
     };
+    // The clip drawn fits the host (shapes recorded in a file stand in for the data's).
+    let clip = ClipSize {
+        frames: spec.frames,
+        height: spec.height,
+        width: spec.width,
+    };
+    size::fits_in_memory(
+        spec.channels,
+        clip,
+        reel_core::memory::host_memory_available(),
+    )
+    .map_err(anyhow::Error::msg)?;
     if let Some(why) = &l.stand_in {
         eprintln!(
             "reel: {why}: latents {}x{}x{}x{}, text {}x{}",

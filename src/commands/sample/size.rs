@@ -111,7 +111,11 @@ pub fn latent_size(
 /// unknown, not checked): a mistyped size fails here, before the weights load, not by
 /// aborting the process when the noise is drawn. Sampling needs more than this (the model's
 /// activations); the check is for sizes that cannot be meant.
-fn fits_in_memory(channels: usize, size: ClipSize, available: Option<u64>) -> Result<(), String> {
+pub(super) fn fits_in_memory(
+    channels: usize,
+    size: ClipSize,
+    available: Option<u64>,
+) -> Result<(), String> {
     let dims = [channels, size.frames, size.height, size.width];
     let bytes = dims
         .iter()
