@@ -131,6 +131,17 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         args.to.display(),
         start.elapsed().as_secs_f64()
     );
+    // `fastvideo_parquet` normalises with the Wan statistics by default: these latents are
+    // the source's output, normalised already where it normalises.
+    let kind = match args.format {
+        Format::Parquet => "fastvideo_parquet",
+        Format::Safetensors => "safetensors",
+    };
+    eprintln!(
+        "reel: read them with `[data] kind = \"{kind}\"`, `path = \"{}\"` and \
+         `normalize = \"none\"` (the latents are as the source yields them)",
+        args.to.display()
+    );
     Ok(())
 }
 

@@ -305,6 +305,19 @@ fn bad_data_stops_training_naming_file_and_record() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+    // The steps before it are kept: the state after the last completed step is checkpointed
+    // (at the data before the bad batch) although `checkpoint_every` is not due.
+    let done = losses(&dir.join("bad")).len();
+    assert!(
+        done >= 1,
+        "with this seed, sample 7 comes after the first step: {err}"
+    );
+    assert!(
+        err.contains(&format!("the state after step {done} was saved first")),
+        "{err}"
+    );
+    let saved = dir.join(format!("bad/checkpoints/step-{done:08}"));
+    assert!(saved.join("manifest.json").is_file(), "{err}");
 
     // Exporting that data stops at sample 7 and leaves no part of a data set behind (the
     // files written before it would read as a whole set): in both formats.
@@ -335,7 +348,8 @@ fn bad_data_stops_training_naming_file_and_record() {
             "train",
             cfg.to_str().unwrap(),
             "--output",
-            dir.join("bad_group").to_str().unwrap(),
+            // Not `bad_group`, where the one-worker run above kept its steps.
+            dir.join("bad_group_2").to_str().unwrap(),
             "--set",
             "runtime.num_devices=2",
         ],

@@ -64,6 +64,22 @@ fn finetune_resume_with_ema_accumulation_and_a_new_max_steps_is_exact() {
     same_as_clean(dir, "split", "2 + 3 steps");
 }
 
+/// A resume over a data set that is not the checkpoint's (samples added) says so: the data
+/// cursor then maps to other samples; the same data set says nothing.
+#[test]
+fn a_resume_over_another_data_set_size_warns() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let same = ok(reel(dir, "clean", &["--resume", "latest"]));
+    assert!(!same.contains("data set has"), "{same}");
+    let more = ["--resume", "latest", "--set", "data.num_samples=20"];
+    let err = ok(reel(dir, "clean", &more));
+    assert!(
+        err.contains("the data set has 20 samples, the checkpoint's had 16"),
+        "{err}"
+    );
+}
+
 #[test]
 fn damaged_checkpoints_fall_back_to_the_newest_intact_one() {
     type Damage = fn(&Path);

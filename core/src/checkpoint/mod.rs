@@ -128,6 +128,11 @@ pub struct TrainerState {
     /// at hand (absent in checkpoints from before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_spec: Option<crate::data::DataSpec>,
+    /// How many samples the run's data set had: a resume warns when it changed, since the
+    /// data cursor then maps to other samples (absent in checkpoints from before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_len: Option<u64>,
 }
 
 impl TrainerState {

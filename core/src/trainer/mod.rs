@@ -82,8 +82,9 @@ pub enum TrainError {
         /// The newest checkpoint (or that there is none yet).
         checkpoint: String,
     },
-    /// A callback failed after a step's update; the state after that step was checkpointed
-    /// first, so the steps since the last checkpoint are kept.
+    /// A callback failed after a step's update, or a data record before one; the state after
+    /// the last completed step was checkpointed first, so the steps since the last checkpoint
+    /// are kept.
     #[error(
         "{cause}; the state after step {step} was saved first, to {checkpoint}: `--resume \
          latest` continues from there once the cause is fixed"
@@ -91,7 +92,7 @@ pub enum TrainError {
     SavedAfter {
         /// Completed steps.
         step: u64,
-        /// The callback's error.
+        /// The callback's or the data's error.
         cause: Box<TrainError>,
         /// The checkpoint folder.
         checkpoint: PathBuf,

@@ -15,7 +15,7 @@ use super::publish::publish_final;
 use super::{build_method, io_err, state, TrainError, TrainOptions, TrainSummary};
 use crate::backend::ReelBackend;
 use crate::callback::{Callback, CallbackContext, CallbackError, StepReport};
-use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest};
+use crate::checkpoint::{CheckpointError, CheckpointStore, Manifest, TrainerState};
 use crate::config::{ConfigError, LoadedConfig, SaveErrorPolicy};
 use crate::data::{negative_or_zeros, DataSource, Loader, TextCondition};
 use crate::method::TrainingMethod;
@@ -226,6 +226,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 dir.display(),
                 self.step
             ));
+            self.warn_if_data_changed(&st);
             let (was, now) = (st.workers.max(1), self.seat.workers);
             if was != now {
                 let batch = self.loaded.config.data.batch_size();
@@ -237,6 +238,27 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
         }
         Ok(dir)
+    }
+
+    /// Say so when the data set is not the one the checkpoint trained on: another sample count
+    /// (files added or removed: the data cursor now maps to other samples, so the rest of the
+    /// epoch repeats some and skips others) or other shapes.
+    fn warn_if_data_changed(&self, st: &TrainerState) {
+        let len = self.source.len() as u64;
+        if let Some(was) = st.data_len.filter(|&was| was != len) {
+            say(&format!(
+                "reel: warning: the data set has {len} samples, the checkpoint's had {was}: the \
+                 data order from here on is not the uninterrupted run's"
+            ));
+        }
+        let spec = self.source.spec();
+        if let Some(was) = st.data_spec.filter(|&was| was != spec) {
+            say(&format!(
+                "reel: warning: the samples are {} now, the checkpoint trained on {}",
+                shapes(&spec),
+                shapes(&was)
+            ));
+        }
     }
 
     /// Move this run's checkpoints after the resumed `step` out of the way (the run goes on
@@ -331,13 +353,17 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     }
 
     /// A callback failed after this step's update (a validation that cannot write its
-    /// samples, say): checkpoint the state first, so that the steps since the last checkpoint
-    /// are not lost with the run, then report both. A failed save leaves `cause` as it was.
-    pub(super) fn save_after_failure(&mut self, cause: TrainError) -> TrainError {
-        if !self.seat.is_main() {
+    /// samples, say), or a record of the data failed before the step's update: checkpoint the
+    /// state first (with the data cursor `cursor`), so that the steps since the last
+    /// checkpoint are not lost with the run, then report both. A failed save leaves `cause` as
+    /// it was.
+    pub(super) fn save_after_failure(&mut self, cause: TrainError, cursor: u64) -> TrainError {
+        // Before the first step there is nothing to keep (and a step-0 checkpoint would only
+        // make the folder refuse a fresh run).
+        if !self.seat.is_main() || self.step == 0 {
             return cause;
         }
-        match self.save(self.loader.cursor()) {
+        match self.save(cursor) {
             Ok(checkpoint) => TrainError::SavedAfter {
                 step: self.step,
                 cause: Box::new(cause),
@@ -345,7 +371,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             },
             Err(e) => {
                 say(&format!(
-                    "reel: warning: the checkpoint after the callback's failure failed too: {e}"
+                    "reel: warning: the checkpoint after that failure failed too: {e}"
                 ));
                 cause
             }
@@ -426,6 +452,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             fingerprint: &loaded.fingerprint,
             weights: self.weight_stamps.clone(),
             data_spec: self.source.spec(),
+            data_len: self.source.len() as u64,
         };
         let store = self.store.clone();
         let is_final = self.is_final();
@@ -464,6 +491,15 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         };
         (&mut self.callbacks, ctx)
     }
+}
+
+/// `spec`'s shapes in words: `latents CxFxHxW, text LxD`.
+fn shapes(spec: &crate::data::DataSpec) -> String {
+    let s = spec;
+    format!(
+        "latents {}x{}x{}x{}, text {}x{}",
+        s.channels, s.frames, s.height, s.width, s.text_len, s.text_dim
+    )
 }
 
 /// A checkpoint refused for another config names the first differing key of `[models]` or

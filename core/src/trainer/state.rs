@@ -44,6 +44,8 @@ pub(super) struct SavePoint<'a> {
     pub weights: BTreeMap<String, String>,
     /// The shapes of the run's samples.
     pub data_spec: DataSpec,
+    /// The number of samples of the run's data set.
+    pub data_len: u64,
 }
 
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
@@ -91,6 +93,7 @@ pub(super) fn save<B: AutodiffBackend>(
         method_state: ctx.method.state(),
         weights: at.weights.clone(),
         data_spec: Some(at.data_spec),
+        data_len: Some(at.data_len),
     };
     let json = serde_json::to_string_pretty(&state)
         .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));

@@ -114,6 +114,10 @@ pub fn write_negative(
 pub fn stored_prompt(path: &Path) -> Option<(String, usize)> {
     let bytes = std::fs::read(path).ok()?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).ok()?;
+    // A sample (it holds latents) is no negative file, whatever its metadata says.
+    if meta.info("latents").is_some() {
+        return None;
+    }
     let tokens = *meta.info("text_embedding")?.shape.first()?;
     let prompt = meta.metadata().as_ref()?.get("prompt")?.clone();
     Some((prompt, tokens))
@@ -147,6 +151,23 @@ pub enum NegativeError {
 mod tests {
     use super::*;
 
+    /// A sample file (it holds latents) is no negative file, even with a `prompt` entry in
+    /// its metadata: `reel data negative --out` does not take it for one to replace.
+    #[test]
+    fn a_sample_with_a_prompt_is_no_stored_negative() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sample.safetensors");
+        let bytes = vec![0u8; 4 * 6];
+        let view = |shape: Vec<usize>| TensorView::new(Dtype::F32, shape, &bytes).unwrap();
+        let tensors = [
+            ("latents", view(vec![6])),
+            ("text_embedding", view(vec![2, 3])),
+        ];
+        let meta = [("prompt".to_string(), "a cat".to_string())].into();
+        safetensors::serialize_to_file(tensors, Some(meta), &path).unwrap();
+        assert_eq!(stored_prompt(&path), None);
+    }
+
     fn spec(text_len: usize, text_dim: usize) -> DataSpec {
         DataSpec {
             channels: 4,
@@ -175,9 +196,16 @@ mod tests {
         assert_eq!(stored_prompt(&path), Some(("blurry".to_string(), len)));
         assert_eq!(stored_prompt(&dir.path().join("none")), None);
 
-        assert_eq!(read_negative(&path, &spec(len, dim)).unwrap(), text);
+        // The real tokens' states as written, zeros past them (Wan's prompt form).
+        let zeroed = TextCondition {
+            embedding: (text.embedding.iter().enumerate())
+                .map(|(i, &v)| if i < real * dim { v } else { 0.0 })
+                .collect(),
+            mask: text.mask.clone(),
+        };
+        assert_eq!(read_negative(&path, &spec(len, dim)).unwrap(), zeroed);
         let longer = read_negative(&path, &spec(len + 2, dim)).unwrap();
-        assert_eq!(&longer.embedding[..len * dim], &text.embedding[..]);
+        assert_eq!(&longer.embedding[..len * dim], &zeroed.embedding[..]);
         assert!(longer.embedding[len * dim..].iter().all(|&v| v == 0.0));
         assert_eq!(longer.mask.iter().filter(|&&m| m).count(), real);
         let shorter = read_negative(&path, &spec(1, dim)).unwrap();

@@ -317,6 +317,11 @@ fn check_headers(files: &[PathBuf], latents: [usize; 4], text_dim: usize) -> Res
             e => bad(e.to_string()),
         })?;
         let shape = |key: &str| match header.get(key) {
+            // A dtype no reader converts fails here, not at its turn mid-run.
+            Some(t) if !reel_core::io::is_supported_dtype(&t.dtype) => Err(bad(format!(
+                "`{key}`: dtype `{}` is not supported (F32, BF16, F16 or F64)",
+                t.dtype
+            ))),
             Some(t) => Ok(t.shape.iter().map(|&d| d as i64).collect::<Vec<_>>()),
             // A negative-prompt file among the samples is told where it belongs (only this
             // error path reads the whole file).
@@ -637,6 +642,7 @@ mod tests {
             "differs from the data set's",
             "text embedding width 2",
             "truncated",
+            "dtype `I32`",
         ];
         for (want, make) in cases {
             make();
@@ -691,7 +697,9 @@ mod tests {
         assert_eq!(source.len(), 2);
         let text = source.negative_text().unwrap();
         assert_eq!(text.mask, vec![true, false, false, false]);
-        assert_eq!(&text.embedding[..6], &negative.embedding[..]);
+        // The real token's states; zeros past it, as Wan's prompt form has them.
+        assert_eq!(&text.embedding[..3], &negative.embedding[..3]);
+        assert!(text.embedding[3..].iter().all(|&v| v == 0.0));
         // Without the key it is read as a sample, and refused as one, with the key to set.
         let err = cfg(dir.path(), None).build(Path::new("/")).unwrap_err();
         let text = err.to_string();

@@ -142,7 +142,9 @@ pub fn all_finite(what: &str, values: &[f32]) -> Result<(), String> {
 
 /// Pad (with zeros) or crop a `[seq, dim]` embedding to `text_len` tokens. The mask marks the
 /// first `min(seq, text_len)` tokens as real, or the first `valid` tokens when the stored
-/// data carried its own count of real tokens.
+/// data carried its own count of real tokens; the tokens past the real ones are zeros, as in
+/// Wan's prompt form (the models read no mask, and sampling encodes prompts that way: stored
+/// padding states, as a full `last_hidden_state` has, would make training differ from it).
 pub fn pad_text(
     values: &[f32],
     seq: usize,
@@ -152,9 +154,9 @@ pub fn pad_text(
 ) -> TextCondition {
     debug_assert_eq!(values.len(), seq * dim, "embedding of {seq}x{dim}");
     let keep = seq.min(text_len);
-    let mut embedding = vec![0.0f32; text_len * dim];
-    embedding[..keep * dim].copy_from_slice(&values[..keep * dim]);
     let real = valid.unwrap_or(keep).min(keep);
+    let mut embedding = vec![0.0f32; text_len * dim];
+    embedding[..real * dim].copy_from_slice(&values[..real * dim]);
     let mask = (0..text_len).map(|i| i < real).collect();
     TextCondition { embedding, mask }
 }
@@ -278,6 +280,8 @@ mod tests {
         assert_eq!(cropped.mask, [true, true]);
         let counted = pad_text(&values, 3, 2, 4, Some(1));
         assert_eq!(counted.mask, [true, false, false, false]);
+        // The stored states past the real tokens are not kept: zeros, as sampling has them.
+        assert_eq!(counted.embedding, [0., 1., 0., 0., 0., 0., 0., 0.]);
     }
 
     #[test]

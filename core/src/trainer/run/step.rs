@@ -53,7 +53,15 @@ impl<B: ReelBackend> Trainer<'_, B> {
         let t0 = Instant::now();
         let cursor_before = self.loader.cursor();
         let turn = self.seat.autodiff_turn();
-        let parts = self.forward_backward()?;
+        let parts = match self.forward_backward() {
+            Ok(parts) => parts,
+            // A bad record mid-run (the data set is read as it trains): nothing of this step
+            // was applied, so the state before it is checkpointed, at the data before it.
+            Err(cause @ TrainError::Data(_)) => {
+                return Err(self.save_after_failure(cause, cursor_before))
+            }
+            Err(e) => return Err(e),
+        };
         drop(turn);
         profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads())?;
         let reduced =
@@ -99,7 +107,8 @@ impl<B: ReelBackend> Trainer<'_, B> {
         self.step_seconds.push(report.step_seconds);
         let ended = profile::phase::<B, _>("callbacks", &device, || self.end_step(&report));
         if let Err(cause) = ended {
-            return Err(self.save_after_failure(cause));
+            let cursor = self.loader.cursor();
+            return Err(self.save_after_failure(cause, cursor));
         }
         profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
     }

@@ -199,7 +199,8 @@ impl FastVideoParquetSource {
             let file = ParquetFile::open(&file_path).map_err(file_err)?;
             Columns::find(file.schema()).map_err(file_err)?;
             let mut first_in_file = 0;
-            for (row_group, rows) in file.row_group_rows().into_iter().enumerate() {
+            let row_groups = file.row_group_rows().map_err(file_err)?;
+            for (row_group, rows) in row_groups.into_iter().enumerate() {
                 if rows > 0 {
                     groups.push(Group {
                         file: files.len(),
@@ -208,8 +209,12 @@ impl FastVideoParquetSource {
                         start: len,
                     });
                 }
+                len = len.checked_add(rows).ok_or_else(|| {
+                    file_err(format!(
+                        "row group {row_group}: more rows in all than can be counted"
+                    ))
+                })?;
                 first_in_file += rows;
-                len += rows;
             }
             files.push(file_path);
         }

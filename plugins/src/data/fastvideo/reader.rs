@@ -101,14 +101,30 @@ impl ParquetFile {
         self.reader.metadata().file_metadata().schema_descr()
     }
 
-    /// Row count of each row group.
-    pub fn row_group_rows(&self) -> Vec<usize> {
-        self.reader
-            .metadata()
-            .row_groups()
-            .iter()
-            .map(|rg| rg.num_rows().max(0) as usize)
-            .collect()
+    /// Row count of each row group, checked against the values of its columns that are not
+    /// lists (one value per row, null or not): a footer that claims more rows than its
+    /// columns hold (a corrupt or foreign writer) is an error naming the row group, not an
+    /// index of a trillion rows.
+    pub fn row_group_rows(&self) -> Result<Vec<usize>, String> {
+        let groups = self.reader.metadata().row_groups().iter().enumerate();
+        (groups.map(|(i, rg)| {
+            let rows = rg.num_rows();
+            let flat = rg
+                .columns()
+                .iter()
+                .filter(|c| c.column_descr().max_rep_level() == 0);
+            match flat.into_iter().find(|c| c.num_values() != rows) {
+                Some(c) => Err(format!(
+                    "row group {i} claims {rows} rows where its column `{}` holds {} values",
+                    c.column_path(),
+                    c.num_values()
+                )),
+                None => {
+                    usize::try_from(rows).map_err(|_| format!("row group {i} claims {rows} rows"))
+                }
+            }
+        }))
+        .collect()
     }
 
     /// Read row `row` of row group `group`.

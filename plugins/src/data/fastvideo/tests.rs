@@ -337,8 +337,9 @@ fn negative_embedding_is_the_sources_negative_text() {
     };
     let negative = cfg.build(dir.path()).unwrap().negative_text().unwrap();
     assert_eq!(negative.mask, vec![true, true, false, false, false]);
-    assert_eq!(&negative.embedding[..3 * dim], &stored.embedding[..]);
-    assert!(negative.embedding[3 * dim..].iter().all(|&v| v == 0.0));
+    // The two real tokens' states; zeros past them, as Wan's prompt form has them.
+    assert_eq!(&negative.embedding[..2 * dim], &stored.embedding[..2 * dim]);
+    assert!(negative.embedding[2 * dim..].iter().all(|&v| v == 0.0));
 
     let narrow = TextCondition {
         embedding: vec![1.0; 3 * (dim - 1)],
