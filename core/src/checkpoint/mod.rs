@@ -244,15 +244,6 @@ fn file_name(path: &Path) -> String {
         .into_owned()
 }
 
-/// Remove a folder or a file.
-fn remove_any(path: &Path) -> std::io::Result<()> {
-    if path.is_dir() {
-        fs::remove_dir_all(path)
-    } else {
-        fs::remove_file(path)
-    }
-}
-
 impl CheckpointStore {
     /// The store under `<run_dir>/checkpoints`.
     pub fn new(run_dir: &Path, keep_last: usize) -> Self {
@@ -322,19 +313,11 @@ impl CheckpointStore {
             step_dir_name(pending.step),
             std::process::id()
         ));
-        let replaced = final_dir.exists();
-        if replaced {
-            fs::rename(&final_dir, &trash).map_err(|e| CheckpointError::io(&final_dir, e))?;
-        }
-        fault::point("checkpoint-rename");
-        if let Err(e) = fs::rename(&pending.dir, &final_dir) {
-            // The old copy goes back; had the process died here instead, `list` reads it
-            // under its hidden name until a new copy of the step is in place.
-            if replaced {
-                let _ = fs::rename(&trash, &final_dir);
-            }
-            return Err(CheckpointError::io(&final_dir, e));
-        }
+        // The old copy goes back if the rename fails; had the process died between the
+        // renames instead, `list` reads it under its hidden name until a new copy of the
+        // step is in place.
+        crate::io::rename_replacing(&pending.dir, &final_dir, &trash, "checkpoint-rename")
+            .map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
         let _ = fs::remove_dir_all(&trash);
         let latest = self.root.join("latest");
@@ -397,7 +380,7 @@ impl CheckpointStore {
                     || crate::io::tmp_sibling_target(&name).is_some()
                     || step_set_aside(&name).is_some_and(|n| self.step_dir(n).is_dir());
                 if leftover {
-                    let _ = remove_any(&e.path());
+                    let _ = crate::io::remove_any(&e.path());
                 }
             }
         }

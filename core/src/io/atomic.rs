@@ -56,6 +56,41 @@ fn publish(tmp: &Path, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Remove what is at `path`: a folder with all it holds, or a file. A link is removed itself,
+/// never what it leads to.
+pub fn remove_any(path: &Path) -> io::Result<()> {
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    }
+}
+
+/// Rename `new` (a folder or a file) to `path`, whatever is there first renamed to `aside`
+/// (a leftover at `aside` removed before). If the second rename fails, what was set aside is
+/// put back, so `path` is never left empty by an error; a death between the two renames
+/// leaves it at `aside`, which the caller must treat as `path` until a new copy is in place.
+/// The fault point `fault` (see [`crate::fault`]) lies between the renames. Returns whether
+/// something was set aside: the caller removes `aside` once the folder is synced. `new` is
+/// left where it was on an error.
+pub fn rename_replacing(new: &Path, path: &Path, aside: &Path, fault: &str) -> io::Result<bool> {
+    let replaced = std::fs::symlink_metadata(path).is_ok();
+    if replaced {
+        if std::fs::symlink_metadata(aside).is_ok() {
+            remove_any(aside)?;
+        }
+        std::fs::rename(path, aside)?;
+    }
+    crate::fault::point(fault);
+    if let Err(e) = std::fs::rename(new, path) {
+        if replaced && std::fs::symlink_metadata(path).is_err() {
+            let _ = std::fs::rename(aside, path);
+        }
+        return Err(e);
+    }
+    Ok(replaced)
+}
+
 /// fsync the folder `path` so that renames inside it are durable (best effort: not every
 /// platform syncs a folder).
 pub fn sync_dir(path: &Path) {
@@ -140,6 +175,52 @@ mod tests {
         .unwrap_err();
         assert!(e.starts_with("renaming: "), "{e}");
         assert_eq!(names(dir.path()), vec!["taken"]);
+    }
+
+    #[test]
+    fn remove_any_takes_folders_files_and_links_but_not_their_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("folder/inner")).unwrap();
+        std::fs::write(d.join("folder/inner/f"), b"x").unwrap();
+        std::fs::write(d.join("file"), b"y").unwrap();
+        std::fs::create_dir_all(d.join("kept")).unwrap();
+        std::fs::write(d.join("kept/k"), b"z").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(d.join("kept"), d.join("link")).unwrap();
+        for name in ["folder", "file", "link"] {
+            if d.join(name).symlink_metadata().is_ok() {
+                remove_any(&d.join(name)).unwrap();
+            }
+        }
+        assert_eq!(names(d), vec!["kept"]);
+        assert_eq!(names(&d.join("kept")), vec!["k"]);
+        let missing = remove_any(&d.join("missing")).unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// A folder in place is set aside and the new one renamed in; a stale folder at the
+    /// aside name is cleared first; a second rename that fails puts the old folder back.
+    #[test]
+    fn rename_replacing_sets_aside_and_puts_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (new, path, aside) = (d.join("new"), d.join("path"), d.join("aside"));
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(new.join("v"), b"1").unwrap();
+        assert!(!rename_replacing(&new, &path, &aside, "test-rename").unwrap());
+        std::fs::create_dir_all(aside.join("stale")).unwrap();
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(new.join("v"), b"2").unwrap();
+        assert!(rename_replacing(&new, &path, &aside, "test-rename").unwrap());
+        assert_eq!(std::fs::read(path.join("v")).unwrap(), b"2");
+        assert_eq!(std::fs::read(aside.join("v")).unwrap(), b"1");
+        assert_eq!(names(d), vec!["aside", "path"]);
+        // A `new` that is missing: the rename fails and the folder in place comes back.
+        let e = rename_replacing(&d.join("gone"), &path, &aside, "test-rename").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert_eq!(std::fs::read(path.join("v")).unwrap(), b"2");
+        assert_eq!(names(d), vec!["path"]);
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! - [`module_to_safetensors`] writes every float parameter of a module;
 //! - [`replace_file`] / [`replace_file_with`] write any file whole (temporary sibling, sync,
 //!   rename), as the safetensors writer does; [`sync_dir`] makes renames in a folder durable
-//!   (the checkpoints' folders too);
+//!   (the checkpoints' folders too); [`rename_replacing`] renames a folder over another,
+//!   putting the old one back on failure (checkpoints and `final/`); [`remove_any`] removes a
+//!   folder, a file or a link;
 //! - [`content_stamp`] identifies a file or folder by its size and both ends' bytes;
 //!   [`is_special`] tells a named pipe or device, which a reader must not open.
 

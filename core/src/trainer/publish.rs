@@ -48,26 +48,12 @@ pub(super) fn publish_final(checkpoint: &Path, run_dir: &Path) -> Result<(), Tra
 /// Rename `staged` to `final_dir`, the folder there first to `old`; on an error the old folder
 /// is put back and `staged` removed.
 fn swap(staged: &Path, final_dir: &Path, old: &Path) -> Result<(), TrainError> {
-    let replaced = fs::symlink_metadata(final_dir).is_ok();
-    let mut moved = Ok(());
-    if replaced {
-        // A leftover of this process id (a death during an earlier clean-up, the id reused):
-        // the new copy is synced already, so it is only in the way.
-        if fs::symlink_metadata(old).is_ok() {
-            let _ = fs::remove_dir_all(old);
-        }
-        moved = fs::rename(final_dir, old).map_err(|e| io_err(final_dir, e));
-    }
-    crate::fault::point("final-rename");
-    let result =
-        moved.and_then(|()| fs::rename(staged, final_dir).map_err(|e| io_err(final_dir, e)));
-    if result.is_err() {
-        if replaced && fs::symlink_metadata(final_dir).is_err() {
-            let _ = fs::rename(old, final_dir);
-        }
+    let result = crate::io::rename_replacing(staged, final_dir, old, "final-rename");
+    if let Err(e) = result {
         let _ = fs::remove_dir_all(staged);
+        return Err(io_err(final_dir, e));
     }
-    result
+    Ok(())
 }
 
 /// `staged` made afresh with the checkpoint's weights and shapes, each file and the folder
@@ -121,11 +107,7 @@ fn remove_leftovers(folder: &Path, name: &str) {
     for e in entries.flatten() {
         let entry = e.file_name().to_string_lossy().to_string();
         if entry.starts_with(&tmp) || entry.starts_with(&old) {
-            let path = e.path();
-            let _ = match fs::symlink_metadata(&path) {
-                Ok(m) if m.is_dir() => fs::remove_dir_all(&path),
-                _ => fs::remove_file(&path),
-            };
+            let _ = crate::io::remove_any(&e.path());
         }
     }
 }
