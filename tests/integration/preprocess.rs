@@ -265,6 +265,31 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     );
     let second = std::fs::read(out.join("data_00001.parquet")).unwrap();
 
+    // A run with nothing changed leaves the failed clip out again without encoding its shard
+    // again; --retry-failed tries it (and fails again: still no caption).
+    let zeroth = std::fs::read(out.join("data_00000.parquet")).unwrap();
+    let o = preprocess(&input, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("redoing"), "{err}");
+    assert!(
+        err.contains("2 already there") && err.contains("1 left out by an earlier run"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("data_00000.parquet")).unwrap(),
+        zeroth
+    );
+    let o = preprocess(&input, &out, &["--retry-failed"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("redoing") && err.contains("--retry-failed") && err.contains("b.txt"),
+        "{err}"
+    );
+    assert!(err.contains("1 skipped with errors"), "{err}");
+    let relisted = std::fs::read_to_string(out.join("data_00000.failed.txt")).unwrap();
+    assert_eq!(relisted, listed);
+
     // A run after the caption is written redoes shard 0 only, now with b; it keeps the
     // negative prompt's file (the same file, not a rewritten one).
     let negative = out.join("negative.safetensors");

@@ -197,7 +197,7 @@ pub fn read_jpeg(path: &Path) -> Result<(Vec<[u8; 3]>, usize, usize), MediaError
     if !jpeg_complete(&bytes) {
         return Err(invalid(
             path,
-            "cut short: its last scan has no end-of-image marker",
+            "cut short: it ends before its end-of-image marker",
         ));
     }
     let side = (MAX_FRAME_PIXELS as f64).sqrt() as usize;
@@ -260,13 +260,66 @@ fn upright(
     (out.map(|(x, y)| source(x, y)).collect(), nw, nh)
 }
 
-/// Whether a JPEG's bytes hold an end-of-image marker (`FF D9`) after the start of its last
-/// scan (`FF DA`). A file cut short has none there: the decoder would fill the missing part
-/// with grey rather than fail. (Entropy-coded data never holds an `FF D9`: an `FF` in it is
-/// followed by `00` or a restart marker; an EXIF thumbnail's markers come before the image's.)
+/// Whether a JPEG's bytes run, marker by marker, from its start-of-image marker (`FF D8`) to
+/// its end-of-image marker (`FF D9`): a file cut short does not reach one (the decoder would
+/// fill the missing part with grey rather than fail). Segments are skipped by their lengths
+/// (an EXIF thumbnail's markers inside one are not seen), and a scan's entropy-coded data
+/// ends at the first `FF` that is neither a stuffed `FF 00` nor a restart marker. What
+/// follows the image's end is not looked at: phones append a whole video there (Motion
+/// Photos), whose bytes hold `FF D9` and `FF DA` pairs anywhere.
 fn jpeg_complete(bytes: &[u8]) -> bool {
-    let last = |marker: u8| bytes.windows(2).rposition(|w| w == [0xFF, marker]);
-    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+    if !bytes.starts_with(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let mut i = 2;
+    loop {
+        // A marker: `FF` (any number: fill bytes), then its code.
+        if bytes.get(i) != Some(&0xFF) {
+            return false;
+        }
+        while bytes.get(i) == Some(&0xFF) {
+            i += 1;
+        }
+        let Some(&code) = bytes.get(i) else {
+            return false;
+        };
+        i += 1;
+        match code {
+            0xD9 => return true,
+            0x01 | 0xD0..=0xD7 => continue, // no length
+            _ => {}
+        }
+        let Some(len) = bytes
+            .get(i..i + 2)
+            .map(|b| usize::from(b[0]) << 8 | usize::from(b[1]))
+        else {
+            return false;
+        };
+        if len < 2 {
+            return false;
+        }
+        i += len;
+        if code == 0xDA {
+            match scan_end(bytes, i) {
+                Some(end) => i = end,
+                None => return false,
+            }
+        }
+    }
+}
+
+/// Where the entropy-coded data starting at `from` ends: the `FF` of the next marker that is
+/// not a stuffed byte (`FF 00`) or a restart (`FF D0`..`FF D7`); `None` when the bytes end
+/// first.
+fn scan_end(bytes: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        from += bytes.get(from..)?.iter().position(|&b| b == 0xFF)?;
+        match *bytes.get(from + 1)? {
+            0x00 | 0xD0..=0xD7 => from += 2,
+            0xFF => from += 1,
+            _ => return Some(from),
+        }
+    }
 }
 
 /// A PNG as RGB pixels (grey, palette, alpha and 16-bit images are converted; alpha is
@@ -545,6 +598,11 @@ mod tests {
             );
         }
         std::fs::write(&cut, [&jpeg[..], b"trailer"].concat()).unwrap();
+        assert_eq!(read_clip(&cut, FrameNeed::ALL).unwrap().frames, clip.frames);
+        // A Motion Photo: a video appended after the image, whose bytes hold marker-like
+        // pairs (a scan start after the last end-of-image pair, here) is read as the image.
+        let appended = [0xFF, 0xD9, 0x12, 0xFF, 0xDA, 0x00, 0x08, 0x34];
+        std::fs::write(&cut, [&jpeg[..], &appended[..]].concat()).unwrap();
         assert_eq!(read_clip(&cut, FrameNeed::ALL).unwrap().frames, clip.frames);
         let not_jpeg = dir.path().join("text.jpeg");
         std::fs::write(&not_jpeg, "not an image").unwrap();

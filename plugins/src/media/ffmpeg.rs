@@ -55,7 +55,7 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     let mut decode = Command::new("ffmpeg");
     decode
         .args(["-v", "error", "-i"])
-        .arg(path)
+        .arg(file_url(path))
         .args(["-map", "0:v:0"]);
     if let Some(fps) = fps {
         // FFmpeg writes raw frames at a constant rate: the probed one, so that frame `i` is
@@ -67,24 +67,8 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     if count != usize::MAX {
         decode.args(["-frames:v", &count.to_string()]);
     }
-    let raw = run(
-        path,
-        decode.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]),
-    )?;
-    let frame_bytes = w * h * 3;
-    if frame_bytes == 0 || raw.len() < frame_bytes {
-        return Err(invalid(path, "FFmpeg decoded no frame"));
-    }
-    if raw.len() % frame_bytes != 0 {
-        return Err(invalid(
-            path,
-            format!("FFmpeg's frames are not {w}x{h} as the stream says"),
-        ));
-    }
-    let frames = raw
-        .chunks_exact(frame_bytes)
-        .map(|f| f.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect())
-        .collect();
+    decode.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]);
+    let frames = decode_frames(path, &mut decode, w, h)?;
     Ok(Clip {
         frames,
         width: w,
@@ -136,7 +120,7 @@ fn encode_mp4(path: &Path, out: &Path, clip: &Frames, fps: f64) -> Result<(), Me
         .args(["-r", &format!("{fps}"), "-i", "-"])
         .args(["-c:v", "libx264", "-pix_fmt", "yuv420p"])
         .args(["-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-f", "mp4"])
-        .arg(out)
+        .arg(file_url(out))
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -160,6 +144,14 @@ fn encode_mp4(path: &Path, out: &Path, clip: &Frames, fps: f64) -> Result<(), Me
     written.map_err(io)
 }
 
+/// `path` as FFmpeg is to read or write it: behind `file:`, so that a name holding a `:`
+/// (`clips:v2/a.mp4`) is not taken for a protocol.
+fn file_url(path: &Path) -> std::ffi::OsString {
+    let mut url = std::ffi::OsString::from("file:");
+    url.push(path.as_os_str());
+    url
+}
+
 /// The first video stream's display size (width and height swapped for a quarter-turn
 /// rotation) and frame rate (the average rate, for variable-rate streams), from `ffprobe`.
 fn probe(path: &Path) -> Result<(usize, usize, Option<f64>), MediaError> {
@@ -169,7 +161,7 @@ fn probe(path: &Path) -> Result<(usize, usize, Option<f64>), MediaError> {
         Command::new("ffprobe")
             .args(["-v", "error", "-select_streams", "v:0"])
             .args(["-show_entries", entries, "-of", "json"])
-            .arg(path),
+            .arg(file_url(path)),
     )?;
     let json: serde_json::Value = serde_json::from_slice(&out)
         .map_err(|e| invalid(path, format!("unreadable ffprobe output: {e}")))?;
@@ -215,21 +207,96 @@ fn parse_rate(rate: &str) -> Option<f64> {
 
 /// Run a command on `path` and return its stdout; a failure is an error naming the file
 /// with FFmpeg's last line of stderr.
+/// Run the decoding `cmd` (raw RGB frames of `w`×`h` on its stdout) and turn each frame into
+/// pixels as it arrives, so that the raw bytes are never held whole beside the frames (a 4K
+/// clip's leading frames are gigabytes), refusing a clip once its frames pass
+/// [`MAX_CLIP_BYTES`](super::decode::MAX_CLIP_BYTES). FFmpeg's stderr is read on a thread
+/// meanwhile, so that neither pipe can fill and stall it.
+fn decode_frames(
+    path: &Path,
+    cmd: &mut Command,
+    w: usize,
+    h: usize,
+) -> Result<Vec<Vec<[u8; 3]>>, MediaError> {
+    let io = |error| MediaError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let messages = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let frame_bytes = w * h * 3;
+    let mut buf = vec![0u8; frame_bytes];
+    let mut frames = Vec::new();
+    let tail = loop {
+        match read_full(&mut stdout, &mut buf) {
+            Ok(n) if n == frame_bytes && n > 0 => {
+                // Every frame wanted (no count to bound it up front): bounded as it comes.
+                if let Err(e) = check_size(path, w, h, frames.len() + 1) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+                frames.push(buf.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect());
+            }
+            other => break other,
+        }
+    };
+    drop(stdout);
+    let status = child.wait().map_err(io)?;
+    let messages = messages.join().unwrap_or_default();
+    if !status.success() {
+        return Err(ffmpeg_failed(path, &messages));
+    }
+    match tail.map_err(io)? {
+        0 if frames.is_empty() => Err(invalid(path, "FFmpeg decoded no frame")),
+        0 => Ok(frames),
+        _ => Err(invalid(
+            path,
+            format!("FFmpeg's frames are not {w}x{h} as the stream says"),
+        )),
+    }
+}
+
+/// Read from `from` until `buf` is full or the stream ends; the bytes read.
+fn read_full(from: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match from.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// FFmpeg's failure as an error naming `path`: the last line of its `messages` is the
+/// conclusion ("Invalid data found when processing input"); the ones before it are what it
+/// met on the way.
+fn ffmpeg_failed(path: &Path, messages: &str) -> MediaError {
+    let last = messages.lines().rfind(|l| !l.trim().is_empty());
+    invalid(path, format!("FFmpeg: {}", last.unwrap_or("failed")))
+}
+
 fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
     let out = cmd.output().map_err(|error| MediaError::Io {
         path: path.to_path_buf(),
         error,
     })?;
     if !out.status.success() {
-        let mut err = String::new();
-        let _ = out.stderr.as_slice().read_to_string(&mut err);
-        // The last line is the conclusion ("Invalid data found when processing input"); the
-        // ones before it are what FFmpeg met on the way.
-        let last = err.lines().rfind(|l| !l.trim().is_empty());
-        return Err(invalid(
-            path,
-            format!("FFmpeg: {}", last.unwrap_or("failed")),
-        ));
+        return Err(ffmpeg_failed(path, &String::from_utf8_lossy(&out.stderr)));
     }
     Ok(out.stdout)
 }

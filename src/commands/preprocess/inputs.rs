@@ -172,7 +172,11 @@ fn caption_of(
     let sidecars = match kind {
         MediaKind::FrameFolder => vec![
             path.join("caption.txt"),
-            PathBuf::from(format!("{}.txt", path.display())),
+            PathBuf::from({
+                let mut name = path.as_os_str().to_owned();
+                name.push(".txt");
+                name
+            }),
         ],
         _ => vec![path.with_extension("txt")],
     };

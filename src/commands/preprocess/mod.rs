@@ -6,8 +6,8 @@
 //! items, `data_<k>.parquet`, each under a temporary name and renamed when complete. A run
 //! that stops resumes by skipping the finished shards ([`resume`]: the settings and the clip
 //! list must be those of the run that wrote them). An item that cannot be read or encoded is
-//! reported on one line naming the file and left out; the run goes on, and the next run
-//! redoes its shard. The negative prompt (`--negative`, default Wan2.1's) is encoded into
+//! reported on one line naming the file and left out; the run goes on, and a later run
+//! redoes its shard when a clip or caption of it changed, or with `--retry-failed`. The negative prompt (`--negative`, default Wan2.1's) is encoded into
 //! `negative.safetensors` beside the shards, for `[data] negative_embedding`.
 
 pub mod encode;
@@ -32,7 +32,7 @@ use super::progress::{self, say};
 use crate::cli::error_line;
 use encode::{Encoders, Target};
 use inputs::Item;
-use resume::Shard;
+use resume::{Shard, ShardState};
 
 /// `reel preprocess` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -89,6 +89,12 @@ pub struct PreprocessArgs {
     /// Device index (CUDA).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Try again the clips an earlier run left out with an error (listed in
+    /// `data_*.failed.txt`), though neither they nor their captions changed: for failures
+    /// that may pass now (FFmpeg installed since, say). Without it, a shard is redone only
+    /// when one of its clips or captions changed.
+    #[arg(long)]
+    pub retry_failed: bool,
 }
 
 /// The most frames a clip is sampled to (`--frames`): 4 minutes at 16 fps.
@@ -257,21 +263,25 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     }
     let start = Instant::now();
     let bar = progress::bar(items.len() as u64, "clips");
-    let (mut written, mut skipped, mut failed) = (0, 0, 0);
+    let mut count = Counts::default();
     for (k, chunk) in items.chunks(args.rows_per_file).enumerate() {
         let shard = Shard::new(&args.out, k);
-        if shard.is_done() {
-            skipped += chunk.len();
-            bar.inc(chunk.len() as u64);
-            continue;
-        }
-        if shard.path.is_file() {
-            // The failure list's first line says why: a clip that failed, or one changed.
-            let listed = std::fs::read_to_string(&shard.failed).ok();
-            let why = match listed.as_deref().and_then(|t| t.lines().next()) {
-                Some(first) => first.to_string(),
-                None => "it is not a whole parquet file (cut short)".into(),
-            };
+        let why = match shard.state(chunk.len()) {
+            ShardState::Done => {
+                count.skipped += chunk.len();
+                bar.inc(chunk.len() as u64);
+                continue;
+            }
+            ShardState::Failed(n) if !args.retry_failed => {
+                count.skipped += chunk.len() - n;
+                count.left_out += n;
+                bar.inc(chunk.len() as u64);
+                continue;
+            }
+            ShardState::Failed(_) => "--retry-failed".to_string(),
+            ShardState::Redo(why) => why,
+        };
+        if shard.path.exists() || shard.failed.exists() {
             say(
                 &bar,
                 format!("reel: redoing {}: {why}", shard.path.display()),
@@ -279,31 +289,61 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         }
         let (records, failures) = encode_chunk(&enc, chunk, k * args.rows_per_file, target, &bar);
         shard.save(&records, &failures)?;
-        failed += failures.len();
-        written += records.len();
+        count.failed += failures.len();
+        count.written += records.len();
     }
     bar.finish_and_clear();
-    let retry = if failed > 0 {
-        format!(
-            "; they are listed in {}/data_*.failed.txt and the next run retries their shards",
-            args.out.display()
-        )
-    } else {
-        String::new()
-    };
     eprintln!(
-        "reel: preprocessed {written} clips into {} in {:.1} s ({skipped} already there, \
-         {failed} skipped with errors{retry}); the negative prompt's embedding is {} \
-         ([data] negative_embedding)",
+        "reel: preprocessed {} clips into {} in {:.1} s ({}); the negative prompt's embedding \
+         is {} ([data] negative_embedding)",
+        count.written,
         args.out.display(),
         start.elapsed().as_secs_f64(),
+        count.summary(&args.out),
         negative.display()
     );
     anyhow::ensure!(
-        written + skipped > 0,
-        "no clip could be preprocessed ({failed} failed)"
+        count.written + count.skipped > 0,
+        "no clip could be preprocessed ({} failed, {} left out by earlier runs)",
+        count.failed,
+        count.left_out
     );
     Ok(())
+}
+
+/// What one run of `reel preprocess` did with the clips.
+#[derive(Default)]
+struct Counts {
+    /// Clips encoded and written by this run.
+    written: usize,
+    /// Clips in shards an earlier run wrote, skipped.
+    skipped: usize,
+    /// Clips this run left out with an error.
+    failed: usize,
+    /// Clips an earlier run left out with an error, not tried again.
+    left_out: usize,
+}
+
+impl Counts {
+    /// "3 already there, 1 skipped with errors; ..." with where the failures are listed and
+    /// when they are tried again.
+    fn summary(&self, out: &Path) -> String {
+        let mut s = format!(
+            "{} already there, {} skipped with errors",
+            self.skipped, self.failed
+        );
+        if self.left_out > 0 {
+            s += &format!(", {} left out by an earlier run", self.left_out);
+        }
+        if self.failed + self.left_out > 0 {
+            s += &format!(
+                "; they are listed in {}/data_*.failed.txt, and a later run tries one again \
+                 when it or its caption changes, or all with --retry-failed",
+                out.display()
+            );
+        }
+        s
+    }
 }
 
 /// The rows of `chunk`'s items (the first one's index is `first`), and one line per item

@@ -7,12 +7,16 @@
 //!   or removed would shift every later shard); the refusal names what differs.
 //! - A folder without shards has nothing to protect: a run that stopped before its first
 //!   shard (a mistyped `--vae`, say) does not block the corrected one.
-//! - A shard with a `.failed.txt` is redone by the next run, so a caption written or a file
-//!   repaired since is picked up; a shard without one is finished and skipped.
+//! - A shard without a `.failed.txt` is finished and skipped. One with a list is skipped too
+//!   (its failed clips left out again, without re-encoding the rest) unless a clip or caption
+//!   of the shard changed since it was written, so a caption written or a file repaired since
+//!   is picked up, or `--retry-failed` asks to try every failed clip again (a failure that
+//!   may pass now: FFmpeg installed since, say).
 //!
-//! Every file is written under a temporary name and renamed, the failure list before its
-//! shard and removed after it, so a crash at any point leaves either the last good shard or
-//! a shard that the next run redoes.
+//! Every file is written under a temporary name and renamed. While a shard is rewritten its
+//! failure list starts with [`UNFINISHED`], and the list is settled (or removed) only after
+//! the shard, so a crash at any point leaves either the last good shard or a shard that the
+//! next run redoes.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -90,11 +94,20 @@ pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
     replace_file(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Mark for redoing each finished shard of `out` holding a clip whose stamp differs from the
-/// one recorded when the shard was written (`shards[k]`: shard `k`'s clips as `(name,
-/// stamp)`): its failure list names the changed clips, so this run redoes it, and so does the
-/// next should this one stop first. Clips without a recorded stamp are not compared (folders
-/// written before stamps). Returns the shards marked.
+/// The first line of a shard's failure list while the shard is being rewritten: the shard
+/// beside the list may not be the one it describes, so the next run redoes it.
+pub const UNFINISHED: &str = "(the run writing this shard stopped before it was complete)";
+
+/// The end of a failure list's line naming a clip changed since its shard was written: the
+/// next run redoes the shard.
+const CHANGED: &str = ": changed since its shard was written";
+
+/// Mark for redoing each written shard of `out` (finished, or settled with failures) holding
+/// a clip whose stamp differs from the one recorded when the shard was written
+/// (`shards[k]`: shard `k`'s clips as `(name, stamp)`): its failure list names the changed
+/// clips first, so this run redoes it, and so does the next should this one stop first.
+/// Clips without a recorded stamp are not compared (folders written before stamps). Returns
+/// the shards marked.
 pub fn redo_changed(out: &Path, shards: &[Vec<(String, String)>]) -> anyhow::Result<usize> {
     let recorded: Value = std::fs::read_to_string(out.join(SETTINGS_FILE))
         .ok()
@@ -109,12 +122,13 @@ pub fn redo_changed(out: &Path, shards: &[Vec<(String, String)>]) -> anyhow::Res
                 let then = recorded[STAMPS][name.as_str()].as_str();
                 then.is_some_and(|t| t != stamp)
             })
-            .map(|(name, _)| format!("{name}: changed since its shard was written"))
+            .map(|(name, _)| format!("{name}{CHANGED}"))
             .collect();
-        if changed.is_empty() || !shard.is_done() {
+        if changed.is_empty() || matches!(shard.state(clips.len()), ShardState::Redo(_)) {
             continue;
         }
-        let text = changed.join("\n") + "\n";
+        let earlier = std::fs::read_to_string(&shard.failed).unwrap_or_default();
+        let text = changed.join("\n") + "\n" + &earlier;
         replace_file(&shard.failed, text.as_bytes())
             .with_context(|| format!("cannot write {}", shard.failed.display()))?;
         marked += 1;
@@ -246,33 +260,86 @@ impl Shard {
         }
     }
 
-    /// Written with every one of its clips (and whole: it ends with parquet's footer
-    /// magic): the next run skips it.
-    pub fn is_done(&self) -> bool {
-        !self.failed.exists() && ends_with_parquet_magic(&self.path)
+    /// Where the shard stands, for a shard of `clips` clips (see [`ShardState`]).
+    pub fn state(&self, clips: usize) -> ShardState {
+        let whole = ends_with_parquet_magic(&self.path);
+        let listed = match std::fs::read_to_string(&self.failed) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return match (whole, self.path.exists()) {
+                    (true, _) => ShardState::Done,
+                    (false, true) => {
+                        ShardState::Redo("it is not a whole parquet file (cut short)".into())
+                    }
+                    (false, false) => ShardState::Redo("not written yet".into()),
+                };
+            }
+            Err(e) => {
+                return ShardState::Redo(format!("cannot read {}: {e}", self.failed.display()))
+            }
+        };
+        let lines: Vec<&str> = listed.lines().filter(|l| !l.is_empty()).collect();
+        let redo = lines
+            .iter()
+            .find(|l| **l == UNFINISHED || l.ends_with(CHANGED));
+        if let Some(why) = redo {
+            return ShardState::Redo(why.to_string());
+        }
+        // Settled: the shard holds the clips that did not fail, or none when all did.
+        let all_failed = lines.len() >= clips && !self.path.exists();
+        match (whole || all_failed, lines.is_empty()) {
+            (true, false) => ShardState::Failed(lines.len().min(clips)),
+            _ => ShardState::Redo("its failure list does not match the shard".into()),
+        }
     }
 
-    /// Write the shard's `records` (when there are any) and its `failures` (one line each):
-    /// the failure list first, then the shard; a list left from an earlier run goes last.
+    /// Write the shard's `records` and its `failures` (one line each). While the shard is
+    /// written, its failure list (when there is or will be one) starts with [`UNFINISHED`];
+    /// afterwards the list is settled, or removed when nothing failed. A shard with no
+    /// records is removed (all its clips failed).
     pub fn save(&self, records: &[FastVideoRecord], failures: &[String]) -> anyhow::Result<()> {
-        if !failures.is_empty() {
-            let text = failures.join("\n") + "\n";
+        let write_list = |lines: &[&str]| {
+            let text = lines.join("\n") + "\n";
             replace_file(&self.failed, text.as_bytes())
-                .with_context(|| format!("cannot write {}", self.failed.display()))?;
+                .with_context(|| format!("cannot write {}", self.failed.display()))
+        };
+        let failures: Vec<&str> = failures.iter().map(String::as_str).collect();
+        if !failures.is_empty() || self.failed.exists() {
+            write_list(&[&[UNFINISHED][..], &failures].concat())?;
         }
-        if !records.is_empty() {
+        if records.is_empty() {
+            remove_if_there(&self.path)?;
+        } else {
             write_fastvideo_parquet(&self.path, records, records.len())
                 .with_context(|| format!("writing {}", self.path.display()))?;
         }
         if failures.is_empty() {
-            match std::fs::remove_file(&self.failed) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(e).with_context(|| format!("removing {}", self.failed.display()))
-                }
-                _ => {}
-            }
+            remove_if_there(&self.failed)
+        } else {
+            write_list(&failures)
         }
-        Ok(())
+    }
+}
+
+/// Where a shard stands at the start of a run.
+#[derive(Debug, PartialEq)]
+pub enum ShardState {
+    /// Written whole with every one of its clips: skipped.
+    Done,
+    /// Written whole without the given number of clips, which failed (listed in its
+    /// `.failed.txt`), none changed since: skipped unless `--retry-failed`.
+    Failed(usize),
+    /// To be written (again), for the reason given.
+    Redo(String),
+}
+
+/// Remove the file `path` if there is one.
+fn remove_if_there(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -382,33 +449,77 @@ mod tests {
         );
     }
 
+    /// A one-row shard's record.
+    fn record_row() -> FastVideoRecord {
+        use reel_plugins::data::fastvideo::StoredTensor;
+        FastVideoRecord {
+            id: "00000000".into(),
+            latent: StoredTensor::f32(&[0.5; 4], &[1, 1, 2, 2]),
+            text_embedding: StoredTensor::f32(&[1.0; 3], &[1, 3]),
+            caption: "a".into(),
+            media: None,
+        }
+    }
+
+    /// A shard's failure list decides whether the next run skips it: settled failures are
+    /// left out again, a list marked unfinished (a crash mid-rewrite) or naming a changed
+    /// clip redoes the shard, and a shard saved without failures is done.
     #[test]
-    fn a_shard_with_failures_is_not_done_until_saved_without() {
+    fn shard_states_follow_the_failure_list() {
         let tmp = tempfile::tempdir().unwrap();
-        let shard = Shard::new(tmp.path(), 3);
-        assert!(shard.path.ends_with("data_00003.parquet"));
-        assert!(!shard.is_done());
-        // Every clip failed: the list is written, no shard.
-        shard.save(&[], &["a.gif: broken".into()]).unwrap();
-        assert!(!shard.path.exists() && !shard.is_done());
-        assert_eq!(
-            std::fs::read_to_string(&shard.failed).unwrap(),
-            "a.gif: broken\n"
-        );
-        // A shard written earlier with failures stays until redone (the bytes stand in for a
-        // parquet file: its magic at both ends).
-        std::fs::write(&shard.path, b"PAR1 rows PAR1").unwrap();
-        assert!(!shard.is_done());
-        shard.save(&[], &[]).unwrap();
-        assert!(shard.is_done(), "no failures left: the list is removed");
-        // A shard cut short (no footer) is not done: the next run writes it again.
-        std::fs::write(&shard.path, b"PAR1 rows").unwrap();
-        assert!(!shard.is_done());
-        std::fs::write(&shard.path, b"PAR1 rows PAR1").unwrap();
-        let names: Vec<_> = std::fs::read_dir(tmp.path())
+        let out = tmp.path();
+        let shard = Shard::new(out, 1);
+        assert!(shard.path.ends_with("data_00001.parquet"));
+        assert_eq!(shard.state(2), ShardState::Redo("not written yet".into()));
+        // Every clip failed: the list is settled, no shard is written.
+        shard
+            .save(&[], &["a.gif: broken".into(), "b.gif: broken".into()])
+            .unwrap();
+        assert!(!shard.path.exists());
+        let listed = std::fs::read_to_string(&shard.failed).unwrap();
+        assert_eq!(listed, "a.gif: broken\nb.gif: broken\n");
+        assert_eq!(shard.state(2), ShardState::Failed(2));
+        // A list naming fewer clips than the shard holds, and no shard: not settled.
+        assert!(matches!(shard.state(3), ShardState::Redo(_)));
+        // One clip failed, the other written.
+        shard
+            .save(&[record_row()], &["a.gif: broken".into()])
+            .unwrap();
+        assert_eq!(shard.state(2), ShardState::Failed(1));
+        // A rewrite that a crash cut short leaves its list marked: redone, whole file or not.
+        std::fs::write(&shard.failed, format!("{UNFINISHED}\na.gif: broken\n")).unwrap();
+        assert_eq!(shard.state(2), ShardState::Redo(UNFINISHED.into()));
+        std::fs::write(&shard.failed, "a.gif: broken\n").unwrap();
+        // A clip changed since (its stamp differs from the recorded one) redoes the shard,
+        // the earlier failures still listed; a shard not written yet is not marked.
+        let mut settings = json!({"height": 480});
+        settings[STAMPS] = json!({"a.gif": "s1", "b.gif": "s1", "c.gif": "s1"});
+        record(out, &settings).unwrap();
+        let clips = |a: &str| vec![("a.gif".into(), a.into()), ("b.gif".into(), "s1".into())];
+        let shards = [vec![("c.gif".to_string(), "s2".to_string())], clips("s2")];
+        assert_eq!(redo_changed(out, &shards).unwrap(), 1);
+        let why = format!("a.gif{CHANGED}");
+        assert_eq!(shard.state(2), ShardState::Redo(why.clone()));
+        let listed = std::fs::read_to_string(&shard.failed).unwrap();
+        assert_eq!(listed, format!("{why}\na.gif: broken\n"));
+        assert!(!Shard::new(out, 0).failed.exists());
+        // Saved without failures: the list goes and the shard is done.
+        shard.save(&[record_row(), record_row()], &[]).unwrap();
+        assert_eq!(shard.state(2), ShardState::Done);
+        // A shard cut short (no footer) is redone.
+        let bytes = std::fs::read(&shard.path).unwrap();
+        std::fs::write(&shard.path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(matches!(shard.state(2), ShardState::Redo(_)));
+        // A redo in which every clip fails leaves no shard from before.
+        shard
+            .save(&[], &["a.gif: broken".into(), "b.gif: broken".into()])
+            .unwrap();
+        assert!(!shard.path.exists());
+        let names: Vec<_> = std::fs::read_dir(out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with('.'))
             .collect();
-        assert_eq!(names, ["data_00003.parquet"], "no temporary file is left");
+        assert!(names.is_empty(), "temporary files left: {names:?}");
     }
 }

@@ -20,19 +20,27 @@ pub const SHEET_FILE: &str = "sheet.png";
 /// File name of the per-clip scores.
 pub const SCORES_FILE: &str = "scores.json";
 
+/// Most bytes of a clip file name's caption part: with the index, an extension and the
+/// temporary name's `.`, `.tmp<pid>` the name stays far below the 255 bytes file systems allow,
+/// whatever the script (a CJK character takes 3 bytes).
+const STEM_BYTES: usize = 96;
+
 /// File name of clip `i`: `<i>-<caption>.gif`, spaces as `_`, other characters that are not
-/// alphanumeric, `-` or `.` dropped (`clip` for an empty caption).
+/// alphanumeric, `-` or `.` dropped, cut to [`STEM_BYTES`] on a character boundary (`clip`
+/// for an empty caption).
 pub fn clip_file_name(i: usize, caption: &str) -> String {
-    let mut stem: String = caption
-        .trim()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('_'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' || c == '.' => Some(c),
-            _ => None,
-        })
-        .take(80)
-        .collect();
+    let mut stem = String::new();
+    let kept = caption.trim().chars().filter_map(|c| match c {
+        ' ' => Some('_'),
+        c if c.is_alphanumeric() || c == '-' || c == '_' || c == '.' => Some(c),
+        _ => None,
+    });
+    for c in kept {
+        if stem.len() + c.len_utf8() > STEM_BYTES {
+            break;
+        }
+        stem.push(c);
+    }
     if stem.is_empty() {
         stem = "clip".into();
     }
@@ -244,7 +252,7 @@ pub fn write_scores(
     let metrics: BTreeMap<String, f64> = metrics.iter().cloned().collect();
     let doc = serde_json::json!({ "step": step, "metrics": metrics, "clips": per_clip });
     let text = serde_json::to_string_pretty(&doc).expect("scores serialize");
-    std::fs::write(path, text).map_err(|e| io_error(path, e))
+    reel_core::io::replace_file(path, text.as_bytes()).map_err(|e| io_error(path, e))
 }
 
 #[cfg(test)]
@@ -259,6 +267,18 @@ mod tests {
         );
         assert_eq!(clip_file_name(0, "../x/y?"), "0-..xy.gif");
         assert_eq!(clip_file_name(1, ""), "1-clip.gif");
+        // A long caption in a 3-byte script: the name (and its temporary sibling) stays short.
+        let long = clip_file_name(12, &"视频中的一只猫".repeat(30));
+        let stem = long
+            .strip_prefix("12-")
+            .unwrap()
+            .strip_suffix(".gif")
+            .unwrap();
+        assert!(
+            stem.len() <= STEM_BYTES && stem.len() > STEM_BYTES - 4,
+            "{long}"
+        );
+        assert!("视频中的一只猫".repeat(30).starts_with(stem));
         let spec = |h, w| DataSpec {
             channels: 4,
             frames: 4,
