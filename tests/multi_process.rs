@@ -296,6 +296,29 @@ fn processes_started_by_mpirun_without_a_launcher_are_refused() {
     assert!(!tmp.path().join("x").exists(), "nothing may be written");
 }
 
+/// A process that MPI sees alone while Slurm says the step has several tasks (`srun
+/// --mpi=none`: each copy would be the whole job and write the same run folder) is refused.
+#[test]
+fn a_lone_mpi_process_of_a_slurm_step_of_several_is_refused() {
+    let tmp = setup();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_reel"));
+    cmd.current_dir(tmp.path())
+        .args(["train", "run.toml", "--output", "x"])
+        .args(["--set", "runtime.launcher=mpi"])
+        .env("SLURM_STEP_NUM_TASKS", "2")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("REEL_FAULT");
+    let o = bounded(cmd, 120);
+    let log = stderr(&o);
+    assert!(!o.status.success(), "{log}");
+    assert!(
+        log.contains("MPI sees this process alone, but it is one of 2 (SLURM_STEP_NUM_TASKS=2)"),
+        "{log}"
+    );
+    assert!(!tmp.path().join("x").exists(), "nothing may be written");
+}
+
 #[test]
 fn processes_that_disagree_or_fail_alone_stop_the_run_with_the_reason() {
     let tmp = setup();

@@ -80,6 +80,10 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         .build(&loaded.base_dir)
         .with_context(|| format!("opening the data of {}", args.config.display()))?;
     let n = args.samples.unwrap_or(source.len()).min(source.len());
+    // One sample at a time is held: it must fit, or reading it would abort the process.
+    let memory = reel_core::memory::host_memory_available();
+    reel_core::memory::check_batch_memory(&source.spec(), 1, memory)
+        .map_err(|e| e.in_file(&args.config))?;
     let ext = match args.format {
         Format::Parquet => "parquet",
         Format::Safetensors => "safetensors",

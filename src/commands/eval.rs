@@ -160,6 +160,7 @@ fn eval<B: ReelBackend>(
 pub fn run(args: &EvalArgs) -> anyhow::Result<()> {
     check_args(args)?;
     let loaded = read_config(&args.source)?;
+    super::inference::check_steps(args.steps, &loaded)?;
     let report = with_backend!(loaded.config.runtime.backend, |B| eval::<B>(args, &loaded))?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -285,19 +285,11 @@ fn data_source(
 }
 
 /// A data source of `spec`'s shapes and nothing else (no prompts, no negative embedding).
-/// Shapes read from a file are checked as a `random` data table's are, and must be countable:
+/// Shapes read from a file are checked as a `random` data table's are (bounded, countable):
 /// a hand-edited `shapes.json` gets an error, not an overflow. (`reel sample` checks the clip
 /// it draws against the host's memory once a size given on its command line has replaced
 /// these.)
 fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
-    let latent = [spec.channels, spec.frames, spec.height, spec.width];
-    let countable = |dims: &[usize]| dims.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
-    anyhow::ensure!(
-        countable(&latent).is_some() && countable(&[spec.text_len, spec.text_dim]).is_some(),
-        "the shapes {latent:?} (text {}x{}) have more values than can be counted",
-        spec.text_len,
-        spec.text_dim
-    );
     let cfg = RandomDataConfig {
         batch_size: 1,
         num_samples: 1,
@@ -313,6 +305,18 @@ fn shapes_only(spec: DataSpec) -> anyhow::Result<Box<dyn DataSource>> {
     Ok(cfg.build(Path::new("."))?)
 }
 
+/// `--steps` against the method's most sampling steps (DMD2 samples with its
+/// `denoising_steps`), before any weights are loaded.
+pub fn check_steps(steps: Option<usize>, loaded: &LoadedConfig) -> anyhow::Result<()> {
+    if let (Some(steps), Some((max, key))) = (steps, loaded.config.method.max_sampling_steps()) {
+        anyhow::ensure!(
+            steps <= max,
+            "--steps {steps}: the method samples with at most `method.{key}` ({max}) steps"
+        );
+    }
+    Ok(())
+}
+
 /// Read the config for a source.
 pub fn read_config(src: &Source) -> anyhow::Result<LoadedConfig> {
     let path = config_for(src.checkpoint.as_deref(), src.config.as_deref())?;
@@ -321,8 +325,25 @@ pub fn read_config(src: &Source) -> anyhow::Result<LoadedConfig> {
 
 #[cfg(test)]
 mod tests {
-    use super::{resolve_checkpoint, run_of_final};
+    use super::{check_steps, resolve_checkpoint, run_of_final};
     use reel_core::checkpoint::{CheckpointStore, MANIFEST};
+
+    /// `--steps` past a DMD2 run's denoising steps is refused by `reel sample` and `reel
+    /// eval` alike, naming the key; a method without such a limit takes any count.
+    #[test]
+    fn steps_beyond_the_methods_schedule_are_refused() {
+        let configs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let dmd2 =
+            reel_core::config::load_run_config(&configs.join("dmd2_quickstart.toml"), &[]).unwrap();
+        let max = dmd2.config.method.max_sampling_steps().unwrap().0;
+        check_steps(Some(max), &dmd2).unwrap();
+        check_steps(None, &dmd2).unwrap();
+        let err = check_steps(Some(max + 1), &dmd2).unwrap_err().to_string();
+        assert!(err.contains("method.denoising_steps"), "{err}");
+        let finetune =
+            reel_core::config::load_run_config(&configs.join("quickstart.toml"), &[]).unwrap();
+        check_steps(Some(max + 1), &finetune).unwrap();
+    }
 
     /// A run whose newest checkpoint lost its manifest (a copy cut short) resolves to the
     /// newest intact one, not to an error that calls it another config's.

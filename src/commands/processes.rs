@@ -19,6 +19,13 @@ use reel_core::parallel::Processes;
 /// then MPICH/Hydra and Intel MPI).
 const SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
 
+/// The variable Slurm's `srun` sets to the number of tasks of the step, also where it sets
+/// neither of [`SIZE_VARS`] (`--mpi=none`). Only read with `launcher = "mpi"`: a run in one
+/// process is not refused for it (whether a batch script's own step sets it is not relied
+/// on).
+#[cfg(feature = "mpi")]
+const SLURM_TASKS: &str = "SLURM_STEP_NUM_TASKS";
+
 /// The processes of this run, while it lasts (finalizes MPI when dropped).
 pub struct Job {
     /// The handle the trainer uses; `None` for a run in one process.
@@ -83,6 +90,18 @@ fn join_mpi(config: &Path) -> anyhow::Result<Job> {
         );
     }
     let world = universe.world();
+    // A launcher that started several processes without connecting them to one MPI job
+    // (`srun --mpi=none`): each would be the whole job, and all would write the run folder.
+    let slurm = || {
+        let n: usize = std::env::var(SLURM_TASKS).ok()?.trim().parse().ok()?;
+        (n > 1).then_some((SLURM_TASKS, n))
+    };
+    if let Some((var, n)) = launched_size().or_else(slurm).filter(|_| world.size() == 1) {
+        bail!(
+            "{}: runtime.launcher: MPI sees this process alone, but it is one of {n} ({var}={n}): the launcher did not join them into one MPI job (with Slurm, `srun --mpi=pmix`; or launch with mpirun)",
+            config.display()
+        );
+    }
     let processes = MpiProcesses {
         rank: world.rank() as usize,
         size: world.size() as usize,

@@ -323,23 +323,21 @@ fn a_batch_larger_than_any_memory_is_refused_before_training() {
     std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
     let cfg = WanConfig::preset("wan-tiny").unwrap();
     let [pt, ph, pw] = cfg.patch_size;
-    let data = |[f, h, w]: [usize; 3]| {
+    let data = |batch: usize, [f, h, w]: [usize; 3]| {
         format!(
-            "data={{kind=\"random\",channels={},frames={f},height={h},width={w},text_len=8,\
-             text_dim={}}}",
+            "data={{kind=\"random\",batch_size={batch},channels={},frames={f},height={h},\
+             width={w},text_len=8,text_dim={}}}",
             cfg.in_channels, cfg.text_dim
         )
     };
-    // About 2^50 values per sample (petabytes), and 2^180 (more than 128 bits count).
-    let petabytes = data([pt << 10, ph << 20, pw << 20]);
-    let uncountable = data([pt << 60, ph << 60, pw << 60]);
-    for (set, want) in [
-        (&petabytes, "GiB"),
-        (&uncountable, "more values than can be counted"),
-    ] {
-        let wants = ["run.toml", "`data`", "latents", want];
-        check_and_train_refuse(dir, &["--set", set], &wants);
-    }
+    // A batch of 2^20 samples of about 2^22 values each (petabytes): the memory check.
+    let petabytes = data(1 << 20, [pt << 4, ph << 8, pw << 8]);
+    let wants = ["run.toml", "`data`", "latents", "GiB"];
+    check_and_train_refuse(dir, &["--set", &petabytes], &wants);
+    // Sizes far beyond any model (2^60 a side): refused by key before anything is counted.
+    let uncountable = data(1, [pt << 60, ph << 60, pw << 60]);
+    let wants = ["run.toml", "`data.frames`", "[1, 65536]"];
+    check_and_train_refuse(dir, &["--set", &uncountable], &wants);
 }
 
 /// `reel check run.toml` and `reel train run.toml --output fresh`, each with `extra`

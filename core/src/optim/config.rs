@@ -82,13 +82,33 @@ impl Default for OptimizerConfig {
     }
 }
 
+/// The smallest `lr` and `eps` taken: well above float32's smallest normal number (about
+/// 1.2e-38), so neither becomes 0 in the update.
+pub const F32_SAFE_MIN: f64 = 1e-30;
+
+/// `value` in [[`F32_SAFE_MIN`], 1].
+fn float32_safe(key: &str, value: f64) -> Result<(), ConfigError> {
+    check::positive_f64(key, value)?;
+    if (F32_SAFE_MIN..=1.0).contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        key,
+        format!("expected a number in [1e-30, 1] (the update runs in float32), got {value:e}"),
+    ))
+}
+
 impl OptimizerConfig {
     /// Check ranges; keys are relative to the optimizer section.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check::positive_f64("lr", self.lr)?;
+        // The update runs in float32: a value below ~1e-38 would become 0 there (an `eps` of
+        // 0 divides 0 by 0 where a gradient is 0, and NaN weights follow), one above ~3e38
+        // infinity. Bounded to what any recipe uses; lr ≤ 1 also keeps `1 − lr·weight_decay`
+        // positive.
+        float32_safe("lr", self.lr)?;
         check::in_half_open("betas[0]", self.betas[0], 0.0, 1.0)?;
         check::in_half_open("betas[1]", self.betas[1], 0.0, 1.0)?;
-        check::positive_f64("eps", self.eps)?;
+        float32_safe("eps", self.eps)?;
         check::in_range("weight_decay", self.weight_decay, 0.0, 1.0)?;
         check::in_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)?;
         Ok(())
@@ -223,6 +243,21 @@ mod tests {
                     ..Default::default()
                 },
                 "`weight_decay`",
+            ),
+            // Values that float32 would turn into 0 or infinity.
+            (
+                OptimizerPatch {
+                    eps: Some(1e-50),
+                    ..Default::default()
+                },
+                "`eps`: expected a number in [1e-30, 1] (the update runs in float32), got 1e-50",
+            ),
+            (
+                OptimizerPatch {
+                    lr: Some(1e39),
+                    ..Default::default()
+                },
+                "`lr`",
             ),
         ] {
             let e = patch.validate().expect_err("out of range").to_string();

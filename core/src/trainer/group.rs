@@ -37,7 +37,7 @@ pub(super) fn train_group<B: ReelBackend>(
     source: Arc<dyn DataSource>,
 ) -> Result<TrainSummary, TrainError> {
     let processes = opts.processes.as_deref();
-    let (session, seats) = open_seats::<B>(loaded, opts, devices)?;
+    let (session, seats) = open_seats::<B>(loaded, opts, devices, &*source)?;
     let first_rank = seats[0].0;
     let failures = AtomicUsize::new(0);
     let supervisor = Supervisor {
@@ -79,6 +79,7 @@ fn open_seats<B: ReelBackend>(
     loaded: &LoadedConfig,
     opts: &TrainOptions,
     devices: &[usize],
+    source: &dyn DataSource,
 ) -> Result<
     (
         Option<Session<Inner<B>>>,
@@ -96,6 +97,7 @@ fn open_seats<B: ReelBackend>(
     };
     let world = global_workers(&**processes, devices.len())?;
     check_same_config(loaded, &**processes)?;
+    check_same_data(source, &**processes)?;
     check_global_batch(loaded, world, &**processes)?;
     if devices.len() == 1 {
         let only = Collective::sole_worker_of(processes.clone());
@@ -160,6 +162,24 @@ fn check_same_config(loaded: &LoadedConfig, processes: &dyn Processes) -> Result
          and `output_dir` may differ, so start every process with the same file and flags",
         loaded.path.display(),
         &digest[..12],
+        processes.rank(),
+        processes.size()
+    ))
+    .into())
+}
+
+/// Every process must read the same data: each shuffles its own copy's sample list and
+/// takes its workers' slices by position, so copies of other lengths (a file missing on one
+/// machine) would read some samples twice an epoch and others never, and copies of other
+/// shapes could not train together. Compared by sample count and shapes.
+fn check_same_data(source: &dyn DataSource, processes: &dyn Processes) -> Result<(), TrainError> {
+    let here = format!("{} samples of {}", source.len(), source.spec());
+    if same_everywhere(processes, &here)? {
+        return Ok(());
+    }
+    Err(ParallelError::Processes(format!(
+        "they read different data: process {} of {} has {here}, another process not; every \
+         process must see the same data set (the same files in each machine's copy)",
         processes.rank(),
         processes.size()
     ))
@@ -334,7 +354,7 @@ pub(super) fn digest_roles<B: AutodiffBackend>(roles: Vec<&dyn RoleHandle<B>>) -
 
 #[cfg(test)]
 mod tests {
-    use super::{checked_everywhere, panic_message, TrainError};
+    use super::{check_same_data, checked_everywhere, panic_message, TrainError};
     use crate::parallel::{Processes, ThreadProcesses};
     use std::any::Any;
 
@@ -375,6 +395,60 @@ mod tests {
         let two = checks(&[0, 2]);
         let e = two[1].as_ref().unwrap_err().to_string();
         assert!(e.contains("process(es) 0, 2 of 3 failed"), "{e}");
+    }
+
+    /// A data source of `len` samples of one value each, `side`×`side` latents.
+    #[derive(Debug)]
+    struct Shaped(usize, usize);
+    impl crate::data::DataSource for Shaped {
+        fn spec(&self) -> crate::data::DataSpec {
+            crate::data::DataSpec {
+                channels: 1,
+                frames: 1,
+                height: self.1,
+                width: self.1,
+                text_len: 1,
+                text_dim: 1,
+            }
+        }
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn get(&self, _: usize) -> Result<crate::data::Sample, crate::data::DataError> {
+            unreachable!("only the sizes are compared")
+        }
+    }
+
+    /// Processes whose copies of the data differ in length or shapes are all refused, each
+    /// naming what it has; equal copies pass.
+    #[test]
+    fn processes_reading_different_data_are_refused() {
+        let group = ThreadProcesses::group(2);
+        let compare = |sources: [Shaped; 2]| -> Vec<Result<(), TrainError>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = group
+                    .iter()
+                    .zip(&sources)
+                    .map(|(p, src)| s.spawn(move || check_same_data(src, &**p)))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        assert!(compare([Shaped(10, 2), Shaped(10, 2)])
+            .iter()
+            .all(Result::is_ok));
+        for other in [Shaped(9, 2), Shaped(10, 4)] {
+            let results = compare([Shaped(10, 2), other]);
+            let errors: Vec<String> = results
+                .iter()
+                .map(|r| r.as_ref().unwrap_err().to_string())
+                .collect();
+            assert!(
+                errors[0].contains("process 0 of 2 has 10 samples of"),
+                "{errors:?}"
+            );
+            assert!(errors[1].contains("they read different data"), "{errors:?}");
+        }
     }
 
     #[test]

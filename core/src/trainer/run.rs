@@ -95,6 +95,12 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .iter()
             .map(|c| B::build_callback(&**c))
             .collect::<Result<_, _>>()?;
+        // Callbacks that change training state (EMA) run first, whatever the config's order:
+        // a callback that fails at a step (a validation that cannot write its samples) then
+        // stops the run after the state is updated, so the checkpoint written on the way out
+        // holds weights and EMA of the same step, as the other workers (which run only
+        // these) have them.
+        callbacks.sort_by_key(|c| !c.on_every_worker());
         // The checkpoint to resume from is found (and verified) before the run folder is
         // made too: `--resume latest` into an empty folder leaves nothing behind.
         let store = CheckpointStore::new(&run_dir, cfg.training.keep_last);

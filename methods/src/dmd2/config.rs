@@ -243,12 +243,13 @@ impl MethodConfig for Dmd2Config {
         ]
     }
 
-    /// The student and the critic can each be block-checkpointed (the GAN terms' judge
-    /// forwards through the critic are not).
+    /// The student samples with its `denoising_steps`, no more.
     fn max_sampling_steps(&self) -> Option<(usize, &'static str)> {
         Some((self.denoising_steps.len(), "denoising_steps"))
     }
 
+    /// The student and the critic can each be block-checkpointed (the GAN terms' judge
+    /// forwards through the critic are not).
     fn supports_gradient_checkpointing(&self) -> bool {
         true
     }

@@ -89,6 +89,18 @@ impl LoraSpec {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("rank", self.rank)?;
         check::positive_f64("alpha", self.alpha)?;
+        // The scale multiplies float32 activations: far outside this range it becomes 0
+        // (nothing trains) or infinity (NaN from the first forward).
+        let scale = self.alpha / self.rank as f64;
+        if !(1e-6..=1e6).contains(&scale) {
+            return Err(ConfigError::new(
+                "alpha",
+                format!(
+                    "expected alpha / rank (the LoRA scale) in [1e-6, 1e6], got {} / {} = {scale:e}",
+                    self.alpha, self.rank
+                ),
+            ));
+        }
         if self.target_modules.is_empty() {
             return Err(ConfigError::new(
                 "target_modules",
@@ -285,6 +297,17 @@ mod tests {
             }),
             "alpha"
         );
+        // A scale float32 would make infinite, or 0.
+        for alpha in [1e40, 1e-9] {
+            let e = LoraSpec {
+                alpha,
+                ..ok.clone()
+            }
+            .validate()
+            .unwrap_err();
+            assert_eq!(e.key, "alpha");
+            assert!(e.to_string().contains("alpha / rank"), "{e}");
+        }
         assert_eq!(
             key(LoraSpec {
                 target_modules: vec![],

@@ -196,6 +196,7 @@ impl Umt5Config {
             ("d_kv", self.d_kv),
             ("d_ff", self.d_ff),
             ("num_heads", self.num_heads),
+            ("num_layers", self.num_layers),
         ] {
             if v == 0 {
                 errs.push(format!("`{name}` must be positive"));
@@ -311,13 +312,14 @@ mod tests {
     #[test]
     fn every_problem_names_its_key() {
         let msg = Umt5Config::from_json_str(
-            r#"{"d_model": 0, "relative_attention_num_buckets": 2,
+            r#"{"d_model": 0, "num_layers": 0, "relative_attention_num_buckets": 2,
                 "feed_forward_proj": "gated-tanh", "model_type": "t5"}"#,
         )
         .unwrap_err()
         .to_string();
         for key in [
             "d_model",
+            "num_layers",
             "relative_attention_num_buckets",
             "feed_forward_proj",
             "model_type",

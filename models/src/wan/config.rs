@@ -194,6 +194,7 @@ impl WanConfig {
     pub fn validate(&self) -> Result<(), WanConfigError> {
         let mut errs = Vec::new();
         let positive = [
+            ("num_layers", self.num_layers),
             ("num_attention_heads", self.num_attention_heads),
             ("attention_head_dim", self.attention_head_dim),
             ("in_channels", self.in_channels),
@@ -322,6 +323,11 @@ mod tests {
         ] {
             assert!(msg.contains(key), "{key} not in: {msg}");
         }
+        // A model without blocks (the prompt would never reach the output) is refused.
+        let mut none = WanConfig::from_json_str(FIXTURE_JSON).unwrap();
+        none.num_layers = 0;
+        let msg = none.validate().unwrap_err().to_string();
+        assert!(msg.contains("`num_layers` must be positive"), "{msg}");
         // At the limits a config is valid, however its width is split into heads.
         c.num_layers = 1024;
         c.patch_size = [64, 64, 64];

@@ -79,12 +79,29 @@ impl DataConfig for RandomDataConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         check::positive_usize("batch_size", self.batch_size)?;
         super::tensors::check_generated_samples(self.num_samples)?;
-        check::positive_usize("channels", self.channels)?;
-        check::positive_usize("frames", self.frames)?;
-        check::positive_usize("height", self.height)?;
-        check::positive_usize("width", self.width)?;
+        // Each size bounded far beyond any model's latents (Wan 14B at 720p: 16 × 21 × 90 ×
+        // 160), so that a typo is an error here, not an allocation that aborts the process or
+        // a product that wraps around.
+        let why = " (latent sizes; Wan2.1 at 480p: 16, 21, 60, 104)";
+        check::count_in("channels", self.channels, 4096, why)?;
+        check::count_in("frames", self.frames, 1 << 16, why)?;
+        check::count_in("height", self.height, 1 << 16, why)?;
+        check::count_in("width", self.width, 1 << 16, why)?;
         super::tensors::check_text_len(self.text_len)?;
-        check::positive_usize("text_dim", self.text_dim)
+        check::count_in("text_dim", self.text_dim, 1 << 16, " (Wan: 4096)")?;
+        let dims = [self.channels, self.frames, self.height, self.width];
+        let values = dims.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+        let most = 1usize << 34;
+        match values {
+            Some(v) if v <= most => Ok(()),
+            _ => Err(ConfigError::new(
+                "height",
+                format!(
+                    "a latent of {dims:?} is more than the {most} values (64 GiB) one sample \
+                     may hold"
+                ),
+            )),
+        }
     }
 
     fn batch_size(&self) -> usize {
@@ -179,5 +196,22 @@ mod tests {
             ..config()
         };
         assert!(zero.validate().unwrap_err().to_string().contains("width"));
+        // Sizes no model has are refused by key, and so is a product past what a sample may
+        // hold (each size below its own limit, 2^16 each: 2^48 values).
+        let huge = RandomDataConfig {
+            height: 1_000_000,
+            ..config()
+        };
+        let e = huge.validate().unwrap_err();
+        assert_eq!(e.key, "height");
+        assert!(e.to_string().contains("[1, 65536]"), "{e}");
+        let wide = RandomDataConfig {
+            frames: 1 << 16,
+            height: 1 << 16,
+            width: 1 << 16,
+            ..config()
+        };
+        let e = wide.validate().unwrap_err().to_string();
+        assert!(e.contains("more than the 17179869184 values"), "{e}");
     }
 }

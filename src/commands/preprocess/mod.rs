@@ -23,7 +23,7 @@ use indicatif::ProgressBar;
 use reel_core::backend::{BackendName, ReelBackend};
 use reel_core::with_backend;
 use reel_models::umt5::{tokenizer_for, Umt5Config, Umt5TextEncoder, MAX_TEXT_LEN};
-use reel_models::vae::{Tiling, WanVae};
+use reel_models::vae::{Tiling, WanVae, WanVaeConfig};
 use reel_plugins::data::fastvideo::FastVideoRecord;
 use reel_plugins::data::negative::{self, WAN_NEGATIVE_PROMPT};
 use reel_plugins::media::decode::MAX_CLIP_BYTES;
@@ -190,6 +190,18 @@ impl PreprocessArgs {
 /// Run `reel preprocess`.
 pub fn run(args: &PreprocessArgs) -> anyhow::Result<()> {
     let target = args.target()?;
+    // Before the models load (UMT5-XXL alone is tens of GB): a size the VAE cannot encode
+    // exactly is refused from its config.
+    let vae = WanVaeConfig::of_pretrained(&args.vae).context("loading the VAE")?;
+    let s = vae.spatial_factor();
+    anyhow::ensure!(
+        target.height.is_multiple_of(s) && target.width.is_multiple_of(s),
+        "--height {} and --width {} must be multiples of the VAE's spatial compression, {s} \
+         ({})",
+        target.height,
+        target.width,
+        args.vae.display()
+    );
     // The tokenizer found once, for the resume check's settings and the encoder.
     let args = &PreprocessArgs {
         tokenizer: Some(args.tokenizer()?),
@@ -226,15 +238,6 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     settings: &serde_json::Value,
 ) -> anyhow::Result<()> {
     let enc = load::<B>(args)?;
-    let s = enc.vae.config.spatial_factor();
-    anyhow::ensure!(
-        target.height.is_multiple_of(s) && target.width.is_multiple_of(s),
-        "--height {} and --width {} must be multiples of the VAE's spatial compression, {s} \
-         ({})",
-        target.height,
-        target.width,
-        args.vae.display()
-    );
     // A resumed run keeps the negative file it wrote; one made with another prompt, length or
     // text encoder (a run stopped before its first shard, resumed with other models) is
     // replaced.

@@ -179,13 +179,7 @@ fn sample<B: ReelBackend>(
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<()> {
     let cfg = media_config(args)?;
-    if let (Some(steps), Some((max, key))) = (args.steps, loaded.config.method.max_sampling_steps())
-    {
-        anyhow::ensure!(
-            steps <= max,
-            "--steps {steps}: the method samples with at most `method.{key}` ({max}) steps"
-        );
-    }
+    super::inference::check_steps(args.steps, loaded)?;
     // Checked before the weights are loaded, which can take minutes. With a text encoder the
     // prompts need not come from the data: its shapes suffice, and with a size the models'
     // own (an untrained model, no data at hand).

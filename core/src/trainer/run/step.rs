@@ -20,6 +20,10 @@ use crate::profile;
 
 type Scalar<B> = Tensor<<B as AutodiffBackend>::InnerBackend, 1>;
 
+/// What the gradient counts compared across workers are taken modulo: exact in a float32 sum
+/// over up to 4096 workers (the worker limit is 1024).
+const COUNT_MODULUS: usize = 1 << 12;
+
 /// Named losses of one step, each with its per-micro-batch values (device scalars).
 type LossParts<B> = Vec<(String, Vec<Scalar<B>>)>;
 
@@ -151,11 +155,16 @@ impl<B: ReelBackend> Trainer<'_, B> {
             return Ok(());
         };
         let mut roles = self.method.roles_mut();
+        // Counts below 2^12, so that the sum over up to 4096 workers (2^24) is exact in
+        // float32 and the mean of equal counts is the count itself.
         let counts: Vec<f32> = roles
             .iter()
             .flat_map(|r| {
                 let (tensors, values) = r.grad_counts();
-                [tensors as f32, (values % (1 << 20)) as f32]
+                [
+                    (tensors % COUNT_MODULUS) as f32,
+                    (values % COUNT_MODULUS) as f32,
+                ]
             })
             .collect();
         if !counts.is_empty() {
@@ -172,7 +181,7 @@ impl<B: ReelBackend> Trainer<'_, B> {
                 return Err(ParallelError::Mismatch {
                     rank: self.seat.rank,
                     detail: format!(
-                        "(tensors, values mod 2^20) per role here {counts:?}, mean over the workers {agreed:?}"
+                        "(tensors, values) mod 4096 per role here {counts:?}, mean over the workers {agreed:?}"
                     ),
                 }
                 .into());
@@ -254,11 +263,14 @@ impl<B: ReelBackend> Trainer<'_, B> {
         match self.loaded.config.training.non_finite {
             NonFinitePolicy::Skip => {
                 self.skipped_steps += 1;
-                say(&format!(
-                    "reel: step {}: non-finite {}: update skipped (non_finite = \"skip\")",
-                    self.step + 1,
-                    bad.join(", ")
-                ));
+                // Every worker skips (they agree on the values); one says so.
+                if self.seat.is_main() {
+                    say(&format!(
+                        "reel: step {}: non-finite {}: update skipped (non_finite = \"skip\")",
+                        self.step + 1,
+                        bad.join(", ")
+                    ));
+                }
                 Ok(())
             }
             NonFinitePolicy::Stop => {
