@@ -13,7 +13,9 @@ use reel_core::with_backend;
 
 /// Install a Ctrl-C handler: the first SIGINT asks the trainer to checkpoint and stop at the
 /// next step boundary; a second one exits at once (checkpoints are written atomically, so
-/// nothing on disk is corrupted).
+/// nothing on disk is corrupted). SIGTERM and SIGHUP do the same (ctrlc's `termination`
+/// feature): Slurm's preemption and time limit, `mpirun` passing on a Ctrl-C and `kill`
+/// send SIGTERM, and a closed terminal SIGHUP.
 fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();

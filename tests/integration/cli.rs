@@ -340,6 +340,18 @@ fn a_batch_larger_than_any_memory_is_refused_before_training() {
     check_and_train_refuse(dir, &["--set", &uncountable], &wants);
 }
 
+/// Data that cannot be opened (a mistyped folder) is blamed on the config file and its
+/// `data` table by `reel train` as by `reel check`, with the folder named.
+#[test]
+fn data_that_cannot_be_opened_names_the_config_and_the_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("run.toml"), TINY_WAN_RUN).unwrap();
+    let set = "data={kind=\"fastvideo_parquet\",path=\"no/such/folder\",text_len=8}";
+    let wants = ["run.toml", "`data`", "no/such/folder"];
+    check_and_train_refuse(dir, &["--set", set], &wants);
+}
+
 /// `reel check run.toml` and `reel train run.toml --output fresh`, each with `extra`
 /// arguments, both refuse the config in `dir`: each error names all of `wants`, neither
 /// panics nor fails an allocation, and `train` makes no run folder.

@@ -187,6 +187,19 @@ fn sigkill_at_random_moments_never_loses_the_run() {
 
 #[test]
 fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
+    interrupt_writes_a_checkpoint_and_resume_continues("-INT");
+}
+
+/// SIGTERM (Slurm's preemption and time limit, `mpirun` passing on a Ctrl-C) stops the run
+/// as Ctrl-C does: with a checkpoint.
+#[test]
+fn sigterm_writes_a_checkpoint_as_ctrl_c_does() {
+    interrupt_writes_a_checkpoint_and_resume_continues("-TERM");
+}
+
+/// `signal` (a `kill` flag) sent after the first step: the run checkpoints, says it was
+/// interrupted, exits non-zero, and resumes from that checkpoint.
+fn interrupt_writes_a_checkpoint_and_resume_continues(signal: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("run.toml");
     std::fs::write(
@@ -209,7 +222,7 @@ fn ctrl_c_writes_a_checkpoint_and_resume_continues() {
     common::wait_for_steps(&mut child, &out, 1);
     let pid = child.id().to_string();
     assert!(Command::new("kill")
-        .args(["-INT", &pid])
+        .args([signal, &pid])
         .status()
         .unwrap()
         .success());

@@ -485,6 +485,31 @@ fn bad_adapter_configs_name_the_key() {
     let shipped = include_str!("../../configs/lora_quickstart.toml");
     parse_run_config(shipped, Path::new("configs/lora_quickstart.toml"), &[]).unwrap();
 
+    // A block the model lacks is refused by key from the config's file checks (`reel check`),
+    // before any weights are looked at; the model's last block is taken.
+    let blocks = WanConfig::preset("wan-quickstart").unwrap().num_layers;
+    let file_problems = |block: usize| {
+        let set = format!("models.student.adapter.target_modules=[\"blocks.{block}.attn1.to_q\"]");
+        let path = Path::new("configs/lora_quickstart.toml");
+        let loaded = parse_run_config(shipped, path, &[set]).unwrap();
+        loaded
+            .file_problems()
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+    };
+    let problems = file_problems(blocks);
+    let key = "models.student.adapter.target_modules[0]";
+    let want = format!("names block {blocks}, but the model has {blocks} blocks");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(key) && p.contains(&want)),
+        "{problems:?}"
+    );
+    let problems = file_problems(blocks - 1);
+    assert!(!problems.iter().any(|p| p.contains(key)), "{problems:?}");
+
     let err = config_error(&good.replace(&format!("rank = {}", spec.rank), "rank = 0"));
     assert!(err.contains("models.student.adapter.rank"), "{err}");
     let err = config_error(&lora_config(

@@ -305,9 +305,15 @@ pub fn train<B: ReelBackend>(
 }
 
 /// The config's data source, opened (every file's header read) for the run's workers to
-/// share.
+/// share. An error names the config file and its `data` table, as `reel check` does (the
+/// data's own message names the file and record).
 pub fn open_data(loaded: &LoadedConfig) -> Result<Arc<dyn DataSource>, TrainError> {
-    Ok(Arc::from(loaded.config.data.build(&loaded.base_dir)?))
+    match loaded.config.data.build(&loaded.base_dir) {
+        Ok(source) => Ok(Arc::from(source)),
+        Err(e) => Err(ConfigError::new("data", e.to_string())
+            .in_file(&loaded.path)
+            .into()),
+    }
 }
 
 /// The run folder must not lie in the data's folder ([`DataConfig::read_from`]): the run's

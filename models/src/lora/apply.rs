@@ -3,6 +3,7 @@
 
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::{backend::Backend, Shape, Tensor, TensorData};
+use reel_core::config::ConfigError;
 
 use super::spec::{target_matches, LoraSpec};
 
@@ -48,6 +49,44 @@ pub fn is_known_target(target: &str) -> bool {
                 .zip(&parts)
                 .all(|(p, t)| p == t || (*p == "{}" && t.chars().all(|c| c.is_ascii_digit())))
     })
+}
+
+/// The block index `target` names, where its parts align with a `blocks.{}` of
+/// [`WAN_LINEAR_MODULES`] (`"blocks.4.attn1.to_q"` and `"4.attn1.to_q"` give 4; `"to_q"`
+/// and `"to_out.0"` none).
+pub fn block_index(target: &str) -> Option<usize> {
+    let parts: Vec<&str> = target.split('.').collect();
+    WAN_LINEAR_MODULES.iter().find_map(|pattern| {
+        let pat: Vec<&str> = pattern.split('.').collect();
+        let tail = pat.get(pat.len().checked_sub(parts.len())?..)?;
+        let aligned = tail.iter().zip(&parts);
+        let fits = aligned
+            .clone()
+            .all(|(p, t)| p == t || (*p == "{}" && t.bytes().all(|b| b.is_ascii_digit())));
+        fits.then(|| {
+            aligned
+                .filter(|(p, _)| **p == "{}")
+                .find_map(|(_, t)| t.parse().ok())
+        })?
+    })
+}
+
+/// `spec`'s targets against a model of `num_layers` blocks: the first one naming a block the
+/// model lacks is an error keyed `target_modules[i]` (relative to the adapter table), so
+/// that it is refused from the config before any weights are read.
+pub fn check_block_targets(spec: &LoraSpec, num_layers: usize) -> Result<(), ConfigError> {
+    for (i, t) in spec.target_modules.iter().enumerate() {
+        if let Some(n) = block_index(t).filter(|&n| n >= num_layers) {
+            return Err(ConfigError::new(
+                format!("target_modules[{i}]"),
+                format!(
+                    "`{t}` names block {n}, but the model has {num_layers} blocks (0..{})",
+                    num_layers.saturating_sub(1)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every linear layer of `model` with its dotted module path, in module order.
@@ -242,6 +281,23 @@ pub fn set_lora_scale<B: Backend>(model: &mut WanModel<B>, scale: f64) -> usize 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn block_indices_are_read_where_a_block_is_named() {
+        assert_eq!(block_index("blocks.4.attn1.to_q"), Some(4));
+        assert_eq!(block_index("12.ffn.net.2"), Some(12));
+        for none in ["to_q", "to_out.0", "ffn.net.2", "proj_out", "x.4.to_q"] {
+            assert_eq!(block_index(none), None, "{none}");
+        }
+        let spec = LoraSpec::new(4, vec!["to_q".into(), "blocks.2.attn2.to_k".into()]);
+        assert!(check_block_targets(&spec, 3).is_ok());
+        let e = check_block_targets(&spec, 2).unwrap_err();
+        assert_eq!(e.key, "target_modules[1]");
+        assert!(
+            e.to_string().contains("the model has 2 blocks (0..1)"),
+            "{e}"
+        );
+    }
     use super::*;
 
     #[test]

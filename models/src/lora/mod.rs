@@ -32,8 +32,8 @@ use reel_core::params::PathStack;
 pub use spec::{target_matches, LoraSpec};
 
 pub use apply::{
-    apply_lora, is_known_target, lora_module_paths, lora_param_count, set_lora_scale,
-    wan_linears_mut, WAN_LINEAR_MODULES,
+    apply_lora, block_index, check_block_targets, is_known_target, lora_module_paths,
+    lora_param_count, set_lora_scale, wan_linears_mut, WAN_LINEAR_MODULES,
 };
 pub use format::{
     comfy_module_to_diffusers, diffusers_module_to_comfy, lora_metadata_json, KeyStyle,

@@ -28,7 +28,7 @@ use reel_core::model::{
 use reel_core::role::RoleConfig;
 
 use super::{AttentionMode, WanConfig, WanConfigError, WanModel};
-use crate::lora::{apply_lora, lora_param_count, LoraError, LoraSpec};
+use crate::lora::{apply_lora, check_block_targets, lora_param_count, LoraError, LoraSpec};
 
 /// The Wan keys of a `[models.<role>]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,6 +161,7 @@ impl ModelConfig for WanArch {
         resolve: &dyn Fn(&Path) -> PathBuf,
     ) -> Result<(), ConfigError> {
         let cfg = self.wan_config(resolve)?;
+        check_adapter_blocks(role, &cfg)?;
         let Some(weights) = &role.weights else {
             return Ok(());
         };
@@ -226,6 +227,21 @@ impl<B: AutodiffBackend> BuildModel<B> for WanArch {
     }
 }
 
+/// A LoRA adapter's targets against the model's block count: a block the model lacks is
+/// refused by key (`adapter.target_modules[i]`).
+fn check_adapter_blocks(role: &RoleConfig, cfg: &WanConfig) -> Result<(), ConfigError> {
+    let spec = role
+        .adapter
+        .as_ref()
+        .and_then(|a| a.as_any().downcast_ref::<LoraSpec>());
+    match spec {
+        Some(spec) => {
+            check_block_targets(spec, cfg.num_layers).map_err(|e| e.in_section("adapter"))
+        }
+        None => Ok(()),
+    }
+}
+
 /// Build the Wan model of one role (its `arch` must be `wan`): architecture from the preset /
 /// `config.json`, weights from `weights` (diffusers folder or file) or a seeded init
 /// (`init_seed`, else `default_seed`). Frozen roles get `require_grad = false` parameters. A
@@ -251,6 +267,8 @@ pub fn build_wan_role<B: Backend>(
             ))
         })?;
     let cfg = arch.wan_config(&resolve)?;
+    // Before the weights are read (minutes for a large model).
+    check_adapter_blocks(role, &cfg)?;
     let model = cfg
         .try_init::<B>(device, role.init_seed.unwrap_or(default_seed))
         .map_err(|e| ModelError::Build(e.to_string()))?
