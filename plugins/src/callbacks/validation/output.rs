@@ -23,7 +23,7 @@ pub const SCORES_FILE: &str = "scores.json";
 /// Most bytes of a clip file name's caption part: with the index, an extension and the
 /// temporary name's `.`, `.tmp<pid>` the name stays far below the 255 bytes file systems allow,
 /// whatever the script (a CJK character takes 3 bytes).
-const STEM_BYTES: usize = 96;
+pub const STEM_BYTES: usize = 96;
 
 /// File name of clip `i`: `<i>-<caption>.gif`, spaces as `_`, other characters that are not
 /// alphanumeric, `-` or `.` dropped, cut to [`STEM_BYTES`] on a character boundary (`clip`
