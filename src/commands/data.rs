@@ -80,10 +80,20 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         .build(&loaded.base_dir)
         .with_context(|| format!("opening the data of {}", args.config.display()))?;
     let n = args.samples.unwrap_or(source.len()).min(source.len());
-    // One sample at a time is held: it must fit, or reading it would abort the process.
+    // A parquet file's rows are held until it is written (a safetensors file's one sample):
+    // they must fit, or reading them would abort the process.
+    let held = match args.format {
+        Format::Parquet => n.min(args.rows_per_file).max(1),
+        Format::Safetensors => 1,
+    };
     let memory = reel_core::memory::host_memory_available();
-    reel_core::memory::check_batch_memory(&source.spec(), 1, memory)
-        .map_err(|e| e.in_file(&args.config))?;
+    if let Err(why) = reel_core::memory::samples_fit(&source.spec(), held, memory) {
+        anyhow::bail!(
+            "{}: the export holds {why}; check the data's sizes, or pass a smaller \
+             --rows-per-file (the rows of one parquet file are held until it is written)",
+            args.config.display()
+        );
+    }
     let ext = match args.format {
         Format::Parquet => "parquet",
         Format::Safetensors => "safetensors",

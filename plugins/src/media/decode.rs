@@ -273,9 +273,14 @@ fn jpeg_complete(bytes: &[u8]) -> bool {
     }
     let mut i = 2;
     loop {
-        // A marker: `FF` (any number: fill bytes), then its code.
-        if bytes.get(i) != Some(&0xFF) {
-            return false;
+        // A marker: `FF` (any number: fill bytes), then its code. Stray bytes before it are
+        // skipped, as decoders do ("extraneous bytes before marker").
+        match bytes
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+        {
+            Some(skip) => i += skip,
+            None => return false,
         }
         while bytes.get(i) == Some(&0xFF) {
             i += 1;
@@ -603,6 +608,10 @@ mod tests {
         // pairs (a scan start after the last end-of-image pair, here) is read as the image.
         let appended = [0xFF, 0xD9, 0x12, 0xFF, 0xDA, 0x00, 0x08, 0x34];
         std::fs::write(&cut, [&jpeg[..], &appended[..]].concat()).unwrap();
+        assert_eq!(read_clip(&cut, FrameNeed::ALL).unwrap().frames, clip.frames);
+        // Stray bytes between two segments (decoders skip them) are allowed too.
+        let stray = [&jpeg[..2], &[0x00, 0x12][..], &jpeg[2..]].concat();
+        std::fs::write(&cut, stray).unwrap();
         assert_eq!(read_clip(&cut, FrameNeed::ALL).unwrap().frames, clip.frames);
         let not_jpeg = dir.path().join("text.jpeg");
         std::fs::write(&not_jpeg, "not an image").unwrap();

@@ -205,8 +205,6 @@ fn parse_rate(rate: &str) -> Option<f64> {
     (fps.is_finite() && fps > 0.0).then_some(fps)
 }
 
-/// Run a command on `path` and return its stdout; a failure is an error naming the file
-/// with FFmpeg's last line of stderr.
 /// Run the decoding `cmd` (raw RGB frames of `w`×`h` on its stdout) and turn each frame into
 /// pixels as it arrives, so that the raw bytes are never held whole beside the frames (a 4K
 /// clip's leading frames are gigabytes), refusing a clip once its frames pass
@@ -229,10 +227,11 @@ fn decode_frames(
         .spawn()
         .map_err(io)?;
     let mut stderr = child.stderr.take().expect("stderr is piped");
+    // As bytes: FFmpeg echoes the file's name, which need not be UTF-8.
     let messages = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
     });
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let frame_bytes = w * h * 3;
@@ -290,6 +289,8 @@ fn ffmpeg_failed(path: &Path, messages: &str) -> MediaError {
     invalid(path, format!("FFmpeg: {}", last.unwrap_or("failed")))
 }
 
+/// Run a command on `path` and return its stdout; a failure is an error naming the file
+/// with FFmpeg's last line of stderr.
 fn run(path: &Path, cmd: &mut Command) -> Result<Vec<u8>, MediaError> {
     let out = cmd.output().map_err(|error| MediaError::Io {
         path: path.to_path_buf(),

@@ -102,6 +102,13 @@ pub const UNFINISHED: &str = "(the run writing this shard stopped before it was 
 /// next run redoes the shard.
 const CHANGED: &str = ": changed since its shard was written";
 
+/// The first line of a settled failure list (one this version wrote after its shard). A list
+/// without it (written by an earlier version, whose lists did not always describe the shard
+/// beside them) makes the next run redo the shard once.
+pub const SETTLED: &str =
+    "# clips left out of this shard; tried again when they or their captions change, or with \
+     --retry-failed";
+
 /// Mark for redoing each written shard of `out` (finished, or settled with failures) holding
 /// a clip whose stamp differs from the one recorded when the shard was written
 /// (`shards[k]`: shard `k`'s clips as `(name, stamp)`): its failure list names the changed
@@ -233,14 +240,23 @@ fn is_shard_name(name: &str) -> bool {
         .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Whether `out` holds any finished shard.
+/// Whether `out` holds any shard or failure list (a shard whose clips all failed has only
+/// its list, which names clips of the recorded run).
 fn has_shards(out: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(out) else {
         return false;
     };
-    entries
-        .filter_map(Result::ok)
-        .any(|e| is_shard_name(&e.file_name().to_string_lossy()))
+    entries.filter_map(Result::ok).any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        is_shard_name(&name) || is_failure_list_name(&name)
+    })
+}
+
+/// `data_<k>.failed.txt`, the name of a failure list [`Shard::new`] gives.
+fn is_failure_list_name(name: &str) -> bool {
+    name.strip_prefix("data_")
+        .and_then(|n| n.strip_suffix(".failed.txt"))
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Shard `k` of an output folder: its parquet file and the list of its clips that failed.
@@ -285,10 +301,17 @@ impl Shard {
         if let Some(why) = redo {
             return ShardState::Redo(why.to_string());
         }
-        // Settled: the shard holds the clips that did not fail, or none when all did.
-        let all_failed = lines.len() >= clips && !self.path.exists();
-        match (whole || all_failed, lines.is_empty()) {
-            (true, false) => ShardState::Failed(lines.len().min(clips)),
+        let Some((&SETTLED, failed)) = lines.split_first() else {
+            return ShardState::Redo("its failure list was written by an earlier version".into());
+        };
+        // Settled: a whole shard of the clips that did not fail, or none when all did.
+        match (whole, self.path.exists(), failed.len()) {
+            (_, _, 0) => ShardState::Redo("its failure list names no clip".into()),
+            (false, true, _) => {
+                ShardState::Redo("it is not a whole parquet file (cut short)".into())
+            }
+            (true, _, n) if n < clips => ShardState::Failed(n),
+            (false, false, n) if n >= clips => ShardState::Failed(clips),
             _ => ShardState::Redo("its failure list does not match the shard".into()),
         }
     }
@@ -316,7 +339,7 @@ impl Shard {
         if failures.is_empty() {
             remove_if_there(&self.failed)
         } else {
-            write_list(&failures)
+            write_list(&[&[SETTLED][..], &failures].concat())
         }
     }
 }
@@ -396,6 +419,12 @@ mod tests {
         record(out, &json!({"height": 480})).unwrap();
         // No shard yet: other settings may take the folder over.
         check(out, &json!({"height": 16})).unwrap();
+        // A failure list alone (every clip of its shard failed) names the recorded clips: the
+        // folder is held by those settings too.
+        std::fs::write(out.join("data_00000.failed.txt"), "x\n").unwrap();
+        let err = check(out, &json!({"height": 16})).unwrap_err().to_string();
+        assert!(err.contains("--height was 480, now 16"), "{err}");
+        std::fs::remove_file(out.join("data_00000.failed.txt")).unwrap();
         std::fs::write(out.join("data_00000.parquet"), b"x").unwrap();
         check(out, &json!({"height": 480})).unwrap();
         let err = check(out, &json!({"height": 16})).unwrap_err().to_string();
@@ -477,8 +506,12 @@ mod tests {
             .unwrap();
         assert!(!shard.path.exists());
         let listed = std::fs::read_to_string(&shard.failed).unwrap();
-        assert_eq!(listed, "a.gif: broken\nb.gif: broken\n");
+        assert_eq!(listed, format!("{SETTLED}\na.gif: broken\nb.gif: broken\n"));
         assert_eq!(shard.state(2), ShardState::Failed(2));
+        // A list an earlier version wrote (no header) is not trusted: the shard is redone.
+        std::fs::write(&shard.failed, "a.gif: broken\nb.gif: broken\n").unwrap();
+        assert!(matches!(shard.state(2), ShardState::Redo(w) if w.contains("earlier version")));
+        std::fs::write(&shard.failed, &listed).unwrap();
         // A list naming fewer clips than the shard holds, and no shard: not settled.
         assert!(matches!(shard.state(3), ShardState::Redo(_)));
         // One clip failed, the other written.
@@ -489,7 +522,12 @@ mod tests {
         // A rewrite that a crash cut short leaves its list marked: redone, whole file or not.
         std::fs::write(&shard.failed, format!("{UNFINISHED}\na.gif: broken\n")).unwrap();
         assert_eq!(shard.state(2), ShardState::Redo(UNFINISHED.into()));
-        std::fs::write(&shard.failed, "a.gif: broken\n").unwrap();
+        let settled = format!("{SETTLED}\na.gif: broken\n");
+        // A whole shard beside a list naming every clip (as an earlier version could leave):
+        // the list does not describe it.
+        std::fs::write(&shard.failed, format!("{settled}b.gif: broken\n")).unwrap();
+        assert!(matches!(shard.state(2), ShardState::Redo(_)));
+        std::fs::write(&shard.failed, &settled).unwrap();
         // A clip changed since (its stamp differs from the recorded one) redoes the shard,
         // the earlier failures still listed; a shard not written yet is not marked.
         let mut settings = json!({"height": 480});
@@ -501,7 +539,7 @@ mod tests {
         let why = format!("a.gif{CHANGED}");
         assert_eq!(shard.state(2), ShardState::Redo(why.clone()));
         let listed = std::fs::read_to_string(&shard.failed).unwrap();
-        assert_eq!(listed, format!("{why}\na.gif: broken\n"));
+        assert_eq!(listed, format!("{why}\n{settled}"));
         assert!(!Shard::new(out, 0).failed.exists());
         // Saved without failures: the list goes and the shard is done.
         shard.save(&[record_row(), record_row()], &[]).unwrap();
