@@ -248,6 +248,12 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("b.txt") && err.contains("failed.txt"), "{err}");
+    // Not on a terminal: a line per shard says how far the run is.
+    assert!(
+        err.contains("data_00000.parquet (2/3 clips")
+            && err.contains("data_00001.parquet (3/3 clips"),
+        "{err}"
+    );
     assert_eq!(
         names(&out),
         [

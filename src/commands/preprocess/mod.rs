@@ -294,6 +294,16 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         shard.save(&records, &failures)?;
         count.failed += failures.len();
         count.written += records.len();
+        if bar.is_hidden() {
+            // A log file or a pipe shows no bar: a line per shard written says how far it is.
+            let elapsed = start.elapsed().as_secs_f64();
+            eprintln!(
+                "reel: wrote {} ({}/{} clips, {elapsed:.0} s)",
+                shard.path.display(),
+                bar.position(),
+                items.len()
+            );
+        }
     }
     bar.finish_and_clear();
     eprintln!(
