@@ -240,6 +240,15 @@ fn a_failed_or_killed_process_stops_the_run_which_resumes() {
         ),
         "{log}"
     );
+    // A panic on the main thread of the second process, outside any worker: every process
+    // stops (unwinding into MPI's finalize left the first waiting for it).
+    let main = mpirun(dir, 2, "main-panic", &[], Some("main-panic:1"));
+    let log = stderr(&main);
+    assert!(!main.status.success(), "{log}");
+    assert!(
+        log.contains("process 1 of 2: error: panicked: REEL_FAULT: main-panic"),
+        "{log}"
+    );
     // A process killed outright (abort at its third step end): the launcher ends the job.
     let killed = mpirun(dir, 2, "killed", &[], Some("step-end:3"));
     let log = stderr(&killed);

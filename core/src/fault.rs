@@ -15,7 +15,9 @@
 //! after each step's host sync and before each checkpoint's commit) reports a failed queued
 //! device call, to test that the run stops and saves nothing computed from it;
 //! `callback-error` (once per step, after its callbacks) fails the step as its last callback
-//! would, to test that the state is checkpointed before the run stops.
+//! would, to test that the state is checkpointed before the run stops; `main-panic` (once, as
+//! `reel train` starts after joining its processes) panics the main thread, to test that a
+//! process panicking outside its workers stops the others.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,5 +1,6 @@
 //! `reel train`: run (or resume) a training run.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,12 +44,30 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let loaded = load_run_config(config, set)?;
     let job = super::processes::join(&loaded, config)?;
-    let result = run_in(&loaded, config, resume, output, &job);
+    let in_group = job.processes.as_deref().is_some_and(|p| p.size() > 1);
+    let result = if in_group {
+        // A panic outside the workers (a worker thread that cannot start, say) would unwind
+        // into MPI's finalize, which waits for the other processes while they wait for this
+        // one in a collective call: as an error, it stops every process (below).
+        catch_unwind(AssertUnwindSafe(|| {
+            run_in(&loaded, config, resume, output, &job)
+        }))
+        .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_text(&*panic))))
+    } else {
+        run_in(&loaded, config, resume, output, &job)
+    };
     match (job.processes.as_deref(), result) {
         (Some(p), Err(e)) if p.size() > 1 && !is_agreed(&e) => stop_processes(p, &e),
         (Some(p), Err(e)) if p.size() > 1 => Err(said_everywhere(p, &e)),
         (_, result) => result,
     }
+}
+
+/// A panic's message (a `&str` or a `String` payload).
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    (panic.downcast_ref::<&str>().copied())
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// Every process of the run reached `e` at the same point: each says its own line, then all
@@ -88,6 +107,9 @@ fn run_in(
     output: Option<PathBuf>,
     job: &super::processes::Job,
 ) -> anyhow::Result<()> {
+    if reel_core::fault::fires("main-panic") {
+        panic!("REEL_FAULT: main-panic");
+    }
     let process = job.processes.as_ref().map(|p| (p.rank(), p.size()));
     if process.is_none_or(|(rank, _)| rank == 0) {
         say(&format!(
