@@ -87,12 +87,10 @@ fn export(args: &ExportDataArgs) -> anyhow::Result<()> {
         Format::Safetensors => 1,
     };
     let memory = reel_core::memory::host_memory_available();
-    if let Err(why) = reel_core::memory::samples_fit(&source.spec(), held, memory) {
-        anyhow::bail!(
-            "{}: the export holds {why}; check the data's sizes, or pass a smaller \
-             --rows-per-file (the rows of one parquet file are held until it is written)",
-            args.config.display()
-        );
+    let advice = "check the data's sizes, or pass a smaller --rows-per-file (the rows of one \
+                  parquet file are held until it is written)";
+    if let Err(why) = reel_core::memory::samples_fit(&source.spec(), held, memory, advice) {
+        anyhow::bail!("{}: the export holds {why}", args.config.display());
     }
     let ext = match args.format {
         Format::Parquet => "parquet",

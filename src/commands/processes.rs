@@ -58,7 +58,12 @@ pub fn join(loaded: &LoadedConfig, config: &Path) -> anyhow::Result<Job> {
 
 /// `(variable, processes)` when an MPI launcher started this process as one of several.
 fn launched_size() -> Option<(&'static str, usize)> {
-    SIZE_VARS.iter().find_map(|&var| {
+    size_above_one(&SIZE_VARS)
+}
+
+/// The first of `vars` set to a number of processes above 1, with that number.
+fn size_above_one(vars: &[&'static str]) -> Option<(&'static str, usize)> {
+    vars.iter().find_map(|&var| {
         let n: usize = std::env::var(var).ok()?.trim().parse().ok()?;
         (n > 1).then_some((var, n))
     })
@@ -92,11 +97,8 @@ fn join_mpi(config: &Path) -> anyhow::Result<Job> {
     let world = universe.world();
     // A launcher that started several processes without connecting them to one MPI job
     // (`srun --mpi=none`): each would be the whole job, and all would write the run folder.
-    let slurm = || {
-        let n: usize = std::env::var(SLURM_TASKS).ok()?.trim().parse().ok()?;
-        (n > 1).then_some((SLURM_TASKS, n))
-    };
-    if let Some((var, n)) = launched_size().or_else(slurm).filter(|_| world.size() == 1) {
+    let launched = launched_size().or_else(|| size_above_one(&[SLURM_TASKS]));
+    if let Some((var, n)) = launched.filter(|_| world.size() == 1) {
         bail!(
             "{}: runtime.launcher: MPI sees this process alone, but it is one of {n} ({var}={n}): the launcher did not join them into one MPI job (with Slurm, `srun --mpi=pmix`; or launch with mpirun)",
             config.display()

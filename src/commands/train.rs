@@ -8,7 +8,7 @@ use std::sync::Arc;
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::console::say;
 use reel_core::parallel::Processes;
-use reel_core::trainer::{train, TrainError, TrainOptions};
+use reel_core::trainer::{panic_message, train, TrainError, TrainOptions};
 
 use reel_core::with_backend;
 
@@ -52,7 +52,10 @@ pub fn run(
         catch_unwind(AssertUnwindSafe(|| {
             run_in(&loaded, config, resume, output, &job)
         }))
-        .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_text(&*panic))))
+        .unwrap_or_else(|panic| {
+            let message = panic_message(panic.as_ref()).unwrap_or("(no message)");
+            Err(anyhow::anyhow!("panicked: {message}"))
+        })
     } else {
         run_in(&loaded, config, resume, output, &job)
     };
@@ -61,13 +64,6 @@ pub fn run(
         (Some(p), Err(e)) if p.size() > 1 => Err(said_everywhere(p, &e)),
         (_, result) => result,
     }
-}
-
-/// A panic's message (a `&str` or a `String` payload).
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    (panic.downcast_ref::<&str>().copied())
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }
 
 /// Every process of the run reached `e` at the same point: each says its own line, then all

@@ -29,27 +29,32 @@ pub fn check_batch_memory(
     batch: usize,
     available: Option<u64>,
 ) -> Result<(), ConfigError> {
-    samples_fit(spec, batch, available).map_err(|why| {
-        let advice = match why.contains("counted") {
-            true => "check the data's sizes",
-            false => "check the data's sizes and `data.batch_size`",
-        };
-        ConfigError::new("data", format!("one batch of {why}: {advice}"))
-    })
+    let advice = "check the data's sizes and `data.batch_size`";
+    samples_fit(spec, batch, available, advice)
+        .map_err(|why| ConfigError::new("data", format!("one batch of {why}")))
 }
 
 /// Whether `count` samples of `spec` held at once fit in `available` bytes (`None`: unknown,
 /// not checked); otherwise why not ("4 samples of … take 12.0 GiB as float32, more than the
-/// 8.0 GiB of memory this machine has available"), for the caller to say what to change.
-pub fn samples_fit(spec: &DataSpec, count: usize, available: Option<u64>) -> Result<(), String> {
+/// 8.0 GiB of memory this machine has available: <advice>", the caller's `advice` on what to
+/// change; samples too large to count say to check the data's sizes).
+pub fn samples_fit(
+    spec: &DataSpec,
+    count: usize,
+    available: Option<u64>,
+    advice: &str,
+) -> Result<(), String> {
     let samples = if count == 1 { "sample" } else { "samples" };
     let what = format!("{count} {samples} of {spec}");
     let Some(bytes) = batch_bytes(spec, count) else {
-        return Err(format!("{what} has more values than can be counted"));
+        return Err(format!(
+            "{what} has more values than can be counted: check the data's sizes"
+        ));
     };
     match available {
         Some(free) if bytes > free as u128 => Err(format!(
-            "{what} takes {} as float32, more than the {} of memory this machine has available",
+            "{what} takes {} as float32, more than the {} of memory this machine has \
+             available: {advice}",
             gib(bytes),
             gib(free as u128)
         )),

@@ -7,7 +7,8 @@
 //! that stops resumes by skipping the finished shards ([`resume`]: the settings and the clip
 //! list must be those of the run that wrote them). An item that cannot be read or encoded is
 //! reported on one line naming the file and left out; the run goes on, and a later run
-//! redoes its shard when a clip or caption of it changed, or with `--retry-failed`. The negative prompt (`--negative`, default Wan2.1's) is encoded into
+//! redoes its shard when a clip or caption of it changed, or with `--retry-failed`. The
+//! negative prompt (`--negative`, default Wan2.1's) is encoded into
 //! `negative.safetensors` beside the shards, for `[data] negative_embedding`.
 
 pub mod encode;

@@ -98,6 +98,9 @@ pub fn record(out: &Path, settings: &Value) -> anyhow::Result<()> {
 /// beside the list may not be the one it describes, so the next run redoes it.
 pub const UNFINISHED: &str = "(the run writing this shard stopped before it was complete)";
 
+/// Why a shard file without parquet's footer is redone.
+const CUT_SHORT: &str = "it is not a whole parquet file (cut short)";
+
 /// The end of a failure list's line naming a clip changed since its shard was written: the
 /// next run redoes the shard.
 const CHANGED: &str = ": changed since its shard was written";
@@ -235,8 +238,13 @@ fn foreign_parquet(dir: &Path, depth: usize) -> Option<PathBuf> {
 
 /// `data_<k>.parquet`, the name of a shard [`Shard::new`] gives.
 fn is_shard_name(name: &str) -> bool {
+    is_numbered(name, ".parquet")
+}
+
+/// `data_<k><suffix>`, `k` a number: a name [`Shard::new`] gives.
+fn is_numbered(name: &str, suffix: &str) -> bool {
     name.strip_prefix("data_")
-        .and_then(|n| n.strip_suffix(".parquet"))
+        .and_then(|n| n.strip_suffix(suffix))
         .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
 }
 
@@ -248,15 +256,8 @@ fn has_shards(out: &Path) -> bool {
     };
     entries.filter_map(Result::ok).any(|e| {
         let name = e.file_name().to_string_lossy().into_owned();
-        is_shard_name(&name) || is_failure_list_name(&name)
+        is_shard_name(&name) || is_numbered(&name, ".failed.txt")
     })
-}
-
-/// `data_<k>.failed.txt`, the name of a failure list [`Shard::new`] gives.
-fn is_failure_list_name(name: &str) -> bool {
-    name.strip_prefix("data_")
-        .and_then(|n| n.strip_suffix(".failed.txt"))
-        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Shard `k` of an output folder: its parquet file and the list of its clips that failed.
@@ -284,9 +285,7 @@ impl Shard {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return match (whole, self.path.exists()) {
                     (true, _) => ShardState::Done,
-                    (false, true) => {
-                        ShardState::Redo("it is not a whole parquet file (cut short)".into())
-                    }
+                    (false, true) => ShardState::Redo(CUT_SHORT.into()),
                     (false, false) => ShardState::Redo("not written yet".into()),
                 };
             }
@@ -307,9 +306,7 @@ impl Shard {
         // Settled: a whole shard of the clips that did not fail, or none when all did.
         match (whole, self.path.exists(), failed.len()) {
             (_, _, 0) => ShardState::Redo("its failure list names no clip".into()),
-            (false, true, _) => {
-                ShardState::Redo("it is not a whole parquet file (cut short)".into())
-            }
+            (false, true, _) => ShardState::Redo(CUT_SHORT.into()),
             (true, _, n) if n < clips => ShardState::Failed(n),
             (false, false, n) if n >= clips => ShardState::Failed(clips),
             _ => ShardState::Redo("its failure list does not match the shard".into()),
