@@ -36,7 +36,7 @@ pub fn check_batch_memory(
 
 /// Whether `count` samples of `spec` held at once fit in `available` bytes (`None`: unknown,
 /// not checked); otherwise why not ("4 samples of … take 12.0 GiB as float32, more than the
-/// 8.0 GiB of memory this machine has available: <advice>", the caller's `advice` on what to
+/// 8.0 GiB of memory this machine has available: {advice}", the caller's `advice` on what to
 /// change; samples too large to count say to check the data's sizes).
 pub fn samples_fit(
     spec: &DataSpec,
