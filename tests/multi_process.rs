@@ -257,13 +257,36 @@ fn a_failed_or_killed_process_stops_the_run_which_resumes() {
         log.contains("REEL_FAULT: killing the process at `step-end`"),
         "{log}"
     );
-    // Both resume from their last checkpoint and end where the clean run ended: on 2
+    // A bad record read by the second process's worker at step 3 (its fifth batch: two
+    // micro-batches a step): every process stops there by agreement, none is killed, and the
+    // state after step 2 is kept.
+    let bad = mpirun_apps(
+        dir,
+        &[
+            app(1, "bad-record", &[], None),
+            app(1, "bad-record", &[], Some("bad-record:5")),
+        ],
+    );
+    let log = stderr(&bad);
+    assert!(!bad.status.success(), "{log}");
+    assert!(
+        log.contains("reel: worker 1 (device 0): REEL_FAULT: record ")
+            && log.contains("a data record failed on worker 1")
+            && log.contains("the state after step 2 was saved first"),
+        "{log}"
+    );
+    assert!(!log.contains("stopping every process"), "{log}");
+    assert!(ckpt(&dir.join("bad-record"), 2).is_dir(), "{log}");
+    assert!(!ckpt(&dir.join("bad-record"), 3).exists(), "{log}");
+    // All resume from their last checkpoint and end where the clean run ended: on 2
     // processes, and on one process of 2 workers.
-    let again = mpirun(dir, 2, "panicked", &["--resume", "latest"], None);
-    assert!(again.status.success(), "{}", stderr(&again));
+    for run in ["panicked", "bad-record"] {
+        let again = mpirun(dir, 2, run, &["--resume", "latest"], None);
+        assert!(again.status.success(), "{}", stderr(&again));
+    }
     let again = single(dir, "killed", &["runtime.num_devices=2"], true);
     assert!(again.status.success(), "{}", stderr(&again));
-    for run in ["panicked", "killed"] {
+    for run in ["panicked", "killed", "bad-record"] {
         let files = ["student.safetensors", "student.ema.safetensors"];
         for f in files {
             let d = max_diff(

@@ -17,7 +17,9 @@
 //! `callback-error` (once per step, after its callbacks) fails the step as its last callback
 //! would, to test that the state is checkpointed before the run stops; `main-panic` (once, as
 //! `reel train` starts after joining its processes) panics the main thread, to test that a
-//! process panicking outside its workers stops the others.
+//! process panicking outside its workers stops the others; `bad-record` (at each batch a
+//! worker reads) fails that read as a malformed record would, to test that every worker of a
+//! group stops at that step and the steps before it are kept.
 //! Unset in normal runs, where [`point`] costs one relaxed atomic load after the first call.
 
 use std::sync::atomic::{AtomicU64, Ordering};

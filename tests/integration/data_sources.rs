@@ -335,37 +335,54 @@ fn bad_data_stops_training_naming_file_and_record() {
         assert!(!dir.join("partial").exists(), "{format}: files left behind");
     }
 
-    // With two data-parallel workers, the worker whose shard holds it stops the group, named.
-    let o = train(
-        dir,
-        "bad_group",
-        "kind = \"safetensors\"\npath = \"st\"\nbatch_size = 4\ntext_len = 8",
-    );
-    assert!(!o.status.success());
-    let cfg = dir.join("bad_group.toml");
-    let o = reel(
-        &[
-            "train",
-            cfg.to_str().unwrap(),
-            "--output",
-            // Not `bad_group`, where the one-worker run above kept its steps.
-            dir.join("bad_group_2").to_str().unwrap(),
-            "--set",
-            "runtime.num_devices=2",
-        ],
-        dir,
-    );
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{err}");
-    assert!(
-        err.contains("(device ")
-            && err.contains("failed: ")
-            && err.contains("00000007.safetensors: record 0"),
-        "{err}"
-    );
-    assert!(
-        !err.contains("panicked") && !err.contains("collective"),
-        "{err}"
+    // With two data-parallel workers, whichever worker reads it, every worker stops at that
+    // step and the steps before it are kept, as in one worker. The seeds put the record on
+    // each worker in turn.
+    let cfg = dir.join("bad.toml");
+    let mut seen = [false; 2];
+    for seed in 7..12 {
+        let out = dir.join(format!("bad_group_{seed}"));
+        let o = reel(
+            &[
+                "train",
+                cfg.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+                "--set",
+                "runtime.num_devices=2",
+                "--set",
+                &format!("runtime.seed={seed}"),
+            ],
+            dir,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "seed {seed}: {err}");
+        assert!(
+            err.contains("00000007.safetensors: record 0") && err.contains("NaN"),
+            "seed {seed}: {err}"
+        );
+        for bad in ["panicked", "collective", "(device 0)"] {
+            assert!(!err.contains(bad), "seed {seed}: {err}");
+        }
+        let on_worker_1 = err.contains("reel: worker 1 (device 1): ");
+        seen[on_worker_1 as usize] = true;
+        if on_worker_1 {
+            assert!(err.contains("a data record failed on worker 1"), "{err}");
+        }
+        let done = losses(&out).len();
+        if done > 0 {
+            assert!(
+                err.contains(&format!("the state after step {done} was saved first")),
+                "seed {seed}: {err}"
+            );
+            let saved = out.join(format!("checkpoints/step-{done:08}"));
+            assert!(saved.join("manifest.json").is_file(), "seed {seed}: {err}");
+        }
+    }
+    assert_eq!(
+        seen,
+        [true, true],
+        "these seeds put the record on both workers"
     );
 
     // A missing data folder is reported at start, with the path.

@@ -131,6 +131,13 @@ impl Loader {
     /// reading the batch after it in the background.
     pub fn next_batch(&mut self) -> Result<HostBatch, DataError> {
         let indices = self.indices_from(self.cursor);
+        if crate::fault::fires("bad-record") {
+            return Err(DataError::Record {
+                file: "REEL_FAULT".into(),
+                record: indices.first().copied().unwrap_or(0),
+                reason: "bad-record".into(),
+            });
+        }
         let samples = match self.prefetch.take() {
             Some((at, (idx, job))) if at == self.cursor && idx == indices => job
                 .join()

@@ -97,6 +97,16 @@ pub enum TrainError {
         /// The checkpoint folder.
         checkpoint: PathBuf,
     },
+    /// A data record failed on one or more workers of a group. Every worker learned of it at
+    /// that step's gradient all-reduce and stopped there, before the step's update, so worker
+    /// 0 can checkpoint the steps before it whichever worker read the record.
+    #[error("{}", data_failed_text(workers, cause.as_deref()))]
+    DataFailed {
+        /// The global ranks of the workers whose record failed.
+        workers: Vec<usize>,
+        /// This worker's own data error, when it is one of them.
+        cause: Option<Box<TrainError>>,
+    },
     /// In a run of several processes, this process's own check failed before any worker
     /// started. Every process learned of it at the same point and stopped there (the others
     /// with [`ParallelError::Processes`]), so none is left waiting for it.
@@ -145,14 +155,32 @@ impl TrainError {
     /// agreement: an interrupt, a non-finite stop, processes that disagree on the run. Nothing
     /// waits for a worker that stops with it, so no other worker or process needs stopping.
     pub fn is_agreed(&self) -> bool {
-        matches!(
-            self,
-            TrainError::Interrupted { .. }
-                | TrainError::NonFinite { .. }
-                | TrainError::StoppedTogether { .. }
-                | TrainError::Parallel(ParallelError::Processes(_))
-        )
+        match self {
+            TrainError::SavedAfter { cause, .. } => cause.is_agreed(),
+            e => matches!(
+                e,
+                TrainError::Interrupted { .. }
+                    | TrainError::NonFinite { .. }
+                    | TrainError::DataFailed { .. }
+                    | TrainError::StoppedTogether { .. }
+                    | TrainError::Parallel(ParallelError::Processes(_))
+            ),
+        }
     }
+}
+
+/// [`TrainError::DataFailed`] in words: this worker's own error, or which workers' records
+/// failed (each of those printed its own error, naming the file and record).
+fn data_failed_text(workers: &[usize], cause: Option<&TrainError>) -> String {
+    if let Some(cause) = cause {
+        return cause.to_string();
+    }
+    let list: Vec<String> = workers.iter().map(|r| r.to_string()).collect();
+    format!(
+        "a data record failed on worker {} (its error, naming the file and record, is printed \
+         above); every worker stopped before the step's update",
+        list.join(", ")
+    )
 }
 
 /// Options of one `reel train` invocation.
