@@ -15,43 +15,41 @@ use reel_core::method::{SampleRequest, StepContext};
 use reel_core::model::DiffusionModel;
 use reel_core::rng::StreamRng;
 
-/// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, sample index, stream),
+/// Per-sample standard-normal noise `[B, C, F, H, W]`, keyed by (step, stream position, stream),
 /// so the draws of a sample do not depend on how samples are grouped into micro-batches.
 pub fn per_sample_noise<B: Backend>(
     ctx: &StepContext,
-    indices: &[usize],
+    keys: &[u64],
     dims: [usize; 5],
     stream: &str,
     device: &B::Device,
 ) -> Tensor<B, 5> {
     let per = dims[1] * dims[2] * dims[3] * dims[4];
-    let mut v = Vec::with_capacity(per * indices.len());
-    for &i in indices {
-        v.extend(ctx.rng.stream(ctx.step, i as u64, stream).normal_vec(per));
+    let mut v = Vec::with_capacity(per * keys.len());
+    for &k in keys {
+        v.extend(ctx.rng.stream(ctx.step, k, stream).normal_vec(per));
     }
     Tensor::from_data(TensorData::new(v, dims), device)
 }
 
 /// One uniform draw in `[0, 1)` per sample, keyed like [`per_sample_noise`].
-pub fn per_sample_uniform(ctx: &StepContext, indices: &[usize], stream: &str) -> Vec<f64> {
-    indices
-        .iter()
-        .map(|&i| ctx.rng.stream(ctx.step, i as u64, stream).uniform())
+pub fn per_sample_uniform(ctx: &StepContext, keys: &[u64], stream: &str) -> Vec<f64> {
+    keys.iter()
+        .map(|&k| ctx.rng.stream(ctx.step, k, stream).uniform())
         .collect()
 }
 
 /// One shifted training σ per sample from `density`, keyed like [`per_sample_noise`].
 pub fn per_sample_sigmas(
     ctx: &StepContext,
-    indices: &[usize],
+    keys: &[u64],
     density: &TimestepDensity,
     shift: f64,
     stream: &str,
 ) -> Vec<f32> {
-    indices
-        .iter()
-        .map(|&i| {
-            let mut r = ctx.rng.stream(ctx.step, i as u64, stream);
+    keys.iter()
+        .map(|&k| {
+            let mut r = ctx.rng.stream(ctx.step, k, stream);
             shift_sigma(density.sample(&mut r), shift) as f32
         })
         .collect()

@@ -4,7 +4,7 @@
 //! `1000·σ`; loss `MSE(v, ε − x0)` in float32 (or, with `precondition_outputs`, the x0
 //! prediction `x_t − σ·v` against `x0`). Classifier-free-guidance dropout replaces the text of
 //! a sample with the negative embedding with probability `cfg_dropout`, decided from the run
-//! seed, the step and the sample index.
+//! seed, the step and the sample's stream position (`Batch::keys`).
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
@@ -171,7 +171,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Finetune<B> {
         ctx: &StepContext,
     ) -> Result<StepOutput<B>, MethodError> {
         let dims = batch.latents.dims();
-        let idx = &batch.indices;
+        let idx = &batch.keys;
         let sigmas = per_sample_sigmas(ctx, idx, &self.cfg.sigma_density, self.cfg.shift, "sigma");
         let noise = per_sample_noise::<B>(ctx, idx, dims, "noise", &self.device);
         let drop: Vec<bool> = per_sample_uniform(ctx, idx, "cfg-dropout")

@@ -21,8 +21,8 @@ pub const TINY_SPEC: DataSpec = DataSpec {
 };
 
 /// Two `wan-tiny`-shaped samples (4 channels, 2 frames, `side × side`, `text_len` tokens of
-/// width 32, all valid, zero negative text) drawn from `seed`, with global `indices`.
-pub fn tiny_batch(side: usize, text_len: usize, seed: u64, indices: [usize; 2]) -> Batch<Ad> {
+/// width 32, all valid, zero negative text) drawn from `seed`, with draw `keys`.
+pub fn tiny_batch(side: usize, text_len: usize, seed: u64, keys: [u64; 2]) -> Batch<Ad> {
     let dev = Default::default();
     let mut r = StreamRng::from_seed(seed);
     Batch {
@@ -33,7 +33,7 @@ pub fn tiny_batch(side: usize, text_len: usize, seed: u64, indices: [usize; 2]) 
             &dev,
         ),
         negative_text: Tensor::zeros([1, text_len, 32], &dev),
-        indices: indices.to_vec(),
+        keys: keys.to_vec(),
         captions: vec![String::new(); 2],
     }
 }

@@ -28,6 +28,8 @@ use crate::rng::StreamRng;
 pub struct HostBatch {
     /// Source indices of the samples.
     pub indices: Vec<usize>,
+    /// Their positions in the run's data stream ([`crate::method::Batch::keys`]).
+    pub keys: Vec<u64>,
     /// The samples.
     pub samples: Vec<Sample>,
 }
@@ -145,6 +147,7 @@ impl Loader {
                 .unwrap_or_else(|_| read_samples(&*self.source, &indices))?,
             _ => read_samples(&*self.source, &indices)?,
         };
+        let keys = self.keys_from(self.cursor);
         self.cursor += self.batch_size as u64;
         let next = self.indices_from(self.cursor);
         let source = self.source.clone();
@@ -154,16 +157,26 @@ impl Loader {
         });
         // Without a thread (resource limits) the next batch is simply read when asked for.
         self.prefetch = job.ok().map(|job| (self.cursor, (next, job)));
-        Ok(HostBatch { indices, samples })
+        Ok(HostBatch {
+            indices,
+            keys,
+            samples,
+        })
     }
 
     /// The source indices of this worker's shard of the batch starting at `cursor`.
     fn indices_from(&mut self, cursor: u64) -> Vec<usize> {
+        self.keys_from(cursor)
+            .into_iter()
+            .map(|at| self.index_at(at))
+            .collect()
+    }
+
+    /// The stream positions of this worker's shard of the batch starting at `cursor`.
+    fn keys_from(&self, cursor: u64) -> Vec<u64> {
         let (rank, workers) = self.shard;
         let per = (self.batch_size / workers) as u64;
-        (0..per)
-            .map(|i| self.index_at(cursor + rank as u64 * per + i))
-            .collect()
+        (0..per).map(|i| cursor + rank as u64 * per + i).collect()
     }
 }
 
@@ -269,7 +282,7 @@ pub fn to_device<B: Backend>(
         text,
         text_mask,
         negative_text,
-        indices: host.indices.clone(),
+        keys: host.keys.clone(),
         captions: host.samples.iter().map(|s| s.caption.clone()).collect(),
     }
 }
@@ -338,12 +351,15 @@ mod tests {
             .map(|r| Loader::new(src.clone(), 6, true, 3).unwrap().sharded(r, 3))
             .collect();
         for _ in 0..4 {
-            let expected = whole.next_batch().unwrap().indices;
-            let got: Vec<usize> = shards
+            let expected = whole.next_batch().unwrap();
+            let (got, keys): (Vec<usize>, Vec<u64>) = shards
                 .iter_mut()
-                .flat_map(|l| l.next_batch().unwrap().indices)
-                .collect();
-            assert_eq!(got, expected);
+                .flat_map(|l| {
+                    let b = l.next_batch().unwrap();
+                    b.indices.into_iter().zip(b.keys)
+                })
+                .unzip();
+            assert_eq!((got, keys), (expected.indices, expected.keys));
             assert!(shards.iter().all(|l| l.cursor() == whole.cursor()));
         }
         // A 3-worker cursor resumes on 2 workers with the same global order.
@@ -416,6 +432,22 @@ mod tests {
         a.set_cursor(1);
         assert_eq!(a.next_batch().unwrap().indices, [1, 2]);
         assert_eq!(a.cursor(), 3);
+    }
+
+    #[test]
+    fn draw_keys_are_stream_positions_unique_where_samples_repeat() {
+        // A batch of 4 over 2 samples holds each twice; their draw keys still differ (keyed by
+        // the source index, the copies got the same noise and σ).
+        let src: Arc<dyn DataSource> = Arc::new(Counting(2));
+        let mut a = Loader::new(src, 4, true, 5).unwrap();
+        let b = a.next_batch().unwrap();
+        let mut once = b.indices.clone();
+        once.sort();
+        assert_eq!(once, [0, 0, 1, 1]);
+        assert_eq!(b.keys, [0, 1, 2, 3]);
+        assert_eq!(a.next_batch().unwrap().keys, [4, 5, 6, 7]);
+        a.set_cursor(2);
+        assert_eq!(a.next_batch().unwrap().keys, [2, 3, 4, 5]);
     }
 
     #[test]

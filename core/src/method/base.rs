@@ -63,8 +63,11 @@ pub struct Batch<B: Backend> {
     pub text_mask: Tensor<B, 2, Bool>,
     /// Unconditional (negative / empty) text embedding `[1, L, D]`.
     pub negative_text: Tensor<B, 3>,
-    /// Global sample indices (stable across resume), one per sample.
-    pub indices: Vec<usize>,
+    /// Each sample's draw key: its position in the run's data stream (the `n`-th sample the
+    /// run reads), unique within the run even where a sample repeats in a step, and the same
+    /// on resume and for any number of workers or micro-batches. Key per-sample random draws
+    /// by it and the step (`ctx.rng.stream(ctx.step, key, name)`).
+    pub keys: Vec<u64>,
     /// Captions, one per sample (may be empty strings).
     pub captions: Vec<String>,
 }

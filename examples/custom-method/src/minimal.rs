@@ -57,8 +57,8 @@ impl<B: AutodiffBackend> TrainingMethod<B> for FixedSigmaMethod<B> {
     ) -> Result<StepOutput<B>, MethodError> {
         let x0 = batch.latents.clone();
         let device = x0.device();
-        // Noise keyed by (step, sample index): accumulation equals a larger batch.
-        let noise = per_sample_noise::<B>(ctx, &batch.indices, x0.dims(), "noise", &device);
+        // Noise keyed by (step, stream position): accumulation equals a larger batch.
+        let noise = per_sample_noise::<B>(ctx, &batch.keys, x0.dims(), "noise", &device);
         let sigma = reel_core::flow::sigma_tensor::<B>(&vec![self.sigma; x0.dims()[0]], &device);
         let text = batch.text.clone();
         let (loss, _) =

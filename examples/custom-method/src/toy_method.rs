@@ -126,12 +126,12 @@ impl<B: AutodiffBackend> TrainingMethod<B> for ToyMethod<B> {
     ) -> Result<StepOutput<B>, MethodError> {
         let [b, c, f, h, w] = batch.latents.dims();
         let x = batch.latents.clone().reshape([b, c * f * h * w]);
-        // Fixed target map plus per-sample noise (keyed by sample index, so accumulation
+        // Fixed target map plus per-sample noise (keyed by stream position, so accumulation
         // over micro-batches equals one big batch).
         let target_map = ToyModel::<B>::new(c * f * h * w, OUT, 99, &self.device);
         let mut noise = Vec::with_capacity(b * OUT);
-        for &i in &batch.indices {
-            let mut r = ctx.rng.stream(ctx.step, i as u64, "toy-noise");
+        for &k in &batch.keys {
+            let mut r = ctx.rng.stream(ctx.step, k, "toy-noise");
             noise.extend(
                 r.normal_vec(OUT)
                     .into_iter()

@@ -87,7 +87,7 @@ impl<B: AutodiffBackend> Adversarial<B> {
     fn sigmas(&self, batch: &Batch<B>, ctx: &StepContext, name: &str) -> Vec<f32> {
         per_sample_sigmas(
             ctx,
-            &batch.indices,
+            &batch.keys,
             &self.cfg.sigma_density,
             self.cfg.shift,
             name,
@@ -119,7 +119,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Adversarial<B> {
         ctx: &StepContext,
     ) -> Result<StepOutput<B>, MethodError> {
         let dims = batch.latents.dims();
-        let idx = &batch.indices;
+        let idx = &batch.keys;
         let x0 = batch.latents.clone();
         let text = batch.text.clone();
         let sigma = sigma_tensor::<B>(&self.sigmas(batch, ctx, "sigma"), &self.device);

@@ -173,7 +173,7 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
                 t.follow(&self.student, self.cfg.ema_decay);
             }
         }
-        let idx = &batch.indices;
+        let idx = &batch.keys;
         let dims = batch.latents.dims();
         let device = batch.latents.device();
         let [n, l, d] = batch.text.dims();

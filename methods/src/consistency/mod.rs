@@ -30,7 +30,7 @@
 //!
 //! Differences from FastVideo: the grid's lowest boundary is σ = 0 (FastVideo's is the
 //! scheduler's smallest σ); points and noises are drawn per sample from streams keyed by the
-//! step and the sample index (FastVideo draws per batch), so accumulation equals a larger
+//! step and the sample's stream position (FastVideo draws per batch), so accumulation equals a larger
 //! batch.
 //!
 //! ```toml

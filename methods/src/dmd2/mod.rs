@@ -15,7 +15,7 @@
 //!
 //! The unconditional text is the data source's negative embedding (zeros when it has none).
 //! Every random draw (rollout index, noises, score σ, critic σ) is keyed by the step and the
-//! sample index, so a sample draws the same numbers whatever micro-batch it lands in. The
+//! sample's stream position (`Batch::keys`), so a sample draws the same numbers whatever micro-batch it lands in. The
 //! critic loss is a mean of per-sample terms, so gradient accumulation equals a larger batch
 //! for it; the generator loss divides by a micro-batch-wide normaliser (as in FastVideo) and
 //! is therefore only approximately batch-size invariant.
@@ -140,12 +140,11 @@ pub struct Dmd2<B: AutodiffBackend> {
 
 impl<B: AutodiffBackend> Dmd2<B> {
     /// Per-sample score σ drawn from stream `stream`.
-    fn score_sigmas(&self, ctx: &StepContext, indices: &[usize], stream: &str) -> Vec<f32> {
-        indices
-            .iter()
-            .map(|&i| {
+    fn score_sigmas(&self, ctx: &StepContext, keys: &[u64], stream: &str) -> Vec<f32> {
+        keys.iter()
+            .map(|&k| {
                 self.cfg
-                    .score_sigma(ctx.rng.stream(ctx.step, i as u64, stream).uniform())
+                    .score_sigma(ctx.rng.stream(ctx.step, k, stream).uniform())
                     as f32
             })
             .collect()
@@ -157,13 +156,13 @@ impl<B: AutodiffBackend> Dmd2<B> {
         &self,
         x: Tensor<B, 5>,
         ctx: &StepContext,
-        indices: &[usize],
+        keys: &[u64],
     ) -> (Tensor<B, 5>, Tensor<B, 1>) {
         let sigma = sigma_tensor::<B>(
-            &self.score_sigmas(ctx, indices, "dmd2-gan-sigma"),
+            &self.score_sigmas(ctx, keys, "dmd2-gan-sigma"),
             &self.device,
         );
-        let noise = per_sample_noise::<B>(ctx, indices, x.dims(), "dmd2-gan-noise", &self.device);
+        let noise = per_sample_noise::<B>(ctx, keys, x.dims(), "dmd2-gan-noise", &self.device);
         (
             add_noise(x, noise, sigma.clone()),
             timesteps_from_sigmas(sigma),
@@ -180,7 +179,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
         text: Tensor<B, 3>,
         uncond: Tensor<Inner<B>, 3>,
     ) -> Result<(Tensor<B, 1>, GeneratorParts<B>), MethodError> {
-        let idx = &batch.indices;
+        let idx = &batch.keys;
         let dims = batch.latents.dims();
         let x0_i = x0.clone().inner();
         // The critic and teacher forwards (their own phases inside `dmd_scores`).
@@ -227,7 +226,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
         ctx: &StepContext,
         mut out: StepOutput<B>,
     ) -> Result<StepOutput<B>, MethodError> {
-        let (idx, dims, text) = (&batch.indices, batch.latents.dims(), batch.text.clone());
+        let (idx, dims, text) = (&batch.keys, batch.latents.dims(), batch.text.clone());
         let noise = per_sample_noise::<B>(ctx, idx, dims, "dmd2-critic-noise", &self.device);
         let sigma = sigma_tensor::<B>(
             &self.score_sigmas(ctx, idx, "dmd2-critic-sigma"),
@@ -299,7 +298,7 @@ impl<B: AutodiffBackend> Dmd2<B> {
         let simulate = self.cfg.rollout == Rollout::Simulate;
         let draws = RolloutDraws::<Inner<B>>::draw(
             ctx,
-            &batch.indices,
+            &batch.keys,
             batch.latents.dims(),
             self.schedule.len(),
             simulate,

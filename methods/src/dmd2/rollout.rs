@@ -9,7 +9,7 @@
 //! - `data_latent`: noise a data latent to a random listed step.
 //!
 //! Differences from FastVideo, all in the spirit of "a sample's draws depend only on the run
-//! seed, the step and the sample index" (so gradient accumulation sees the same samples as a
+//! seed, the step and the sample's stream position" (so gradient accumulation sees the same samples as a
 //! bigger batch): the target index, the noises and the score σ are drawn **per sample**
 //! (FastVideo draws one timestep for the whole batch; with `batch_size = 1`, its Wan recipe,
 //! the two agree in distribution), and the simulated trajectory only runs as far as the largest
@@ -111,22 +111,22 @@ pub struct RolloutDraws<B: Backend> {
 }
 
 impl<B: Backend> RolloutDraws<B> {
-    /// Draw from the run's generators, per sample (keyed by the step and the sample index):
+    /// Draw from the run's generators, per sample (keyed by the step and the sample's [`Batch::keys`](reel_core::method::Batch::keys) entry):
     /// stream `dmd2-rollout-index` for the index, `dmd2-rollout-noise-<k>` for `noises[k]`.
     /// `simulate` draws `max(index) + 1` noises, `data_latent` one.
     pub fn draw(
         ctx: &StepContext,
-        indices: &[usize],
+        keys: &[u64],
         dims: [usize; 5],
         schedule_len: usize,
         simulate: bool,
         device: &B::Device,
     ) -> Self {
-        let index: Vec<usize> = indices
+        let index: Vec<usize> = keys
             .iter()
-            .map(|&i| {
+            .map(|&k| {
                 ctx.rng
-                    .stream(ctx.step, i as u64, "dmd2-rollout-index")
+                    .stream(ctx.step, k, "dmd2-rollout-index")
                     .below(schedule_len as u64) as usize
             })
             .collect();
@@ -137,13 +137,7 @@ impl<B: Backend> RolloutDraws<B> {
         };
         let noises = (0..count)
             .map(|k| {
-                per_sample_noise::<B>(
-                    ctx,
-                    indices,
-                    dims,
-                    &format!("dmd2-rollout-noise-{k}"),
-                    device,
-                )
+                per_sample_noise::<B>(ctx, keys, dims, &format!("dmd2-rollout-noise-{k}"), device)
             })
             .collect();
         Self { index, noises }

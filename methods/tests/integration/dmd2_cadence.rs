@@ -158,7 +158,7 @@ fn critic_every_step_student_every_fifth_teacher_never() {
 
 #[test]
 fn critic_accumulation_equals_a_larger_batch() {
-    // Every draw is keyed by the sample index, and the critic loss is a per-sample mean, so two
+    // Every draw is keyed by the stream position, and the critic loss is a per-sample mean, so two
     // micro-batches of 2 give the critic the same update as one batch of 4. (The generator loss
     // divides by a micro-batch-wide normaliser, as in FastVideo, so the student is not compared.)
     let tmp = tempfile::tempdir().unwrap();
