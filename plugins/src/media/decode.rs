@@ -20,7 +20,9 @@ use super::MediaError;
 /// Decoded frames of one clip, RGB, row-major, all `width × height`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Clip {
-    /// The frames, in display order.
+    /// The frames, in display order. A frame that the reader's [`FrameNeed`] does not pick
+    /// is empty (decoded past, never kept), so a 60 fps clip sampled at 16 fps holds about a
+    /// quarter of its leading frames' pixels.
     pub frames: Vec<Vec<[u8; 3]>>,
     /// Frame width in pixels.
     pub width: usize,
@@ -50,13 +52,25 @@ impl FrameNeed {
 
     /// How many leading frames of a clip at `src_fps` the sampling reads (`usize::MAX`: all).
     pub fn count(&self, src_fps: Option<f64>) -> usize {
+        match self.picked(src_fps) {
+            Some(idx) => idx.last().map_or(usize::MAX, |last| last + 1),
+            None => usize::MAX,
+        }
+    }
+
+    /// The frames of a clip at `src_fps` that the sampling picks, in order (a frame twice
+    /// where the clip is slower than the sampling); `None`: every frame.
+    pub fn picked(&self, src_fps: Option<f64>) -> Option<Vec<usize>> {
         if self.frames == usize::MAX {
-            return usize::MAX;
+            return None;
         }
         frame_indices(usize::MAX, self.frames, src_fps, self.fps)
-            .and_then(|idx| idx.last().map(|last| last + 1))
-            .unwrap_or(usize::MAX)
     }
+}
+
+/// Whether frame `i` is among `picked` ([`FrameNeed::picked`]; `None`: every frame).
+pub(super) fn is_picked(picked: Option<&[usize]>, i: usize) -> bool {
+    picked.is_none_or(|p| p.binary_search(&i).is_ok())
 }
 
 /// What kind of media a path holds, by extension (a folder is a frame folder).
@@ -367,14 +381,18 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
     }
     check_size(path, w, h, 1)?;
     let mut canvas = vec![[0u8; 3]; w * h];
-    let (mut frames, mut delay) = (Vec::new(), None);
+    let (mut frames, mut delay, mut kept) = (Vec::new(), None, 0);
     let fps = |delay: Option<u16>| delay.filter(|d| *d > 0).map(|d| 100.0 / d as f64);
     while frames.len() < need.count(fps(delay)) {
         let Some(frame) = decoder.read_next_frame().map_err(bad)? else {
             break;
         };
         delay.get_or_insert(frame.delay);
-        check_size(path, w, h, frames.len() + 1)?;
+        let keep = is_picked(need.picked(fps(delay)).as_deref(), frames.len());
+        if keep {
+            kept += 1;
+            check_size(path, w, h, kept)?;
+        }
         let before = canvas.clone();
         let (left, top) = (frame.left as usize, frame.top as usize);
         let (fw, fh) = (frame.width as usize, frame.height as usize);
@@ -384,7 +402,7 @@ pub fn read_gif(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
                 canvas[y * w + x] = [px[0], px[1], px[2]];
             }
         }
-        frames.push(canvas.clone());
+        frames.push(if keep { canvas.clone() } else { vec![] });
         match frame.dispose {
             ::gif::DisposalMethod::Background => {
                 for y in top..(top + fh).min(h) {
@@ -621,8 +639,10 @@ mod tests {
         assert!(err.contains("text.jpeg"), "{err}");
     }
 
-    /// Readers stop at the frames the sampling uses: a 10 fps GIF sampled at 5 fps for 2
-    /// frames reads frames 0..=2; a frame folder (no rate) its first 2 files.
+    /// Readers stop at the frames the sampling uses and keep only those: a 10 fps GIF
+    /// sampled at 5 fps for 2 frames reads frames 0..=2 and keeps 0 and 2 (frame 1 is
+    /// decoded, to compose the next, but left empty); a frame folder (no rate) its first 2
+    /// files.
     #[test]
     fn readers_decode_only_the_frames_needed() {
         let need = FrameNeed {
@@ -642,7 +662,7 @@ mod tests {
             fps: Some(5.0),
         };
         let clip = read_clip(&gif, half_rate).unwrap();
-        assert_eq!(clip.frames, frames[..3].to_vec());
+        assert_eq!(clip.frames, [frames[0].clone(), vec![], frames[2].clone()]);
         assert_eq!(read_clip(&gif, FrameNeed::ALL).unwrap().frames.len(), 6);
 
         let folder = dir.path().join("clip");

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::decode::{check_size, invalid, Clip, FrameNeed};
+use super::decode::{check_size, invalid, is_picked, Clip, FrameNeed};
 use super::video::Frames;
 use super::MediaError;
 
@@ -62,13 +62,14 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
         // at `i / fps` seconds as `FrameNeed` and the resampling count them.
         decode.args(["-r", &format!("{fps}")]);
     }
-    let count = need.count(fps);
-    check_size(path, w, h, if count == usize::MAX { 1 } else { count })?;
-    if count != usize::MAX {
+    let picked = need.picked(fps);
+    if let Some(idx) = &picked {
+        check_size(path, w, h, idx.len())?;
+        let count = idx.last().map_or(0, |last| last + 1);
         decode.args(["-frames:v", &count.to_string()]);
     }
     decode.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-"]);
-    let frames = decode_frames(path, &mut decode, w, h)?;
+    let frames = decode_frames(path, &mut decode, (w, h), picked.as_deref())?;
     Ok(Clip {
         frames,
         width: w,
@@ -205,16 +206,17 @@ fn parse_rate(rate: &str) -> Option<f64> {
     (fps.is_finite() && fps > 0.0).then_some(fps)
 }
 
-/// Run the decoding `cmd` (raw RGB frames of `w`×`h` on its stdout) and turn each frame into
-/// pixels as it arrives, so that the raw bytes are never held whole beside the frames (a 4K
-/// clip's leading frames are gigabytes), refusing a clip once its frames pass
+/// Run the decoding `cmd` (raw RGB frames of `w`×`h` on its stdout) and turn each frame that
+/// `picked` names (`None`: every frame) into pixels as it arrives, leaving the others empty:
+/// the raw bytes are never held whole beside the frames (a 4K clip's leading frames are
+/// gigabytes), and a clip is refused once its kept frames pass
 /// [`MAX_CLIP_BYTES`](super::decode::MAX_CLIP_BYTES). FFmpeg's stderr is read on a thread
 /// meanwhile, so that neither pipe can fill and stall it.
 fn decode_frames(
     path: &Path,
     cmd: &mut Command,
-    w: usize,
-    h: usize,
+    (w, h): (usize, usize),
+    picked: Option<&[usize]>,
 ) -> Result<Vec<Vec<[u8; 3]>>, MediaError> {
     let io = |error| MediaError::Io {
         path: path.to_path_buf(),
@@ -236,12 +238,17 @@ fn decode_frames(
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let frame_bytes = w * h * 3;
     let mut buf = vec![0u8; frame_bytes];
-    let mut frames = Vec::new();
+    let (mut frames, mut kept) = (Vec::new(), 0);
     let tail = loop {
         match read_full(&mut stdout, &mut buf) {
             Ok(n) if n == frame_bytes && n > 0 => {
+                if !is_picked(picked, frames.len()) {
+                    frames.push(vec![]);
+                    continue;
+                }
                 // Every frame wanted (no count to bound it up front): bounded as it comes.
-                if let Err(e) = check_size(path, w, h, frames.len() + 1) {
+                kept += 1;
+                if let Err(e) = check_size(path, w, h, kept) {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Err(e);
@@ -378,10 +385,9 @@ mod tests {
             frames: 2,
             fps: Some(4.0),
         };
-        assert_eq!(
-            read_clip(&plain, need).unwrap().frames,
-            a.frames[..3].to_vec()
-        );
+        // Frames 0 and 2 of the 8 fps clip, and nothing of frame 1 (decoded past) or later.
+        let picked = read_clip(&plain, need).unwrap().frames;
+        assert_eq!(picked, [a.frames[0].clone(), vec![], a.frames[2].clone()]);
     }
 
     /// Through FFmpeg: a variable-rate video (20 frames 100 ms apart, every other one late
