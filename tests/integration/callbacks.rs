@@ -191,10 +191,10 @@ fn check_samples(dir: &Path, step: u64, captions: &[String]) {
         );
     }
     // Contact sheet: 2 rows × 4 frames of 96 px cells with 1 px gutters, each row under a
-    // 12 px band with its score and caption (the 3×5 font at scale 2, plus 2 px).
+    // 18 px band with its score and caption (Unifont's 16 px glyphs, plus 2 px).
     assert_eq!(
         png_size(&folder.join("sheet.png")),
-        (4 * 97 + 1, 2 * (12 + 97) + 1)
+        (4 * 97 + 1, 2 * (18 + 97) + 1)
     );
     let scores: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("scores.json")).unwrap())

@@ -1,76 +1,37 @@
-//! A 3×5 pixel bitmap font for plot labels and contact-sheet captions: digits, upper-case
-//! letters (lower case is drawn upper case) and `. - _ / + : ( ) % , = '`; anything else
-//! draws as `?`. Written here rather than through a font crate: see `docs/architecture.md`.
+//! Text for plot labels and contact-sheet captions, drawn with GNU Unifont's bitmap glyphs
+//! (the `unifont` crate: every character of Unicode's Basic Multilingual Plane, 8×16 pixels,
+//! 16×16 for CJK and other wide characters), so a Chinese or accented prompt reads as
+//! written. A character outside the plane (an emoji) draws as U+FFFD `�`. Why a bitmap font
+//! rather than TrueType: see `docs/architecture.md`.
 
-/// Glyph width in font pixels.
-pub const GLYPH_W: usize = 3;
 /// Glyph height in font pixels.
-pub const GLYPH_H: usize = 5;
+pub const GLYPH_H: usize = 16;
 
-/// Rows of a glyph, top first; bit 2 is the left column.
-fn glyph(c: char) -> [u8; 5] {
-    match c.to_ascii_uppercase() {
-        '0' => [0b111, 0b101, 0b101, 0b101, 0b111],
-        '1' => [0b010, 0b110, 0b010, 0b010, 0b111],
-        '2' => [0b111, 0b001, 0b111, 0b100, 0b111],
-        '3' => [0b111, 0b001, 0b111, 0b001, 0b111],
-        '4' => [0b101, 0b101, 0b111, 0b001, 0b001],
-        '5' => [0b111, 0b100, 0b111, 0b001, 0b111],
-        '6' => [0b111, 0b100, 0b111, 0b101, 0b111],
-        '7' => [0b111, 0b001, 0b001, 0b010, 0b010],
-        '8' => [0b111, 0b101, 0b111, 0b101, 0b111],
-        '9' => [0b111, 0b101, 0b111, 0b001, 0b111],
-        'A' => [0b010, 0b101, 0b111, 0b101, 0b101],
-        'B' => [0b110, 0b101, 0b110, 0b101, 0b110],
-        'C' => [0b011, 0b100, 0b100, 0b100, 0b011],
-        'D' => [0b110, 0b101, 0b101, 0b101, 0b110],
-        'E' => [0b111, 0b100, 0b110, 0b100, 0b111],
-        'F' => [0b111, 0b100, 0b110, 0b100, 0b100],
-        'G' => [0b011, 0b100, 0b101, 0b101, 0b011],
-        'H' => [0b101, 0b101, 0b111, 0b101, 0b101],
-        'I' => [0b111, 0b010, 0b010, 0b010, 0b111],
-        'J' => [0b001, 0b001, 0b001, 0b101, 0b010],
-        'K' => [0b101, 0b101, 0b110, 0b101, 0b101],
-        'L' => [0b100, 0b100, 0b100, 0b100, 0b111],
-        'M' => [0b101, 0b111, 0b111, 0b101, 0b101],
-        'N' => [0b110, 0b101, 0b101, 0b101, 0b101],
-        'O' => [0b010, 0b101, 0b101, 0b101, 0b010],
-        'P' => [0b110, 0b101, 0b110, 0b100, 0b100],
-        'Q' => [0b010, 0b101, 0b101, 0b110, 0b011],
-        'R' => [0b110, 0b101, 0b110, 0b101, 0b101],
-        'S' => [0b011, 0b100, 0b010, 0b001, 0b110],
-        'T' => [0b111, 0b010, 0b010, 0b010, 0b010],
-        'U' => [0b101, 0b101, 0b101, 0b101, 0b111],
-        'V' => [0b101, 0b101, 0b101, 0b101, 0b010],
-        'W' => [0b101, 0b101, 0b111, 0b111, 0b101],
-        'X' => [0b101, 0b101, 0b010, 0b101, 0b101],
-        'Y' => [0b101, 0b101, 0b010, 0b010, 0b010],
-        'Z' => [0b111, 0b001, 0b010, 0b100, 0b111],
-        '.' => [0b000, 0b000, 0b000, 0b000, 0b010],
-        '-' => [0b000, 0b000, 0b111, 0b000, 0b000],
-        '_' => [0b000, 0b000, 0b000, 0b000, 0b111],
-        '/' => [0b001, 0b001, 0b010, 0b100, 0b100],
-        '+' => [0b000, 0b010, 0b111, 0b010, 0b000],
-        ':' => [0b000, 0b010, 0b000, 0b010, 0b000],
-        '(' => [0b001, 0b010, 0b010, 0b010, 0b001],
-        ')' => [0b100, 0b010, 0b010, 0b010, 0b100],
-        '%' => [0b101, 0b001, 0b010, 0b100, 0b101],
-        ',' => [0b000, 0b000, 0b000, 0b010, 0b100],
-        '=' => [0b000, 0b111, 0b000, 0b111, 0b000],
-        '\'' => [0b010, 0b010, 0b000, 0b000, 0b000],
-        ' ' => [0; 5],
-        _ => [0b111, 0b001, 0b010, 0b000, 0b010],
+/// The glyph drawn for `c`: Unifont's, or U+FFFD's where it has none.
+fn glyph(c: char) -> &'static unifont::Glyph {
+    unifont::get_glyph(c)
+        .or_else(|| unifont::get_glyph(char::REPLACEMENT_CHARACTER))
+        .unwrap_or_else(|| panic!("Unifont has no U+FFFD glyph (asked for {c:?})"))
+}
+
+/// Width in font pixels of `c` (8, or 16 for a wide character); control characters (a
+/// newline in a caption) draw as a space.
+fn advance(c: char) -> usize {
+    glyph(shown(c)).get_width()
+}
+
+/// The character drawn for `c`: control characters as a space.
+fn shown(c: char) -> char {
+    if c.is_control() {
+        ' '
+    } else {
+        c
     }
 }
 
-/// Width in pixels of `text` drawn at `scale` (one font pixel of spacing between glyphs).
+/// Width in pixels of `text` drawn at `scale` (the glyphs carry their own spacing).
 pub fn text_width(text: &str, scale: usize) -> usize {
-    let n = text.chars().count();
-    if n == 0 {
-        0
-    } else {
-        (n * (GLYPH_W + 1) - 1) * scale
-    }
+    text.chars().map(advance).sum::<usize>() * scale
 }
 
 /// The longest prefix of `text` that fits in `max_width` pixels at `scale`, ending in `..`
@@ -79,14 +40,22 @@ pub fn fit_text(text: &str, max_width: usize, scale: usize) -> String {
     if text_width(text, scale) <= max_width {
         return text.to_string();
     }
-    let mut out: String = text.chars().collect();
-    while !out.is_empty() && text_width(&format!("{out}.."), scale) > max_width {
-        out.pop();
+    let dots = text_width("..", scale);
+    let mut out = String::new();
+    let mut width = 0;
+    for c in text.chars() {
+        let w = advance(c) * scale;
+        if width + w + dots > max_width {
+            break;
+        }
+        out.push(c);
+        width += w;
     }
+    let out = out.trim_end();
     if out.is_empty() {
         String::new()
     } else {
-        format!("{}..", out.trim_end())
+        format!("{out}..")
     }
 }
 
@@ -102,23 +71,20 @@ pub fn draw_text(
     colour: [u8; 3],
 ) {
     let height = img.len() / width.max(1);
-    for (i, c) in text.chars().enumerate() {
-        let gx = x + i * (GLYPH_W + 1) * scale;
-        for (row, bits) in glyph(c).iter().enumerate() {
-            for col in 0..GLYPH_W {
-                if bits & (0b100 >> col) == 0 {
-                    continue;
-                }
-                for dy in 0..scale {
-                    for dx in 0..scale {
-                        let (px, py) = (gx + col * scale + dx, y + row * scale + dy);
-                        if px < width && py < height {
-                            img[py * width + px] = colour;
-                        }
+    let mut gx = x;
+    for c in text.chars().map(shown) {
+        let g = glyph(c);
+        for row in 0..GLYPH_H {
+            for col in (0..g.get_width()).filter(|&col| g.get_pixel(col, row)) {
+                for (dx, dy) in (0..scale).flat_map(|dy| (0..scale).map(move |dx| (dx, dy))) {
+                    let (px, py) = (gx + col * scale + dx, y + row * scale + dy);
+                    if px < width && py < height {
+                        img[py * width + px] = colour;
                     }
                 }
             }
         }
+        gx += g.get_width() * scale;
     }
 }
 
@@ -126,20 +92,60 @@ pub fn draw_text(
 mod tests {
     use super::*;
 
+    /// The pixels `text` sets in an image of its own size, as rows of `#` and `.`.
+    fn render(text: &str) -> Vec<String> {
+        let w = text_width(text, 1);
+        let mut img = vec![[255u8; 3]; w * GLYPH_H];
+        draw_text(&mut img, w, 0, 0, text, 1, [0; 3]);
+        img.chunks(w)
+            .map(|row| {
+                row.iter()
+                    .map(|p| if *p == [0; 3] { '#' } else { '.' })
+                    .collect()
+            })
+            .collect()
+    }
+
     #[test]
     fn draws_glyph_pixels_and_clips() {
-        let (w, h) = (12, 6);
-        let mut img = vec![[255u8; 3]; w * h];
-        draw_text(&mut img, w, 0, 0, "1-", 1, [0; 3]);
-        let dark = |x: usize, y: usize| img[y * w + x] == [0; 3];
-        // `1`: column 1 is set in every row.
-        assert!((0..5).all(|y| dark(1, y)));
-        assert!(!dark(0, 0) && dark(0, 1));
-        // `-` starts at x = 4, middle row only.
-        assert!(dark(4, 2) && dark(6, 2) && !dark(4, 1));
-        assert_eq!(text_width("1-", 2), 14);
-        // Clipped at the border without panicking.
-        draw_text(&mut img, w, 10, 4, "88", 2, [0; 3]);
+        // `-` and `|` in an 8-pixel cell: a horizontal and a vertical stroke.
+        let dash = render("-");
+        let rows: Vec<usize> = (0..GLYPH_H).filter(|&r| dash[r].contains('#')).collect();
+        assert!(!rows.is_empty() && rows.len() <= 2, "{dash:?}");
+        assert!(dash[rows[0]].matches('#').count() >= 4, "{dash:?}");
+        let bar = render("|");
+        let cols: Vec<usize> = (0..8)
+            .filter(|&c| bar.iter().any(|r| r.as_bytes()[c] == b'#'))
+            .collect();
+        assert!(cols.len() <= 2, "{bar:?}");
+        assert!(
+            bar.iter().filter(|r| r.contains('#')).count() >= 10,
+            "{bar:?}"
+        );
+        // Glyphs follow one another: `--` is `-` twice.
+        let twice: Vec<String> = dash.iter().map(|r| r.repeat(2)).collect();
+        assert_eq!(render("--"), twice);
+        assert_eq!(text_width("1-", 2), 32);
+        // Scaled glyphs fill `scale × scale` blocks; clipped at the border without panicking.
+        let mut img = vec![[255u8; 3]; 12 * 6];
+        draw_text(&mut img, 12, 10, 4, "88", 2, [0; 3]);
+    }
+
+    #[test]
+    fn prompts_in_any_script_draw_their_own_glyphs() {
+        // A CJK character is 16 pixels wide, an accented Latin one 8; each draws its own
+        // glyph, not the stand-in for a missing one.
+        assert_eq!(text_width("猫", 1), 16);
+        assert_eq!(text_width("é", 1), 8);
+        let missing = render("\u{1F600}");
+        for text in ["猫", "狗", "é", "ж"] {
+            let drawn = render(text);
+            assert!(drawn.iter().any(|r| r.contains('#')), "{text}");
+            assert_ne!(drawn, missing, "{text} draws as a missing glyph");
+        }
+        assert_ne!(render("猫"), render("狗"));
+        // A newline in a caption is a space, not a glyph of its own.
+        assert_eq!(render("a\nb"), render("a b"));
     }
 
     #[test]
@@ -149,5 +155,7 @@ mod tests {
         assert_eq!(cut, "a red circ..");
         assert!(text_width(&cut, 2) <= text_width("a red circ..", 2));
         assert_eq!(fit_text("abc", 1, 1), "");
+        // Wide characters count as wide.
+        assert_eq!(fit_text("一只猫在跑", text_width("一只..", 1), 1), "一只..");
     }
 }

@@ -94,11 +94,10 @@ pub fn contact_sheet(
     let (cell_w, cell_h) = (w * s, h * s);
     let cols = clips.iter().map(Vec::len).max().unwrap_or(0);
     let width = cols * (cell_w + 1) + 1;
-    let text_scale = if width >= 240 { 2 } else { 1 };
     let band = if labels.is_empty() {
         0
     } else {
-        font::GLYPH_H * text_scale + 2
+        font::GLYPH_H + 2
     };
     let pitch = band + cell_h + 1;
     let height = clips.len() * pitch + 1;
@@ -106,8 +105,8 @@ pub fn contact_sheet(
     for (r, clip) in clips.iter().enumerate() {
         let top = 1 + r * pitch;
         if let Some(label) = labels.get(r) {
-            let text = font::fit_text(label, width.saturating_sub(4), text_scale);
-            font::draw_text(&mut sheet, width, 2, top + 1, &text, text_scale, LABEL);
+            let text = font::fit_text(label, width.saturating_sub(4), 1);
+            font::draw_text(&mut sheet, width, 2, top + 1, &text, 1, LABEL);
         }
         for (c, frame) in clip.iter().enumerate() {
             assert_eq!(frame.len(), w * h, "contact_sheet: frame {c} of clip {r}");

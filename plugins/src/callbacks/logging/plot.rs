@@ -32,7 +32,7 @@ pub const PALETTE: [[u8; 3]; 6] = [
 const WHITE: [u8; 3] = [255, 255, 255];
 const BLACK: [u8; 3] = [0, 0, 0];
 const GRID: [u8; 3] = [225, 225, 225];
-const TEXT_SCALE: usize = 2;
+const TEXT_SCALE: usize = 1;
 const LEFT: usize = 80;
 const RIGHT: usize = 20;
 const TOP: usize = 20;
@@ -199,8 +199,16 @@ pub fn render(series: &[Series]) -> Vec<[u8; 3]> {
         let colour = PALETTE[i % PALETTE.len()];
         let lx = x1.saturating_sub(text_width(name, TEXT_SCALE) + 30);
         fill(&mut img, lx, ly, 12, 12, colour);
-        draw_text(&mut img, WIDTH, lx + 18, ly + 1, name, TEXT_SCALE, BLACK);
-        ly += 18;
+        draw_text(
+            &mut img,
+            WIDTH,
+            lx + 18,
+            ly.saturating_sub(2),
+            name,
+            TEXT_SCALE,
+            BLACK,
+        );
+        ly += 20;
     }
     img
 }
