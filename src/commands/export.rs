@@ -30,7 +30,7 @@ use reel_core::checkpoint::{CheckpointError, Manifest};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
-use reel_models::lora::io::{COMFY_LORA_FILE, LORA_WEIGHTS_FILE};
+use reel_models::lora::io::{adapter_target, COMFY_LORA_FILE, LORA_WEIGHTS_FILE};
 use reel_models::lora::{merge_and_unload, save_lora, save_lora_comfy, LoraSpec};
 use reel_models::wan::weights::{CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE};
 use reel_models::{build_wan_role, WanArch, WanModel, ARCH_NAME};
@@ -64,7 +64,7 @@ pub struct ExportArgs {
     /// Export the EMA weights (`<role>.ema.safetensors`) instead of the live ones.
     #[arg(long)]
     pub ema: bool,
-    /// Output folder.
+    /// Output folder; for `lora` and `comfyui`, a `.safetensors` file name also works.
     #[arg(long)]
     pub out: PathBuf,
     /// What to write.
@@ -79,12 +79,13 @@ pub struct ExportArgs {
 }
 
 impl ExportFormat {
-    /// The files this format writes into the output folder.
-    fn files(self) -> &'static [&'static str] {
+    /// The files this format writes for `--out`: into the folder, or (an adapter) the
+    /// `.safetensors` file `out` names.
+    fn targets(self, out: &Path) -> Vec<PathBuf> {
         match self {
-            ExportFormat::Diffusers => &[CONFIG_FILE, WEIGHTS_FILE],
-            ExportFormat::Lora => &[LORA_WEIGHTS_FILE],
-            ExportFormat::Comfyui => &[COMFY_LORA_FILE],
+            ExportFormat::Diffusers => vec![out.join(CONFIG_FILE), out.join(WEIGHTS_FILE)],
+            ExportFormat::Lora => vec![adapter_target(out, LORA_WEIGHTS_FILE)],
+            ExportFormat::Comfyui => vec![adapter_target(out, COMFY_LORA_FILE)],
         }
     }
 }
@@ -111,9 +112,9 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
             out.display()
         );
     }
-    let present: Vec<&str> = (format.files().iter())
-        .copied()
-        .filter(|f| out.join(f).exists())
+    let present: Vec<String> = (format.targets(out).into_iter())
+        .filter(|f| f.exists())
+        .map(|f| f.display().to_string())
         .collect();
     if !present.is_empty() && !force {
         bail!(
@@ -191,16 +192,17 @@ fn check_not_weights(
     format: ExportFormat,
     weights: &[(String, PathBuf)],
 ) -> anyhow::Result<()> {
-    let Ok(out_real) = out.canonicalize() else {
-        return Ok(()); // not there yet: nothing in it to replace
-    };
-    let written: Vec<PathBuf> = format.files().iter().map(|f| out_real.join(f)).collect();
+    // What is not there yet replaces nothing.
+    let out_real = out.canonicalize().ok();
+    let written: Vec<PathBuf> = (format.targets(out).iter())
+        .filter_map(|f| f.canonicalize().ok())
+        .collect();
     for (role, path) in weights {
         let Ok(real) = path.canonicalize() else {
             continue;
         };
         let replaced = if real.is_dir() {
-            format == ExportFormat::Diffusers && real == out_real
+            format == ExportFormat::Diffusers && Some(&real) == out_real.as_ref()
         } else {
             written.contains(&real)
         };
@@ -226,6 +228,16 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         .filter_map(|(name, role)| Some((name.clone(), loaded.resolve(role.weights.as_ref()?))))
         .collect();
     check_not_weights(&args.out, args.format, &weights)?;
+    // Before any weights load: an adapter export needs a LoRA adapter.
+    let adapter = (loaded.config.models.get(&args.role))
+        .and_then(|role| role.adapter.as_ref())
+        .and_then(|a| a.as_any().downcast_ref::<LoraSpec>());
+    if args.format != ExportFormat::Diffusers && adapter.is_none() {
+        bail!(
+            "role `{}` has no LoRA adapter: use `--format diffusers`",
+            args.role
+        );
+    }
     let dir = weights_folder(&args.checkpoint, &loaded)?;
     let (model, file) = load_role_weights(&loaded, &args.role, &dir, args.ema)?;
     let written = match args.format {
@@ -235,17 +247,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
             args.out.clone()
         }
         ExportFormat::Lora | ExportFormat::Comfyui => {
-            let role = &loaded.config.models[&args.role];
-            let adapter = role
-                .adapter
-                .as_ref()
-                .and_then(|a| a.as_any().downcast_ref::<LoraSpec>());
-            let Some(spec) = adapter else {
-                bail!(
-                    "role `{}` has no LoRA adapter: use `--format diffusers`",
-                    args.role
-                );
-            };
+            let spec = adapter.unwrap_or_else(|| unreachable!("checked before loading"));
             if args.format == ExportFormat::Lora {
                 save_lora(&model, spec, &args.out)?
             } else {
@@ -322,6 +324,19 @@ mod tests {
             .to_string();
         assert!(err.contains(INDEX_FILE) && err.contains("sharded"), "{err}");
         check_out(out, ExportFormat::Lora, false).unwrap();
+
+        // An adapter `--out` naming a file: that file is what it would replace.
+        let file = out.join("my_lora.safetensors");
+        check_out(&file, ExportFormat::Lora, false).unwrap();
+        std::fs::write(&file, b"adapter").unwrap();
+        for format in [ExportFormat::Lora, ExportFormat::Comfyui] {
+            let err = check_out(&file, format, false).unwrap_err().to_string();
+            assert!(
+                err.contains("my_lora.safetensors") && err.contains("--force"),
+                "{err}"
+            );
+            check_out(&file, format, true).unwrap();
+        }
     }
 
     #[test]
@@ -344,6 +359,13 @@ mod tests {
         assert!(err.contains("role `teacher`"), "{err}");
         let err = refused(dir.path(), ExportFormat::Diffusers).unwrap();
         assert!(err.contains("role `student`"), "{err}");
+        // An adapter `--out` naming a role's weights file would replace it, even with
+        // `--force`.
+        let file = dir.path().join(WEIGHTS_FILE);
+        for format in [ExportFormat::Lora, ExportFormat::Comfyui] {
+            let err = refused(&file, format).unwrap();
+            assert!(err.contains("role `student`"), "{err}");
+        }
         // An adapter file beside a role's weights replaces nothing.
         assert_eq!(refused(&model, ExportFormat::Lora), None);
         assert_eq!(refused(dir.path(), ExportFormat::Comfyui), None);

@@ -44,14 +44,22 @@ pub struct LoraFile {
     pub style: KeyStyle,
 }
 
-/// `path` itself when it names a `.safetensors` file, else `path/<default_name>` (the folder
-/// is created).
-fn adapter_path(path: &Path, default_name: &str) -> Result<PathBuf, LoraError> {
+/// The file an adapter saved at `path` goes to: `path` itself when it names a `.safetensors`
+/// file (not a folder), else `path/<default_name>`.
+pub fn adapter_target(path: &Path, default_name: &str) -> PathBuf {
     if !path.is_dir() && path.extension().is_some_and(|e| e == "safetensors") {
-        return Ok(path.to_path_buf());
+        return path.to_path_buf();
     }
-    std::fs::create_dir_all(path).map_err(|e| file_err(path, e.to_string()))?;
-    Ok(path.join(default_name))
+    path.join(default_name)
+}
+
+/// [`adapter_target`], with its folder created.
+fn adapter_path(path: &Path, default_name: &str) -> Result<PathBuf, LoraError> {
+    let target = adapter_target(path, default_name);
+    if target != path {
+        std::fs::create_dir_all(path).map_err(|e| file_err(path, e.to_string()))?;
+    }
+    Ok(target)
 }
 
 /// Write the adapter of `model` as a diffusers LoRA file with `spec` as its metadata. `path`

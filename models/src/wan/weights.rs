@@ -159,6 +159,10 @@ impl<B: Backend> WanModel<B> {
             path: dir.to_path_buf(),
             error,
         })?;
+        // The weights first: a failed write (a full disk) leaves no new config beside the
+        // old weights.
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        module_to_safetensors_as(self, dir.join(WEIGHTS_FILE), Some(meta), dtype)?;
         let config_path = dir.join(CONFIG_FILE);
         let json = self.config.to_json_string() + "\n";
         reel_core::io::replace_file(&config_path, json.as_bytes()).map_err(|error| {
@@ -166,8 +170,6 @@ impl<B: Backend> WanModel<B> {
                 path: config_path.clone(),
                 error,
             }
-        })?;
-        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        module_to_safetensors_as(self, dir.join(WEIGHTS_FILE), Some(meta), dtype)
+        })
     }
 }
