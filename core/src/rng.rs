@@ -33,12 +33,13 @@ impl RunRng {
         self.seed
     }
 
-    /// A generator for one purpose at one step. `stream` separates independent uses inside the
-    /// same step (noise, timesteps, dropout...); `micro` is the micro-batch index.
-    pub fn stream(&self, step: u64, micro: u64, stream: &str) -> StreamRng {
+    /// A generator for one purpose at one step. `key` tells the draws of a step apart (a
+    /// sample's [`Batch::keys`](crate::method::Batch::keys) entry, or a clip's index);
+    /// `stream` separates independent uses inside the same step (noise, timesteps, dropout...).
+    pub fn stream(&self, step: u64, key: u64, stream: &str) -> StreamRng {
         let mut h = mix(self.seed ^ 0x5EED);
         h = mix(h ^ step);
-        h = mix(h ^ micro.wrapping_mul(0x1000_0001));
+        h = mix(h ^ key.wrapping_mul(0x1000_0001));
         for b in stream.bytes() {
             h = mix(h ^ b as u64);
         }

@@ -73,7 +73,8 @@ pub fn drop_text<B: Backend>(
         .add(neg.mul(keep.neg().add_scalar(1.0)))
 }
 
-/// Initial noise for a sampling request: prompt `i` draws from a stream of `(seed, i)`.
+/// Initial noise for a sampling request: prompt `i` draws from a stream of
+/// `(seed, first_index + i)`.
 pub fn request_noise<B: Backend>(req: &SampleRequest, device: &B::Device) -> Tensor<B, 5> {
     request_noise_of(req, 0..req.prompts.len(), device)
 }
@@ -85,7 +86,7 @@ fn request_noise_of<B: Backend>(
     device: &B::Device,
 ) -> Tensor<B, 5> {
     prompts_noise(req, range, device, |i| {
-        req.seed ^ (i as u64).wrapping_mul(0x9E37_79B9)
+        req.seed ^ ((req.first_index + i) as u64).wrapping_mul(0x9E37_79B9)
     })
 }
 
@@ -311,7 +312,7 @@ fn request_step_noise_of<B: Backend>(
 ) -> Tensor<B, 5> {
     prompts_noise(req, range, device, |i| {
         req.seed
-            ^ (i as u64).wrapping_mul(0x9E37_79B9)
+            ^ ((req.first_index + i) as u64).wrapping_mul(0x9E37_79B9)
             ^ (step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
     })
 }
@@ -393,6 +394,7 @@ mod tests {
             steps: None,
             guidance: None,
             seed: 3,
+            first_index: 0,
             spec: TINY_SPEC,
             progress: None,
         };

@@ -107,7 +107,7 @@ fn eval<B: ReelBackend>(
     let bar = progress::bar(args.clips as u64, "clips");
     let mut scores: Vec<ClipScore> = vec![];
     // The prompts of one batch at a time: `--clips` can be large without holding them all.
-    for (b, start) in (0..args.clips).step_by(batch).enumerate() {
+    for start in (0..args.clips).step_by(batch) {
         let chunk = (start..args.clips.min(start + batch))
             .map(|i| prompt(&*l.source, i))
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -116,7 +116,9 @@ fn eval<B: ReelBackend>(
             negative: Some(negative.clone()),
             steps: args.steps,
             guidance: args.guidance,
-            seed: args.seed.wrapping_add(b as u64 * 1_000_003),
+            seed: args.seed,
+            // Clip `i`'s noise whatever `--batch` is.
+            first_index: start,
             spec,
             progress: None,
         };

@@ -11,8 +11,7 @@ use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::data::{DataConfig as _, DataSource, DataSpec};
 use reel_core::method::TrainingMethod;
 use reel_core::trainer::{
-    build_method, final_shapes, holds_final_weights, load_checkpoint_into, load_final_into,
-    SHAPES_FILE,
+    build_method, final_shapes, holds_final_weights, load_final_into, SHAPES_FILE,
 };
 use reel_plugins::data::RandomDataConfig;
 
@@ -217,11 +216,9 @@ pub fn load<B: ReelBackend>(
     let mut method = build_method::<B>(loaded, &*source, &device)?;
     let mut ema = false;
     if let Some(dir) = &checkpoint {
-        if dir.join(MANIFEST).is_file() {
-            load_checkpoint_into(dir, &mut *method)?;
-        } else {
-            load_final_into(dir, &mut *method)?;
-        }
+        // Weights and EMA only, from a checkpoint as from `final/`: never the optimizer's
+        // moments (twice a full fine-tune's weights, on the device).
+        load_final_into(dir, &mut *method)?;
         if !src.no_ema {
             let role = method.sampling_role().to_string();
             for r in method.roles_mut() {

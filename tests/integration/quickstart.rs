@@ -68,6 +68,22 @@ fn short_quickstart_runs_end_to_end_and_evaluates() {
     assert!((0.0..=1.0).contains(&overall), "{report}");
     assert_eq!(report["clips"], 2);
     assert_eq!(report["ema"], true);
+    // The score does not depend on how the clips are batched: clip `i` draws the same noise
+    // in a batch of 2 as alone.
+    let alone = Command::new(BIN)
+        .args(["eval"])
+        .arg(&out)
+        .args(["--clips", "2", "--steps", "2", "--batch", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        alone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    let d = (alone["overall"].as_f64().unwrap() - overall).abs();
+    assert!(d < 1e-4, "{report} / {alone}");
 
     // The README's `reel sample` line: a prompt the synthetic data embeds, no text encoder.
     let samples = tmp.path().join("samples");

@@ -83,7 +83,9 @@ pub struct StepContext {
     pub num_micro: usize,
     /// Total steps of the run.
     pub max_steps: u64,
-    /// The run's generators: draw with `rng.stream(step, micro, "<purpose>")`.
+    /// The run's generators: draw a sample's numbers with
+    /// `rng.stream(step, batch.keys[i], "<purpose>")`, so that they do not depend on how the
+    /// samples are split into micro-batches or over workers.
     pub rng: RunRng,
 }
 
@@ -126,8 +128,13 @@ pub struct SampleRequest {
     pub steps: Option<usize>,
     /// Guidance scale (method default when `None`; 1 disables CFG).
     pub guidance: Option<f64>,
-    /// Seed of the initial noise; prompt `i` uses a stream derived from `(seed, i)`.
+    /// Seed of the initial noise; prompt `i` uses a stream derived from
+    /// `(seed, first_index + i)`.
     pub seed: u64,
+    /// The index of the first prompt in a longer series split into several requests (`reel
+    /// eval`'s batches), so that a clip's noise does not depend on how the series is split;
+    /// 0 for a lone request.
+    pub first_index: usize,
     /// Latent shape of the clips.
     pub spec: DataSpec,
     /// Told after each sampling step (`reel sample`'s progress bar); `None` when nobody

@@ -27,7 +27,7 @@ pub use state::{ema_file, final_shapes, optim_file, weights_file, SHAPES_FILE};
 
 use crate::backend::ReelBackend;
 use crate::callback::CallbackError;
-use crate::checkpoint::{CheckpointError, CheckpointStore, TrainerState, MANIFEST, STATE_FILE};
+use crate::checkpoint::{CheckpointError, CheckpointStore, MANIFEST, STATE_FILE};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::data::{DataError, DataSource, DataSpec};
 use crate::method::{BuildContext, MethodError, TrainingMethod};
@@ -263,17 +263,10 @@ pub fn build_method<B: ReelBackend>(
     })
 }
 
-/// Load a checkpoint folder into a freshly built method (for `sample` / `eval`).
-pub fn load_checkpoint_into<B: AutodiffBackend>(
-    dir: &Path,
-    method: &mut dyn TrainingMethod<B>,
-) -> Result<TrainerState, TrainError> {
-    state::restore(dir, method)
-}
-
-/// Load a run's `final/` weights (each trainable role's, and its EMA shadow where the run
-/// kept one) into a freshly built method, for `sample` / `eval`: the step's optimizer and
-/// method state are not there.
+/// Load the weights of a run's `final/` folder or of a checkpoint (each trainable role's,
+/// and its EMA shadow where the run kept one) into a freshly built method, for `sample` /
+/// `eval`. No optimizer or method state is read: a full fine-tune's AdamW moments are twice
+/// its weights, and sampling needs none of them.
 pub fn load_final_into<B: AutodiffBackend>(
     dir: &Path,
     method: &mut dyn TrainingMethod<B>,

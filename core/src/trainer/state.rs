@@ -128,7 +128,7 @@ pub(super) fn restore<B: AutodiffBackend>(
     Ok(state)
 }
 
-/// Load the weights a run published in `dir` (its `final/` folder: each trainable role's
+/// Load the weights in `dir` (a run's `final/` folder or a checkpoint: each trainable role's
 /// weights and, where the run kept one, its EMA shadow) into a freshly built method. No
 /// optimizer or method state is read: for `sample` and `eval`, not for resuming. A role
 /// without its file is an error naming the file.
@@ -140,7 +140,7 @@ pub(super) fn load_final<B: AutodiffBackend>(
         let name = role.name().to_string();
         let file = weights_file(&name);
         if !dir.join(&file).is_file() {
-            let why = format!("missing: the final weights hold no file of role `{name}`");
+            let why = format!("missing: the folder holds no weights file of role `{name}`");
             return Err(CheckpointError::io(&dir.join(&file), why).into());
         }
         let (w, _) = read_tensors(dir, &file)?;

@@ -42,6 +42,7 @@ fn request(steps: Option<usize>, guidance: Option<f64>) -> SampleRequest {
         steps,
         guidance,
         seed: 7,
+        first_index: 0,
         spec: SPEC,
         progress: None,
     }
@@ -173,6 +174,7 @@ fn method(target: TargetNetwork, decay: f64) -> Consistency<B> {
         teacher: Box::new(tiny().init_seeded::<I>(&dev, 3)),
         target,
         checkpointing: false,
+        followed: 0,
         device: dev,
     }
 }
@@ -253,6 +255,51 @@ fn the_ema_target_follows_the_student_and_never_gets_gradients() {
         weights(&m.student),
         "the EMA target lags the student"
     );
+}
+
+#[test]
+fn the_ema_target_follows_each_update_once() {
+    let _turn = reel_core::parallel::autodiff_turn();
+    let mut m = method(TargetNetwork::Ema, 0.5);
+    let target = |m: &Consistency<B>| weights(m.target.as_ref().unwrap());
+    m.micro_step(&batch(), &ctx(0)).unwrap();
+    m.student.apply_update(0, 1.0);
+    // Step 1 follows the update of step 0; its update is skipped (non-finite): step 2 does
+    // not move the target again.
+    m.micro_step(&batch(), &ctx(1)).unwrap();
+    let after_1 = target(&m);
+    m.student.discard_grads();
+    m.micro_step(&batch(), &ctx(2)).unwrap();
+    assert_eq!(target(&m), after_1, "moved without an update");
+    // A checkpoint written mid-step 2 (after the move) and resumed at step 2: not followed
+    // twice.
+    let state = m.state();
+    let mut resumed = method(TargetNetwork::Ema, 0.5);
+    resumed
+        .student
+        .load_trainable_tensors(&host(&m.student))
+        .unwrap();
+    let (moments, steps) = (m.student.optimizer_tensors(), m.student.optimizer_steps());
+    let moments = moments.into_iter().collect();
+    resumed
+        .student
+        .load_optimizer_tensors(&moments, steps)
+        .unwrap();
+    let t = resumed.target.as_mut().unwrap();
+    t.load_trainable_tensors(&host(m.target.as_ref().unwrap()))
+        .unwrap();
+    resumed.load_state(&state).unwrap();
+    resumed.micro_step(&batch(), &ctx(2)).unwrap();
+    assert_eq!(target(&resumed), after_1, "followed again on resume");
+    // The next update is followed.
+    resumed.student.apply_update(2, 1.0);
+    resumed.micro_step(&batch(), &ctx(3)).unwrap();
+    assert_ne!(target(&resumed), after_1);
+}
+
+/// A role's trainable tensors by name, as host tensors.
+fn host(role: &TrainableRole<B, DynModel<B>>) -> BTreeMap<String, burn::tensor::TensorData> {
+    role.trainable_tensors().into_iter().collect()
 }
 
 #[test]

@@ -200,6 +200,7 @@ fn sampler_is_deterministic_and_honours_steps() {
         steps: None,
         guidance: None,
         seed: 7,
+        first_index: 0,
         spec,
         progress: None,
     };

@@ -96,7 +96,7 @@ fn media_config(args: &SampleArgs) -> anyhow::Result<ValidationConfig> {
         every_steps: 1,
         sampling_steps: args.steps,
         guidance_scale: args.guidance,
-        num_prompts: usize::MAX,
+        num_prompts: Some(usize::MAX),
         seed: args.seed,
         use_ema: false,
         at_end: false,
@@ -179,6 +179,9 @@ fn sample<B: ReelBackend>(
     loaded: &reel_core::config::LoadedConfig,
 ) -> anyhow::Result<()> {
     let cfg = media_config(args)?;
+    // The VAE, text encoder and tokenizer open (headers only) before any weights load.
+    cfg.check_files(&|p| loaded.resolve(p))
+        .map_err(flag_error)?;
     super::inference::check_steps(args.steps, loaded)?;
     // Checked before the weights are loaded, which can take minutes. With a text encoder the
     // prompts need not come from the data: its shapes suffice, and with a size the models'
@@ -256,6 +259,7 @@ fn sample<B: ReelBackend>(
         steps: args.steps,
         guidance: args.guidance,
         seed: args.seed,
+        first_index: 0,
         spec,
         progress: Some(step_progress(captions.len())),
     };

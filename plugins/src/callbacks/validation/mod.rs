@@ -3,7 +3,7 @@
 //!
 //! Every `every_steps` steps (and after the last step with `at_end`), one
 //! [`TrainingMethod::sample`](reel_core::method::TrainingMethod::sample) call generates a clip
-//! for each of the first `num_prompts` prompts of the data source, with the sampling role's EMA
+//! for each of the first `num_prompts` prompts (of `prompts`, else of the data source), with the sampling role's EMA
 //! shadow swapped in when `use_ema` is set and a shadow exists. It writes
 //! `<run>/samples/step-<N>/`:
 //! - `<i>-<caption>.gif`: one looping GIF per prompt (spaces in the caption become `_`),
@@ -24,7 +24,7 @@
 //! every_steps = 100     # required
 //! sampling_steps = 8    # default: the method's
 //! guidance_scale = 3.0  # default: the method's
-//! num_prompts = 8       # the first N prompts of the data
+//! num_prompts = 8       # the first N prompts (default: all of `prompts`, else 8 of the data's)
 //! seed = 0              # initial-noise seed (the same noise at every validation)
 //! use_ema = true        # sample with the EMA shadow when there is one
 //! at_end = true         # also validate after the last step
@@ -42,7 +42,8 @@ use reel_core::callback::{
     ValidationReport,
 };
 use reel_core::config::{check, ConfigError};
-use reel_core::data::{ClipScore, DataSpec};
+use reel_core::data::Prompt;
+use reel_core::data::{ClipScore, DataSpec, TextCondition};
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
@@ -53,9 +54,9 @@ use super::{io_error, print_line};
 /// The run folder's entry the validations write into (`samples/step-<N>/`).
 pub const SAMPLES_DIR: &str = "samples";
 
-fn default_num_prompts() -> usize {
-    8
-}
+/// How many of the data's prompts a validation samples when `num_prompts` is not set.
+pub const DATA_PROMPTS: usize = 8;
+
 fn yes() -> bool {
     true
 }
@@ -75,9 +76,10 @@ pub struct ValidationConfig {
     /// Classifier-free guidance scale (default: the method's own default).
     #[serde(default)]
     pub guidance_scale: Option<f64>,
-    /// How many of the data's validation prompts to sample, from the first (default 8).
-    #[serde(default = "default_num_prompts")]
-    pub num_prompts: usize,
+    /// How many prompts to sample, from the first: by default every one of `prompts`, else
+    /// the data's first [`DATA_PROMPTS`].
+    #[serde(default)]
+    pub num_prompts: Option<usize>,
     /// Seed of the initial noise (default 0); the same at every validation so that clips are
     /// comparable over training.
     #[serde(default)]
@@ -140,7 +142,9 @@ impl CallbackConfig for ValidationConfig {
         if let Some(g) = self.guidance_scale {
             check::positive_f64("guidance_scale", g)?;
         }
-        check::positive_usize("num_prompts", self.num_prompts)?;
+        if let Some(n) = self.num_prompts {
+            check::positive_usize("num_prompts", n)?;
+        }
         check::positive_f64("fps", self.fps)?;
         check::in_range("fps", self.fps, 0.0, 1000.0)?;
         if let Some(t) = self.vae_tile {
@@ -209,8 +213,13 @@ impl<B: AutodiffBackend> BuildCallback<B> for ValidationConfig {
 pub struct ValidationCallback<B: AutodiffBackend> {
     cfg: ValidationConfig,
     warned_no_prompts: std::cell::Cell<bool>,
-    /// The VAE and text encoder, loaded at the first validation.
+    /// The VAE (and, until the prompts are encoded, the text encoder), loaded at the first
+    /// validation.
     models: Option<MediaModels<B::InnerBackend>>,
+    /// The prompts and the negative text, encoded at the first validation: the text encoder
+    /// (UMT5-XXL: about 23 GB in float32) is then dropped rather than held on the training
+    /// device for the rest of the run.
+    texts: Option<(Vec<Prompt>, TextCondition)>,
 }
 
 impl<B: AutodiffBackend> ValidationCallback<B> {
@@ -220,7 +229,25 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             cfg,
             warned_no_prompts: std::cell::Cell::new(false),
             models: None,
+            texts: None,
         }
+    }
+
+    /// The prompts to sample and the negative text: encoded once, then the text encoder is
+    /// dropped.
+    fn texts(
+        &mut self,
+        ctx: &CallbackContext<B>,
+        spec: &DataSpec,
+    ) -> Result<(Vec<Prompt>, TextCondition), CallbackError> {
+        if self.texts.is_none() {
+            let models = self.models.as_mut().expect("loaded before the texts");
+            let prompts = models.prompts(&self.cfg, ctx.data, spec)?;
+            let negative = models.negative(&self.cfg, ctx.data, spec)?;
+            models.text = None;
+            self.texts = Some((prompts, negative));
+        }
+        Ok(self.texts.clone().expect("encoded above"))
     }
 
     /// Sample, write and score one validation at `ctx.step`. `None` when the data has no
@@ -234,9 +261,9 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         if self.models.is_none() {
             self.models = Some(MediaModels::load(&self.cfg, ctx.device)?);
         }
-        let models = self.models.as_ref().expect("loaded above");
         let spec = ctx.data.spec();
-        let prompts = models.prompts(&self.cfg, ctx.data, &spec)?;
+        let (prompts, negative) = self.texts(ctx, &spec)?;
+        let models = self.models.as_ref().expect("loaded above");
         if prompts.is_empty() {
             if !self.warned_no_prompts.replace(true) {
                 print_line("reel: warning: validation: the data source has no prompts; skipped");
@@ -246,10 +273,11 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         let captions: Vec<String> = prompts.iter().map(|p| p.caption.clone()).collect();
         let req = SampleRequest {
             prompts,
-            negative: Some(models.negative(&self.cfg, ctx.data, &spec)?),
+            negative: Some(negative),
             steps: self.cfg.sampling_steps,
             guidance: self.cfg.guidance_scale,
             seed: self.cfg.seed,
+            first_index: 0,
             spec,
             progress: Some(watch::sampling_watcher(step)),
         };
@@ -371,7 +399,7 @@ mod tests {
         let cfg = parse("every_steps = 5").unwrap();
         assert_eq!(
             (cfg.num_prompts, cfg.seed, cfg.use_ema, cfg.at_end),
-            (8, 0, true, true)
+            (None, 0, true, true)
         );
         assert_eq!((cfg.sampling_steps, cfg.guidance_scale), (None, None));
         assert!(cfg.due(10, false) && !cfg.due(7, false) && cfg.due(7, true));

@@ -115,7 +115,8 @@ pub fn check_data(
 }
 
 impl<B: Backend> MediaModels<B> {
-    /// Load what `cfg` names onto `device`.
+    /// Load what `cfg` names onto `device` (the text encoder only where `prompts` or
+    /// `negative_prompt` are set: nothing else needs it).
     pub fn load(cfg: &ValidationConfig, device: &B::Device) -> Result<Self, CallbackError> {
         let decoder = match &cfg.vae {
             Some(p) => {
@@ -130,8 +131,10 @@ impl<B: Backend> MediaModels<B> {
         };
         let tokenizer = tokenizer_path(cfg, &Path::to_path_buf)
             .map_err(|e| CallbackError::Other(format!("validation: {e}")))?;
+        // Nothing to encode (the data's prompts and negative): not loaded.
+        let needed = !cfg.prompts.is_empty() || cfg.negative_prompt.is_some();
         let text = match (&cfg.text_encoder, tokenizer) {
-            (Some(enc), Some(tok)) => Some(
+            (Some(enc), Some(tok)) if needed => Some(
                 Umt5TextEncoder::load(tok, enc, device)
                     .map_err(|e| failed("the text encoder", enc, e))?,
             ),
@@ -140,22 +143,26 @@ impl<B: Backend> MediaModels<B> {
         Ok(Self { decoder, text })
     }
 
-    /// The prompts to sample: `cfg.prompts` encoded with the text encoder, else the data's
-    /// first `num_prompts`.
+    /// The prompts to sample: `cfg.prompts` encoded with the text encoder (the first
+    /// `num_prompts`, all by default), else the data's first `num_prompts`
+    /// ([`DATA_PROMPTS`](super::DATA_PROMPTS) by default).
     pub fn prompts(
         &self,
         cfg: &ValidationConfig,
         data: &dyn DataSource,
         spec: &DataSpec,
     ) -> Result<Vec<Prompt>, CallbackError> {
-        let n = cfg.num_prompts;
         match &self.text {
             Some(enc) if !cfg.prompts.is_empty() => {
+                let n = cfg.num_prompts.unwrap_or(usize::MAX);
                 let captions: Vec<String> = cfg.prompts.iter().take(n).cloned().collect();
                 encode_prompts(enc, &captions, spec.text_len)
                     .map_err(|e| CallbackError::Other(format!("validation: prompts: {e}")))
             }
-            _ => Ok(data.prompts().into_iter().take(n).collect()),
+            _ => {
+                let n = cfg.num_prompts.unwrap_or(super::DATA_PROMPTS);
+                Ok(data.prompts().into_iter().take(n).collect())
+            }
         }
     }
 
