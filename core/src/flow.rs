@@ -119,7 +119,18 @@ impl TimestepDensity {
                 check::positive_f64("logit_std", logit_std)
             }
             TimestepDensity::Mode { mode_scale } => {
-                check::in_range("mode_scale", mode_scale, 0.0, 1.8)
+                // SD3's bound: above 2/(π−2) the map from u to σ is no longer monotone.
+                let max = 2.0 / (std::f64::consts::PI - 2.0);
+                if (0.0..=max).contains(&mode_scale) {
+                    return Ok(());
+                }
+                Err(ConfigError::new(
+                    "mode_scale",
+                    format!(
+                        "expected a number in [0, {max:.4}] (2/(π−2): above it the map from u \
+                         to σ is no longer monotone), got {mode_scale}"
+                    ),
+                ))
             }
         }
     }

@@ -677,6 +677,31 @@ fn distillation_options_name_their_keys() {
             "method.ema_decay=1.0",
             &["method.ema_decay", "[0, 1)"][..],
         ),
+        // Values whose float32 form breaks the loss.
+        (
+            cons,
+            "cons.toml",
+            "method.huber_c=1e20",
+            &["method.huber_c", "[0.000000000001, 1000]"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.r1_epsilon=1e-24",
+            &["method.r1_epsilon", "[0.0001, 10]"][..],
+        ),
+        (
+            gan,
+            "gan.toml",
+            "method.max_timestep_ratio=0.0",
+            &["method.max_timestep_ratio", "must be above 0"][..],
+        ),
+        (
+            adv,
+            "adv.toml",
+            "method.sigma_density={kind=\"mode\",mode_scale=1.8}",
+            &["method.sigma_density.mode_scale", "no longer monotone"][..],
+        ),
     ] {
         let err = parse_run_config(text, Path::new(file), &[set.to_string()])
             .expect_err(set)

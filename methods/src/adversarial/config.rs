@@ -100,6 +100,9 @@ impl MethodConfig for AdversarialConfig {
         check::non_negative_f64("flow_matching_weight", self.flow_matching_weight)?;
         check::non_negative_f64("r1_weight", self.r1_weight)?;
         check::positive_f64("r1_epsilon", self.r1_epsilon)?;
+        // The estimate divides a float32 difference of discriminator outputs by ε²: below
+        // 1e-4 it is mostly rounding, and ε² soon becomes 0.
+        check::in_range("r1_epsilon", self.r1_epsilon, 1e-4, 10.0)?;
         check::positive_usize("discriminator_interval", self.discriminator_interval)?;
         if let Some(p) = &self.discriminator_optimizer {
             p.validate()

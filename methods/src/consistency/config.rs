@@ -150,7 +150,9 @@ impl MethodConfig for ConsistencyConfig {
         check::positive_f64("shift", self.shift)?;
         check::non_negative_f64("distill_cfg", self.distill_cfg)?;
         check::non_negative_f64("pred_decay_weight", self.pred_decay_weight)?;
+        // c² enters the float32 loss: 1e-12 to 1e3 keeps it a normal float32.
         check::positive_f64("huber_c", self.huber_c)?;
+        check::in_range("huber_c", self.huber_c, 1e-12, 1e3)?;
         check::in_half_open("ema_decay", self.ema_decay, 0.0, 1.0)?;
         if let Some(s) = self.sample_steps {
             check::sampling_steps("sample_steps", s)?;
@@ -172,11 +174,11 @@ impl MethodConfig for ConsistencyConfig {
         ]
     }
 
-    /// The student can be block-checkpointed.
     fn max_sampling_steps(&self) -> Option<(usize, &'static str)> {
         Some((self.num_euler_timesteps, "num_euler_timesteps"))
     }
 
+    /// The student can be block-checkpointed.
     fn supports_gradient_checkpointing(&self) -> bool {
         true
     }

@@ -9,7 +9,7 @@ use reel_core::method::{
     TrainingMethod,
 };
 use reel_core::model::{DiffusionModel, DynModel};
-use reel_core::role::TrainableRole;
+use reel_core::role::{RoleHandle as _, TrainableRole};
 
 use super::config::{ConsistencyConfig, TargetNetwork};
 use super::schedule::PhaseSchedule;
@@ -138,6 +138,7 @@ impl<B: AutodiffBackend> BuildMethod<B> for ConsistencyConfig {
             teacher,
             target,
             checkpointing: ctx.role("student")?.gradient_checkpointing,
+            followed: 0,
             device: ctx.device.clone(),
         }))
     }
@@ -157,8 +158,15 @@ pub struct Consistency<B: AutodiffBackend> {
     pub(crate) target: Option<TrainableRole<B, DynModel<B>>>,
     /// Block-level activation checkpointing of the student.
     pub(crate) checkpointing: bool,
+    /// The student's optimizer steps when the EMA target last followed it (saved with the
+    /// method's state).
+    pub(crate) followed: u64,
     pub(crate) device: B::Device,
 }
+
+/// The key of [`Consistency`]'s method state: the student's optimizer steps when the EMA
+/// target last followed it.
+const FOLLOWED: &str = "target_followed_student_step";
 
 impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
     fn micro_step(
@@ -166,12 +174,16 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
         batch: &Batch<B>,
         ctx: &StepContext,
     ) -> Result<StepOutput<B>, MethodError> {
-        // The EMA target follows the student after every optimizer step; doing it at the
-        // start of the next step keeps it a function of the checkpointed state.
-        if ctx.micro == 0 && ctx.step > 0 {
+        // The EMA target follows the student after each of its updates, at the start of the
+        // next step: once per update, counted by the student's optimizer steps, so that a
+        // skipped update (non-finite) moves nothing and a checkpoint written mid-step (a
+        // stop, a bad record) is not followed again on resume.
+        let updates = self.student.optimizer_steps();
+        if updates > self.followed {
             if let Some(t) = &mut self.target {
                 t.follow(&self.student, self.cfg.ema_decay);
             }
+            self.followed = updates;
         }
         let idx = &batch.keys;
         let dims = batch.latents.dims();
@@ -257,6 +269,21 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
             self.student.accumulate(&grads, scale);
         }
         Ok(out.expect("the objective ran"))
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::json!({ FOLLOWED: self.followed })
+    }
+
+    fn load_state(&mut self, state: &serde_json::Value) -> Result<(), MethodError> {
+        // A checkpoint of an earlier version (no state) was saved between an update and the
+        // target's move after it.
+        let before = self.student.optimizer_steps().saturating_sub(1);
+        self.followed = state
+            .get(FOLLOWED)
+            .and_then(|v| v.as_u64())
+            .unwrap_or(before);
+        Ok(())
     }
 
     fn sample(&mut self, req: &SampleRequest) -> Result<Vec<Vec<f32>>, MethodError> {

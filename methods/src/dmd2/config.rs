@@ -191,6 +191,13 @@ impl MethodConfig for Dmd2Config {
         check::non_negative_f64("guidance_scale", self.guidance_scale)?;
         check::in_range("min_timestep_ratio", self.min_timestep_ratio, 0.0, 1.0)?;
         check::in_range("max_timestep_ratio", self.max_timestep_ratio, 0.0, 1.0)?;
+        if self.max_timestep_ratio == 0.0 {
+            return Err(ConfigError::new(
+                "max_timestep_ratio",
+                "must be above 0: at a score σ of 0 the critic's, the teacher's and the data's \
+                 x0 agree, and the DMD gradient is 0 at every step",
+            ));
+        }
         if self.min_timestep_ratio > self.max_timestep_ratio {
             return Err(ConfigError::new(
                 "min_timestep_ratio",

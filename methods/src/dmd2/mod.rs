@@ -88,7 +88,9 @@ impl<B: AutodiffBackend> BuildMethod<B> for Dmd2Config {
             Some(TrainableRole::new(
                 "discriminator",
                 heads,
-                ctx.role_optimizer("discriminator", self.critic_optimizer.as_ref()),
+                // The critic's settings, its role table's `optimizer` included (there is
+                // no `[models.discriminator]`).
+                ctx.role_optimizer("critic", self.critic_optimizer.as_ref()),
                 ctx.role_max_grad_norm("critic"),
                 max_steps,
             ))
