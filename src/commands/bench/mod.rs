@@ -115,9 +115,10 @@ pub struct BenchArgs {
     /// data; `--backend`, `--shape`, `--method` and friends do not apply).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// With `--breakdown`: override a key of the run config (`--config`, or the one generated
-    /// from the preset), as `reel train --set` does (repeatable), e.g. `optimizer.fused=false`.
-    #[arg(long, value_name = "KEY=VALUE", requires = "breakdown")]
+    /// With `--breakdown` or `--devices`: override a key of the run config (`--config`, or the
+    /// one generated from the preset), as `reel train --set` does (repeatable), e.g.
+    /// `optimizer.fused=false`.
+    #[arg(long, value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// With `--config`: drop every role's `weights` (random weights of the same shapes) and the
     /// validation callbacks' VAE and text encoder (they sample latents of the data's prompts).
@@ -128,7 +129,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR|config.json|wan2.1")]
     pub vae: Option<String>,
     /// With `--vae`: the video's frames, height and width in pixels.
-    #[arg(long, num_args = 3, value_names = ["F", "H", "W"], default_values_t = vec![81, 480, 832])]
+    #[arg(long, num_args = 3, value_names = ["F", "H", "W"], default_values_t = vec![81, 480, 832], requires = "vae")]
     pub video: Vec<usize>,
     /// With `--vae`: decode and encode in overlapping square tiles of this many pixels.
     #[arg(long, requires = "vae")]
@@ -505,12 +506,51 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
             encoders::umt5_config(spec).with_context(|| format!("--text-encoder {spec}"))?;
         limits::check_text_encoder_memory(args, spec, &config)?;
     }
+    check_flags_apply(args)?;
     let no_bf16 = matches!(args.backend, BackendName::Cpu | BackendName::Wgpu);
     if args.dtype == Precision::Bf16 && no_bf16 && args.config.is_none() {
         anyhow::bail!(
             "--dtype bf16 needs bfloat16 kernels, which --backend {} lacks: use --backend cuda \
              or --backend flex",
             args.backend
+        );
+    }
+    Ok(())
+}
+
+/// Refuse flags that the chosen bench would ignore: a table that looks like it measured them
+/// would not have.
+fn check_flags_apply(args: &BenchArgs) -> anyhow::Result<()> {
+    let trains = args.breakdown || args.devices.is_some();
+    let encoders = args.vae.is_some() || args.text_encoder.is_some();
+    if !args.set.is_empty() && !trains {
+        anyhow::bail!("--set changes the run of --breakdown or --devices; give one of them");
+    }
+    if args.method != "finetune" && !trains {
+        anyhow::bail!(
+            "--method {} is the method of --breakdown or --devices; give one of them",
+            args.method
+        );
+    }
+    if encoders && args.dtype != Precision::F32 {
+        anyhow::bail!("--vae and --text-encoder time the encoders in float32: drop --dtype");
+    }
+    let one_preset = [
+        ("--attention-only", args.attention_only),
+        ("--matmul-only", args.matmul_only),
+        ("--devices", args.devices.is_some() && args.config.is_none()),
+    ];
+    for (flag, _) in one_preset.into_iter().filter(|(_, on)| *on) {
+        anyhow::ensure!(
+            args.presets.len() == 1,
+            "{flag} benches one --preset, {} were given",
+            args.presets.len()
+        );
+    }
+    if args.devices.is_some() && args.lora_ranks.len() > 1 {
+        anyhow::bail!(
+            "--devices benches one --lora-rank, {} were given",
+            args.lora_ranks.len()
         );
     }
     Ok(())
@@ -623,6 +663,37 @@ mod tests {
             video.contains("--video") && video.contains("[81, 0, 832]"),
             "{video}"
         );
+    }
+
+    #[test]
+    fn flags_the_chosen_bench_would_ignore_are_refused() {
+        for (flags, want) in [
+            (
+                &["--set", "optimizer.fused=false"][..],
+                "--set changes the run",
+            ),
+            (&["--method", "dmd2"][..], "--method dmd2 is the method"),
+            (&["--vae", "wan2.1", "--dtype", "bf16"][..], "in float32"),
+            (
+                &[
+                    "--attention-only",
+                    "--preset",
+                    "wan-quickstart",
+                    "--preset",
+                    "wan-tiny",
+                ][..],
+                "--attention-only benches one --preset, 2 were given",
+            ),
+            (
+                &["--devices", "2", "--lora-rank", "0", "--lora-rank", "4"][..],
+                "--devices benches one --lora-rank",
+            ),
+        ] {
+            let e = refusal(flags);
+            assert!(e.contains(want), "{flags:?}: {e}");
+        }
+        let cli = Cli::try_parse_from(["bench", "--video", "9", "64", "64"]);
+        assert!(cli.is_err(), "--video without --vae parses");
     }
 
     #[test]

@@ -142,11 +142,13 @@ impl ClipStyle {
         }
     }
 
-    /// Decoded videos at `fps`: full size, 8 frames per sheet row of at most 160 px.
+    /// Decoded videos at `fps`: full size, 8 frames per sheet row of at most 160 px. The GIF's
+    /// frame delay is `fps`'s, in hundredths of a second, from 2 (viewers play a delay of 1
+    /// at 10 fps, so above 50 fps the GIF plays at 50) to the format's longest.
     pub fn video(fps: f64) -> Self {
         Self {
             scale: 1,
-            delay_cs: (100.0 / fps.max(1.0)).round().max(1.0) as u16,
+            delay_cs: (100.0 / fps).round().clamp(2.0, u16::MAX as f64) as u16,
             mp4_fps: Some(fps),
             sheet_frames: 8,
             sheet_width: 160,
@@ -389,8 +391,10 @@ mod tests {
             [160, 0, 0],
             "the last frame closes the row"
         );
+        // The GIF delay follows the rate, 2 to 65535 hundredths of a second.
+        let delays = [0.5, 16.0, 100.0, 1e-9].map(|fps| ClipStyle::video(fps).delay_cs);
+        assert_eq!(delays, [200, 6, 2, u16::MAX]);
         let style = ClipStyle::video(16.0);
-        assert_eq!(style.delay_cs, 6);
         let caps = vec!["a cat".to_string()];
         let files = write_clips(dir.path(), &[clip], &caps, &caps, &style).unwrap();
         let gif = &files[0];
