@@ -417,6 +417,40 @@ fn a_panicking_worker_stops_the_group_with_its_name_and_the_run_resumes() {
 }
 
 #[test]
+fn a_bad_record_on_one_worker_stops_a_dmd2_group_which_keeps_its_steps() {
+    // DMD2's generator loss averages its normaliser over the workers inside the forward: a
+    // worker that skipped the step's forwards for a bad record alone would leave the other
+    // waiting there.
+    let tmp = tempfile::tempdir().unwrap();
+    let method = "kind = \"dmd2\"\ndenoising_steps = [1000, 500]\ngenerator_update_interval = 1";
+    let text = distill_config(method, true, 3);
+    std::fs::write(tmp.path().join("run.toml"), text).unwrap();
+    let set = ["--set", "training.checkpoint_every=10"];
+    // The third batch the process reads: step 2, on one of the two workers.
+    let bad = reel_group(tmp.path(), "run", &set, Some("bad-record:3"));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{err}");
+    assert!(
+        err.contains("REEL_FAULT: record ")
+            && err.contains("the state after step 1 was saved first"),
+        "{err}"
+    );
+    for word in ["panicked", "collective"] {
+        assert!(!err.contains(word), "{err}");
+    }
+    let run_dir = tmp.path().join("run");
+    assert!(ckpt(&run_dir, 1).join("manifest.json").is_file(), "{err}");
+    let resume = [&set[..], &["--resume", "latest"]].concat();
+    let resumed = reel_group(tmp.path(), "run", &resume, None);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}");
+    assert!(
+        err.contains("resumed from") && err.contains("at step 1"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_launcher_needs_the_mpi_build_and_a_known_name() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("run.toml"), finetune("")).unwrap();

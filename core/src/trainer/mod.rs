@@ -97,9 +97,9 @@ pub enum TrainError {
         /// The checkpoint folder.
         checkpoint: PathBuf,
     },
-    /// A data record failed on one or more workers of a group. Every worker learned of it at
-    /// that step's gradient all-reduce and stopped there, before the step's update, so worker
-    /// 0 can checkpoint the steps before it whichever worker read the record.
+    /// A data record failed on one or more workers of a group. Every worker learned of it
+    /// once the step's data was read, before any forward, and stopped there, so worker 0 can
+    /// checkpoint the steps before it whichever worker read the record.
     #[error("{}", data_failed_text(workers, cause.as_deref()))]
     DataFailed {
         /// The global ranks of the workers whose record failed.
@@ -178,7 +178,7 @@ fn data_failed_text(workers: &[usize], cause: Option<&TrainError>) -> String {
     let list: Vec<String> = workers.iter().map(|r| r.to_string()).collect();
     format!(
         "a data record failed on worker {} (its error, naming the file and record, is printed \
-         above); every worker stopped before the step's update",
+         above); every worker stopped before the step",
         list.join(", ")
     )
 }

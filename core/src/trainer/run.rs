@@ -1,5 +1,6 @@
 //! [`Trainer`]: one training run, its loop split into small steps.
 
+mod data;
 mod step;
 
 use crate::console::say;

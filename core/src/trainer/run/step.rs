@@ -12,7 +12,7 @@ use super::Trainer;
 use crate::backend::ReelBackend;
 use crate::callback::StepReport;
 use crate::config::NonFinitePolicy;
-use crate::data::{to_device, DataError};
+use crate::data::{to_device, HostBatch};
 use crate::fault;
 use crate::method::StepContext;
 use crate::parallel::ParallelError;
@@ -56,29 +56,21 @@ impl<B: ReelBackend> Trainer<'_, B> {
         let _step = profile::enter::<B>("other", &device);
         let t0 = Instant::now();
         let cursor_before = self.loader.cursor();
-        let turn = self.seat.autodiff_turn();
-        let in_group = self.seat.collective().is_some();
-        let (parts, bad_data) = match self.forward_backward() {
-            Ok(parts) => (parts, None),
+        // Read (and, in a group, agreed on) before the autodiff turn: a worker waiting in
+        // a collective must not hold it.
+        let hosts = match profile::phase::<B, _>("data", &device, || self.read_step()) {
+            Ok(hosts) => hosts,
             // A bad record mid-run (the data set is read as it trains): nothing of this step
-            // was applied, so the state before it is checkpointed, at the data before it. In
-            // a group, the workers first agree on it at the all-reduce (below).
-            Err(TrainError::Data(e)) if in_group => (vec![], Some(e)),
-            Err(cause @ TrainError::Data(_)) => {
+            // was applied, so the state before it is checkpointed, at the data before it.
+            Err(cause @ (TrainError::Data(_) | TrainError::DataFailed { .. })) => {
                 return Err(self.save_after_failure(cause, cursor_before))
             }
             Err(e) => return Err(e),
         };
+        let turn = self.seat.autodiff_turn();
+        let parts = self.forward_backward(hosts)?;
         drop(turn);
-        let reduced =
-            profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads(bad_data));
-        if let Err(stop @ TrainError::DataFailed { .. }) = reduced {
-            for role in self.method.roles_mut() {
-                role.discard_grads();
-            }
-            return Err(self.save_after_failure(stop, cursor_before));
-        }
-        reduced?;
+        profile::phase::<B, _>("all-reduce", &device, || self.all_reduce_grads())?;
         let reduced =
             profile::phase::<B, _>("host sync (losses, norms)", &device, || self.reduce(parts))?;
         // Every call queued during the step has run by the host sync.
@@ -128,14 +120,14 @@ impl<B: ReelBackend> Trainer<'_, B> {
         profile::phase::<B, _>("checkpoint", &device, || self.checkpoint_if_due())
     }
 
-    /// Forward and backward of every micro-batch of the step; the losses stay on the device.
-    fn forward_backward(&mut self) -> Result<LossParts<B>, TrainError> {
-        let accum = self.loaded.config.training.grad_accumulation;
+    /// Forward and backward of every micro-batch of the step (`hosts`, one each); the losses
+    /// stay on the device.
+    fn forward_backward(&mut self, hosts: Vec<HostBatch>) -> Result<LossParts<B>, TrainError> {
+        let accum = hosts.len();
         let spec = self.source.spec();
         let mut parts: LossParts<B> = vec![];
-        for micro in 0..accum {
+        for (micro, host) in hosts.into_iter().enumerate() {
             let data = profile::enter::<B>("data", &self.device);
-            let host = self.loader.next_batch()?;
             let batch = to_device::<B>(&host, &spec, &self.negative, &self.device);
             drop(data);
             let ctx = StepContext {
@@ -160,14 +152,11 @@ impl<B: ReelBackend> Trainer<'_, B> {
     }
 
     /// In a group: average every updating role's pending gradients over the workers (after
-    /// checking that all workers hold the same gradients to average). `bad_data`: this
-    /// worker's data error of the step, which every worker learns of here and stops at with
-    /// [`TrainError::DataFailed`].
-    fn all_reduce_grads(&mut self, bad_data: Option<DataError>) -> Result<(), TrainError> {
+    /// checking that all workers hold the same gradients to average).
+    fn all_reduce_grads(&mut self) -> Result<(), TrainError> {
         let Some(collective) = self.seat.collective() else {
             return Ok(());
         };
-        let (rank, workers) = (self.seat.rank, self.seat.workers);
         let mut roles = self.method.roles_mut();
         // Counts below 2^12, so that the sum over up to 4096 workers (2^24) is exact in
         // float32 and the mean of equal counts is the count itself.
@@ -181,33 +170,25 @@ impl<B: ReelBackend> Trainer<'_, B> {
                 ]
             })
             .collect();
-        // Then one slot per worker, non-zero where its data failed.
-        let mut local = counts.clone();
-        local.extend((0..workers).map(|r| (r == rank && bad_data.is_some()) as u8 as f32));
-        let local = Tensor::from_data(TensorData::new(local.clone(), [local.len()]), &self.device);
-        let mut agreed = collective
-            .mean(local)?
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap_or_default();
-        let failed: Vec<usize> = agreed
-            .split_off(counts.len().min(agreed.len()))
-            .iter()
-            .enumerate()
-            .filter(|(_, &v)| v > 0.0)
-            .map(|(r, _)| r)
-            .collect();
-        if !failed.is_empty() || bad_data.is_some() {
-            return Err(data_failed(rank, self.seat.device, failed, bad_data));
-        }
-        if agreed != counts {
-            return Err(ParallelError::Mismatch {
-                rank,
-                detail: format!(
-                    "(tensors, values) mod 4096 per role here {counts:?}, mean over the workers {agreed:?}"
-                ),
+        if !counts.is_empty() {
+            let local = Tensor::from_data(
+                TensorData::new(counts.clone(), [counts.len()]),
+                &self.device,
+            );
+            let agreed = collective
+                .mean(local)?
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap_or_default();
+            if agreed != counts {
+                return Err(ParallelError::Mismatch {
+                    rank: self.seat.rank,
+                    detail: format!(
+                        "(tensors, values) mod 4096 per role here {counts:?}, mean over the workers {agreed:?}"
+                    ),
+                }
+                .into());
             }
-            .into());
         }
         for role in roles.iter_mut() {
             role.map_grads(&mut |grads| collective.mean_all(grads))?;
@@ -304,27 +285,5 @@ impl<B: ReelBackend> Trainer<'_, B> {
                 })
             }
         }
-    }
-}
-
-/// The error every worker stops with when the data of the `failed` workers failed this step;
-/// each of them (`own`: this worker's error) prints its error, unless it is worker 0, whose
-/// error the run reports.
-fn data_failed(
-    rank: usize,
-    device: usize,
-    mut failed: Vec<usize>,
-    own: Option<DataError>,
-) -> TrainError {
-    if own.is_some() && !failed.contains(&rank) {
-        failed.push(rank);
-    }
-    let cause = own.map(|e| Box::new(TrainError::Data(e)));
-    if let Some(e) = cause.as_ref().filter(|_| rank != 0) {
-        say(&format!("reel: worker {rank} (device {device}): {e}"));
-    }
-    TrainError::DataFailed {
-        workers: failed,
-        cause,
     }
 }
