@@ -127,17 +127,9 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
     Ok(())
 }
 
-/// Rebuild role `name` from the config and load the checkpoint file into its trainable
-/// parameters; returns the model (inference backend) and the file used.
-pub fn load_role_weights(
-    loaded: &LoadedConfig,
-    name: &str,
-    dir: &Path,
-    ema: bool,
-) -> anyhow::Result<(
-    WanModel<<CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend>,
-    PathBuf,
-)> {
+/// Refuse a role `reel export` cannot export: one the config lacks, one of another
+/// architecture than Wan, a frozen one (its checkpoint holds no weights).
+fn check_role(loaded: &LoadedConfig, name: &str) -> anyhow::Result<()> {
     let cfg = &loaded.config;
     let Some(role) = cfg.models.get(name) else {
         bail!(
@@ -154,6 +146,23 @@ pub fn load_role_weights(
     if !role.trainable {
         bail!("role `{name}` is frozen: its checkpoint holds no weights (export its `weights` directly)");
     }
+    Ok(())
+}
+
+/// Rebuild role `name` from the config and load the checkpoint file into its trainable
+/// parameters; returns the model (inference backend) and the file used.
+pub fn load_role_weights(
+    loaded: &LoadedConfig,
+    name: &str,
+    dir: &Path,
+    ema: bool,
+) -> anyhow::Result<(
+    WanModel<<CpuBackend as burn::tensor::backend::AutodiffBackend>::InnerBackend>,
+    PathBuf,
+)> {
+    check_role(loaded, name)?;
+    let cfg = &loaded.config;
+    let role = &cfg.models[name];
     let file = dir.join(if ema {
         ema_file(name)
     } else {
@@ -228,7 +237,8 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<()> {
         .filter_map(|(name, role)| Some((name.clone(), loaded.resolve(role.weights.as_ref()?))))
         .collect();
     check_not_weights(&args.out, args.format, &weights)?;
-    // Before any weights load: an adapter export needs a LoRA adapter.
+    // Before any weights load: an exportable role, and for an adapter export, its adapter.
+    check_role(&loaded, &args.role)?;
     let adapter = (loaded.config.models.get(&args.role))
         .and_then(|role| role.adapter.as_ref())
         .and_then(|a| a.as_any().downcast_ref::<LoraSpec>());

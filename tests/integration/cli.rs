@@ -581,6 +581,27 @@ fn export_accepts_checkpoints_latest() {
         assert!(!dir.join("x").exists(), "{args:?} wrote its output");
     }
 
+    // A mistyped role, or an adapter export of a run without one: said before any weights
+    // load, the roles named.
+    for (args, want) in [
+        (
+            &["--role", "studnet", "--format", "lora"][..],
+            "the config has no role `studnet` (roles: [\"student\"])",
+        ),
+        (
+            &["--format", "comfyui"][..],
+            "role `student` has no LoRA adapter",
+        ),
+    ] {
+        let o = reel(
+            dir,
+            &[&["export", "clean/final", "--out", "x"][..], args].concat(),
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+        assert!(!dir.join("x").exists(), "{args:?} wrote its output");
+    }
+
     // The run's `final/` folder exports with the run's config.
     let o = reel(dir, &["export", "clean/final", "--out", "from_final"]);
     let err = String::from_utf8_lossy(&o.stderr);

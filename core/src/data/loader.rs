@@ -46,11 +46,11 @@ pub struct Loader {
     perm: Vec<usize>,
     /// This worker's shard `(rank, workers)` of each global batch.
     shard: (usize, usize),
-    /// The batch at a cursor, being read on a background thread.
+    /// The batches at a cursor, being read on a background thread.
     prefetch: Option<(u64, Prefetch)>,
 }
 
-/// A batch read on a background thread: its indices and the thread's samples.
+/// Batches read on a background thread: their indices, in order, and the thread's samples.
 type Prefetch = (Vec<usize>, JoinHandle<Result<Vec<Sample>, DataError>>);
 
 impl Loader {
@@ -132,36 +132,62 @@ impl Loader {
     /// The next `batch_size` samples (wrapping into the next epoch when needed); then starts
     /// reading the batch after it in the background.
     pub fn next_batch(&mut self) -> Result<HostBatch, DataError> {
-        let indices = self.indices_from(self.cursor);
-        if crate::fault::fires("bad-record") {
-            return Err(DataError::Record {
-                file: "REEL_FAULT".into(),
-                record: indices.first().copied().unwrap_or(0),
-                reason: "bad-record".into(),
-            });
+        let mut one = self.next_batches(1)?;
+        Ok(one.remove(0))
+    }
+
+    /// The next `n` batches (a step's micro-batches), read together; then starts reading the
+    /// `n` after them in the background, so that a step's reads overlap the step before.
+    /// A bad record's error comes with the batches that hold it (the cursor stays before
+    /// them).
+    pub fn next_batches(&mut self, n: usize) -> Result<Vec<HostBatch>, DataError> {
+        let step = self.batch_size as u64;
+        let starts: Vec<u64> = (0..n as u64).map(|k| self.cursor + k * step).collect();
+        let indices: Vec<Vec<usize>> = starts.iter().map(|&c| self.indices_from(c)).collect();
+        for batch in &indices {
+            if crate::fault::fires("bad-record") {
+                return Err(DataError::Record {
+                    file: "REEL_FAULT".into(),
+                    record: batch.first().copied().unwrap_or(0),
+                    reason: "bad-record".into(),
+                });
+            }
         }
+        let flat = indices.concat();
         let samples = match self.prefetch.take() {
-            Some((at, (idx, job))) if at == self.cursor && idx == indices => job
+            Some((at, (idx, job))) if at == self.cursor && idx == flat => job
                 .join()
                 // A panicking source: read again here, where the panic surfaces as before.
-                .unwrap_or_else(|_| read_samples(&*self.source, &indices))?,
-            _ => read_samples(&*self.source, &indices)?,
+                .unwrap_or_else(|_| read_samples(&*self.source, &flat))?,
+            _ => read_samples(&*self.source, &flat)?,
         };
-        let keys = self.keys_from(self.cursor);
-        self.cursor += self.batch_size as u64;
-        let next = self.indices_from(self.cursor);
+        self.cursor += n as u64 * step;
+        self.prefetch_next(n);
+        let mut samples = samples.into_iter();
+        let batches = indices
+            .into_iter()
+            .zip(&starts)
+            .map(|(indices, &start)| HostBatch {
+                samples: samples.by_ref().take(indices.len()).collect(),
+                keys: self.keys_from(start),
+                indices,
+            });
+        Ok(batches.collect())
+    }
+
+    /// Start reading the `n` batches at the cursor on a background thread. Without a thread
+    /// (resource limits) they are simply read when asked for.
+    fn prefetch_next(&mut self, n: usize) {
+        let step = self.batch_size as u64;
+        let next: Vec<usize> = (0..n as u64)
+            .flat_map(|k| self.indices_from(self.cursor + k * step))
+            .collect();
         let source = self.source.clone();
         let job = std::thread::Builder::new().name("reel-data".into()).spawn({
             let next = next.clone();
             move || read_samples(&*source, &next)
         });
-        // Without a thread (resource limits) the next batch is simply read when asked for.
         self.prefetch = job.ok().map(|job| (self.cursor, (next, job)));
-        Ok(HostBatch {
-            indices,
-            keys,
-            samples,
-        })
     }
 
     /// The source indices of this worker's shard of the batch starting at `cursor`.
@@ -432,6 +458,36 @@ mod tests {
         a.set_cursor(1);
         assert_eq!(a.next_batch().unwrap().indices, [1, 2]);
         assert_eq!(a.cursor(), 3);
+    }
+
+    #[test]
+    fn a_steps_batches_are_read_together_and_the_next_steps_ahead() {
+        let counting: Arc<dyn DataSource> = Arc::new(Counting(8));
+        let mut one = Loader::new(counting.clone(), 2, true, 9).unwrap();
+        let mut many = Loader::new(counting, 2, true, 9).unwrap();
+        let batch = |b: HostBatch| (b.indices, b.keys, b.samples);
+        let singles: Vec<_> = (0..3).map(|_| batch(one.next_batch().unwrap())).collect();
+        let together: Vec<_> = many
+            .next_batches(3)
+            .unwrap()
+            .into_iter()
+            .map(batch)
+            .collect();
+        assert_eq!(singles, together);
+        assert_eq!(one.cursor(), many.cursor());
+        // Two batches, then the next two read in the background, record 7 failing among
+        // them: the error comes with them and the cursor stays before them.
+        let src = Arc::new(Watched::default());
+        let mut a = Loader::new(src.clone(), 2, false, 0).unwrap();
+        a.next_batches(2).unwrap();
+        let t0 = std::time::Instant::now();
+        while src.read.lock().unwrap().len() < 8 {
+            assert!(t0.elapsed().as_secs() < 30, "no background read");
+            std::thread::yield_now();
+        }
+        let err = a.next_batches(2).unwrap_err().to_string();
+        assert!(err.contains("record 7"), "{err}");
+        assert_eq!(a.cursor(), 4);
     }
 
     #[test]

@@ -276,8 +276,9 @@ impl<B: AutodiffBackend> TrainingMethod<B> for Consistency<B> {
     }
 
     fn load_state(&mut self, state: &serde_json::Value) -> Result<(), MethodError> {
-        // A checkpoint of an earlier version (no state) was saved between an update and the
-        // target's move after it.
+        // A checkpoint of an earlier version (no state): as that version did, follow at the
+        // next step (right for its due checkpoints, saved between an update and the move
+        // after it; one saved mid-step by a stop or a bad record was already followed).
         let before = self.student.optimizer_steps().saturating_sub(1);
         self.followed = state
             .get(FOLLOWED)

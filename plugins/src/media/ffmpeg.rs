@@ -63,6 +63,8 @@ pub fn read_video(path: &Path, need: FrameNeed) -> Result<Clip, MediaError> {
         decode.args(["-r", &format!("{fps}")]);
     }
     let picked = need.picked(fps);
+    // One frame's size before any buffer for it: the header's sizes are not to be trusted.
+    check_size(path, w, h, 1)?;
     if let Some(idx) = &picked {
         check_size(path, w, h, idx.len())?;
         let count = idx.last().map_or(0, |last| last + 1);

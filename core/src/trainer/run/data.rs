@@ -18,8 +18,7 @@ impl<B: ReelBackend> Trainer<'_, B> {
     /// [`TrainError::DataFailed`] before any forward.
     pub(super) fn read_step(&mut self) -> Result<Vec<HostBatch>, TrainError> {
         let accum = self.loaded.config.training.grad_accumulation;
-        let read: Result<Vec<HostBatch>, DataError> =
-            (0..accum).map(|_| self.loader.next_batch()).collect();
+        let read = self.loader.next_batches(accum);
         let Some(collective) = self.seat.collective() else {
             return Ok(read?);
         };
