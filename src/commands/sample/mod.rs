@@ -282,8 +282,9 @@ fn sample<B: ReelBackend>(
     if models.decoder.is_some() {
         eprintln!("reel: decoding {} clip(s) with the VAE", clips.len());
     }
-    let (frames, style) = models.frames(&clips, &spec, &cfg)?;
-    for file in write_clips(&args.out, &frames, &captions, &captions, &style)? {
+    let style = models.style(&spec, &cfg);
+    let frames = models.frames(&clips, &spec);
+    for file in write_clips(&args.out, frames, &captions, &captions, &style)? {
         println!("{}", file.display());
     }
     Ok(())

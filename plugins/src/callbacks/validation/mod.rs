@@ -302,8 +302,9 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         if models.decoder.is_some() {
             watch::show_decoding(step, clips.len());
         }
-        let (frames, style) = models.frames(&clips, &spec, &self.cfg)?;
-        let mut files = output::write_clips(&dir, &frames, &captions, &labels, &style)?;
+        let style = models.style(&spec, &self.cfg);
+        let frames = models.frames(&clips, &spec);
+        let mut files = output::write_clips(&dir, frames, &captions, &labels, &style)?;
         let sheet_path = dir.join(output::SHEET_FILE);
         let mut metrics = Vec::new();
         if let Some(scores) = scores {

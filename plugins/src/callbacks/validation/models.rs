@@ -180,30 +180,33 @@ impl<B: Backend> MediaModels<B> {
         }
     }
 
-    /// The clips as pictures: decoded by the VAE into videos, else the latents' preview.
-    pub fn frames(
-        &self,
-        clips: &[Vec<f32>],
-        spec: &DataSpec,
-        cfg: &ValidationConfig,
-    ) -> Result<(Vec<Frames>, ClipStyle), CallbackError> {
-        let Some(decoder) = &self.decoder else {
-            let frames = clips
-                .iter()
-                .map(|c| Frames {
-                    frames: clip_to_rgb(c, spec),
-                    width: spec.width,
-                    height: spec.height,
-                })
-                .collect();
-            return Ok((frames, ClipStyle::preview(spec)));
-        };
-        let frames = clips
-            .iter()
-            .map(|c| decoder.decode(c, spec))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| CallbackError::Other(format!("validation: VAE decode: {e}")))?;
-        Ok((frames, ClipStyle::video(cfg.fps)))
+    /// How `cfg`'s clips are written: decoded videos at `cfg.fps` with a VAE, else latent
+    /// previews.
+    pub fn style(&self, spec: &DataSpec, cfg: &ValidationConfig) -> ClipStyle {
+        match self.decoder {
+            Some(_) => ClipStyle::video(cfg.fps),
+            None => ClipStyle::preview(spec),
+        }
+    }
+
+    /// The RGB frames of each of `clips` (latents of `spec`'s shape), decoded one at a time
+    /// as the iterator is read: with a VAE, one clip's video is held at once, not all of
+    /// them (81×480×832 is about 100 MB each).
+    pub fn frames<'a>(
+        &'a self,
+        clips: &'a [Vec<f32>],
+        spec: &'a DataSpec,
+    ) -> impl Iterator<Item = Result<Frames, CallbackError>> + 'a {
+        clips.iter().map(move |c| match &self.decoder {
+            Some(decoder) => decoder
+                .decode(c, spec)
+                .map_err(|e| CallbackError::Other(format!("validation: VAE decode: {e}"))),
+            None => Ok(Frames {
+                frames: clip_to_rgb(c, spec),
+                width: spec.width,
+                height: spec.height,
+            }),
+        })
     }
 }
 

@@ -176,31 +176,34 @@ pub fn check_clips(clips: &[Vec<f32>], prompts: usize, spec: &DataSpec) -> Resul
 }
 
 /// Write one GIF per clip (named by [`clip_file_name`]; plus an MP4 when the style asks and
-/// FFmpeg is installed, a failed MP4 being a warning) and the contact sheet [`SHEET_FILE`] into `dir`, its rows labelled
-/// by `labels` (see [`sheet_label`]); returns the files, clips first.
+/// FFmpeg is installed, a failed MP4 being a warning) and the contact sheet [`SHEET_FILE`]
+/// into `dir`, its rows labelled by `labels` (see [`sheet_label`]); returns the files, clips
+/// first. `clips` is read one clip at a time, each written (and dropped but for its sheet
+/// row) before the next is made: a VAE decodes them as they are asked for.
 pub fn write_clips(
     dir: &Path,
-    clips: &[Frames],
+    clips: impl IntoIterator<Item = Result<Frames, CallbackError>>,
     captions: &[String],
     labels: &[String],
     style: &ClipStyle,
 ) -> Result<Vec<PathBuf>, CallbackError> {
     let media = |e: MediaError| CallbackError::Other(format!("validation: {e}"));
     let mut files = Vec::new();
-    let mut rows = Vec::with_capacity(clips.len());
-    for (i, (clip, caption)) in clips.iter().zip(captions).enumerate() {
+    let mut rows = Vec::with_capacity(captions.len());
+    for (i, (clip, caption)) in clips.into_iter().zip(captions).enumerate() {
+        let clip = clip?;
         let (w, h, s) = (clip.width, clip.height, style.scale);
         let path = dir.join(clip_file_name(i, caption));
         write_gif(&path, &clip.frames, w, h, s, style.delay_cs).map_err(media)?;
         files.push(path.clone());
         if let Some(fps) = style.mp4_fps {
             // The MP4 is an extra beside the GIF: an FFmpeg without H.264 must not end a run.
-            match write_mp4(&path.with_extension("mp4"), clip, fps) {
+            match write_mp4(&path.with_extension("mp4"), &clip, fps) {
                 Ok(mp4) => files.extend(mp4),
                 Err(e) => print_line(&format!("reel: warning: no MP4 written: {e}")),
             }
         }
-        rows.push(sheet_row(clip, style));
+        rows.push(sheet_row(&clip, style));
     }
     let (cw, ch) = rows.first().map_or((1, 1), |r| (r.width, r.height));
     let frames: Vec<_> = rows.into_iter().map(|r| r.frames).collect();
@@ -343,7 +346,8 @@ mod tests {
             })
             .collect();
         let style = ClipStyle::preview(&spec);
-        let files = write_clips(dir.path(), &clips, &captions, &labels, &style).unwrap();
+        let each = clips.clone().into_iter().map(Ok);
+        let files = write_clips(dir.path(), each, &captions, &labels, &style).unwrap();
         let names: Vec<String> = files
             .iter()
             .map(|f| f.file_name().unwrap().to_string_lossy().to_string())
@@ -396,7 +400,7 @@ mod tests {
         assert_eq!(delays, [200, 6, 2, u16::MAX]);
         let style = ClipStyle::video(16.0);
         let caps = vec!["a cat".to_string()];
-        let files = write_clips(dir.path(), &[clip], &caps, &caps, &style).unwrap();
+        let files = write_clips(dir.path(), [Ok(clip)], &caps, &caps, &style).unwrap();
         let gif = &files[0];
         assert!(gif.ends_with("0-a_cat.gif") && gif.is_file());
         assert!(files.last().unwrap().ends_with(SHEET_FILE));
