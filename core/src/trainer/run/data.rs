@@ -37,18 +37,16 @@ impl<B: ReelBackend> Trainer<'_, B> {
     }
 }
 
-/// The error every worker stops with when the data of the `failed` workers failed this step;
-/// each of them (`own`: this worker's error) prints its error, unless it is worker 0, whose
-/// error the run reports.
+/// The error every worker stops with when the data of the `failed` workers failed this step
+/// (this worker among them when `own`, its error, is set: its flag was part of the
+/// all-reduce); each of them prints its error, unless it is worker 0, whose error the run
+/// reports.
 fn data_failed(
     rank: usize,
     device: usize,
-    mut failed: Vec<usize>,
+    failed: Vec<usize>,
     own: Option<DataError>,
 ) -> TrainError {
-    if own.is_some() && !failed.contains(&rank) {
-        failed.push(rank);
-    }
     let cause = own.map(|e| Box::new(TrainError::Data(e)));
     if let Some(e) = cause.as_ref().filter(|_| rank != 0) {
         say(&format!("reel: worker {rank} (device {device}): {e}"));

@@ -3,9 +3,9 @@
 //!
 //! Every `every_steps` steps (and after the last step with `at_end`), one
 //! [`TrainingMethod::sample`](reel_core::method::TrainingMethod::sample) call generates a clip
-//! for each of the first `num_prompts` prompts (of `prompts`, else of the data source), with the sampling role's EMA
-//! shadow swapped in when `use_ema` is set and a shadow exists. It writes
-//! `<run>/samples/step-<N>/`:
+//! for each of the first `num_prompts` prompts (of `prompts`, else of the data source), with
+//! the sampling role's EMA shadow swapped in when `use_ema` is set and a shadow exists. It
+//! writes `<run>/samples/step-<N>/`:
 //! - `<i>-<caption>.gif`: one looping GIF per prompt (spaces in the caption become `_`),
 //!   and `<i>-<caption>.mp4` beside it for decoded videos when FFmpeg is installed;
 //! - `sheet.png`: a contact sheet, one row per prompt (labelled with its score and caption),
@@ -42,8 +42,7 @@ use reel_core::callback::{
     ValidationReport,
 };
 use reel_core::config::{check, ConfigError};
-use reel_core::data::Prompt;
-use reel_core::data::{ClipScore, DataSpec, TextCondition};
+use reel_core::data::{ClipScore, DataSpec, Prompt, TextCondition};
 use reel_core::method::SampleRequest;
 use serde::{Deserialize, Serialize};
 
