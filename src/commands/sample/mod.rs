@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use burn::tensor::TensorData;
 use reel_core::backend::ReelBackend;
-use reel_core::callback::CallbackConfig as _;
+use reel_core::callback::{CallbackConfig as _, CallbackError};
 use reel_core::method::{SampleProgress, SampleRequest};
 use reel_plugins::callbacks::validation::output::{check_clips, write_clips, SHEET_FILE};
 use reel_plugins::callbacks::validation::{check_data, clip_file_name, MediaModels};
@@ -231,9 +231,9 @@ fn sample<B: ReelBackend>(
     // `load` has checked that the device exists.
     let device = B::device_for(loaded.config.runtime.main_device());
     check_data(&cfg, &spec, &|p| loaded.resolve(p)).map_err(flag_error)?;
-    let models = MediaModels::<B::InnerBackend>::load(&cfg, &device)?;
+    let models = MediaModels::<B::InnerBackend>::load(&cfg, &device).map_err(flag_error)?;
     let prompts = if args.prompts.is_empty() || models.text.is_some() {
-        models.prompts(&cfg, &*l.source, &spec)?
+        (models.prompts(&cfg, &*l.source, &spec)).map_err(flag_error)?
     } else {
         args.prompts
             .iter()
@@ -255,7 +255,7 @@ fn sample<B: ReelBackend>(
         .with_context(|| format!("--out: cannot create the folder {}", args.out.display()))?;
     let req = SampleRequest {
         prompts,
-        negative: Some(models.negative(&cfg, &*l.source, &spec)?),
+        negative: Some((models.negative(&cfg, &*l.source, &spec)).map_err(flag_error)?),
         steps: args.steps,
         guidance: args.guidance,
         seed: args.seed,
@@ -283,7 +283,8 @@ fn sample<B: ReelBackend>(
         eprintln!("reel: decoding {} clip(s) with the VAE", clips.len());
     }
     let style = models.style(&spec, &cfg);
-    let frames = models.frames(&clips, &spec);
+    let as_flag = |e| CallbackError::Other(flag_error(e).to_string());
+    let frames = (models.frames(&clips, &spec)).map(|f| f.map_err(as_flag));
     for file in write_clips(&args.out, frames, &captions, &captions, &style)? {
         println!("{}", file.display());
     }

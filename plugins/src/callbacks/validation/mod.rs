@@ -50,6 +50,11 @@ pub use self::models::{check_data, MediaModels};
 pub use self::output::{clip_file_name, display_scale, mean_scores, summary_line};
 use super::{io_error, print_line};
 
+/// A media-model error keyed by a setting, as this callback's error (`validation: `key`: ...`).
+fn in_table(e: ConfigError) -> CallbackError {
+    CallbackError::Other(format!("validation: {e}"))
+}
+
 /// The run folder's entry the validations write into (`samples/step-<N>/`).
 pub const SAMPLES_DIR: &str = "samples";
 
@@ -241,8 +246,8 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
     ) -> Result<(Vec<Prompt>, TextCondition), CallbackError> {
         if self.texts.is_none() {
             let models = self.models.as_mut().expect("loaded before the texts");
-            let prompts = models.prompts(&self.cfg, ctx.data, spec)?;
-            let negative = models.negative(&self.cfg, ctx.data, spec)?;
+            let prompts = (models.prompts(&self.cfg, ctx.data, spec)).map_err(in_table)?;
+            let negative = (models.negative(&self.cfg, ctx.data, spec)).map_err(in_table)?;
             models.text = None;
             self.texts = Some((prompts, negative));
         }
@@ -258,7 +263,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
         let step = ctx.step;
         let started = std::time::Instant::now();
         if self.models.is_none() {
-            self.models = Some(MediaModels::load(&self.cfg, ctx.device)?);
+            self.models = Some(MediaModels::load(&self.cfg, ctx.device).map_err(in_table)?);
         }
         let spec = ctx.data.spec();
         let (prompts, negative) = self.texts(ctx, &spec)?;
@@ -302,8 +307,9 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             watch::show_decoding(step, clips.len());
         }
         let style = models.style(&spec, &self.cfg);
-        let frames = models.frames(&clips, &spec);
-        let mut files = output::write_clips(&dir, frames, &captions, &labels, &style)?;
+        let frames = (models.frames(&clips, &spec)).map(|f| f.map_err(in_table));
+        let mut files = output::write_clips(&dir, frames, &captions, &labels, &style)
+            .map_err(|e| CallbackError::Other(format!("validation @ step {step}: {e}")))?;
         let sheet_path = dir.join(output::SHEET_FILE);
         let mut metrics = Vec::new();
         if let Some(scores) = scores {

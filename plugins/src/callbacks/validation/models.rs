@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use reel_core::backend::CpuBackend;
-use reel_core::callback::CallbackError;
 use reel_core::config::ConfigError;
 use reel_core::data::{negative_or_zeros, DataSource, DataSpec, Prompt, TextCondition};
 use reel_models::umt5::{load_tokenizer, tokenizer_for, Umt5Config, Umt5Encoder, Umt5TextEncoder};
@@ -27,11 +26,10 @@ pub struct MediaModels<B: Backend> {
     pub text: Option<Umt5TextEncoder<B>>,
 }
 
-fn failed(what: &str, path: &Path, e: impl std::fmt::Display) -> CallbackError {
-    CallbackError::Other(format!(
-        "validation: loading {what} {}: {e}",
-        path.display()
-    ))
+/// An error of the model or text a setting (`key`, one of the callback table's) names:
+/// the callback shows it under its table key, `reel sample` under its flag.
+fn failed(key: &str, path: &Path, e: impl std::fmt::Display) -> ConfigError {
+    ConfigError::new(key, format!("loading {}: {e}", path.display()))
 }
 
 /// Check the files `cfg` names as [`MediaModels::load`] will open them, from the configs and
@@ -116,27 +114,27 @@ pub fn check_data(
 
 impl<B: Backend> MediaModels<B> {
     /// Load what `cfg` names onto `device` (the text encoder only where `prompts` or
-    /// `negative_prompt` are set: nothing else needs it).
-    pub fn load(cfg: &ValidationConfig, device: &B::Device) -> Result<Self, CallbackError> {
+    /// `negative_prompt` are set: nothing else needs it). Errors here and below are keyed by
+    /// the setting (`vae`, `text_encoder`, `tokenizer`, `prompts`, `negative_prompt`).
+    pub fn load(cfg: &ValidationConfig, device: &B::Device) -> Result<Self, ConfigError> {
         let decoder = match &cfg.vae {
             Some(p) => {
                 let mut d = VideoDecoder::load(p, device, cfg.denormalize)
-                    .map_err(|e| failed("the VAE", p, e))?;
+                    .map_err(|e| failed("vae", p, e))?;
                 let s = d.vae.config.spatial_factor();
                 d.tiling = (cfg.vae_tile.map(|t| Tiling::overlapping(t, s)).transpose())
-                    .map_err(|e| failed("the VAE", p, e))?;
+                    .map_err(|e| ConfigError::new("vae_tile", format!("{}: {e}", p.display())))?;
                 Some(d)
             }
             None => None,
         };
-        let tokenizer = tokenizer_path(cfg, &Path::to_path_buf)
-            .map_err(|e| CallbackError::Other(format!("validation: {e}")))?;
+        let tokenizer = tokenizer_path(cfg, &Path::to_path_buf)?;
         // Nothing to encode (the data's prompts and negative): not loaded.
         let needed = !cfg.prompts.is_empty() || cfg.negative_prompt.is_some();
         let text = match (&cfg.text_encoder, tokenizer) {
             (Some(enc), Some(tok)) if needed => Some(
                 Umt5TextEncoder::load(tok, enc, device)
-                    .map_err(|e| failed("the text encoder", enc, e))?,
+                    .map_err(|e| failed("text_encoder", enc, e))?,
             ),
             _ => None,
         };
@@ -151,13 +149,13 @@ impl<B: Backend> MediaModels<B> {
         cfg: &ValidationConfig,
         data: &dyn DataSource,
         spec: &DataSpec,
-    ) -> Result<Vec<Prompt>, CallbackError> {
+    ) -> Result<Vec<Prompt>, ConfigError> {
         match &self.text {
             Some(enc) if !cfg.prompts.is_empty() => {
                 let n = cfg.num_prompts.unwrap_or(usize::MAX);
                 let captions: Vec<String> = cfg.prompts.iter().take(n).cloned().collect();
                 encode_prompts(enc, &captions, spec.text_len)
-                    .map_err(|e| CallbackError::Other(format!("validation: prompts: {e}")))
+                    .map_err(|e| ConfigError::new("prompts", format!("encoding: {e}")))
             }
             _ => {
                 let n = cfg.num_prompts.unwrap_or(super::DATA_PROMPTS);
@@ -172,10 +170,10 @@ impl<B: Backend> MediaModels<B> {
         cfg: &ValidationConfig,
         data: &dyn DataSource,
         spec: &DataSpec,
-    ) -> Result<TextCondition, CallbackError> {
+    ) -> Result<TextCondition, ConfigError> {
         match (&self.text, &cfg.negative_prompt) {
             (Some(enc), Some(neg)) => encode_text(enc, neg, spec.text_len)
-                .map_err(|e| CallbackError::Other(format!("validation: negative_prompt: {e}"))),
+                .map_err(|e| ConfigError::new("negative_prompt", format!("encoding: {e}"))),
             _ => Ok(negative_or_zeros(data)),
         }
     }
@@ -196,17 +194,19 @@ impl<B: Backend> MediaModels<B> {
         &'a self,
         clips: &'a [Vec<f32>],
         spec: &'a DataSpec,
-    ) -> impl Iterator<Item = Result<Frames, CallbackError>> + 'a {
-        clips.iter().map(move |c| match &self.decoder {
-            Some(decoder) => decoder
-                .decode(c, spec)
-                .map_err(|e| CallbackError::Other(format!("validation: VAE decode: {e}"))),
-            None => Ok(Frames {
-                frames: clip_to_rgb(c, spec),
-                width: spec.width,
-                height: spec.height,
-            }),
-        })
+    ) -> impl Iterator<Item = Result<Frames, ConfigError>> + 'a {
+        clips
+            .iter()
+            .enumerate()
+            .map(move |(i, c)| match &self.decoder {
+                Some(decoder) => (decoder.decode(c, spec))
+                    .map_err(|e| ConfigError::new("vae", format!("decoding clip {i}: {e}"))),
+                None => Ok(Frames {
+                    frames: clip_to_rgb(c, spec),
+                    width: spec.width,
+                    height: spec.height,
+                }),
+            })
     }
 }
 
@@ -273,5 +273,37 @@ mod tests {
         check_data(&cfg, &spec, &|p| parent.join(p)).unwrap();
         let err = check_data(&cfg, &wider, &|p| parent.join(p)).unwrap_err();
         assert_eq!(err.key, "vae", "{err}");
+    }
+
+    /// A VAE whose weights fail to load, and a text encoder whose tokenizer is missing, are
+    /// errors keyed by their setting and naming the file (`reel sample` shows the key as its
+    /// flag, the callback as its table key).
+    #[test]
+    fn models_that_fail_to_load_are_keyed_by_their_setting() {
+        let vae = WAN_VAE.require(&["config.json", "model.safetensors"]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(vae.join("config.json"), dir.path().join("config.json")).unwrap();
+        let bytes = std::fs::read(vae.join("model.safetensors")).unwrap();
+        let cut = &bytes[..bytes.len() - 4];
+        std::fs::write(dir.path().join("model.safetensors"), cut).unwrap();
+        let mut cfg: ValidationConfig = toml::from_str("every_steps = 1").unwrap();
+        cfg.vae = Some(dir.path().to_path_buf());
+        let device = Default::default();
+        let err = MediaModels::<CpuBackend>::load(&cfg, &device)
+            .err()
+            .unwrap();
+        assert_eq!(err.key, "vae", "{err}");
+        let named = dir.path().display().to_string();
+        assert!(err.message.contains(&named), "{err}");
+
+        let t5 = dir.path().join("text_encoder");
+        std::fs::create_dir(&t5).unwrap();
+        let mut cfg: ValidationConfig = toml::from_str("every_steps = 1").unwrap();
+        cfg.text_encoder = Some(t5);
+        cfg.prompts = vec!["a red square".into()];
+        let err = MediaModels::<CpuBackend>::load(&cfg, &device)
+            .err()
+            .unwrap();
+        assert_eq!(err.key, "tokenizer", "{err}");
     }
 }

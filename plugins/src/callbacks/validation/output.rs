@@ -187,7 +187,7 @@ pub fn write_clips(
     labels: &[String],
     style: &ClipStyle,
 ) -> Result<Vec<PathBuf>, CallbackError> {
-    let media = |e: MediaError| CallbackError::Other(format!("validation: {e}"));
+    let media = |e: MediaError| CallbackError::Other(e.to_string());
     let mut files = Vec::new();
     let mut rows = Vec::with_capacity(captions.len());
     for (i, (clip, caption)) in clips.into_iter().zip(captions).enumerate() {
