@@ -76,9 +76,10 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
         .model_problems(&spec)
         .into_iter()
         .for_each(&mut *note);
-    // Sizes past one batch's memory (noted above) make the floor meaningless.
+    // Sizes past a step's data's memory (noted above) make the floor meaningless. (As one
+    // process: a run of several holds its share.)
     let floor = loaded
-        .check_batch_memory(&spec)
+        .check_batch_memory(&spec, 1)
         .ok()
         .map(|()| loaded.check_memory_floor(&spec));
     let memory = match floor {

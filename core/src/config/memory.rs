@@ -1,4 +1,4 @@
-//! A loaded config's checks against this machine: its devices exist, one batch fits the
+//! A loaded config's checks against this machine: its devices exist, a step's data fits the
 //! host's memory and the roles' floor each device's ([`crate::memory`]).
 
 use super::{ConfigError, LoadedConfig};
@@ -15,13 +15,17 @@ impl LoadedConfig {
             .map_err(|e| e.in_section("runtime").in_file(&self.path))
     }
 
-    /// One batch of the data (`data.batch_size` samples of `spec`) against the memory this
-    /// machine has available ([`crate::memory::check_batch_memory`]): a mistyped size fails
-    /// here rather than aborting the process at the first batch.
-    pub fn check_batch_memory(&self, spec: &DataSpec) -> Result<(), ConfigError> {
-        let batch = self.config.data.batch_size();
+    /// The data a step of one of the run's `processes` holds at once (its share of
+    /// `data.batch_size` in each of `training.grad_accumulation` micro-batches, and the next
+    /// step's, read ahead) against the memory this machine has available
+    /// ([`crate::memory::check_step_memory`]): a mistyped size fails here rather than
+    /// aborting the process at the first batch.
+    pub fn check_batch_memory(&self, spec: &DataSpec, processes: usize) -> Result<(), ConfigError> {
+        let share = self.config.data.batch_size().div_ceil(processes.max(1));
+        let accumulation = self.config.training.grad_accumulation;
         let available = memory::host_memory_available();
-        memory::check_batch_memory(spec, batch, available).map_err(|e| e.in_file(&self.path))
+        memory::check_step_memory(spec, share, accumulation, available)
+            .map_err(|e| e.in_file(&self.path))
     }
 
     /// What the roles hold on each device for the whole run, from their configs and the

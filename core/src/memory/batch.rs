@@ -1,6 +1,6 @@
-//! Whether one batch of a data set can be held in this machine's memory, checked before a run
-//! starts: a mistyped size (`height = 4000` for 40) would otherwise abort the process at the
-//! first batch with an allocation failure instead of an error naming the data.
+//! Whether the batches of a data set a run holds at once fit in this machine's memory, checked
+//! before a run starts: a mistyped size (`height = 4000` for 40) would otherwise abort the
+//! process at the first batch with an allocation failure instead of an error naming the data.
 
 use super::gib;
 use crate::config::ConfigError;
@@ -32,6 +32,29 @@ pub fn check_batch_memory(
     let advice = "check the data's sizes and `data.batch_size`";
     samples_fit(spec, batch, available, advice)
         .map_err(|why| ConfigError::new("data", format!("one batch of {why}")))
+}
+
+/// Refuse the samples a training step holds on the host at once, where they do not fit in
+/// `available` bytes (`None`: unknown, not checked): its `accumulation` micro-batches of
+/// `batch` samples each, and as many of the next step's, which the loader reads ahead while
+/// this one runs. An error keyed `data` naming the counts, the shapes and both sizes.
+pub fn check_step_memory(
+    spec: &DataSpec,
+    batch: usize,
+    accumulation: usize,
+    available: Option<u64>,
+) -> Result<(), ConfigError> {
+    let advice = "check the data's sizes, `data.batch_size` and `training.grad_accumulation`";
+    let held = batch.saturating_mul(accumulation).saturating_mul(2);
+    let step = if accumulation == 1 {
+        format!("a batch of {batch}")
+    } else {
+        format!("{accumulation} micro-batches of {batch}")
+    };
+    samples_fit(spec, held, available, advice).map_err(|why| {
+        let what = format!("a step's data ({step}, and the next step's, read ahead)");
+        ConfigError::new("data", format!("{what}: {why}"))
+    })
 }
 
 /// Whether `count` samples of `spec` held at once fit in `available` bytes (`None`: unknown,
@@ -96,5 +119,22 @@ mod tests {
         let huge = DataSpec::for_tests(1 << 62, 1 << 62, 1 << 62);
         let e = check_batch_memory(&huge, 1, None).unwrap_err();
         assert!(e.message.contains("more values than can be counted"), "{e}");
+    }
+
+    /// A step holds its micro-batches and the next step's at once: 2 × 3 micro-batches of 2
+    /// samples are 12 samples, which fit in their bytes and not in one byte less.
+    #[test]
+    fn a_step_counts_its_micro_batches_and_the_next_steps() {
+        let s = DataSpec::for_tests(2, 12, 12);
+        let bytes = batch_bytes(&s, 12).unwrap() as u64;
+        check_step_memory(&s, 2, 3, Some(bytes)).unwrap();
+        let e = check_step_memory(&s, 2, 3, Some(bytes - 1)).unwrap_err();
+        assert_eq!(e.key, "data");
+        for want in ["3 micro-batches of 2", "12 samples", "grad_accumulation"] {
+            assert!(e.message.contains(want), "missing {want:?} in {e}");
+        }
+        let e = check_step_memory(&s, 2, 1, Some(4 * bytes / 12 - 1)).unwrap_err();
+        assert!(e.message.contains("a batch of 2, and the next"), "{e}");
+        assert!(check_step_memory(&s, usize::MAX, 2, Some(u64::MAX)).is_err());
     }
 }

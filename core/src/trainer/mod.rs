@@ -439,7 +439,7 @@ impl std::fmt::Display for EarlierRun {
 }
 
 /// What the run needs in memory, checked once in each process before any of its workers
-/// builds a role or reads a weight: one batch of the data against the host's memory, and the
+/// builds a role or reads a weight: a step's data against the host's memory, and the
 /// roles' floor against each device's ([`crate::memory`]), printed by the first process.
 /// A config that cannot fit is an error naming the file, and no run folder is made.
 fn check_memory(
@@ -447,7 +447,8 @@ fn check_memory(
     opts: &TrainOptions,
     spec: &DataSpec,
 ) -> Result<(), TrainError> {
-    loaded.check_batch_memory(spec)?;
+    let processes = opts.processes.as_ref().map_or(1, |p| p.size());
+    loaded.check_batch_memory(spec, processes)?;
     let (floor, available) = loaded.check_memory_floor(spec)?;
     if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
         let line = crate::memory::describe(&floor, available);
