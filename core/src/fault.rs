@@ -2,12 +2,15 @@
 //!
 //! Set `REEL_FAULT=<point>:<n>` to kill the process (abort, no cleanup, like SIGKILL) the
 //! `n`-th time execution reaches the named point (1-based). Points: `checkpoint-file` (before
-//! each checkpoint file is written), `checkpoint-manifest`, `checkpoint-rename`, `step-end`.
+//! each checkpoint file is written), `checkpoint-manifest`, `checkpoint-rename`,
+//! `checkpoint-latest` (after the rename, before the `latest` pointer is replaced), `step-end`.
 //!
 //! Non-fatal points ask [`fires`] instead: `non-finite-loss` (once per step, after the losses
 //! are read back) makes the trainer see a NaN loss at the `n`-th step of the process, to test
 //! the `training.non_finite` policies; `checkpoint-disk-full` (before each checkpoint file)
 //! makes that write fail as on a full disk, to test `training.on_save_error`;
+//! `latest-pointer-fails` (at each checkpoint's `latest` pointer) fails that write, to test
+//! that a complete checkpoint stays a success without its pointer;
 //! `worker-panic` (once per worker and step, at the step's end) panics the thread of the
 //! worker that reaches the `n`-th hit, to test that a failed data-parallel worker stops the
 //! others; `device-out-of-memory` (same place) panics as CubeCL does when a device allocation

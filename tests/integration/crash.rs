@@ -134,6 +134,7 @@ fn killed_at_every_fault_point_resume_matches_an_uninterrupted_run() {
     let mut points: Vec<String> = (1..=20).map(|n| format!("checkpoint-file:{n}")).collect();
     points.extend((1..=4).map(|n| format!("checkpoint-manifest:{n}")));
     points.extend((1..=4).map(|n| format!("checkpoint-rename:{n}")));
+    points.extend((1..=4).map(|n| format!("checkpoint-latest:{n}")));
     points.extend((1..=3).map(|n| format!("step-end:{n}")));
     let mut killed = 0;
     for (i, point) in points.iter().enumerate() {

@@ -260,6 +260,33 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
     ));
     assert!(err.contains("step-00000005 at step 5"), "{err}");
     assert!(ckpt(&dir.join("fresh"), 6).join("manifest.json").is_file());
+    // `fresh` now holds a run of its own: another run's checkpoint resumed into it is refused,
+    // and its checkpoints stay as they were; its own checkpoint, named by path, resumes.
+    let listing = || {
+        std::fs::read_dir(dir.join("fresh/checkpoints"))
+            .unwrap()
+            .count()
+    };
+    let before = listing();
+    let step2 = ckpt(&dir.join("clean"), 2).to_str().unwrap().to_string();
+    let o = reel(dir, "fresh", &["--resume", &step2]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for want in [
+        "`fresh` already holds a run (checkpoints up to step 6)",
+        "is not one of its checkpoints",
+        "(`--output`)",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in: {err}");
+    }
+    assert_eq!(listing(), before, "a checkpoint was set aside or written");
+    let own = ckpt(&dir.join("fresh"), 6).to_str().unwrap().to_string();
+    let err = ok(reel(
+        dir,
+        "fresh",
+        &["--resume", &own, "--set", "training.max_steps=6"],
+    ));
+    assert!(err.contains("nothing to train"), "{err}");
 }
 
 /// A LoRA role's base `weights` file replaced under the same path between two legs of a run

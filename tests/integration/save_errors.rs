@@ -146,6 +146,44 @@ fn a_failed_last_save_is_an_error_even_with_continue() {
     }
 }
 
+/// A checkpoint is complete once renamed into place: the `latest` pointer failing after it
+/// (a disk full by then) is a warning, the run goes on, and `--resume latest` finds the
+/// newest checkpoint without the pointer.
+#[test]
+fn a_latest_pointer_that_cannot_be_written_is_a_warning() {
+    let tmp = tiny_run_with_clean(&[]);
+    let dir = tmp.path();
+    let o = reel_train(dir, "pointer", &[], Some("latest-pointer-fails:5"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("the pointer to the newest checkpoint was not updated"),
+        "{err}"
+    );
+    let run = dir.join("pointer");
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    assert_eq!(
+        latest.trim(),
+        "step-00000004",
+        "the 5th pointer write failed"
+    );
+    assert_eq!(checkpoint_dirs(&run).0.len(), 5);
+    let o = reel_train(dir, "pointer", &["--resume", "latest"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("nothing to train: the run is at step 5"),
+        "{err}"
+    );
+    for file in FILES {
+        assert_eq!(
+            tensors(&ckpt(&run, 5).join(file)),
+            tensors(&ckpt(&dir.join("clean"), 5).join(file)),
+            "{file}"
+        );
+    }
+}
+
 #[test]
 fn an_output_folder_that_cannot_hold_checkpoints_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();

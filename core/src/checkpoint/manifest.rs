@@ -81,12 +81,18 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 }
 
 impl Manifest {
-    /// Read and parse a checkpoint's manifest.
+    /// Read and parse a checkpoint's manifest: one that is missing or does not parse makes
+    /// the checkpoint [`CheckpointError::Damaged`]; one that cannot be read now (a permission,
+    /// a network file system's hiccup) is [`CheckpointError::Io`], which says nothing of the
+    /// checkpoint.
     pub fn read(dir: &Path) -> Result<Self, CheckpointError> {
         let p = dir.join(MANIFEST);
-        let text = fs::read_to_string(&p).map_err(|_| CheckpointError::Damaged {
-            dir: dir.to_path_buf(),
-            reason: "manifest.json is missing or unreadable (incomplete checkpoint)".into(),
+        let text = fs::read_to_string(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => CheckpointError::Damaged {
+                dir: dir.to_path_buf(),
+                reason: "manifest.json is missing (incomplete checkpoint)".into(),
+            },
+            _ => CheckpointError::io(&p, e),
         })?;
         let m: Manifest = serde_json::from_str(&text).map_err(|e| CheckpointError::Damaged {
             dir: dir.to_path_buf(),
@@ -104,15 +110,21 @@ impl Manifest {
         Ok(m)
     }
 
-    /// Check every listed file's size and checksum.
+    /// Check every listed file's size and checksum: a file missing or unlike its entry makes
+    /// the checkpoint [`CheckpointError::Damaged`]; one that cannot be read now is
+    /// [`CheckpointError::Io`].
     pub fn verify(&self, dir: &Path) -> Result<(), CheckpointError> {
         for (name, entry) in &self.files {
             let p = dir.join(name);
-            if !p.is_file() {
-                return Err(CheckpointError::Damaged {
-                    dir: dir.to_path_buf(),
-                    reason: format!("file `{name}` listed in the manifest is missing"),
-                });
+            let missing = || CheckpointError::Damaged {
+                dir: dir.to_path_buf(),
+                reason: format!("file `{name}` listed in the manifest is missing"),
+            };
+            match fs::metadata(&p) {
+                Ok(m) if m.is_file() => {}
+                Ok(_) => return Err(missing()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
+                Err(e) => return Err(CheckpointError::io(&p, e)),
             }
             let actual = sha256_file(&p)?;
             if actual.bytes != entry.bytes {

@@ -320,10 +320,26 @@ impl CheckpointStore {
             .map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
         let _ = fs::remove_dir_all(&trash);
-        let latest = self.root.join("latest");
-        crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes())
-            .map_err(|e| CheckpointError::io(&latest, e))?;
+        // The checkpoint is complete: old ones go first (a full disk gets their space back
+        // for the pointer), and a pointer that cannot be written is only a warning, as
+        // `--resume latest` does not read it.
         self.prune(&final_dir);
+        let latest = self.root.join("latest");
+        fault::point("checkpoint-latest");
+        let pointed = match fault::fires("latest-pointer-fails") {
+            true => Err(std::io::Error::other(
+                "No space left on device (os error 28) [injected by REEL_FAULT]",
+            )),
+            false => crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes()),
+        };
+        let pointed = pointed.map_err(|e| CheckpointError::io(&latest, e));
+        if let Err(e) = pointed {
+            crate::console::say(&format!(
+                "reel: warning: {e}: the pointer to the newest checkpoint was not updated; \
+                 {} is complete, and `--resume latest` finds it without the pointer",
+                final_dir.display()
+            ));
+        }
         Ok(final_dir)
     }
 
@@ -367,11 +383,12 @@ impl CheckpointStore {
         (steps, set_aside)
     }
 
-    /// Remove leftovers of interrupted saves (a previous copy moved aside only once its step
-    /// has a copy in place), then all checkpoints but `kept` (the one just written, never
-    /// removed) and the newest `keep_last - 1` others that have a manifest: those without one
-    /// (or with one that does not parse), which no resume can take, are removed without
-    /// counting, so they never push out an older resumable checkpoint.
+    /// Remove leftovers of interrupted saves and prunes (a previous copy moved aside only
+    /// once its step has a copy in place), then all checkpoints but `kept` (the one just
+    /// written, never removed) and the newest `keep_last - 1` others that have a manifest:
+    /// those without one (or with one that does not parse), which no resume can take, are
+    /// moved aside without counting ([`Self::set_aside_damaged`]), so they never push out an
+    /// older resumable checkpoint.
     fn prune(&self, kept: &Path) {
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
@@ -386,11 +403,43 @@ impl CheckpointStore {
         }
         let others = self.list().into_iter().filter(|(_, d)| d != kept);
         let (damaged, intact): (Vec<_>, Vec<_>) = others.partition(|(_, d)| lacks_manifest(d));
-        let removed = damaged
-            .into_iter()
-            .chain(intact.into_iter().skip(self.keep_last - 1));
-        for (_, dir) in removed {
-            let _ = fs::remove_dir_all(dir);
+        for (_, dir) in damaged {
+            self.set_aside_damaged(&dir);
+        }
+        for (_, dir) in intact.into_iter().skip(self.keep_last - 1) {
+            // Renamed first, so that a crash while deleting leaves a leftover the next prune
+            // removes, never a `step-N` folder without its manifest.
+            let doomed = self.root.join(format!(
+                ".tmp-pruned-{}-{}",
+                file_name(&dir),
+                std::process::id()
+            ));
+            if fs::rename(&dir, &doomed).is_ok() {
+                let _ = fs::remove_dir_all(doomed);
+            }
+        }
+    }
+
+    /// Move a checkpoint folder without a manifest that parses (edited by hand, or another
+    /// tool's) to `damaged-<name>[-k]/`, out of listing and pruning, and say so: what it holds
+    /// may be someone's only copy, so it is not deleted. (Saves never leave such a folder:
+    /// one is renamed into place with its manifest, and pruning renames before deleting.)
+    fn set_aside_damaged(&self, dir: &Path) {
+        let base = format!("damaged-{}", file_name(dir).trim_start_matches('.'));
+        let aside = (1..)
+            .map(|k| match k {
+                1 => self.root.join(&base),
+                k => self.root.join(format!("{base}-{k}")),
+            })
+            .find(|d| !d.exists())
+            .expect("an unused folder name");
+        if fs::rename(dir, &aside).is_ok() {
+            crate::console::say(&format!(
+                "reel: warning: {} has no readable manifest, so no resume can take it: moved \
+                 to {} (delete it when no longer needed)",
+                dir.display(),
+                aside.display()
+            ));
         }
     }
 
@@ -489,9 +538,21 @@ impl CheckpointStore {
         }
     }
 
-    /// Verify one checkpoint folder: manifest present, checksums match, same config.
+    /// Verify one checkpoint folder: manifest present, of the step its name says (a
+    /// `step-N` folder; a copy renamed by hand is not taken for another step), checksums
+    /// match, same config.
     pub fn verify(dir: &Path, config_fingerprint: &str) -> Result<Manifest, CheckpointError> {
         let m = Manifest::read(dir)?;
+        let name = file_name(dir);
+        if let Some(n) = step_of(&name)
+            .or(step_set_aside(&name))
+            .filter(|&n| n != m.step)
+        {
+            return Err(CheckpointError::Damaged {
+                dir: dir.to_path_buf(),
+                reason: format!("its name says step {n}, its manifest step {}", m.step),
+            });
+        }
         m.verify(dir)?;
         if m.config_fingerprint != config_fingerprint {
             return Err(CheckpointError::ConfigMismatch {
@@ -518,10 +579,12 @@ impl CheckpointStore {
         for (_, dir) in self.list() {
             match Self::verify(&dir, config_fingerprint) {
                 Ok(m) => return Ok((dir, m, warnings)),
-                Err(e @ CheckpointError::ConfigMismatch { .. }) => return Err(e),
-                Err(e) => {
+                // Only a checkpoint known to be damaged is passed over: one that cannot be
+                // read now may be intact, and resuming before it would set it aside.
+                Err(e @ CheckpointError::Damaged { .. }) => {
                     warnings.push(format!("{e}; skipped, falling back to an older checkpoint"))
                 }
+                Err(e) => return Err(e),
             }
         }
         Err(CheckpointError::NoCheckpoint {
@@ -651,7 +714,7 @@ mod tests {
         assert!(again.ends_with("abandoned-after-step-00000002-2"));
         assert_eq!(fs::read_dir(&aside).unwrap().count(), 2);
         // With keep_last = 1 and a damaged newer checkpoint left in place, the checkpoint
-        // just written stays and the damaged one goes.
+        // just written stays and the damaged one is moved aside.
         let d5 = save(&store, 5, "fp");
         fs::remove_file(d5.join(MANIFEST)).unwrap();
         let one = CheckpointStore::new(tmp.path(), 1);
@@ -709,8 +772,10 @@ mod tests {
     }
 
     /// Pruning keeps `keep_last` checkpoints with a manifest: one without (which no resume
-    /// can take) is removed and does not take the place of an older resumable one; one whose
-    /// manifest cannot be read now (here: a folder in its place) is kept and counted.
+    /// can take) is moved aside, not deleted, and does not take the place of an older
+    /// resumable one; one whose manifest cannot be read now (here: a folder in its place) is
+    /// kept and counted, and `--resume latest` stops at it with the read error rather than
+    /// falling back past it.
     #[test]
     fn damaged_checkpoints_do_not_count_towards_keep_last() {
         let tmp = tempfile::tempdir().unwrap();
@@ -724,6 +789,8 @@ mod tests {
             "the intact fallback was pruned for a damaged one"
         );
         assert!(!d2.exists());
+        let kept = store.root().join("damaged-step-00000002");
+        assert!(kept.join("w.safetensors").is_file(), "its files were lost");
         assert_eq!(store.list().len(), 2);
         let d4 = save(&store, 4, "fp");
         fs::remove_file(d4.join(MANIFEST)).unwrap();
@@ -734,6 +801,50 @@ mod tests {
             "a manifest that cannot be read now is no missing one"
         );
         assert_eq!(store.list().len(), 2);
+        let d5 = store.step_dir(5);
+        fs::remove_file(d5.join(MANIFEST)).unwrap();
+        fs::create_dir(d5.join(MANIFEST)).unwrap();
+        let err = store.resolve("latest", "fp").unwrap_err();
+        assert!(matches!(err, CheckpointError::Io { .. }), "{err}");
+        assert!(err.to_string().contains("step-00000005"), "{err}");
+        // Nothing was pruned, set aside or left behind.
+        let names = |s: &CheckpointStore| {
+            let mut n: Vec<String> = (fs::read_dir(s.root()).unwrap())
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(
+            names(&store),
+            [
+                "damaged-step-00000002",
+                "latest",
+                "step-00000004",
+                "step-00000005"
+            ]
+        );
+    }
+
+    /// A checkpoint copied under another step's name is not taken for that step: `--resume
+    /// latest` passes over it, saying why.
+    #[test]
+    fn a_checkpoint_under_another_steps_name_is_damaged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::new(tmp.path(), 5);
+        let d1 = save(&store, 1, "fp");
+        let copy = store.step_dir(9);
+        fs::create_dir(&copy).unwrap();
+        for e in fs::read_dir(&d1).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+        let (dir, m, warn) = store.resolve("latest", "fp").unwrap();
+        assert_eq!((dir, m.step), (d1, 1));
+        assert!(
+            warn[0].contains("its name says step 9, its manifest step 1"),
+            "{warn:?}"
+        );
     }
 
     #[test]

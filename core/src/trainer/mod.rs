@@ -370,22 +370,33 @@ pub fn check_run_outside_data(
     Err(run_dir_error(loaded, output, message))
 }
 
-/// A run started without `--resume` must not write into a folder that holds another run's
-/// checkpoints: its step numbers would overwrite theirs and its `final/` replace theirs. An
-/// error keyed where the folder came from says how to continue that run or start a new one.
+/// A run must not write into a folder that holds another run's checkpoints: its step numbers
+/// would overwrite theirs and its `final/` replace theirs. That is any run started without
+/// `--resume`, and one resumed from a checkpoint outside the folder (a branch of another
+/// run): the run there would lose its newer checkpoints (set aside), its `final/` and its
+/// metrics to the branch. An error keyed where the folder came from says what to do.
 fn check_not_a_run(loaded: &LoadedConfig, opts: &TrainOptions) -> Result<(), TrainError> {
-    if opts.resume.is_some() {
-        return Ok(());
-    }
     let run_dir = run_dir_for(loaded, opts.output_dir.as_deref());
+    let branch = match opts.resume.as_deref() {
+        None => None,
+        Some("latest") => return Ok(()),
+        Some(p) if paths::resolved(Path::new(p)).starts_with(paths::resolved(&run_dir)) => {
+            return Ok(())
+        }
+        Some(p) => Some(p),
+    };
     let Some(earlier) = EarlierRun::in_folder(&run_dir) else {
         return Ok(());
     };
-    let message = format!(
-        "`{}` already holds a run ({earlier}): {}",
-        run_dir.display(),
-        earlier.what_to_do()
-    );
+    let held = format!("`{}` already holds a run ({earlier})", run_dir.display());
+    let message = match branch {
+        None => format!("{held}: {}", earlier.what_to_do()),
+        Some(p) => format!(
+            "{held}, and `--resume {p}` is not one of its checkpoints: resuming another run's \
+             checkpoint here would mix the two runs (this one's checkpoints set aside, its \
+             `final/` and metrics replaced); give the branch a folder of its own (`--output`)"
+        ),
+    };
     Err(run_dir_error(loaded, opts.output_dir.as_deref(), message).into())
 }
 

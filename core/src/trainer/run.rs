@@ -150,9 +150,8 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
             None => (None, String::new()),
         };
-        if opts.processes.is_some() {
-            trainer.check_same_start(resumed.as_deref(), &manifest)?;
-        }
+        // Every worker resolved `--resume` on its own (a file system may answer them apart).
+        trainer.check_same_start(resumed.as_deref(), &manifest)?;
         // Only once every process agrees on the step: a process resuming an older checkpoint
         // than the others must not move their newer ones aside.
         if resumed.is_some() && trainer.seat.is_main() {
@@ -200,12 +199,19 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     /// Restore the checkpoint `found` by [`CheckpointStore::resolve`] (its folder, manifest
     /// and the warnings about checkpoints skipped); returns its folder.
     fn resume(&mut self, found: (PathBuf, Manifest, Vec<String>)) -> Result<PathBuf, TrainError> {
-        let (dir, _manifest, warnings) = found;
+        let (dir, manifest, warnings) = found;
         let main = self.seat.is_main();
         for w in warnings.iter().filter(|_| main) {
             say(&format!("reel: warning: {w}"));
         }
         let st = state::restore(&dir, &mut *self.method)?;
+        if st.step != manifest.step {
+            let reason = format!(
+                "its state.json is of step {}, its manifest of step {}",
+                st.step, manifest.step
+            );
+            return Err(CheckpointError::Damaged { dir, reason }.into());
+        }
         let seed = self.loaded.config.runtime.seed;
         if st.seed != seed {
             return Err(ConfigError::new(
@@ -317,8 +323,9 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             None => "starts a new run at step 0".to_string(),
         };
         Err(ParallelError::Processes(format!(
-            "they start from different checkpoints: worker {} {from}; every process must see the \
-             same run folder (a shared file system) and be given the same --resume",
+            "they start from different checkpoints: worker {} {from}; every worker must find the \
+             same one (processes: the same run folder on a shared file system, and the same \
+             --resume)",
             self.seat.rank
         ))
         .into())
