@@ -235,6 +235,14 @@ fn lora_run_trains_checkpoints_and_exports_only_the_adapter() {
         (Some(spec.rank as u64), Some(spec.alpha))
     );
 
+    // The checkpoint's own weights file lacks the alpha: refused, pointing at the export.
+    let err = read_lora_file(ckpt.join("student.safetensors")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`reel export <checkpoint> --format lora`"),
+        "{err}"
+    );
+
     // Loaded back onto the base model: identical to the role rebuilt with the checkpoint.
     let from_file = load_lora(base_model(), &file).unwrap();
     let role = &loaded.config.models["student"];

@@ -47,8 +47,17 @@ pub fn is_known_target(target: &str) -> bool {
             && pat[pat.len() - parts.len()..]
                 .iter()
                 .zip(&parts)
-                .all(|(p, t)| p == t || (*p == "{}" && t.chars().all(|c| c.is_ascii_digit())))
+                .all(|(p, t)| part_fits(p, t))
     })
+}
+
+/// Whether the target part `t` fits the pattern part `p`: the same name, or digits where the
+/// pattern has `{}` (a literal `{}`, copied from an error listing the patterns, is no index).
+fn part_fits(p: &str, t: &str) -> bool {
+    match p {
+        "{}" => !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()),
+        _ => p == t,
+    }
 }
 
 /// The block index `target` names, where its parts align with a `blocks.{}` of
@@ -60,9 +69,7 @@ pub fn block_index(target: &str) -> Option<usize> {
         let pat: Vec<&str> = pattern.split('.').collect();
         let tail = pat.get(pat.len().checked_sub(parts.len())?..)?;
         let aligned = tail.iter().zip(&parts);
-        let fits = aligned
-            .clone()
-            .all(|(p, t)| p == t || (*p == "{}" && t.bytes().all(|b| b.is_ascii_digit())));
+        let fits = aligned.clone().all(|(p, t)| part_fits(p, t));
         fits.then(|| {
             aligned
                 .filter(|(p, _)| **p == "{}")
@@ -267,7 +274,8 @@ pub fn lora_module_paths<B: Backend>(model: &mut WanModel<B>) -> Vec<String> {
 
 /// Set the runtime multiplier of every adapter (diffusers `attention_kwargs={"scale": s}`):
 /// the adapter branch becomes `s · alpha / r · B A x`. Returns the number of adapted layers.
-/// Has no effect on layers whose adapter is merged until they are unmerged.
+/// Has no effect on layers whose adapter is merged until they are unmerged (the unmerge
+/// takes back the update merged with the multiplier of then).
 pub fn set_lora_scale<B: Backend>(model: &mut WanModel<B>, scale: f64) -> usize {
     let mut n = 0;
     for (_, lin) in wan_linears_mut(model) {
@@ -320,6 +328,8 @@ mod tests {
             "norm_q",
             "to_out",
             "blocks.x.attn1.to_q",
+            "blocks.{}.attn1.to_q",
+            "{}.ffn.net.2",
             "attn3.to_q",
             "a..b",
             "patch_embedding",

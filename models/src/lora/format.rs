@@ -6,7 +6,9 @@
 //! prefixed `transformer.` (`transformer.r`, `transformer.lora_alpha`,
 //! `transformer.target_modules`, ...), dumped with `indent=2, sort_keys=True`. A file without
 //! that metadata loads with `lora_alpha = r` (scale 1), as diffusers does. Bare module keys
-//! (Reel checkpoints) and PEFT's `base_model.model.` prefix are read too.
+//! and PEFT's `base_model.model.` prefix are read too. A Reel checkpoint's weights file
+//! (`format = reel`, no adapter metadata) is refused: its alpha is not in it
+//! (`reel export --format lora` writes a file that has it).
 //!
 //! **ComfyUI / original Wan names** (read and write):
 //! `diffusion_model.blocks.0.self_attn.q.lora_down.weight`, `….lora_up.weight` (or `lora_A` /
@@ -219,13 +221,14 @@ pub(crate) fn normalise(
         };
         match (comfy_module_to_diffusers(module), kind) {
             (Some(m), ".alpha") => {
-                alphas.insert(
-                    m,
-                    t.to_vec::<f32>()
-                        .ok()
-                        .and_then(|v| v.first().copied())
-                        .unwrap_or(f32::NAN) as f64,
-                );
+                let value = t.to_vec::<f32>().ok().filter(|v| v.len() == 1);
+                match value.map(|v| v[0]).filter(|a| a.is_finite()) {
+                    Some(a) => alphas.insert(m, a as f64),
+                    None => {
+                        let why = format!("`{key}` must hold one finite number, the alpha");
+                        return Err(file_err(path, why));
+                    }
+                };
             }
             (Some(m), suffix) if !suffix.is_empty() => {
                 out.insert(format!("{m}{suffix}"), t);

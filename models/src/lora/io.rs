@@ -172,7 +172,18 @@ pub fn read_lora_file(path: impl AsRef<Path>) -> Result<LoraFile, LoraError> {
         .max_by_key(|(r, n)| (**n, std::cmp::Reverse(**r)))
         .map(|(r, _)| *r)
         .expect("non-empty");
-    let fields = metadata_fields(path, &meta.unwrap_or_default())?;
+    let meta = meta.unwrap_or_default();
+    if meta.get("format").is_some_and(|f| f == "reel") && !meta.contains_key(METADATA_KEY) {
+        // A checkpoint's weights file: without the alpha its scale would be guessed as 1.
+        return Err(file_err(
+            path,
+            "a Reel checkpoint's weights: they hold the adapter's tensors but not its alpha, \
+             so their scale is unknown; `reel export <checkpoint> --format lora` writes an \
+             adapter file that has it"
+                .into(),
+        ));
+    }
+    let fields = metadata_fields(path, &meta)?;
     let has_metadata = fields.is_some();
     let fields = fields.unwrap_or_default();
     let num = |k: &str| fields.get(k).and_then(Value::as_f64);

@@ -71,7 +71,8 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer, Umt5Error> {
     Ok(tok)
 }
 
-/// The tokenizer of the text encoder folder `text_encoder`: `given`, else its own
+/// The tokenizer of the text encoder folder `text_encoder` (or of the folder of its weights
+/// file): `given`, else its own
 /// `tokenizer.json`, else the `tokenizer/` folder beside it, as a diffusers pipeline lays
 /// them out (`<model>/text_encoder`, `<model>/tokenizer/tokenizer.json`). An error names
 /// both places when none is given and neither holds one.
@@ -82,7 +83,12 @@ pub fn tokenizer_for(
     if let Some(t) = given {
         return Ok(t.to_path_buf());
     }
-    let dir = text_encoder.as_ref();
+    // The encoder may be named by its weights file (`text_encoder/model.safetensors`).
+    let given_encoder = text_encoder.as_ref();
+    let dir = match given_encoder.is_file() {
+        true => given_encoder.parent().unwrap_or(Path::new(".")),
+        false => given_encoder,
+    };
     let own = dir.join("tokenizer.json");
     let sibling = dir
         .parent()
@@ -246,6 +252,13 @@ mod tests {
         std::fs::write(enc.join("tokenizer.json"), "{}").unwrap();
         assert_eq!(
             tokenizer_for(None, &enc).unwrap(),
+            enc.join("tokenizer.json")
+        );
+        // The encoder named by its weights file: the same places, from its folder.
+        let weights = enc.join("model.safetensors");
+        std::fs::write(&weights, "").unwrap();
+        assert_eq!(
+            tokenizer_for(None, &weights).unwrap(),
             enc.join("tokenizer.json")
         );
         let given = Path::new("elsewhere/tokenizer.json");

@@ -49,6 +49,9 @@ pub struct Linear<B: Backend> {
     /// Whether `s · B A` has been added into `weight` ([`Self::merge_lora`]); the forward
     /// pass then skips the adapter branch.
     pub lora_merged: bool,
+    /// The factor `s` the merged update was added with, which [`Self::unmerge_lora`] takes
+    /// back whatever the multiplier became since (0 when not merged).
+    pub lora_merged_factor: f64,
     /// Compute precision of the products: with `Bf16` the input and the (float32 master)
     /// weights are cast to bfloat16 for the matrix product. The output has the input's dtype
     /// either way (bfloat16 activations stay bfloat16, float32 inputs get float32 outputs),
@@ -76,6 +79,7 @@ impl<B: Backend> Linear<B> {
             lora_scaling: 0.0,
             lora_multiplier: 1.0,
             lora_merged: false,
+            lora_merged_factor: 0.0,
             precision: Precision::F32,
         }
     }
@@ -116,6 +120,7 @@ impl<B: Backend> Linear<B> {
         self.lora_scaling = scaling;
         self.lora_multiplier = 1.0;
         self.lora_merged = false;
+        self.lora_merged_factor = 0.0;
     }
 
     /// Drop the adapter (the weight keeps any merged update).
@@ -125,6 +130,7 @@ impl<B: Backend> Linear<B> {
         self.lora_scaling = 0.0;
         self.lora_multiplier = 1.0;
         self.lora_merged = false;
+        self.lora_merged_factor = 0.0;
     }
 
     /// The effective factor of the adapter branch (`scaling · multiplier`).
@@ -133,10 +139,10 @@ impl<B: Backend> Linear<B> {
     }
 
     /// `factor · B A` `[out, in]`, detached from any autodiff graph.
-    fn lora_delta(&self) -> Option<Tensor<B, 2>> {
+    fn lora_delta(&self, factor: f64) -> Option<Tensor<B, 2>> {
         let (a, b) = (self.lora_A.as_ref()?, self.lora_B.as_ref()?);
         let delta = b.weight.val().detach().matmul(a.weight.val().detach());
-        Some(delta.mul_scalar(self.lora_factor()))
+        Some(delta.mul_scalar(factor))
     }
 
     fn add_to_weight(&mut self, delta: Tensor<B, 2>) {
@@ -159,25 +165,29 @@ impl<B: Backend> Linear<B> {
         if self.lora_merged {
             return false;
         }
-        let Some(delta) = self.lora_delta() else {
+        let factor = self.lora_factor();
+        let Some(delta) = self.lora_delta(factor) else {
             return false;
         };
         self.add_to_weight(delta);
         self.lora_merged = true;
+        self.lora_merged_factor = factor;
         true
     }
 
-    /// Undo [`Self::merge_lora`], `W ← W − s · B A` (equal to the base weight up to float
-    /// rounding). Returns whether anything was unmerged.
+    /// Undo [`Self::merge_lora`], `W ← W − s · B A` with the `s` it was merged with (equal to
+    /// the base weight up to float rounding, whatever multiplier was set since). Returns
+    /// whether anything was unmerged.
     pub fn unmerge_lora(&mut self) -> bool {
         if !self.lora_merged {
             return false;
         }
-        let Some(delta) = self.lora_delta() else {
+        let Some(delta) = self.lora_delta(self.lora_merged_factor) else {
             return false;
         };
         self.add_to_weight(delta.neg());
         self.lora_merged = false;
+        self.lora_merged_factor = 0.0;
         true
     }
 

@@ -130,7 +130,12 @@ fn merge_matches_fuse_lora_and_unmerge_restores_the_base() {
     );
     check("output_lora_merged", &forward(&model));
 
+    // A multiplier set while merged acts once unmerged; the unmerge takes back what the
+    // merge added (with the multiplier of then), so the base comes back whole below.
+    set_lora_scale(&mut model, 0.5);
+    check("output_lora_merged", &forward(&model));
     assert_eq!(unmerge_lora(&mut model), modules);
+    set_lora_scale(&mut model, 1.0);
     check("output_lora", &forward(&model));
     unload_lora(&mut model);
     let restored = named_tensor_data(&model);
@@ -225,6 +230,22 @@ fn comfy_style_keys_load_to_the_same_model() {
     assert_eq!(file.style, KeyStyle::Comfy);
     let model = load_lora(fixture_model::<Cpu>(&Default::default()), &path).unwrap();
     check("output_lora", &forward(&model));
+    // An alpha that is no number (empty, NaN) is an error naming the key, not a NaN scale.
+    let first_alpha = comfy
+        .iter()
+        .position(|(k, _)| k.ends_with(".alpha"))
+        .unwrap();
+    let key = comfy[first_alpha].0.clone();
+    for bad in [vec![], vec![f32::NAN]] {
+        let n = bad.len();
+        comfy[first_alpha].1 = TensorData::new(bad, [n]);
+        write_safetensors(&path, &comfy, None).unwrap();
+        let err = read_lora_file(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(&key) && err.contains("one finite number"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
