@@ -105,6 +105,22 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
             checkpoint.display()
         );
     }
+    // A step folder of a run's checkpoints not saved yet: that step's save replaces it.
+    let step_slot = |dir: &Path| {
+        let step = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+        let store = |p: &Path| p.join("latest").is_file() || p.ends_with("checkpoints");
+        step && dir.parent().is_some_and(store)
+    };
+    if let Some(slot) = resolved.ancestors().find(|a| step_slot(a)) {
+        bail!(
+            "--out {} lies in {}, where the run saves a checkpoint: that save replaces the \
+             folder, the export with it; export into another folder",
+            out.display(),
+            slot.display()
+        );
+    }
     if format == ExportFormat::Diffusers && out.join(INDEX_FILE).exists() {
         bail!(
             "--out {} holds a sharded model ({INDEX_FILE}): a loader would read its shards, \
@@ -302,6 +318,13 @@ mod tests {
             );
         }
         check_out(&step.join("../exported"), ExportFormat::Lora, false).unwrap();
+        // The folder of a step not saved yet: that step's save would replace it.
+        let later = store.step_dir(6).join("lora");
+        let err = check_out(&later, ExportFormat::Lora, true).unwrap_err();
+        assert!(
+            err.to_string().contains("where the run saves a checkpoint"),
+            "{err}"
+        );
     }
 
     #[test]
