@@ -116,7 +116,12 @@ pub fn latent_dims(shape: &[i64]) -> Result<[usize; 4], String> {
     }
 }
 
-/// Interpret a stored text-embedding shape: `[L, D]` or `[1, L, D]`. Returns `[L, D]`.
+/// The widest text embedding a data file may store (UMT5-XXL's is 4096): a wider `D` is a
+/// damaged shape, whose `text_len × D` padded embedding would not fit in memory.
+pub const MAX_TEXT_DIM: usize = 1 << 16;
+
+/// Interpret a stored text-embedding shape: `[L, D]` or `[1, L, D]`, `0 < D ≤`
+/// [`MAX_TEXT_DIM`]. Returns `[L, D]`.
 pub fn text_dims(shape: &[i64]) -> Result<[usize; 2], String> {
     let dims: Vec<usize> = shape
         .iter()
@@ -124,9 +129,10 @@ pub fn text_dims(shape: &[i64]) -> Result<[usize; 2], String> {
         .collect::<Option<_>>()
         .ok_or_else(|| format!("text embedding shape {shape:?} has a negative dimension"))?;
     match dims.as_slice() {
-        [l, d] | [1, l, d] if *d > 0 => Ok([*l, *d]),
+        [l, d] | [1, l, d] if (1..=MAX_TEXT_DIM).contains(d) => Ok([*l, *d]),
         _ => Err(format!(
-            "text embedding shape {shape:?}: expected [L, D] or [1, L, D] with D > 0"
+            "text embedding shape {shape:?}: expected [L, D] or [1, L, D] with 0 < D ≤ \
+             {MAX_TEXT_DIM}"
         )),
     }
 }
@@ -264,6 +270,11 @@ mod tests {
         assert_eq!(text_dims(&[7, 32]).unwrap(), [7, 32]);
         assert_eq!(text_dims(&[1, 7, 32]).unwrap(), [7, 32]);
         assert!(text_dims(&[7, 0]).is_err());
+        assert_eq!(text_dims(&[0, 1 << 16]).unwrap(), [0, 1 << 16]);
+        assert!(
+            text_dims(&[0, 1 << 40]).is_err(),
+            "an empty embedding that wide"
+        );
         assert!(text_dims(&[2, 7, 32]).is_err());
         assert_eq!(numel(&[2, 3, 4]).unwrap(), 24);
         assert!(numel(&[2, -3]).is_err());

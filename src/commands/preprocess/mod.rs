@@ -243,16 +243,8 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     // text encoder (a run stopped before its first shard, resumed with other models) is
     // replaced.
     let same_models = resume::recorded_as(&args.out, settings);
-    // Only now, with the models loaded, is the folder taken over: the shards of clips or
-    // captions changed since are marked for redoing before the new stamps are recorded.
-    let stamps: Vec<Vec<(String, String)>> = items
-        .chunks(args.rows_per_file)
-        .map(|chunk| chunk.iter().map(|i| (i.name(), i.stamp())).collect())
-        .collect();
-    resume::redo_changed(&args.out, &stamps)?;
-    let mut recorded = settings.clone();
-    recorded[resume::STAMPS] = stamps.iter().flatten().cloned().collect();
-    resume::record(&args.out, &recorded)?;
+    // Written before the new settings are recorded: a run stopped between the two must not
+    // leave the old encoder's negative under the new settings, where it would be kept.
     let negative = args.out.join(negative::FILE_NAME);
     let stored = negative::stored_prompt(&negative);
     if !same_models || stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
@@ -265,6 +257,16 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
         }
         super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
     }
+    // Only now, with the models loaded, is the folder taken over: the shards of clips or
+    // captions changed since are marked for redoing before the new stamps are recorded.
+    let stamps: Vec<Vec<(String, String)>> = items
+        .chunks(args.rows_per_file)
+        .map(|chunk| chunk.iter().map(|i| (i.name(), i.stamp())).collect())
+        .collect();
+    resume::redo_changed(&args.out, &stamps)?;
+    let mut recorded = settings.clone();
+    recorded[resume::STAMPS] = stamps.iter().flatten().cloned().collect();
+    resume::record(&args.out, &recorded)?;
     let start = Instant::now();
     let bar = progress::bar(items.len() as u64, "clips");
     let mut count = Counts::default();

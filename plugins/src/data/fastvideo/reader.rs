@@ -91,8 +91,9 @@ impl ParquetFile {
     /// Open `path` and parse its footer.
     pub fn open(path: &Path) -> Result<Self, String> {
         let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-        let reader = SerializedFileReader::new(file)
-            .map_err(|e| format!("not a readable parquet file: {e}"))?;
+        let reader = guarded(|| {
+            SerializedFileReader::new(file).map_err(|e| format!("not a readable parquet file: {e}"))
+        })?;
         Ok(ParquetFile { reader })
     }
 
@@ -129,6 +130,15 @@ impl ParquetFile {
 
     /// Read row `row` of row group `group`.
     pub fn read(&self, columns: &Columns, group: usize, row: usize) -> Result<RawRecord, String> {
+        guarded(|| self.read_unguarded(columns, group, row))
+    }
+
+    fn read_unguarded(
+        &self,
+        columns: &Columns,
+        group: usize,
+        row: usize,
+    ) -> Result<RawRecord, String> {
         let groups = self.reader.metadata().num_row_groups();
         if group >= groups {
             return Err(format!(
@@ -174,6 +184,17 @@ impl ParquetFile {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// `f`, with a panic of the parquet reader (which some corrupt pages and footers cause) made
+/// an error, which the callers name the file and record in.
+fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let why = (payload.downcast_ref::<String>().cloned())
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "no message".into());
+        Err(format!("the parquet reader failed on it: {why}"))
+    })
 }
 
 fn skip(skipped: parquet::errors::Result<usize>, row: usize, name: &str) -> Result<(), String> {
@@ -242,6 +263,16 @@ mod tests {
     use parquet::file::writer::SerializedFileWriter;
 
     use super::*;
+
+    /// A panic inside the reader becomes an error carrying its message; errors and values
+    /// pass through.
+    #[test]
+    fn a_reader_panic_is_an_error() {
+        let err = guarded::<()>(|| panic!("index 9 out of range")).unwrap_err();
+        assert_eq!(err, "the parquet reader failed on it: index 9 out of range");
+        assert_eq!(guarded(|| Ok::<_, String>(3)), Ok(3));
+        assert_eq!(guarded::<()>(|| Err("bad".into())), Err("bad".into()));
+    }
 
     /// A shape list with a null element, a null list and an empty list are each refused
     /// (not read as a shorter shape); a whole list reads back.
