@@ -287,6 +287,23 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
         &["--resume", &own, "--set", "training.max_steps=6"],
     ));
     assert!(err.contains("nothing to train"), "{err}");
+    assert!(!err.contains("the checkpoint trained with"), "{err}");
+    // A learning rate changed since the checkpoint: allowed, and said.
+    let lr = [
+        "--set",
+        "training.max_steps=6",
+        "--set",
+        "optimizer.lr=0.002",
+    ];
+    let err = ok(reel(
+        dir,
+        "fresh",
+        &[&["--resume", "latest"][..], &lr].concat(),
+    ));
+    assert!(
+        err.contains("`optimizer.lr` is 0.002 now, the checkpoint trained with 0.001"),
+        "{err}"
+    );
 }
 
 /// A LoRA role's base `weights` file replaced under the same path between two legs of a run

@@ -1,40 +1,95 @@
-//! Where two resolved configs differ in the tables a checkpoint's fingerprint covers, so that a
-//! refused resume can name the key instead of only saying that something differs.
+//! Where two resolved configs differ: in the tables a checkpoint's fingerprint covers, so that
+//! a refused resume can name the key instead of only saying that something differs; and in
+//! the settings a resume may change but that make the run differ from an uninterrupted one,
+//! so that it can say so.
+
+/// One difference: the dotted key and both values as inline TOML (`absent` where a side
+/// lacks the key).
+pub type Difference = (String, String, String);
 
 /// The first key under `[models]` or `[method]` (in key order) whose value differs between
-/// the resolved configs `old` and `new` (TOML texts), with both values as inline TOML
-/// (`absent` where a side lacks the key). `None` when they agree there, or a text does not
-/// parse.
-pub fn fingerprint_difference(old: &str, new: &str) -> Option<(String, String, String)> {
-    let old: toml::Value = toml::from_str::<toml::Table>(old).ok()?.into();
-    let new: toml::Value = toml::from_str::<toml::Table>(new).ok()?.into();
-    ["models", "method"]
-        .into_iter()
-        .find_map(|top| difference(old.get(top), new.get(top), top.to_string()))
+/// the resolved configs `old` and `new` (TOML texts), with both values. `None` when they
+/// agree there, or a text does not parse.
+pub fn fingerprint_difference(old: &str, new: &str) -> Option<Difference> {
+    let (old, new) = parse_both(old, new)?;
+    let mut found = vec![];
+    for top in ["models", "method"] {
+        differences(old.get(top), new.get(top), top.to_string(), &mut found);
+    }
+    found.into_iter().next()
 }
 
-/// The first difference at or below `key`.
-fn difference(
+/// The settings outside the fingerprint that a resume may change but that change what the
+/// steps from there on compute (an uninterrupted run would not): the optimizer, the
+/// precision, accumulation, clipping and non-finite policy, the data (its location aside)
+/// and the EMA callbacks. Every difference between the resolved configs `old` (the
+/// checkpoint's) and `new`, in key order; none when a text does not parse. (`max_steps`,
+/// checkpointing and logging change no step.)
+pub fn resume_differences(old: &str, new: &str) -> Vec<Difference> {
+    let Some((old, new)) = parse_both(old, new) else {
+        return vec![];
+    };
+    let mut found = vec![];
+    for key in [
+        "runtime.dtype",
+        "optimizer",
+        "training.grad_accumulation",
+        "training.max_grad_norm",
+        "training.non_finite",
+        "data",
+    ] {
+        let at = |v: &toml::Value| key.split('.').try_fold(v.clone(), |v, k| v.get(k).cloned());
+        differences(at(&old).as_ref(), at(&new).as_ref(), key.into(), &mut found);
+    }
+    found.retain(|(key, _, _)| key != "data.path");
+    let emas = |v: &toml::Value| -> Vec<(usize, toml::Value)> {
+        let list = v.get("callbacks").and_then(|c| c.as_array()).cloned();
+        let is_ema = |c: &toml::Value| c.get("kind").and_then(|k| k.as_str()) == Some("ema");
+        (list.unwrap_or_default().into_iter().enumerate())
+            .filter(|(_, c)| is_ema(c))
+            .collect()
+    };
+    let (was, now) = (emas(&old), emas(&new));
+    for i in 0..was.len().max(now.len()) {
+        let index = now.get(i).or(was.get(i)).map_or(i, |(j, _)| *j);
+        let (a, b) = (was.get(i).map(|(_, c)| c), now.get(i).map(|(_, c)| c));
+        differences(a, b, format!("callbacks[{index}]"), &mut found);
+    }
+    found
+}
+
+fn parse_both(old: &str, new: &str) -> Option<(toml::Value, toml::Value)> {
+    let old: toml::Value = toml::from_str::<toml::Table>(old).ok()?.into();
+    let new: toml::Value = toml::from_str::<toml::Table>(new).ok()?.into();
+    Some((old, new))
+}
+
+/// Every difference at or below `key`, in key order, appended to `found`.
+fn differences(
     a: Option<&toml::Value>,
     b: Option<&toml::Value>,
     key: String,
-) -> Option<(String, String, String)> {
+    found: &mut Vec<Difference>,
+) {
     use toml::Value::{Array, Table};
     match (a, b) {
         (Some(Table(x)), Some(Table(y))) => {
             let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
             keys.sort();
             keys.dedup();
-            keys.into_iter()
-                .find_map(|k| difference(x.get(k), y.get(k), format!("{key}.{k}")))
+            for k in keys {
+                differences(x.get(k), y.get(k), format!("{key}.{k}"), found);
+            }
         }
         (Some(Array(x)), Some(Array(y))) if x.len() == y.len() => {
-            (0..x.len()).find_map(|i| difference(x.get(i), y.get(i), format!("{key}[{i}]")))
+            for i in 0..x.len() {
+                differences(x.get(i), y.get(i), format!("{key}[{i}]"), found);
+            }
         }
-        _ if a == b => None,
+        _ if a == b => {}
         _ => {
             let show = |v: Option<&toml::Value>| v.map_or("absent".into(), |v| v.to_string());
-            Some((key, show(a), show(b)))
+            found.push((key, show(a), show(b)));
         }
     }
 }
@@ -75,5 +130,40 @@ mod tests {
         assert_eq!(fingerprint_difference(a, b).unwrap().0, "method.steps[1]");
         let c = "[method]\nsteps = [1]\n";
         assert_eq!(fingerprint_difference(a, c).unwrap().0, "method.steps");
+    }
+
+    /// Every setting that changes the steps is reported, with both values; what changes no
+    /// step (`max_steps`, checkpointing, logging, the data's location) is not.
+    #[test]
+    fn resume_differences_list_what_changes_the_steps() {
+        let old = "[runtime]\nseed = 1\ndtype = \"f32\"\n[data]\nkind = \"x\"\npath = \"a\"\n\
+                   batch_size = 2\n[optimizer]\nlr = 0.001\n[training]\nmax_steps = 5\n\
+                   keep_last = 3\n[[callbacks]]\nkind = \"logging\"\nevery_steps = 1\n\
+                   [[callbacks]]\nkind = \"ema\"\ndecay = 0.9\n";
+        assert!(resume_differences(old, old).is_empty());
+        let harmless = old
+            .replace("max_steps = 5", "max_steps = 9")
+            .replace("keep_last = 3", "keep_last = 1")
+            .replace("every_steps = 1", "every_steps = 5")
+            .replace("path = \"a\"", "path = \"b\"");
+        assert_eq!(resume_differences(old, &harmless), vec![]);
+        let changed = old
+            .replace("lr = 0.001", "lr = 0.002")
+            .replace("dtype = \"f32\"", "dtype = \"bf16\"")
+            .replace("batch_size = 2", "batch_size = 4")
+            .replace("decay = 0.9", "decay = 0.99")
+            .replace("keep_last = 3", "keep_last = 3\ngrad_accumulation = 2");
+        let keys: Vec<(String, String, String)> = resume_differences(old, &changed);
+        let pair = |k: &str, a: &str, b: &str| (k.to_string(), a.to_string(), b.to_string());
+        assert_eq!(
+            keys,
+            vec![
+                pair("runtime.dtype", "\"f32\"", "\"bf16\""),
+                pair("optimizer.lr", "0.001", "0.002"),
+                pair("training.grad_accumulation", "absent", "2"),
+                pair("data.batch_size", "2", "4"),
+                pair("callbacks[1].decay", "0.9", "0.99"),
+            ]
+        );
     }
 }

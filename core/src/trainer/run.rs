@@ -240,6 +240,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 self.step
             ));
             self.warn_if_data_changed(&st);
+            self.warn_if_settings_changed(&dir);
             let (was, now) = (st.workers.max(1), self.seat.workers);
             if was != now {
                 let batch = self.loaded.config.data.batch_size();
@@ -270,6 +271,23 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
                 "reel: warning: the samples are {} now, the checkpoint trained on {}",
                 shapes(&spec),
                 shapes(&was)
+            ));
+        }
+    }
+
+    /// Say so for each setting the config changed since the checkpoint that makes the steps
+    /// from here on differ from the uninterrupted run's (the learning rate, the precision,
+    /// the batch, the EMA decay: [`crate::config::resume_differences`]), which a resume
+    /// allows but a user may have changed by mistake.
+    fn warn_if_settings_changed(&self, dir: &std::path::Path) {
+        let Ok(saved) = std::fs::read_to_string(dir.join("config.toml")) else {
+            return;
+        };
+        for (key, was, now) in crate::config::resume_differences(&saved, &self.loaded.resolved_toml)
+        {
+            say(&format!(
+                "reel: warning: `{key}` is {now} now, the checkpoint trained with {was}: the \
+                 steps from here on differ from an uninterrupted run's"
             ));
         }
     }
