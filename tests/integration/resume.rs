@@ -306,6 +306,32 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
     );
 }
 
+/// A run folder another process is training (it holds `<run>/.lock`) is refused, naming the
+/// holder, and nothing is written; once the lock is released the run resumes.
+#[test]
+fn a_run_folder_in_use_is_refused_until_released() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let lock = std::fs::File::options()
+        .write(true)
+        .open(dir.join("clean/.lock"))
+        .expect("the run wrote its lock file");
+    lock.lock().unwrap();
+    std::fs::write(dir.join("clean/.lock"), "4242").unwrap();
+    let more = ["--resume", "latest", "--set", "training.max_steps=6"];
+    let o = reel(dir, "clean", &more);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`clean` is being trained by process 4242"),
+        "{err}"
+    );
+    assert!(!ckpt(&dir.join("clean"), 6).exists(), "{err}");
+    drop(lock);
+    ok(reel(dir, "clean", &more));
+    assert!(ckpt(&dir.join("clean"), 6).join("manifest.json").is_file());
+}
+
 /// A LoRA role's base `weights` file replaced under the same path between two legs of a run
 /// (the config, and so its fingerprint, unchanged) is reported on resume; an unchanged one is
 /// not. (A role trained in full gets every value from the checkpoint; a frozen role's file

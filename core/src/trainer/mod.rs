@@ -10,6 +10,7 @@
 //! non-finite policy), the callbacks and `checkpoint_if_due`.
 
 mod group;
+mod lock;
 mod publish;
 mod run;
 mod stamp;

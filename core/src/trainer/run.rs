@@ -49,6 +49,9 @@ pub struct Trainer<'a, B: ReelBackend> {
     /// Stamps of the weight files the roles were built from ([`super::stamp`]), taken once
     /// at the start: what every checkpoint records and a resume compares.
     weight_stamps: BTreeMap<String, String>,
+    /// The run folder's lock, held by the first worker while the trainer lives
+    /// ([`super::lock`]).
+    _lock: Option<std::fs::File>,
 }
 
 impl<'a, B: ReelBackend> Trainer<'a, B> {
@@ -109,11 +112,13 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .map(|spec| store.resolve(spec, &loaded.fingerprint))
             .transpose()
             .map_err(|e| explain_mismatch(loaded, e))?;
+        let mut lock = None;
         if seat.is_main() {
             // A file where the run writes a folder (or the reverse) fails now, not at the
             // first write.
             (cfg.check_run_folder(&run_dir)).map_err(|e| e.in_file(&loaded.path))?;
             super::create_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
+            lock = super::lock::lock_run_dir(loaded, opts.output_dir.as_deref(), &run_dir)?;
             let resolved = run_dir.join("config.resolved.toml");
             crate::io::replace_file(&resolved, loaded.resolved_toml.as_bytes())
                 .map_err(|e| io_err(&resolved, e))?;
@@ -141,6 +146,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             last_checkpoint: None,
             published: false,
             weight_stamps: super::stamp::role_weight_stamps(loaded),
+            _lock: lock,
         };
         // The checkpoint's manifest (every file's SHA-256) names what a worker resumes.
         let (resumed, manifest) = match resume_from {
