@@ -56,6 +56,23 @@ fn skip_drops_exactly_the_bad_update() {
     let last = weights(&dir.join("skip"), 5, "student.safetensors");
     assert_ne!(last, weights(&dir.join("skip"), 3, "student.safetensors"));
     assert!(last.values().flatten().all(|v| v.is_finite()));
+    assert!(err.contains("1 step(s) were skipped"), "{err}");
+    // Resumed from step 4 (after the skip), the run's count is still the whole run's.
+    let step4 = ckpt(&dir.join("skip"), 4);
+    let o = reel_train(
+        dir,
+        "skip",
+        &[
+            "--resume",
+            step4.to_str().unwrap(),
+            "--set",
+            "training.non_finite=\"skip\"",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("1 step(s) were skipped"), "{err}");
 }
 
 #[test]

@@ -133,6 +133,15 @@ pub struct TrainerState {
     /// recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_len: Option<u64>,
+    /// Steps the run has skipped for non-finite values so far (`training.non_finite =
+    /// "skip"`), so that a resumed run's count is the whole run's (absent: none, or a
+    /// checkpoint from before it was recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl TrainerState {

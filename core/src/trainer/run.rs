@@ -231,6 +231,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             .into());
         }
         self.step = st.step;
+        self.skipped_steps = st.skipped_steps;
         self.loader.set_cursor(st.data_cursor);
         if main {
             for role in super::stamp::changed_weights(&st.weights, &self.weight_stamps) {
@@ -491,6 +492,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             weights: self.weight_stamps.clone(),
             data_spec: self.source.spec(),
             data_len: self.source.len() as u64,
+            skipped_steps: self.skipped_steps,
         };
         let store = self.store.clone();
         let is_final = self.is_final();

@@ -46,6 +46,8 @@ pub(super) struct SavePoint<'a> {
     pub data_spec: DataSpec,
     /// The number of samples of the run's data set.
     pub data_len: u64,
+    /// Steps skipped for non-finite values so far.
+    pub skipped_steps: u64,
 }
 
 fn meta(pairs: &[(&str, String)]) -> Option<HashMap<String, String>> {
@@ -94,6 +96,7 @@ pub(super) fn save<B: AutodiffBackend>(
         weights: at.weights.clone(),
         data_spec: Some(at.data_spec),
         data_len: Some(at.data_len),
+        skipped_steps: at.skipped_steps,
     };
     let json = serde_json::to_string_pretty(&state)
         .unwrap_or_else(|e| panic!("trainer state does not serialize: {e}"));
