@@ -79,7 +79,7 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
     // Sizes past a step's data's memory (noted above) make the floor meaningless. (As one
     // process: a run of several holds its share.)
     let floor = loaded
-        .check_batch_memory(&spec, 1)
+        .check_step_memory(&spec, 1)
         .ok()
         .map(|()| loaded.check_memory_floor(&spec));
     let memory = match floor {

@@ -207,13 +207,13 @@ impl Drop for PendingCheckpoint {
     }
 }
 
+/// The error a fault point that stands for a full disk gives.
+const INJECTED_DISK_FULL: &str = "No space left on device (os error 28) [injected by REEL_FAULT]";
+
 /// The `checkpoint-disk-full` fault point: a write error as a full disk gives it.
 fn injected_disk_full(path: &Path) -> Result<(), CheckpointError> {
     if fault::fires("checkpoint-disk-full") {
-        return Err(CheckpointError::io(
-            path,
-            "No space left on device (os error 28) [injected by REEL_FAULT]",
-        ));
+        return Err(CheckpointError::io(path, INJECTED_DISK_FULL));
     }
     Ok(())
 }
@@ -336,9 +336,7 @@ impl CheckpointStore {
         let latest = self.root.join("latest");
         fault::point("checkpoint-latest");
         let pointed = match fault::fires("latest-pointer-fails") {
-            true => Err(std::io::Error::other(
-                "No space left on device (os error 28) [injected by REEL_FAULT]",
-            )),
+            true => Err(std::io::Error::other(INJECTED_DISK_FULL)),
             false => crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes()),
         };
         let pointed = pointed.map_err(|e| CheckpointError::io(&latest, e));
@@ -429,19 +427,26 @@ impl CheckpointStore {
         }
     }
 
+    /// `<root>/<base>`, or `<base>-2`, `-3`, ... where that exists: a folder name not in use.
+    fn unused_folder(&self, base: &str) -> PathBuf {
+        (1..)
+            .map(|k| match k {
+                1 => self.root.join(base),
+                k => self.root.join(format!("{base}-{k}")),
+            })
+            .find(|d| !d.exists())
+            .expect("an unused folder name")
+    }
+
     /// Move a checkpoint folder without a manifest that parses (edited by hand, or another
     /// tool's) to `damaged-<name>[-k]/`, out of listing and pruning, and say so: what it holds
     /// may be someone's only copy, so it is not deleted. (Saves never leave such a folder:
     /// one is renamed into place with its manifest, and pruning renames before deleting.)
     fn set_aside_damaged(&self, dir: &Path) {
-        let base = format!("damaged-{}", file_name(dir).trim_start_matches('.'));
-        let aside = (1..)
-            .map(|k| match k {
-                1 => self.root.join(&base),
-                k => self.root.join(format!("{base}-{k}")),
-            })
-            .find(|d| !d.exists())
-            .expect("an unused folder name");
+        let aside = self.unused_folder(&format!(
+            "damaged-{}",
+            file_name(dir).trim_start_matches('.')
+        ));
         if fs::rename(dir, &aside).is_ok() {
             crate::console::say(&format!(
                 "reel: warning: {} has no readable manifest, so no resume can take it: moved \
@@ -472,14 +477,7 @@ impl CheckpointStore {
         if newer.is_empty() {
             return Ok(None);
         }
-        let base = format!("abandoned-after-{}", step_dir_name(step));
-        let aside = (1..)
-            .map(|k| match k {
-                1 => self.root.join(&base),
-                k => self.root.join(format!("{base}-{k}")),
-            })
-            .find(|d| !d.exists())
-            .expect("an unused folder name");
+        let aside = self.unused_folder(&format!("abandoned-after-{}", step_dir_name(step)));
         fs::create_dir(&aside).map_err(|e| CheckpointError::io(&aside, e))?;
         let mut names = vec![];
         for dir in &newer {

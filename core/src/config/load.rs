@@ -112,7 +112,7 @@ impl LoadedConfig {
         e.in_section(&format!("callbacks[{i}]")).in_file(&self.path)
     }
 
-    /// A step's data against this machine's memory ([`Self::check_batch_memory`], as one
+    /// A step's data against this machine's memory ([`Self::check_step_memory`], as one
     /// process),
     /// every role whose architecture tells its shape facts from the config alone
     /// ([`ModelConfig::model_info`](crate::model::ModelConfig::model_info)) checked against
@@ -139,7 +139,7 @@ impl LoadedConfig {
         let method = (self.config.method.check_models(&known))
             .map_err(|e| e.in_section("method").in_file(&self.path))
             .err();
-        let batch = self.check_batch_memory(spec, 1).err();
+        let batch = self.check_step_memory(spec, 1).err();
         batch
             .into_iter()
             .chain(roles)

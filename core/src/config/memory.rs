@@ -20,7 +20,7 @@ impl LoadedConfig {
     /// step's, read ahead) against the memory this machine has available
     /// ([`crate::memory::check_step_memory`]): a mistyped size fails here rather than
     /// aborting the process at the first batch.
-    pub fn check_batch_memory(&self, spec: &DataSpec, processes: usize) -> Result<(), ConfigError> {
+    pub fn check_step_memory(&self, spec: &DataSpec, processes: usize) -> Result<(), ConfigError> {
         let share = self.config.data.batch_size().div_ceil(processes.max(1));
         let accumulation = self.config.training.grad_accumulation;
         let available = memory::host_memory_available();

@@ -21,19 +21,6 @@ pub fn batch_bytes(spec: &DataSpec, batch: usize) -> Option<u128> {
         .checked_mul(4)
 }
 
-/// Refuse `batch` samples of `spec` that no machine can count, or that need more than
-/// `available` bytes (`None`: unknown, not checked): an error keyed `data` that names the
-/// batch, the shapes and both sizes.
-pub fn check_batch_memory(
-    spec: &DataSpec,
-    batch: usize,
-    available: Option<u64>,
-) -> Result<(), ConfigError> {
-    let advice = "check the data's sizes and `data.batch_size`";
-    samples_fit(spec, batch, available, advice)
-        .map_err(|why| ConfigError::new("data", format!("one batch of {why}")))
-}
-
 /// Refuse the samples a training step holds on the host at once, where they do not fit in
 /// `available` bytes (`None`: unknown, not checked): its `accumulation` micro-batches of
 /// `batch` samples each, and as many of the next step's, which the loader reads ahead while
@@ -100,13 +87,14 @@ mod tests {
         );
     }
 
+    /// A step of one micro-batch of 1 sample holds 2 samples (its own and the next step's).
     #[test]
     fn a_batch_that_fits_passes_and_one_that_does_not_names_its_sizes() {
         let s = DataSpec::for_tests(2, 12, 12);
         let bytes = batch_bytes(&s, 2).unwrap() as u64;
-        check_batch_memory(&s, 2, Some(bytes)).unwrap();
-        check_batch_memory(&s, 2, None).unwrap();
-        let e = check_batch_memory(&s, 2, Some(bytes - 1)).unwrap_err();
+        check_step_memory(&s, 1, 1, Some(bytes)).unwrap();
+        check_step_memory(&s, 1, 1, None).unwrap();
+        let e = check_step_memory(&s, 1, 1, Some(bytes - 1)).unwrap_err();
         assert_eq!(e.key, "data");
         for want in [
             "2 samples of 4×2×12×12 latents",
@@ -117,7 +105,7 @@ mod tests {
             assert!(e.message.contains(want), "missing {want:?} in {e}");
         }
         let huge = DataSpec::for_tests(1 << 62, 1 << 62, 1 << 62);
-        let e = check_batch_memory(&huge, 1, None).unwrap_err();
+        let e = check_step_memory(&huge, 1, 1, None).unwrap_err();
         assert!(e.message.contains("more values than can be counted"), "{e}");
     }
 

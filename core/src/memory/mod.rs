@@ -1,5 +1,5 @@
-//! What a run needs in memory, checked before it starts: one batch of the data against the
-//! host's memory ([`check_batch_memory`]), and the roles' floor (weights, AdamW, gradients,
+//! What a run needs in memory, checked before it starts: a step's data against the host's
+//! memory ([`check_step_memory`]), and the roles' floor (weights, AdamW, gradients,
 //! the blocks' kept inputs) against each device's ([`MemoryFloor`]). A config that cannot fit
 //! is an error naming the sizes, not an allocation failure minutes into loading weights.
 //! [`allocator`] chooses how the GPU backends hand that memory out (`REEL_GPU_MEMORY`).

@@ -460,7 +460,7 @@ fn check_memory(
     spec: &DataSpec,
 ) -> Result<(), TrainError> {
     let processes = opts.processes.as_ref().map_or(1, |p| p.size());
-    loaded.check_batch_memory(spec, processes)?;
+    loaded.check_step_memory(spec, processes)?;
     let (floor, available) = loaded.check_memory_floor(spec)?;
     if opts.processes.as_ref().is_none_or(|p| p.rank() == 0) {
         let line = crate::memory::describe(&floor, available);

@@ -307,7 +307,9 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
             watch::show_decoding(step, clips.len());
         }
         let style = models.style(&spec, &self.cfg);
-        let frames = (models.frames(&clips, &spec)).map(|f| f.map_err(in_table));
+        // Keyed errors unprefixed: the step's prefix below names the callback.
+        let frames = (models.frames(&clips, &spec))
+            .map(|f| f.map_err(|e| CallbackError::Other(e.to_string())));
         let mut files = output::write_clips(&dir, frames, &captions, &labels, &style)
             .map_err(|e| CallbackError::Other(format!("validation @ step {step}: {e}")))?;
         let sheet_path = dir.join(output::SHEET_FILE);
