@@ -30,6 +30,9 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(e) = super::processes::launcher_unsupported(&loaded) {
+        note(e.in_file(config));
+    }
     loaded.file_problems().into_iter().for_each(&mut note);
     let data = check_data(&loaded, &mut note);
     if let Err(e) = check_run_dir(&loaded) {

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use reel_core::backend::CpuBackend;
-use reel_core::checkpoint::{CheckpointError, Manifest};
+use reel_core::checkpoint::{step_of, CheckpointError, Manifest};
 use reel_core::config::{load_run_config, LoadedConfig};
 use reel_core::role::{RoleHandle, TrainableRole};
 use reel_core::trainer::{ema_file, weights_file};
@@ -106,10 +106,11 @@ fn check_out(out: &Path, format: ExportFormat, force: bool) -> anyhow::Result<()
         );
     }
     // A step folder of a run's checkpoints not saved yet: that step's save replaces it.
+    // Only a step's name (`step-N`, N a number) is one: `checkpoints/step-final` is not.
     let step_slot = |dir: &Path| {
         let step = dir
             .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("step-"));
+            .is_some_and(|n| step_of(&n.to_string_lossy()).is_some());
         let store = |p: &Path| p.join("latest").is_file() || p.ends_with("checkpoints");
         step && dir.parent().is_some_and(store)
     };
@@ -325,6 +326,13 @@ mod tests {
             err.to_string().contains("where the run saves a checkpoint"),
             "{err}"
         );
+        // A folder that only starts like one is no step's.
+        let named = later
+            .parent()
+            .unwrap()
+            .with_file_name("step-final")
+            .join("lora");
+        check_out(&named, ExportFormat::Lora, true).unwrap();
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use anyhow::bail;
-use reel_core::config::{Launcher, LoadedConfig};
+use reel_core::config::{ConfigError, Launcher, LoadedConfig};
 use reel_core::parallel::ProcessHandle;
 #[cfg(feature = "mpi")]
 use reel_core::parallel::Processes;
@@ -69,12 +69,23 @@ fn size_above_one(vars: &[&'static str]) -> Option<(&'static str, usize)> {
     })
 }
 
+/// Why a build without MPI support cannot run `launcher = "mpi"`.
+const MPI_NEEDED: &str = "\"mpi\" needs a reel built with MPI support; expected a build with \
+     `--features mpi` (scripts/install-mpi.sh installs Open MPI), or no launcher for a run in \
+     one process";
+
+/// The error of a config that sets `launcher = "mpi"` in a build without MPI support (`None`
+/// where this build can run it), for `reel check`.
+pub fn launcher_unsupported(loaded: &LoadedConfig) -> Option<ConfigError> {
+    let mpi = loaded.config.runtime.launcher == Some(Launcher::Mpi);
+    (mpi && !cfg!(feature = "mpi")).then(|| ConfigError::new("runtime.launcher", MPI_NEEDED))
+}
+
 #[cfg(not(feature = "mpi"))]
 fn join_mpi(config: &Path) -> anyhow::Result<Job> {
-    bail!(
-        "{}: runtime.launcher: \"mpi\" needs a reel built with MPI support; expected a build with `--features mpi` (scripts/install-mpi.sh installs Open MPI), or no launcher for a run in one process",
-        config.display()
-    )
+    Err(ConfigError::new("runtime.launcher", MPI_NEEDED)
+        .in_file(config)
+        .into())
 }
 
 #[cfg(feature = "mpi")]

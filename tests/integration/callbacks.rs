@@ -331,10 +331,14 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
             "{file} differs after resume"
         );
     }
-    // metrics.jsonl: step 5 of the first leg (after the resumed checkpoint) is gone.
+    // metrics.jsonl: step 5 of the first leg (after the resumed checkpoint) is gone, moved
+    // with its at_end validation to metrics.dropped.jsonl.
     let (train_lines, val_lines) = metrics(&split);
     assert_eq!(steps(&train_lines), [1, 2, 3, 4, 5, 6]);
     assert_eq!(steps(&val_lines), [2, 4, 6]);
+    let dropped = read_metrics(&split.join("metrics.dropped.jsonl")).unwrap();
+    assert_eq!(steps(&dropped), [5, 5]);
+    assert!(is_validation(&dropped[1]), "{dropped:?}");
     // TensorBoard: a second file that starts with a restart marker at step 5.
     let files = event_files(&split);
     assert_eq!(files.len(), 2, "{files:?}");
@@ -353,6 +357,45 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
         [5, 6]
     );
     assert!(split.join("loss.png").is_file());
+    // A resume at the run's end ends it again: the plot (lost here) is drawn anew.
+    std::fs::remove_file(split.join("loss.png")).unwrap();
+    run(
+        &load(CONFIG, &["training.checkpoint_every=4"]),
+        &split,
+        Some("latest"),
+    );
+    assert_eq!(png_size(&split.join("loss.png")), (800, 480));
+}
+
+/// A validation that cannot write its samples fails the run (after saving the step), but the
+/// callbacks after it still see the step: its metrics line is written.
+#[test]
+fn a_failed_validation_keeps_the_steps_metrics_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir_all(&dir).unwrap();
+    // `samples` a folder holding the file `step-2`, where the validation at step 2 writes
+    // its folder.
+    std::fs::create_dir_all(dir.join("samples")).unwrap();
+    std::fs::write(dir.join("samples/step-2"), "not a folder").unwrap();
+    let loaded = load(CONFIG, &["training.checkpoint_every=10"]);
+    let opts = reel_core::trainer::TrainOptions {
+        resume: None,
+        output_dir: Some(dir.clone()),
+        interrupt: None,
+        processes: None,
+    };
+    let err = reel_core::trainer::train::<TestBackend>(&loaded, &opts)
+        .expect_err("the validation at step 2 fails")
+        .to_string();
+    assert!(
+        err.contains("the state after step 2 was saved first"),
+        "{err}"
+    );
+    let (train_lines, val_lines) = metrics(&dir);
+    assert_eq!(steps(&train_lines), [1, 2], "{err}");
+    assert!(val_lines.is_empty(), "{val_lines:?}");
+    assert!(ckpt(&dir, 2).join("manifest.json").is_file());
 }
 
 #[test]

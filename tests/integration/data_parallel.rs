@@ -468,11 +468,19 @@ fn a_launcher_needs_the_mpi_build_and_a_known_name() {
         assert!(mpi.status.success(), "{err}");
     } else {
         assert!(!mpi.status.success());
+        let want = "run.toml: `runtime.launcher`: \"mpi\" needs a reel built with MPI support";
         assert!(
-            err.contains("run.toml: runtime.launcher: \"mpi\" needs a reel built with MPI support")
-                && err.contains("--features mpi"),
+            err.contains(want) && err.contains("--features mpi"),
             "{err}"
         );
         assert!(!tmp.path().join("x").exists(), "nothing may be written");
+        // `reel check` says so too.
+        let check = std::process::Command::new(env!("CARGO_BIN_EXE_reel"))
+            .current_dir(tmp.path())
+            .args(["check", "run.toml", "--set", "runtime.launcher=mpi"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&check.stderr).to_string();
+        assert!(!check.status.success() && err.contains(want), "{err}");
     }
 }

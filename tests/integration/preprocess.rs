@@ -336,6 +336,18 @@ fn resuming_never_mixes_runs_and_retries_what_failed() {
         std::fs::read(out.join("data_00001.parquet")).unwrap(),
         second
     );
+    // A negative newer than the recorded settings (its run stopped before recording its
+    // models, which may be others) is made again, though its prompt is the same.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&negative)
+        .unwrap();
+    file.set_modified(later).unwrap();
+    drop(file);
+    let o = preprocess(&input, &out, &["--negative", "blurry"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("replacing"), "{err}");
 
     // A caption edited since its shard was written redoes that shard (c's, shard 1), naming
     // the clip; the other shard is left as it was.

@@ -281,10 +281,18 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
     }
     assert_eq!(listing(), before, "a checkpoint was set aside or written");
     let own = ckpt(&dir.join("fresh"), 6).to_str().unwrap().to_string();
+    // A default written out (weight decay 0.01) changes nothing: no warning.
     let err = ok(reel(
         dir,
         "fresh",
-        &["--resume", &own, "--set", "training.max_steps=6"],
+        &[
+            "--resume",
+            &own,
+            "--set",
+            "training.max_steps=6",
+            "--set",
+            "optimizer.weight_decay=0.01",
+        ],
     ));
     assert!(err.contains("nothing to train"), "{err}");
     assert!(!err.contains("the checkpoint trained with"), "{err}");
@@ -317,6 +325,10 @@ fn a_run_folder_in_use_is_refused_until_released() {
         .open(dir.join("clean/.lock"))
         .expect("the run wrote its lock file");
     lock.lock().unwrap();
+    // The run wrote its process id and machine (`<pid> on <host>`).
+    let holder = std::fs::read_to_string(dir.join("clean/.lock")).unwrap();
+    let (pid, host) = holder.split_once(" on ").expect("a pid and a host");
+    assert!(pid.parse::<u32>().is_ok() && !host.is_empty(), "{holder}");
     std::fs::write(dir.join("clean/.lock"), "4242").unwrap();
     let more = ["--resume", "latest", "--set", "training.max_steps=6"];
     let o = reel(dir, "clean", &more);

@@ -147,7 +147,7 @@ fn a_failed_last_save_is_an_error_even_with_continue() {
 }
 
 /// A checkpoint is complete once renamed into place: the `latest` pointer failing after it
-/// (a disk full by then) is a warning, the run goes on, and `--resume latest` finds the
+/// (a disk full by then) is a warning that leaves no pointer, the run goes on, and `--resume latest` finds the
 /// newest checkpoint without the pointer.
 #[test]
 fn a_latest_pointer_that_cannot_be_written_is_a_warning() {
@@ -157,16 +157,13 @@ fn a_latest_pointer_that_cannot_be_written_is_a_warning() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("the pointer to the newest checkpoint was not updated"),
+        err.contains("no pointer to the newest checkpoint was written"),
         "{err}"
     );
     let run = dir.join("pointer");
-    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
-    assert_eq!(
-        latest.trim(),
-        "step-00000004",
-        "the 5th pointer write failed"
-    );
+    // The 5th pointer write failed: no pointer, rather than one naming step 4 (which a
+    // rotation could have pruned).
+    assert!(!run.join("checkpoints/latest").exists(), "{err}");
     assert_eq!(checkpoint_dirs(&run).0.len(), 5);
     let o = reel_train(dir, "pointer", &["--resume", "latest"], None);
     let err = String::from_utf8_lossy(&o.stderr);

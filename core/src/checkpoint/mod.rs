@@ -223,8 +223,8 @@ pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
-/// The step of a checkpoint folder's name (`step-N`).
-fn step_of(name: &str) -> Option<u64> {
+/// The step of a checkpoint folder's name (`step-N`); `None` for any other name.
+pub fn step_of(name: &str) -> Option<u64> {
     name.strip_prefix("step-")?.parse().ok()
 }
 
@@ -331,9 +331,11 @@ impl CheckpointStore {
         let _ = fs::remove_dir_all(&trash);
         // The checkpoint is complete: old ones go first (a full disk gets their space back
         // for the pointer), and a pointer that cannot be written is only a warning, as
-        // `--resume latest` does not read it.
-        self.prune(&final_dir);
+        // `--resume latest` does not read it. The old pointer goes before the prune, so that
+        // no failure or death from here on leaves it naming a pruned checkpoint.
         let latest = self.root.join("latest");
+        let _ = fs::remove_file(&latest);
+        self.prune(&final_dir);
         fault::point("checkpoint-latest");
         let pointed = match fault::fires("latest-pointer-fails") {
             true => Err(std::io::Error::other(INJECTED_DISK_FULL)),
@@ -342,7 +344,7 @@ impl CheckpointStore {
         let pointed = pointed.map_err(|e| CheckpointError::io(&latest, e));
         if let Err(e) = pointed {
             crate::console::say(&format!(
-                "reel: warning: {e}: the pointer to the newest checkpoint was not updated; \
+                "reel: warning: {e}: no pointer to the newest checkpoint was written; \
                  {} is complete, and `--resume latest` finds it without the pointer",
                 final_dir.display()
             ));

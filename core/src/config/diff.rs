@@ -24,10 +24,17 @@ pub fn fingerprint_difference(old: &str, new: &str) -> Option<Difference> {
 /// precision, accumulation, clipping and non-finite policy, the data (its location aside)
 /// and the EMA callbacks. Every difference between the resolved configs `old` (the
 /// checkpoint's) and `new`, in key order; none when a text does not parse. (`max_steps`,
-/// checkpointing and logging change no step.)
+/// checkpointing and logging change no step.) Both are compared with their defaults filled
+/// in where they read as run configs (a default written out is no change), and file
+/// locations (`data.path`, `data.negative_embedding`) are not compared: a moved data set
+/// is the same data.
 pub fn resume_differences(old: &str, new: &str) -> Vec<Difference> {
     let Some((old, new)) = parse_both(old, new) else {
         return vec![];
+    };
+    let (old, new) = match (with_defaults(&old), with_defaults(&new)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => (old, new),
     };
     let mut found = vec![];
     for key in [
@@ -41,7 +48,7 @@ pub fn resume_differences(old: &str, new: &str) -> Vec<Difference> {
         let at = |v: &toml::Value| key.split('.').try_fold(v.clone(), |v, k| v.get(k).cloned());
         differences(at(&old).as_ref(), at(&new).as_ref(), key.into(), &mut found);
     }
-    found.retain(|(key, _, _)| key != "data.path");
+    found.retain(|(key, _, _)| !FILE_KEYS.contains(&key.as_str()));
     let emas = |v: &toml::Value| -> Vec<(usize, toml::Value)> {
         let list = v.get("callbacks").and_then(|c| c.as_array()).cloned();
         let is_ema = |c: &toml::Value| c.get("kind").and_then(|k| k.as_str()) == Some("ema");
@@ -56,6 +63,16 @@ pub fn resume_differences(old: &str, new: &str) -> Vec<Difference> {
         differences(a, b, format!("callbacks[{index}]"), &mut found);
     }
     found
+}
+
+/// Keys of file locations, which [`resume_differences`] leaves out.
+const FILE_KEYS: [&str; 2] = ["data.path", "data.negative_embedding"];
+
+/// `config` read as a [`super::RunConfig`] and written back: every default filled in.
+/// `None` where it does not read as one (a kind not registered in this binary).
+fn with_defaults(config: &toml::Value) -> Option<toml::Value> {
+    let run: super::RunConfig = config.clone().try_into().ok()?;
+    toml::Value::try_from(&run).ok()
 }
 
 fn parse_both(old: &str, new: &str) -> Option<(toml::Value, toml::Value)> {

@@ -189,8 +189,14 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
             }
             self.train_step()?;
         }
-        // Published at the last step already, unless the run was resumed at its end.
+        // Published (and ended) at the last step already, unless the run was resumed at its
+        // end: then `final/` is published again and `on_train_end` runs (a loss plot that
+        // failed the first time is drawn now).
+        let ended = self.published;
         let checkpoint = self.publish()?;
+        if !ended {
+            self.each_callback(true, |cb, ctx| cb.on_train_end(ctx))?;
+        }
         Ok(TrainSummary {
             run_dir: self.run_dir.clone(),
             steps: self.step,
@@ -376,14 +382,17 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     fn end_step(&mut self, report: &StepReport) -> Result<(), TrainError> {
         let is_final = self.is_final();
         let mut validations = vec![];
-        self.each_callback(is_final, |cb, ctx| {
-            cb.on_step_end(ctx, report)?;
+        let ended = self.each_callback(is_final, |cb, ctx| {
+            let result = cb.on_step_end(ctx, report);
             validations.append(&mut ctx.validations);
-            Ok(())
-        })?;
+            result
+        });
+        let mut result = ended;
         for v in &validations {
-            self.each_callback(is_final, |cb, ctx| cb.on_validation(ctx, v))?;
+            let forwarded = self.each_callback(is_final, |cb, ctx| cb.on_validation(ctx, v));
+            result = result.and(forwarded);
         }
+        result?;
         if crate::fault::fires("callback-error") {
             let why = format!("REEL_FAULT: callback-error at step {}", self.step);
             return Err(CallbackError::Other(why).into());
@@ -500,7 +509,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         state::save(&store, &at, callbacks, &mut ctx)
     }
 
-    /// Run `f` on every callback in order, each with a fresh [`CallbackContext`].
+    /// Run `f` on every callback in order, each with a fresh [`CallbackContext`]. Every
+    /// callback runs even after one fails (a validation that cannot write its samples must
+    /// not cost the step its metrics line); the first error is returned, later ones are said
+    /// as warnings.
     fn each_callback(
         &mut self,
         is_final: bool,
@@ -510,10 +522,19 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         ) -> Result<(), CallbackError>,
     ) -> Result<(), TrainError> {
         let (callbacks, mut ctx) = self.parts(is_final);
+        let mut first: Option<CallbackError> = None;
         for cb in callbacks.iter_mut() {
-            f(cb, &mut ctx)?;
+            if let Err(e) = f(cb, &mut ctx) {
+                match first {
+                    None => first = Some(e),
+                    Some(_) => say(&format!(
+                        "reel: warning: callback `{}` failed too: {e}",
+                        cb.name()
+                    )),
+                }
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// The callbacks and the context they see (split borrows of the trainer).

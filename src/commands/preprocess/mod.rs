@@ -247,7 +247,12 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     // leave the old encoder's negative under the new settings, where it would be kept.
     let negative = args.out.join(negative::FILE_NAME);
     let stored = negative::stored_prompt(&negative);
-    if !same_models || stored.as_ref() != Some(&(args.negative.clone(), target.text_len)) {
+    // A negative newer than the recorded settings was written by a run that stopped before
+    // recording its own (its models may be other than those recorded): it is made again.
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let unrecorded = modified(&negative) > modified(&args.out.join(resume::SETTINGS_FILE));
+    let same = stored.as_ref() == Some(&(args.negative.clone(), target.text_len));
+    if !same_models || !same || unrecorded {
         if stored.is_some() {
             eprintln!(
                 "reel: replacing {}: it was made with another negative prompt, --text-len or \

@@ -6,8 +6,9 @@
 //! "val/overall": 0.875, "val/colour": 1.0, ...}`. Non-finite numbers are written as `null`.
 //!
 //! On resume the file is kept and appended to; lines of steps after the resumed step (written
-//! by the interrupted run past its last checkpoint) are dropped first, so every step appears
-//! once.
+//! by the interrupted run past its last checkpoint, or by the timeline a resume from an older
+//! checkpoint leaves) are first moved to the end of `metrics.dropped.jsonl` beside it, so that
+//! every step appears once here and no line is lost.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -81,16 +82,27 @@ pub fn record_step(record: &Record) -> Option<u64> {
     record.get("step").and_then(Value::as_u64)
 }
 
-/// Read every record of a metrics file (blank and unparsable lines are skipped).
-pub fn read_metrics(path: &Path) -> std::io::Result<Vec<Record>> {
-    let file = File::open(path)?;
+/// File the lines a resume drops from a metrics file are moved to.
+pub const DROPPED_FILE: &str = "metrics.dropped.jsonl";
+
+/// Every line of a metrics file, with the record it holds (`None` for a blank or unparsable
+/// line, such as one torn by a crash, whatever bytes it holds).
+fn lines_of(path: &Path) -> std::io::Result<Vec<(String, Option<Record>)>> {
     let mut out = Vec::new();
-    for line in BufReader::new(file).lines() {
-        if let Ok(Value::Object(r)) = serde_json::from_str::<Value>(&line?) {
-            out.push(r);
-        }
+    for bytes in BufReader::new(File::open(path)?).split(b'\n') {
+        let line = String::from_utf8_lossy(&bytes?).into_owned();
+        let record = match serde_json::from_str::<Value>(&line) {
+            Ok(Value::Object(r)) => Some(r),
+            _ => None,
+        };
+        out.push((line, record));
     }
     Ok(out)
+}
+
+/// Read every record of a metrics file (blank and unparsable lines are skipped).
+pub fn read_metrics(path: &Path) -> std::io::Result<Vec<Record>> {
+    Ok(lines_of(path)?.into_iter().filter_map(|(_, r)| r).collect())
 }
 
 /// An open metrics file.
@@ -102,21 +114,26 @@ pub struct MetricsLog {
 
 impl MetricsLog {
     /// Open `path` for a run at `step` completed steps: keep the lines with `step <=` it
-    /// (none for a fresh run), rewrite the file atomically and append from there.
+    /// (none for a fresh run), move the other records to the end of [`DROPPED_FILE`] beside
+    /// it (unparsable lines, torn by a crash, are dropped), rewrite the file atomically and
+    /// append from there.
     pub fn open(path: &Path, step: u64) -> std::io::Result<MetricsLog> {
         if path.exists() {
-            let file = File::open(path)?;
-            let mut kept = String::new();
-            for line in BufReader::new(file).lines() {
-                let line = line?;
-                let keep = match serde_json::from_str::<Value>(&line) {
-                    Ok(Value::Object(r)) => record_step(&r).is_some_and(|s| s <= step),
-                    _ => false,
+            let (mut kept, mut dropped) = (String::new(), String::new());
+            for (line, record) in lines_of(path)? {
+                let Some(r) = record else { continue };
+                let to = match record_step(&r).is_some_and(|s| s <= step) {
+                    true => &mut kept,
+                    false => &mut dropped,
                 };
-                if keep {
-                    kept.push_str(&line);
-                    kept.push('\n');
-                }
+                to.push_str(&line);
+                to.push('\n');
+            }
+            if !dropped.is_empty() {
+                let aside = path.with_file_name(DROPPED_FILE);
+                let mut f = OpenOptions::new().create(true).append(true).open(&aside)?;
+                f.write_all(dropped.as_bytes())?;
+                f.sync_all()?;
             }
             reel_core::io::replace_file(path, kept.as_bytes())?;
         }
@@ -206,17 +223,26 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap()
-            .write_all(b"{\"step\": 6, \"loss\"")
-            .unwrap(); // a torn last line
+            .write_all(b"{\"step\": 6, \"lo\xff\xfe")
+            .unwrap(); // a torn last line, cut inside a character
         let mut log = MetricsLog::open(&path, 3).unwrap();
         log.write(&step_record(&report(4, 40.0))).unwrap();
         drop(log);
+        let steps_of = |p: &Path| -> Vec<u64> {
+            (read_metrics(p).unwrap().iter())
+                .filter_map(record_step)
+                .collect()
+        };
         let records = read_metrics(&path).unwrap();
-        let steps: Vec<u64> = records.iter().filter_map(record_step).collect();
-        assert_eq!(steps, [1, 2, 3, 4]);
+        assert_eq!(steps_of(&path), [1, 2, 3, 4]);
         assert_eq!(records[3]["loss"], 40.0);
-        // A fresh run in the same folder starts over.
+        // The dropped timeline's lines (steps 4, 5 and the validation) are kept aside.
+        let dropped = dir.path().join(DROPPED_FILE);
+        assert_eq!(steps_of(&dropped), [4, 5, 5]);
+        assert_eq!(read_metrics(&dropped).unwrap()[0]["loss"], 4.0);
+        // A fresh run in the same folder starts over; what it drops is appended.
         drop(MetricsLog::open(&path, 0).unwrap());
         assert!(read_metrics(&path).unwrap().is_empty());
+        assert_eq!(steps_of(&dropped), [4, 5, 5, 1, 2, 3, 4]);
     }
 }

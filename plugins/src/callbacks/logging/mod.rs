@@ -102,6 +102,7 @@ impl CallbackConfig for LoggingConfig {
     fn run_outputs(&self) -> Vec<String> {
         let outputs = [
             (self.jsonl, METRICS_FILE.to_string()),
+            (self.jsonl, jsonl::DROPPED_FILE.to_string()),
             (self.tensorboard, format!("{TENSORBOARD_DIR}/")),
             (self.plot, PLOT_FILE.to_string()),
         ];
