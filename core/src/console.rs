@@ -1,4 +1,4 @@
-//! Lines for the user on stderr.
+//! Lines for the user on stderr, and the machine's name they may give.
 
 use std::io::Write;
 
@@ -8,4 +8,16 @@ use std::io::Write;
 /// A failed write is ignored (stderr closed: there is no one left to tell).
 pub fn say(line: &str) {
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// This machine's name as the system tells it (`HOSTNAME`, else Linux's `/proc`, else
+/// `/etc/hostname`), trimmed; `None` where none is known.
+pub fn host_name() -> Option<String> {
+    let raw = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())?;
+    let name = raw.trim();
+    (!name.is_empty()).then(|| name.to_string())
 }

@@ -367,6 +367,34 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
     assert_eq!(png_size(&split.join("loss.png")), (800, 480));
 }
 
+/// A fresh run in a folder holding an earlier run's event files (one that died before its
+/// first checkpoint) marks a restart at step 1, so TensorBoard shows the new run's curves only.
+#[test]
+fn a_fresh_run_over_old_event_files_marks_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let one = ["training.max_steps=1", "callbacks[1].every_steps=5"];
+    run(&load(CONFIG, &one), &dir, None);
+    assert_eq!(event_files(&dir).len(), 1);
+    let first = read_events(&event_files(&dir)[0]).unwrap();
+    assert!(
+        !first.iter().any(|e| e.session_start),
+        "a first run marks nothing"
+    );
+    for gone in ["checkpoints", "final"] {
+        std::fs::remove_dir_all(dir.join(gone)).unwrap();
+    }
+    run(&load(CONFIG, &one), &dir, None);
+    let files = event_files(&dir);
+    assert_eq!(files.len(), 2, "{files:?}");
+    let marked: Vec<Vec<Event>> = (files.iter())
+        .map(|f| read_events(f).unwrap())
+        .filter(|ev| ev.iter().any(|e| e.session_start))
+        .collect();
+    assert_eq!(marked.len(), 1, "{files:?}");
+    assert!(marked[0][1].session_start && marked[0][1].step == 1);
+}
+
 /// A validation that cannot write its samples fails the run (after saving the step), but the
 /// callbacks after it still see the step: its metrics line is written.
 #[test]

@@ -62,7 +62,7 @@ pub(super) fn lock_run_dir(
     // process id, and the machine where one is known (a run folder on a shared file system
     // may be trained from another node).
     let mut holder = std::process::id().to_string();
-    if let Some(host) = host_name() {
+    if let Some(host) = crate::console::host_name() {
         holder = format!("{holder} on {host}");
     }
     let written = (file.set_len(0))
@@ -70,13 +70,4 @@ pub(super) fn lock_run_dir(
         .and_then(|()| file.write_all(holder.as_bytes()));
     written.map_err(|e| io_err(&path, e))?;
     Ok(Some(file))
-}
-
-/// This machine's name, where the system tells it (Linux's `/proc`, else `HOSTNAME`).
-fn host_name() -> Option<String> {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())?;
-    let name = name.trim();
-    (!name.is_empty()).then(|| name.to_string())
 }

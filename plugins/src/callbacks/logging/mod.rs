@@ -209,8 +209,11 @@ impl<B: AutodiffBackend> Callback<B> for LoggingCallback {
         }
         if self.cfg.tensorboard {
             let dir = self.run_dir.join(TENSORBOARD_DIR);
+            // Event files already there (a resumed run's, or a fresh run's leftovers from
+            // one that died before its first checkpoint) lose their steps from here on.
+            let earlier = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some());
             let mut w = EventWriter::create(&dir).map_err(|e| io_error(&dir, e))?;
-            if ctx.step > 0 {
+            if ctx.step > 0 || earlier {
                 w.session_start(ctx.step + 1)
                     .map_err(|e| io_error(w.path(), e))?;
             }

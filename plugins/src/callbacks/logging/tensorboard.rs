@@ -149,11 +149,7 @@ fn now() -> f64 {
 
 /// This machine's name for event file names (`reel` when unknown).
 fn host_name() -> String {
-    let raw = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .unwrap_or_default();
+    let raw = reel_core::console::host_name().unwrap_or_default();
     let clean: String = raw
         .trim()
         .chars()
