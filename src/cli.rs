@@ -47,6 +47,9 @@ enum Command {
         /// Override a config value (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
+        /// The output folder `reel train --output` would be given (its run folder is checked).
+        #[arg(long)]
+        output: Option<PathBuf>,
     },
     /// List every registered plugin with its summary.
     List,
@@ -80,7 +83,11 @@ pub fn run() -> ExitCode {
             resume,
             output,
         } => commands::train::run(&config, &set, resume, output),
-        Command::Check { config, set } => commands::check::run(&config, &set),
+        Command::Check {
+            config,
+            set,
+            output,
+        } => commands::check::run(&config, &set, output.as_deref()),
         Command::List => commands::list::run(),
         Command::Bench(args) => commands::bench::run(&args),
         Command::Sample(args) => commands::sample::run(&args),

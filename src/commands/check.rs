@@ -18,7 +18,7 @@ use reel_core::trainer::{check_run_outside_data, run_dir_error, run_dir_for, Ear
 
 /// Validate `config` and print a summary (the run, the data and on a second line the roles'
 /// memory floor), or every problem found, one per line.
-pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
+pub fn run(config: &Path, set: &[String], output: Option<&Path>) -> anyhow::Result<()> {
     let loaded = load_run_config_any_backend(config, set)?;
     let mut problems: Vec<String> = Vec::new();
     let mut note = |e: ConfigError| problems.push(e.to_string());
@@ -35,7 +35,7 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
     }
     loaded.file_problems().into_iter().for_each(&mut note);
     let data = check_data(&loaded, &mut note);
-    if let Err(e) = check_run_dir(&loaded) {
+    if let Err(e) = check_run_dir(&loaded, output) {
         note(e);
     }
     // A role whose `config.json` is missing fails its file check and its model check alike.
@@ -49,7 +49,7 @@ pub fn run(config: &Path, set: &[String]) -> anyhow::Result<()> {
                 config.display(),
                 super::describe(&loaded)
             );
-            note_existing_run(&loaded);
+            note_existing_run(&loaded, output);
             Ok(())
         }
         1 => anyhow::bail!("{}", problems[0]),
@@ -98,16 +98,16 @@ fn check_data(loaded: &LoadedConfig, note: &mut impl FnMut(ConfigError)) -> Opti
     Some(format!("data: {} samples of {spec}{memory}", source.len()))
 }
 
-/// Refuse a run folder (`runtime.output_dir`, else `runs/<config name>`) that `reel train`
+/// Refuse a run folder (`--output`, else `runtime.output_dir`, else `runs/<config name>`) that `reel train`
 /// could not make because a file stands at its path or at a parent's, or that lies in the
 /// data's folder. Nothing is created.
-fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
-    check_run_outside_data(loaded, None)?;
-    let dir = run_dir_for(loaded, None);
+fn check_run_dir(loaded: &LoadedConfig, output: Option<&Path>) -> Result<(), ConfigError> {
+    check_run_outside_data(loaded, output)?;
+    let dir = run_dir_for(loaded, output);
     match dir.ancestors().find(|p| p.exists()) {
         Some(file) if !file.is_dir() => Err(run_dir_error(
             loaded,
-            None,
+            output,
             format!(
                 "the run folder `{}` cannot be made: `{}` is a file",
                 dir.display(),
@@ -121,8 +121,8 @@ fn check_run_dir(loaded: &LoadedConfig) -> Result<(), ConfigError> {
 
 /// Say when the run folder already holds a run, which `reel train` refuses without
 /// `--resume latest` (and refuses outright when there is no checkpoint to resume from).
-fn note_existing_run(loaded: &LoadedConfig) {
-    let dir = run_dir_for(loaded, None);
+fn note_existing_run(loaded: &LoadedConfig, output: Option<&Path>) {
+    let dir = run_dir_for(loaded, output);
     if let Some(earlier) = EarlierRun::in_folder(&dir) {
         eprintln!(
             "reel: note: `{}` already holds a run ({earlier}): {}",

@@ -517,6 +517,20 @@ fn run_folder_entries_of_the_wrong_kind_are_refused_before_training() {
             && err.contains("--resume latest"),
         "{err}"
     );
+    // `reel check --output` checks the folder `reel train --output` would use.
+    let o = reel(dir, &["check", "run.toml", "--output", "out"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("`out` already holds a run"),
+        "{err}"
+    );
+    std::fs::write(dir.join("taken"), "keep me").unwrap();
+    let o = reel(dir, &["check", "run.toml", "--output", "taken/run"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("is a file") && err.contains("`--output`"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -20,12 +20,26 @@ impl LoadedConfig {
     /// step's, read ahead) against the memory this machine has available
     /// ([`crate::memory::check_step_memory`]): a mistyped size fails here rather than
     /// aborting the process at the first batch.
+    ///
+    /// Where the launcher says how many of the run's processes share this machine
+    /// ([`processes_on_this_host`]), their shares are counted together: each alone may fit
+    /// where all of them do not.
     pub fn check_step_memory(&self, spec: &DataSpec, processes: usize) -> Result<(), ConfigError> {
-        let share = self.config.data.batch_size().div_ceil(processes.max(1));
+        let batch = self.config.data.batch_size();
+        let (share, here) = host_share(batch, processes, processes_on_this_host());
         let accumulation = self.config.training.grad_accumulation;
         let available = memory::host_memory_available();
-        memory::check_step_memory(spec, share, accumulation, available)
-            .map_err(|e| e.in_file(&self.path))
+        let checked = memory::check_step_memory(spec, share * here, accumulation, available);
+        checked.map_err(|mut e| {
+            if here > 1 {
+                e.message = format!(
+                    "{} (the {here} processes of this run on this machine, {share} samples a \
+                     micro-batch each)",
+                    e.message
+                );
+            }
+            e.in_file(&self.path)
+        })
     }
 
     /// What the roles hold on each device for the whole run, from their configs and the
@@ -113,5 +127,45 @@ impl LoadedConfig {
             Some(_) => 1,
             None => (batch / runtime.worker_devices().len().max(1)).max(1),
         }
+    }
+}
+
+/// A process's share of a `batch` split over `processes`, and how many of them share this
+/// machine (`here` as the launcher says, within 1 and `processes`).
+fn host_share(batch: usize, processes: usize, here: usize) -> (usize, usize) {
+    let processes = processes.max(1);
+    (batch.div_ceil(processes), here.clamp(1, processes))
+}
+
+/// Environment variables in which launchers give the number of a job's processes on this
+/// machine: Open MPI's, MPICH's and Slurm's.
+const LOCAL_SIZE_VARS: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+];
+
+/// How many of this job's processes run on this machine, as the launcher says (the first of
+/// [`LOCAL_SIZE_VARS`] that holds a number); 1 where none does.
+pub fn processes_on_this_host() -> usize {
+    LOCAL_SIZE_VARS
+        .iter()
+        .find_map(|var| std::env::var(var).ok()?.trim().parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_share;
+
+    #[test]
+    fn processes_on_one_machine_count_their_shares_together() {
+        assert_eq!(host_share(8, 2, 2), (4, 2));
+        assert_eq!(host_share(8, 2, 1), (4, 1));
+        assert_eq!(host_share(7, 2, 2), (4, 2));
+        // A launcher's count above the run's processes (another job's) is capped; none is 1.
+        assert_eq!(host_share(8, 1, 4), (8, 1));
+        assert_eq!(host_share(8, 4, 0), (2, 1));
     }
 }
