@@ -312,6 +312,33 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
         err.contains("`optimizer.lr` is 0.002 now, the checkpoint trained with 0.001"),
         "{err}"
     );
+    // Gradient checkpointing switched on (to fit a device): the checkpoint resumes, with no
+    // warning about it (the gradients are the same; step 6 was trained with lr 0.001).
+    let lr = ["--set", "optimizer.lr=0.002"];
+    let gc = ["--set", "models.student.gradient_checkpointing=true"];
+    let more = |max: &'static str| [&["--resume", "latest", "--set", max][..], &lr, &gc].concat();
+    let err = ok(reel(dir, "fresh", &more("training.max_steps=7")));
+    assert!(
+        err.contains("resumed from") && !err.contains("gradient_checkpointing"),
+        "{err}"
+    );
+    // A checkpoint stamped as before resumable keys were left out of fingerprints (every
+    // key counted) resumes too.
+    let overrides = [
+        "training.grad_accumulation=2",
+        "optimizer.lr=0.002",
+        "models.student.gradient_checkpointing=true",
+    ];
+    let loaded = common::load(common::TINY_WAN_RUN, &overrides);
+    assert_ne!(loaded.fingerprint, loaded.earlier_fingerprint);
+    let manifest = ckpt(&dir.join("fresh"), 7).join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    assert_eq!(m["config_fingerprint"], loaded.fingerprint.as_str());
+    m["config_fingerprint"] = loaded.earlier_fingerprint.clone().into();
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let err = ok(reel(dir, "fresh", &more("training.max_steps=8")));
+    assert!(err.contains("step-00000007 at step 7"), "{err}");
 }
 
 /// A run folder another process is training (it holds `<run>/.lock`) is refused, naming the

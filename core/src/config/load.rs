@@ -19,9 +19,14 @@ pub struct LoadedConfig {
     pub base_dir: PathBuf,
     /// The config after overrides, as TOML (written into the run folder).
     pub resolved_toml: String,
-    /// Fingerprint of the parts a checkpoint depends on (`[models]` and `[method]`):
-    /// changing `max_steps`, callbacks or logging keeps checkpoints resumable.
+    /// Fingerprint of the parts a checkpoint depends on (`[models]` and `[method]`, less
+    /// [`Self::resumable_keys`]): changing `max_steps`, callbacks or logging, or switching
+    /// gradient checkpointing on to fit a device, keeps checkpoints resumable.
     pub fingerprint: String,
+    /// The fingerprint of the same tables as checkpoints written before
+    /// [`Self::resumable_keys`] existed were stamped with (every key counted), which a resume
+    /// also accepts.
+    pub earlier_fingerprint: String,
 }
 
 /// Keys of `[runtime]` that each process of a run sets for itself (see
@@ -29,6 +34,13 @@ pub struct LoadedConfig {
 const PER_PROCESS_KEYS: [&str; 4] = ["device", "devices", "num_devices", "output_dir"];
 
 impl LoadedConfig {
+    /// The dotted keys under `[models]` a resume may change: left out of
+    /// [`Self::fingerprint`] (`models.<role>.gradient_checkpointing`, `.max_grad_norm`,
+    /// `.optimizer`, and each architecture's own, such as Wan's `.attention`).
+    pub fn resumable_keys(&self) -> Vec<String> {
+        resumable_keys(&self.config)
+    }
+
     /// SHA-256 of the resolved config without the `[runtime]` keys each process of a
     /// multi-process run may set for itself (`device`, `devices`, `num_devices`,
     /// `output_dir`): the processes of one run must agree on it.
@@ -330,16 +342,48 @@ fn parse(
     valid.map_err(|e| e.in_file(path))?;
     let resolved_toml = toml::to_string_pretty(&root).unwrap_or_else(|_| text.to_string());
     Ok(LoadedConfig {
-        config,
         path: path.to_path_buf(),
         base_dir: base_dir_for(path),
         resolved_toml,
-        fingerprint: fingerprint(&root),
+        fingerprint: fingerprint(&root, &resumable_keys(&config)),
+        earlier_fingerprint: fingerprint(&root, &[]),
+        config,
     })
 }
 
-/// SHA-256 of the `[models]` and `[method]` tables (see [`LoadedConfig::fingerprint`]).
-fn fingerprint(root: &toml::Value) -> String {
+/// Keys of each role table a resume may change, whatever the architecture: how gradients
+/// are computed (checkpointing), clipped, and which optimizer settings apply (as `[optimizer]`
+/// may change). Each architecture adds its own ([`crate::model::ModelConfig::resumable_keys`]).
+const RESUMABLE_ROLE_KEYS: [&str; 3] = ["gradient_checkpointing", "max_grad_norm", "optimizer"];
+
+/// The dotted keys (`models.<role>.<key>`) of [`RESUMABLE_ROLE_KEYS`] and each role's
+/// architecture's resumable keys (see [`LoadedConfig::fingerprint`]).
+fn resumable_keys(config: &RunConfig) -> Vec<String> {
+    let mut keys = vec![];
+    for (name, role) in &config.models {
+        let arch = role.model.resumable_keys().iter();
+        for key in RESUMABLE_ROLE_KEYS.iter().chain(arch) {
+            keys.push(format!("models.{name}.{key}"));
+        }
+    }
+    keys
+}
+
+/// SHA-256 of the `[models]` and `[method]` tables less the dotted `models.<role>.<key>`
+/// keys of `leave_out` (see [`LoadedConfig::fingerprint`]).
+fn fingerprint(root: &toml::Value, leave_out: &[String]) -> String {
+    let mut root = root.clone();
+    for key in leave_out {
+        let mut parts = key.split('.');
+        let (Some("models"), Some(role), Some(k)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let table = (root.get_mut("models")).and_then(|m| m.get_mut(role));
+        if let Some(table) = table.and_then(|t| t.as_table_mut()) {
+            table.remove(k);
+        }
+    }
     let pick = |k: &str| {
         root.get(k)
             .and_then(|v| serde_json::to_string(v).ok())

@@ -58,6 +58,12 @@ pub trait ModelConfig: BuildModelAll + Debug + Send + Sync {
         let _ = (role, resolve);
         Ok(None)
     }
+    /// Keys of the role table (relative to it) that change how the model computes but not
+    /// what a checkpoint of it holds, such as an attention implementation: a resume may
+    /// change them (the checkpoint's fingerprint leaves them out). The default: none.
+    fn resumable_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// How many parameters `role`'s model has, an adapter's not counted, when its config
     /// tells it without allocating them: [`crate::memory::MemoryFloor`] counts each role's
     /// weights, gradients and optimizer state from it, so that `reel check` and `reel train`

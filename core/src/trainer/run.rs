@@ -109,7 +109,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         // made too: `--resume latest` into an empty folder leaves nothing behind.
         let store = CheckpointStore::new(&run_dir, cfg.training.keep_last);
         let resume_from = (opts.resume.as_deref())
-            .map(|spec| store.resolve(spec, &loaded.fingerprint))
+            .map(|spec| resolve(&store, spec, loaded))
             .transpose()
             .map_err(|e| explain_mismatch(loaded, e))?;
         let mut lock = None;
@@ -296,8 +296,10 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         let Ok(saved) = std::fs::read_to_string(dir.join("config.toml")) else {
             return;
         };
-        for (key, was, now) in crate::config::resume_differences(&saved, &self.loaded.resolved_toml)
-        {
+        let resumable = self.loaded.resumable_keys();
+        let differences =
+            crate::config::resume_differences(&saved, &self.loaded.resolved_toml, &resumable);
+        for (key, was, now) in differences {
             say(&format!(
                 "reel: warning: `{key}` is {now} now, the checkpoint trained with {was}: the \
                  steps from here on differ from an uninterrupted run's"
@@ -466,7 +468,7 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
     fn publish(&mut self) -> Result<PathBuf, TrainError> {
         let checkpoint = match &self.last_checkpoint {
             Some(c) => c.clone(),
-            None => self.store.resolve("latest", &self.loaded.fingerprint)?.0,
+            None => resolve(&self.store, "latest", self.loaded)?.0,
         };
         if self.seat.is_main() && !self.published {
             publish_final(&checkpoint, &self.run_dir)?;
@@ -565,12 +567,29 @@ fn shapes(spec: &crate::data::DataSpec) -> String {
 
 /// A checkpoint refused for another config names the first differing key of `[models]` or
 /// `[method]`, from the resolved config every checkpoint holds (`config.toml`).
+/// [`CheckpointStore::resolve`] for this config: a checkpoint stamped with its fingerprint,
+/// or one written before resumable keys were left out of fingerprints, stamped with the
+/// earlier one ([`LoadedConfig::earlier_fingerprint`]).
+fn resolve(
+    store: &CheckpointStore,
+    spec: &str,
+    loaded: &LoadedConfig,
+) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
+    match store.resolve(spec, &loaded.fingerprint) {
+        Err(e @ CheckpointError::ConfigMismatch { .. }) => store
+            .resolve(spec, &loaded.earlier_fingerprint)
+            .map_err(|_| e),
+        found => found,
+    }
+}
+
 fn explain_mismatch(loaded: &LoadedConfig, e: CheckpointError) -> TrainError {
     let CheckpointError::ConfigMismatch { dir } = &e else {
         return e.into();
     };
     let saved = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
-    match crate::config::fingerprint_difference(&saved, &loaded.resolved_toml) {
+    let resumable = loaded.resumable_keys();
+    match crate::config::fingerprint_difference(&saved, &loaded.resolved_toml, &resumable) {
         Some((key, was, now)) => ConfigError::new(
             key,
             format!(

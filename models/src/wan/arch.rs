@@ -148,6 +148,12 @@ impl ModelConfig for WanArch {
         Ok(())
     }
 
+    /// The attention implementation: every one computes the same attention (within float
+    /// rounding) from the same weights.
+    fn resumable_keys(&self) -> &'static [&'static str] {
+        &["attention"]
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
