@@ -339,6 +339,10 @@ fn callbacks_write_samples_logs_and_ema_and_survive_resume() {
     let dropped = read_metrics(&split.join("metrics.dropped.jsonl")).unwrap();
     assert_eq!(steps(&dropped), [5, 5]);
     assert!(is_validation(&dropped[1]), "{dropped:?}");
+    // Its samples too are kept aside, not replaced.
+    let aside = split.join("samples/dropped-after-step-4/step-5");
+    assert!(aside.join("sheet.png").is_file() && aside.join("scores.json").is_file());
+    assert!(!split.join("samples/step-5").exists());
     // TensorBoard: a second file that starts with a restart marker at step 5.
     let files = event_files(&split);
     assert_eq!(files.len(), 2, "{files:?}");

@@ -291,7 +291,7 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
 
         let dir = ctx.run_dir.join(SAMPLES_DIR).join(format!("step-{step}"));
         if dir.exists() {
-            // Left over from an interrupted run that got past this step before a resume.
+            // A leftover made since the run started (its start set older ones aside).
             std::fs::remove_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
         }
         std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
@@ -374,6 +374,22 @@ impl<B: AutodiffBackend> ValidationCallback<B> {
 impl<B: AutodiffBackend> Callback<B> for ValidationCallback<B> {
     fn name(&self) -> &str {
         "validation"
+    }
+
+    /// The samples of steps after the run's start (an abandoned timeline's) are set aside,
+    /// not replaced by this run's.
+    fn on_train_start(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {
+        let samples = ctx.run_dir.join(SAMPLES_DIR);
+        let moved = output::set_aside_later_samples(&samples, ctx.step);
+        if let Some(aside) = moved.map_err(|e| io_error(&samples, e))? {
+            print_line(&format!(
+                "reel: validation: samples of steps after {} moved to {} (kept; delete them \
+                 when no longer needed)",
+                ctx.step,
+                aside.display()
+            ));
+        }
+        Ok(())
     }
 
     fn on_step_end(

@@ -260,6 +260,44 @@ pub fn write_scores(
     reel_core::io::replace_file(path, text.as_bytes()).map_err(|e| io_error(path, e))
 }
 
+/// Move the sample folders of `samples` (`step-M/`) of steps after `step` (a resume from an
+/// earlier checkpoint leaves that timeline; a killed run got past its last checkpoint) into
+/// `samples/dropped-after-step-<step>[-k]/`, so that the new timeline's validations do not
+/// replace them. Returns that folder when something was moved.
+pub fn set_aside_later_samples(samples: &Path, step: u64) -> std::io::Result<Option<PathBuf>> {
+    let Ok(entries) = std::fs::read_dir(samples) else {
+        return Ok(None);
+    };
+    let mut later = vec![];
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let of_step = name
+            .strip_prefix("step-")
+            .and_then(|n| n.parse::<u64>().ok());
+        if of_step.is_some_and(|m| m > step) && entry.file_type()?.is_dir() {
+            later.push(entry.path());
+        }
+    }
+    if later.is_empty() {
+        return Ok(None);
+    }
+    let base = format!("dropped-after-step-{step}");
+    let aside = (1..)
+        .map(|k| match k {
+            1 => samples.join(&base),
+            k => samples.join(format!("{base}-{k}")),
+        })
+        .find(|p| std::fs::symlink_metadata(p).is_err())
+        .expect("an unused name");
+    std::fs::create_dir(&aside)?;
+    for dir in later {
+        let name = dir.file_name().expect("a step folder's name").to_owned();
+        std::fs::rename(&dir, aside.join(name))?;
+    }
+    Ok(Some(aside))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,5 +445,32 @@ mod tests {
         if crate::media::decode::ffmpeg_for_tests() {
             assert!(files[1].ends_with("0-a_cat.mp4") && files[1].is_file());
         }
+    }
+
+    #[test]
+    fn later_samples_are_set_aside_not_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let samples = tmp.path().join("samples");
+        assert_eq!(set_aside_later_samples(&samples, 2).unwrap(), None);
+        for step in [2, 4, 6] {
+            std::fs::create_dir_all(samples.join(format!("step-{step}"))).unwrap();
+            std::fs::write(samples.join(format!("step-{step}/sheet.png")), [step as u8]).unwrap();
+        }
+        std::fs::write(samples.join("step-8"), "a file, not a sample folder").unwrap();
+        let aside = set_aside_later_samples(&samples, 2).unwrap().unwrap();
+        assert_eq!(aside, samples.join("dropped-after-step-2"));
+        assert!(samples.join("step-2/sheet.png").is_file());
+        assert!(samples.join("step-8").is_file());
+        for step in [4u8, 6] {
+            let kept = aside.join(format!("step-{step}/sheet.png"));
+            assert_eq!(std::fs::read(&kept).unwrap(), [step]);
+            assert!(!samples.join(format!("step-{step}")).exists());
+        }
+        // Again from step 2: a second folder, the first kept as it was.
+        std::fs::create_dir_all(samples.join("step-4")).unwrap();
+        let again = set_aside_later_samples(&samples, 2).unwrap().unwrap();
+        assert_eq!(again, samples.join("dropped-after-step-2-2"));
+        assert!(aside.join("step-6").is_dir() && again.join("step-4").is_dir());
+        assert_eq!(set_aside_later_samples(&samples, 2).unwrap(), None);
     }
 }
