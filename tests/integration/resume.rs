@@ -371,6 +371,36 @@ fn a_run_folder_in_use_is_refused_until_released() {
     assert!(ckpt(&dir.join("clean"), 6).join("manifest.json").is_file());
 }
 
+/// A checkpoint with an EMA shadow resumed by a config without the `ema` callback: the
+/// shadow, which nothing would update, is left out with a warning, so later checkpoints and
+/// `final/` hold none rather than the resumed step's copy.
+#[test]
+fn an_ema_no_callback_keeps_is_left_out_on_resume() {
+    let tmp = tiny_run_with_clean(&ACC);
+    let dir = tmp.path();
+    let ema = "[[callbacks]]\nkind = \"ema\"\ndecay = 0.9\n";
+    assert!(common::TINY_WAN_RUN.contains(ema));
+    std::fs::write(dir.join("run.toml"), common::TINY_WAN_RUN.replace(ema, "")).unwrap();
+    let run = dir.join("clean");
+    assert!(ckpt(&run, 5).join("student.ema.safetensors").is_file());
+    let err = ok(reel(
+        dir,
+        "clean",
+        &["--resume", "latest", "--set", "training.max_steps=6"],
+    ));
+    assert!(
+        err.contains("keeps an EMA of role `student`, but no `ema` callback"),
+        "{err}"
+    );
+    for folder in [ckpt(&run, 6), run.join("final")] {
+        assert!(folder.join("student.safetensors").is_file());
+        assert!(
+            !folder.join("student.ema.safetensors").exists(),
+            "{folder:?}"
+        );
+    }
+}
+
 /// A LoRA role's base `weights` file replaced under the same path between two legs of a run
 /// (the config, and so its fingerprint, unchanged) is reported on resume; an unchanged one is
 /// not. (A role trained in full gets every value from the checkpoint; a frozen role's file

@@ -216,7 +216,17 @@ impl<'a, B: ReelBackend> Trainer<'a, B> {
         for w in warnings.iter().filter(|_| main) {
             say(&format!("reel: warning: {w}"));
         }
-        let st = state::restore(&dir, &mut *self.method)?;
+        let ema_roles: Vec<String> = (self.loaded.config.callbacks.iter())
+            .flat_map(|c| c.copies_of_roles())
+            .collect();
+        let (st, left_out) = state::restore(&dir, &mut *self.method, &ema_roles)?;
+        for role in left_out.iter().filter(|_| main) {
+            say(&format!(
+                "reel: warning: the checkpoint keeps an EMA of role `{role}`, but no `ema` \
+                 callback of the config does now: the run goes on without it (its checkpoints, \
+                 validations and final weights have none)"
+            ));
+        }
         if st.step != manifest.step {
             let reason = format!(
                 "its state.json is of step {}, its manifest of step {}",

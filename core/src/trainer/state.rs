@@ -110,12 +110,18 @@ pub(super) fn save<B: AutodiffBackend>(
     Ok(store.commit(pending, at.fingerprint)?)
 }
 
-/// Restore roles, method state and callback state from a verified checkpoint folder.
+/// Restore roles, method state and callback state from a verified checkpoint folder. The
+/// EMA shadows are loaded for the roles of `ema_roles` only (those an EMA callback of the
+/// config keeps): a shadow no callback updates would be saved, sampled and exported as it was
+/// at this step for the rest of the run. Returns the state and the roles whose shadow in the
+/// checkpoint was left out.
 pub(super) fn restore<B: AutodiffBackend>(
     dir: &Path,
     method: &mut dyn TrainingMethod<B>,
-) -> Result<TrainerState, TrainError> {
+    ema_roles: &[String],
+) -> Result<(TrainerState, Vec<String>), TrainError> {
     let state = TrainerState::read(dir)?;
+    let mut left_out = vec![];
     for role in method.roles_mut() {
         let name = role.name().to_string();
         let file = weights_file(&name);
@@ -125,10 +131,14 @@ pub(super) fn restore<B: AutodiffBackend>(
         let (o, _) = read_tensors(dir, &file)?;
         let k = state.optimizer_steps.get(&name).copied().unwrap_or(0);
         (role.load_optimizer_tensors(&o, k)).map_err(|e| does_not_fit(dir, &file, e))?;
-        load_ema_if_kept(dir, role)?;
+        if ema_roles.contains(&name) {
+            load_ema_if_kept(dir, role)?;
+        } else if dir.join(ema_file(&name)).is_file() {
+            left_out.push(name);
+        }
     }
     method.load_state(&state.method_state)?;
-    Ok(state)
+    Ok((state, left_out))
 }
 
 /// Load the weights in `dir` (a run's `final/` folder or a checkpoint: each trainable role's
