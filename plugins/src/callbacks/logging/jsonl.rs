@@ -149,6 +149,12 @@ impl MetricsLog {
         &self.path
     }
 
+    /// Make the lines written so far durable (a power loss after a checkpoint must not lose
+    /// the lines of the steps it holds: a resume does not write them again).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Append one line (written through at once).
     pub fn write(&mut self, line: &Line) -> std::io::Result<()> {
         let mut text = to_json(line);

@@ -28,7 +28,7 @@ pub mod progress;
 pub mod tensorboard;
 pub mod tfrecord;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
 use reel_core::callback::{
@@ -247,6 +247,26 @@ impl<B: AutodiffBackend> Callback<B> for LoggingCallback {
         self.write_record(validation_record(report));
         self.write_scalars(report.step, &report.metrics);
         Ok(())
+    }
+
+    /// Nothing goes into the checkpoint, but the logs of the steps it holds are made durable
+    /// before it is: a resume never writes them again. A failure is a warning.
+    fn on_checkpoint(
+        &mut self,
+        ctx: &mut CallbackContext<B>,
+        dir: &Path,
+    ) -> Result<Vec<String>, CallbackError> {
+        let _ = (ctx, dir);
+        let synced = [
+            (self.metrics.as_ref()).map(|m| (m.path().to_path_buf(), m.sync())),
+            (self.events.as_ref()).map(|w| (w.path().to_path_buf(), w.sync())),
+        ];
+        for (path, result) in synced.into_iter().flatten() {
+            if let Err(e) = result {
+                print_line(&format!("reel: warning: logging: {}: {e}", path.display()));
+            }
+        }
+        Ok(vec![])
     }
 
     fn on_train_end(&mut self, ctx: &mut CallbackContext<B>) -> Result<(), CallbackError> {

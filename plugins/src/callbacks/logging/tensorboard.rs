@@ -199,6 +199,11 @@ impl EventWriter {
         &self.path
     }
 
+    /// Make the events written so far durable (see [`super::jsonl::MetricsLog::sync`]).
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.out.get_ref().sync_data()
+    }
+
     /// Write one event and flush it (readers see every step at once).
     pub fn write(&mut self, event: &Event) -> std::io::Result<()> {
         self.out.write_all(&tfrecord(&event.encode()))?;
