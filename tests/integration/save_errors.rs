@@ -164,6 +164,18 @@ fn a_latest_pointer_that_cannot_be_written_is_a_warning() {
     // The 5th pointer write failed: no pointer, rather than one naming step 4 (which a
     // rotation could have pruned).
     assert!(!run.join("checkpoints/latest").exists(), "{err}");
+    // The pointer's path still names the newest checkpoint.
+    let o = reel_train(
+        dir,
+        "pointer",
+        &["--resume", "pointer/checkpoints/latest"],
+        None,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && err.contains("nothing to train"),
+        "{err}"
+    );
     assert_eq!(checkpoint_dirs(&run).0.len(), 5);
     let o = reel_train(dir, "pointer", &["--resume", "latest"], None);
     let err = String::from_utf8_lossy(&o.stderr);

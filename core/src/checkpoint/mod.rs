@@ -497,12 +497,16 @@ impl CheckpointStore {
         path: &Path,
         config_fingerprint: &str,
     ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
-        if !path.exists() {
+        let pointer = path.file_name().is_some_and(|n| n == "latest");
+        // A `checkpoints/latest` pointer may be missing (a save removes it before pruning and
+        // writes it after; a full disk may have stopped that): its folder is meant.
+        let store_of_pointer = pointer && path.parent().is_some_and(|p| p.is_dir());
+        if !path.exists() && !store_of_pointer {
             return Err(CheckpointError::NotFound {
                 path: path.to_path_buf(),
             });
         }
-        let store = if path.is_file() && path.file_name().is_some_and(|n| n == "latest") {
+        let store = if pointer && !path.is_dir() {
             path.parent().map(Self::at)
         } else if path.join("checkpoints").is_dir() {
             Some(Self::at(&path.join("checkpoints")))

@@ -22,7 +22,7 @@ impl LoadedConfig {
     /// aborting the process at the first batch.
     ///
     /// Where the launcher says how many of the run's processes share this machine
-    /// ([`processes_on_this_host`]), their shares are counted together: each alone may fit
+    /// (Open MPI's, MPICH's or Slurm's count), their shares are counted together: each alone may fit
     /// where all of them do not.
     pub fn check_step_memory(&self, spec: &DataSpec, processes: usize) -> Result<(), ConfigError> {
         let batch = self.config.data.batch_size();
@@ -147,7 +147,7 @@ const LOCAL_SIZE_VARS: [&str; 3] = [
 
 /// How many of this job's processes run on this machine, as the launcher says (the first of
 /// [`LOCAL_SIZE_VARS`] that holds a number); 1 where none does.
-pub fn processes_on_this_host() -> usize {
+fn processes_on_this_host() -> usize {
     LOCAL_SIZE_VARS
         .iter()
         .find_map(|var| std::env::var(var).ok()?.trim().parse::<usize>().ok())

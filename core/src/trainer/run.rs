@@ -575,8 +575,6 @@ fn shapes(spec: &crate::data::DataSpec) -> String {
     )
 }
 
-/// A checkpoint refused for another config names the first differing key of `[models]` or
-/// `[method]`, from the resolved config every checkpoint holds (`config.toml`).
 /// [`CheckpointStore::resolve`] for this config: a checkpoint stamped with its fingerprint,
 /// or one written before resumable keys were left out of fingerprints, stamped with the
 /// earlier one ([`LoadedConfig::earlier_fingerprint`]).
@@ -586,13 +584,19 @@ fn resolve(
     loaded: &LoadedConfig,
 ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
     match store.resolve(spec, &loaded.fingerprint) {
-        Err(e @ CheckpointError::ConfigMismatch { .. }) => store
-            .resolve(spec, &loaded.earlier_fingerprint)
-            .map_err(|_| e),
+        Err(e @ CheckpointError::ConfigMismatch { .. })
+            if loaded.earlier_fingerprint != loaded.fingerprint =>
+        {
+            store
+                .resolve(spec, &loaded.earlier_fingerprint)
+                .map_err(|_| e)
+        }
         found => found,
     }
 }
 
+/// A checkpoint refused for another config names the first differing key of `[models]` or
+/// `[method]`, from the resolved config every checkpoint holds (`config.toml`).
 fn explain_mismatch(loaded: &LoadedConfig, e: CheckpointError) -> TrainError {
     let CheckpointError::ConfigMismatch { dir } = &e else {
         return e.into();
