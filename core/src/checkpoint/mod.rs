@@ -329,26 +329,27 @@ impl CheckpointStore {
             .map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
         let _ = fs::remove_dir_all(&trash);
-        // The checkpoint is complete: old ones go first (a full disk gets their space back
-        // for the pointer), and a pointer that cannot be written is only a warning, as
-        // `--resume latest` does not read it. The old pointer goes before the prune, so that
-        // no failure or death from here on leaves it naming a pruned checkpoint.
+        // The checkpoint is complete. The pointer is replaced (atomically) before old
+        // checkpoints are pruned, so that it always names one that exists and an interrupt
+        // at any moment leaves one. A pointer that cannot be written (a full disk) is only a
+        // warning, as `--resume latest` does not read it: the old pointer goes then, before
+        // the prune, so that it never names a pruned checkpoint.
         let latest = self.root.join("latest");
-        let _ = fs::remove_file(&latest);
-        self.prune(&final_dir);
         fault::point("checkpoint-latest");
         let pointed = match fault::fires("latest-pointer-fails") {
             true => Err(std::io::Error::other(INJECTED_DISK_FULL)),
             false => crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes()),
         };
-        let pointed = pointed.map_err(|e| CheckpointError::io(&latest, e));
         if let Err(e) = pointed {
+            let _ = fs::remove_file(&latest);
             crate::console::say(&format!(
-                "reel: warning: {e}: no pointer to the newest checkpoint was written; \
+                "reel: warning: {}: no pointer to the newest checkpoint was written; \
                  {} is complete, and `--resume latest` finds it without the pointer",
+                CheckpointError::io(&latest, e),
                 final_dir.display()
             ));
         }
+        self.prune(&final_dir);
         Ok(final_dir)
     }
 
