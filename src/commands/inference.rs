@@ -63,9 +63,9 @@ fn existing(path: &Path) -> anyhow::Result<&Path> {
 /// folder (it has `manifest.json`; refused when a file fails its checksum), the `latest`
 /// file of a run's `checkpoints/`, a run's `checkpoints/` folder, or a run folder. For the
 /// last three the newest intact checkpoint is used (integrity checked by the manifest's
-/// checksums, falling back past damaged ones); its config fingerprint is the one
-/// the run wrote, so `--set` overrides of sampling settings do not make it unreadable, while
-/// the weights are still checked key by key against the rebuilt model.
+/// checksums, falling back past damaged ones, whatever config fingerprint each was stamped
+/// with), so `--set` overrides of sampling settings do not make it unreadable, while the
+/// weights are still checked key by key against the rebuilt model.
 pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     if path.join(MANIFEST).is_file() {
         // Named directly, it is used or refused; never read with a damaged file.
@@ -89,15 +89,10 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     } else {
         path.to_path_buf()
     };
+    // The newest intact checkpoint, whatever config stamped it (each is read with its own
+    // `config.toml`); its error names the `checkpoints/` folder it searched.
     let store = CheckpointStore::at(&checkpoints);
-    // The newest checkpoint whose manifest reads: a newest one damaged (a copy cut short)
-    // is skipped with a warning, not taken for another config's.
-    let fingerprint = (store.list().iter())
-        .find_map(|(_, d)| Manifest::read(d).ok())
-        .map(|m| m.config_fingerprint)
-        .unwrap_or_default();
-    // Its error names the `checkpoints/` folder it searched.
-    let (dir, _, warnings) = store.resolve("latest", &fingerprint)?;
+    let (dir, _, warnings) = store.resolve_accepting("latest", &|_, _| true)?;
     for w in warnings {
         eprintln!("reel: warning: {w}");
     }

@@ -648,6 +648,28 @@ fn export_accepts_checkpoints_latest() {
         );
         assert!(!dir.join("x").exists(), "{args:?} wrote its output");
     }
+
+    // Named by its run, the damaged newest checkpoint is passed over with a warning for the
+    // newest intact one, whatever fingerprint stamped it (here another config's).
+    let listed = reel_core::checkpoint::CheckpointStore::new(&dir.join("clean"), 1).list();
+    let (older_step, older) = listed[1].clone();
+    let manifest = older.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    m["config_fingerprint"] = "stamped-by-another-config".into();
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    let o = reel(dir, &["export", "clean", "--out", "fallback"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("skipped, falling back"), "{err}");
+    let o = reel(dir, &["export", older.to_str().unwrap(), "--out", "older"]);
+    assert!(o.status.success(), "export step {older_step}");
+    let file = "diffusion_pytorch_model.safetensors";
+    assert_eq!(
+        std::fs::read(dir.join("fallback").join(file)).unwrap(),
+        std::fs::read(dir.join("older").join(file)).unwrap(),
+        "the fallback exports step {older_step}"
+    );
 }
 
 /// A kernel pinned by `REEL_MATMUL` is named in `reel train`'s first lines (a run config does

@@ -323,22 +323,53 @@ fn resume_paths_a_run_folder_and_nothing_to_resume() {
         "{err}"
     );
     // A checkpoint stamped as before resumable keys were left out of fingerprints (every
-    // key counted) resumes too.
+    // key counted) resumes too, even with a resumable key changed at the same time
+    // (gradient checkpointing switched off again).
     let overrides = [
         "training.grad_accumulation=2",
         "optimizer.lr=0.002",
         "models.student.gradient_checkpointing=true",
     ];
     let loaded = common::load(common::TINY_WAN_RUN, &overrides);
-    assert_ne!(loaded.fingerprint, loaded.earlier_fingerprint);
+    let old_stamp = reel_core::config::config_fingerprint(&loaded.resolved_toml, &[]).unwrap();
+    assert_ne!(loaded.fingerprint, old_stamp);
     let manifest = ckpt(&dir.join("fresh"), 7).join("manifest.json");
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
     assert_eq!(m["config_fingerprint"], loaded.fingerprint.as_str());
-    m["config_fingerprint"] = loaded.earlier_fingerprint.clone().into();
+    m["config_fingerprint"] = old_stamp.into();
     std::fs::write(&manifest, m.to_string()).unwrap();
-    let err = ok(reel(dir, "fresh", &more("training.max_steps=8")));
+    let no_gc = ["--set", "models.student.gradient_checkpointing=false"];
+    let args = [
+        &["--resume", "latest", "--set", "training.max_steps=8"][..],
+        &lr,
+        &no_gc,
+    ];
+    let err = ok(reel(dir, "fresh", &args.concat()));
     assert!(err.contains("step-00000007 at step 7"), "{err}");
+    // A changed key that counts is still refused against an old stamp, naming it.
+    let step8 = ckpt(&dir.join("fresh"), 8);
+    let text = std::fs::read_to_string(step8.join("config.toml")).unwrap();
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(step8.join("manifest.json")).unwrap())
+            .unwrap();
+    m["config_fingerprint"] = reel_core::config::config_fingerprint(&text, &[])
+        .unwrap()
+        .into();
+    std::fs::write(step8.join("manifest.json"), m.to_string()).unwrap();
+    let seed = ["--set", "models.student.init_seed=3"];
+    let args = [
+        &["--resume", "latest", "--set", "training.max_steps=9"][..],
+        &lr,
+        &seed,
+    ];
+    let o = reel(dir, "fresh", &args.concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("models.student.init_seed") && err.contains("was trained with 2"),
+        "{err}"
+    );
 }
 
 /// A run folder another process is training (it holds `<run>/.lock`) is refused, naming the

@@ -156,6 +156,10 @@ impl TrainerState {
     }
 }
 
+/// Whether a verified checkpoint (its folder and manifest) was written by a config that
+/// fits the one asking; see [`CheckpointStore::resolve_accepting`].
+pub type Accept<'a> = &'a dyn Fn(&Path, &Manifest) -> bool;
+
 /// The `checkpoints/` folder of a run.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
@@ -496,11 +500,11 @@ impl CheckpointStore {
     /// folder (its newest intact checkpoint), or a `checkpoints/latest` file (the same).
     fn resolve_path(
         path: &Path,
-        config_fingerprint: &str,
+        accept: Accept,
     ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
         let pointer = path.file_name().is_some_and(|n| n == "latest");
-        // A `checkpoints/latest` pointer may be missing (a save removes it before pruning and
-        // writes it after; a full disk may have stopped that): its folder is meant.
+        // A `checkpoints/latest` pointer may be missing (a full disk stopped its write, or
+        // someone removed it): its folder is meant.
         let store_of_pointer = pointer && path.parent().is_some_and(|p| p.is_dir());
         if !path.exists() && !store_of_pointer {
             return Err(CheckpointError::NotFound {
@@ -520,9 +524,9 @@ impl CheckpointStore {
             return Err(Self::no_manifest(path));
         }
         match store {
-            Some(store) => store.resolve("latest", config_fingerprint),
+            Some(store) => store.resolve_accepting("latest", accept),
             None => {
-                let m = Self::verify(path, config_fingerprint)?;
+                let m = Self::verify_accepting(path, accept)?;
                 Ok((path.to_path_buf(), m, vec![]))
             }
         }
@@ -536,11 +540,11 @@ impl CheckpointStore {
         let name = name.unwrap_or_default();
         let run = path.join("config.resolved.toml").is_file() || path.join("final").is_dir();
         if path.is_dir() && name.starts_with("step-") {
-            Self::verify(path, "")
-                .err()
-                .unwrap_or(CheckpointError::NotACheckpoint {
+            Self::verify_accepting(path, &|_, _| true).err().unwrap_or(
+                CheckpointError::NotACheckpoint {
                     path: path.to_path_buf(),
-                })
+                },
+            )
         } else if path.is_dir() && (run || name == "checkpoints") {
             CheckpointError::NoCheckpoint {
                 dir: path.to_path_buf(),
@@ -556,6 +560,12 @@ impl CheckpointStore {
     /// `step-N` folder; a copy renamed by hand is not taken for another step), checksums
     /// match, same config.
     pub fn verify(dir: &Path, config_fingerprint: &str) -> Result<Manifest, CheckpointError> {
+        Self::verify_accepting(dir, &|_, m| m.config_fingerprint == config_fingerprint)
+    }
+
+    /// [`Self::verify`], where `accept` decides whether the verified checkpoint's config
+    /// fits (else [`CheckpointError::ConfigMismatch`]).
+    pub fn verify_accepting(dir: &Path, accept: Accept) -> Result<Manifest, CheckpointError> {
         let m = Manifest::read(dir)?;
         let name = file_name(dir);
         if let Some(n) = step_of(&name)
@@ -568,7 +578,7 @@ impl CheckpointStore {
             });
         }
         m.verify(dir)?;
-        if m.config_fingerprint != config_fingerprint {
+        if !accept(dir, &m) {
             return Err(CheckpointError::ConfigMismatch {
                 dir: dir.to_path_buf(),
             });
@@ -586,12 +596,22 @@ impl CheckpointStore {
         spec: &str,
         config_fingerprint: &str,
     ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
+        self.resolve_accepting(spec, &|_, m| m.config_fingerprint == config_fingerprint)
+    }
+
+    /// [`Self::resolve`], where `accept` decides whether a verified checkpoint's config fits
+    /// (`sample` and `export` take any: they read each checkpoint's own `config.toml`).
+    pub fn resolve_accepting(
+        &self,
+        spec: &str,
+        accept: Accept,
+    ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
         if spec != "latest" {
-            return Self::resolve_path(Path::new(spec), config_fingerprint);
+            return Self::resolve_path(Path::new(spec), accept);
         }
         let mut warnings = vec![];
         for (_, dir) in self.list() {
-            match Self::verify(&dir, config_fingerprint) {
+            match Self::verify_accepting(&dir, accept) {
                 Ok(m) => return Ok((dir, m, warnings)),
                 // Only a checkpoint known to be damaged is passed over: one that cannot be
                 // read now may be intact, and resuming before it would set it aside.

@@ -23,10 +23,6 @@ pub struct LoadedConfig {
     /// [`Self::resumable_keys`]): changing `max_steps`, callbacks or logging, or switching
     /// gradient checkpointing on to fit a device, keeps checkpoints resumable.
     pub fingerprint: String,
-    /// The fingerprint of the same tables as checkpoints written before
-    /// [`Self::resumable_keys`] existed were stamped with (every key counted), which a resume
-    /// also accepts.
-    pub earlier_fingerprint: String,
 }
 
 /// Keys of `[runtime]` that each process of a run sets for itself (see
@@ -39,6 +35,18 @@ impl LoadedConfig {
     /// `.optimizer`, and each architecture's own, such as Wan's `.attention`).
     pub fn resumable_keys(&self) -> Vec<String> {
         resumable_keys(&self.config)
+    }
+
+    /// Whether a checkpoint stamped `stamp`, whose resolved config is `saved` (its
+    /// `config.toml`), may be resumed with this config: `stamp` is [`Self::fingerprint`],
+    /// or the checkpoint was stamped before resumable keys were left out of fingerprints
+    /// (`saved` hashes to `stamp` with every key counted) and `saved` less this config's
+    /// resumable keys hashes to [`Self::fingerprint`].
+    pub fn fits_checkpoint(&self, stamp: &str, saved: &str) -> bool {
+        stamp == self.fingerprint
+            || (config_fingerprint(saved, &[]).is_some_and(|old| old == stamp)
+                && config_fingerprint(saved, &self.resumable_keys())
+                    .is_some_and(|now| now == self.fingerprint))
     }
 
     /// SHA-256 of the resolved config without the `[runtime]` keys each process of a
@@ -346,7 +354,6 @@ fn parse(
         base_dir: base_dir_for(path),
         resolved_toml,
         fingerprint: fingerprint(&root, &resumable_keys(&config)),
-        earlier_fingerprint: fingerprint(&root, &[]),
         config,
     })
 }
@@ -367,6 +374,15 @@ fn resumable_keys(config: &RunConfig) -> Vec<String> {
         }
     }
     keys
+}
+
+/// The fingerprint of the resolved config `text` (a run's `config.resolved.toml`, a
+/// checkpoint's `config.toml`) less the dotted `models.<role>.<key>` keys of `leave_out`
+/// ([`LoadedConfig::fingerprint`] leaves out [`LoadedConfig::resumable_keys`]); `None` when
+/// the text does not parse.
+pub fn config_fingerprint(text: &str, leave_out: &[String]) -> Option<String> {
+    let root = toml::from_str::<toml::Table>(text).ok()?;
+    Some(fingerprint(&toml::Value::Table(root), leave_out))
 }
 
 /// SHA-256 of the `[models]` and `[method]` tables less the dotted `models.<role>.<key>`

@@ -137,27 +137,60 @@ fn host_share(batch: usize, processes: usize, here: usize) -> (usize, usize) {
     (batch.div_ceil(processes), here.clamp(1, processes))
 }
 
-/// Environment variables in which launchers give the number of a job's processes on this
-/// machine: Open MPI's, MPICH's and Slurm's.
-const LOCAL_SIZE_VARS: [&str; 3] = [
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "MPI_LOCALNRANKS",
-    "SLURM_NTASKS_PER_NODE",
-];
+/// Environment variables in which MPI launchers give the number of a job's processes on
+/// this machine: Open MPI's and MPICH's.
+const LOCAL_SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"];
 
-/// How many of this job's processes run on this machine, as the launcher says (the first of
-/// [`LOCAL_SIZE_VARS`] that holds a number); 1 where none does.
+/// How many of this job's processes run on this machine, as the launcher says: the first of
+/// [`LOCAL_SIZE_VARS`] that holds a number, else Slurm's count for this job step's node
+/// (`SLURM_STEP_TASKS_PER_NODE` at `SLURM_NODEID`; not `SLURM_NTASKS_PER_NODE`, the
+/// allocation's request, which a step may not fill); 1 where none says.
 fn processes_on_this_host() -> usize {
-    LOCAL_SIZE_VARS
+    let var = |name: &str| std::env::var(name).ok();
+    let mpi = LOCAL_SIZE_VARS
         .iter()
-        .find_map(|var| std::env::var(var).ok()?.trim().parse::<usize>().ok())
-        .unwrap_or(1)
-        .max(1)
+        .find_map(|name| var(name)?.trim().parse::<usize>().ok());
+    let slurm = || {
+        let node = var("SLURM_NODEID").and_then(|n| n.trim().parse().ok());
+        slurm_tasks_on_node(&var("SLURM_STEP_TASKS_PER_NODE")?, node.unwrap_or(0))
+    };
+    mpi.or_else(slurm).unwrap_or(1).max(1)
+}
+
+/// The task count of node `node` in Slurm's compressed per-node list (`2(x3),1`: 2 tasks on
+/// each of the first three nodes, 1 on the fourth); `None` for a malformed list or a node
+/// past its end.
+fn slurm_tasks_on_node(list: &str, node: usize) -> Option<usize> {
+    let mut first = 0;
+    for entry in list.trim().split(',') {
+        let (tasks, repeat) = match entry.split_once("(x") {
+            Some((t, r)) => (t, r.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (entry, 1),
+        };
+        let tasks = tasks.parse::<usize>().ok()?;
+        if node < first + repeat {
+            return Some(tasks);
+        }
+        first += repeat;
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
-    use super::host_share;
+    use super::{host_share, slurm_tasks_on_node};
+
+    #[test]
+    fn slurm_per_node_lists_give_each_nodes_count() {
+        assert_eq!(slurm_tasks_on_node("4", 0), Some(4));
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 0), Some(2));
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(slurm_tasks_on_node("2(x3),1", 4), None);
+        assert_eq!(slurm_tasks_on_node("1,3(x2)", 2), Some(3));
+        assert_eq!(slurm_tasks_on_node("2(x", 0), None);
+        assert_eq!(slurm_tasks_on_node("", 0), None);
+    }
 
     #[test]
     fn processes_on_one_machine_count_their_shares_together() {

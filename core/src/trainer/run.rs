@@ -576,23 +576,18 @@ fn shapes(spec: &crate::data::DataSpec) -> String {
 }
 
 /// [`CheckpointStore::resolve`] for this config: a checkpoint stamped with its fingerprint,
-/// or one written before resumable keys were left out of fingerprints, stamped with the
-/// earlier one ([`LoadedConfig::earlier_fingerprint`]).
+/// or one written before resumable keys were left out of fingerprints
+/// ([`LoadedConfig::fits_checkpoint`]).
 fn resolve(
     store: &CheckpointStore,
     spec: &str,
     loaded: &LoadedConfig,
 ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
-    match store.resolve(spec, &loaded.fingerprint) {
-        Err(e @ CheckpointError::ConfigMismatch { .. })
-            if loaded.earlier_fingerprint != loaded.fingerprint =>
-        {
-            store
-                .resolve(spec, &loaded.earlier_fingerprint)
-                .map_err(|_| e)
-        }
-        found => found,
-    }
+    store.resolve_accepting(spec, &|dir, m| {
+        let saved = || std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
+        m.config_fingerprint == loaded.fingerprint
+            || loaded.fits_checkpoint(&m.config_fingerprint, &saved())
+    })
 }
 
 /// A checkpoint refused for another config names the first differing key of `[models]` or

@@ -253,12 +253,14 @@ fn preprocess<B: ReelBackend + AutodiffBackend>(
     let unrecorded = modified(&negative) > modified(&args.out.join(resume::SETTINGS_FILE));
     let same = stored.as_ref() == Some(&(args.negative.clone(), target.text_len));
     if !same_models || !same || unrecorded {
+        let why = if same_models && same {
+            // Also a copy of the folder that did not keep file times.
+            "it is newer than the recorded settings (a run stopped before recording them)"
+        } else {
+            "it was made with another negative prompt, --text-len or text encoder"
+        };
         if stored.is_some() {
-            eprintln!(
-                "reel: replacing {}: it was made with another negative prompt, --text-len or \
-                 text encoder",
-                negative.display()
-            );
+            eprintln!("reel: replacing {}: {why}", negative.display());
         }
         super::negative::write(&enc.text, &args.negative, target.text_len, &negative)?;
     }

@@ -129,8 +129,9 @@ impl MetricsLog {
                 to.push_str(&line);
                 to.push('\n');
             }
-            if !dropped.is_empty() {
-                let aside = path.with_file_name(DROPPED_FILE);
+            // Lines moved by an open that died before its rewrite are at the end already.
+            let aside = path.with_file_name(DROPPED_FILE);
+            if !dropped.is_empty() && !ends_with(&aside, dropped.as_bytes())? {
                 let mut f = OpenOptions::new().create(true).append(true).open(&aside)?;
                 f.write_all(dropped.as_bytes())?;
                 f.sync_all()?;
@@ -161,6 +162,25 @@ impl MetricsLog {
         text.push('\n');
         self.file.write_all(text.as_bytes())
     }
+}
+
+/// Whether the file at `path` ends with `tail` (false where there is no file).
+fn ends_with(path: &Path, tail: &[u8]) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let len = f.metadata()?.len();
+    let n = tail.len() as u64;
+    if len < n {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::Start(len - n))?;
+    let mut end = vec![0; tail.len()];
+    f.read_exact(&mut end)?;
+    Ok(end == tail)
 }
 
 #[cfg(test)]
@@ -250,5 +270,28 @@ mod tests {
         drop(MetricsLog::open(&path, 0).unwrap());
         assert!(read_metrics(&path).unwrap().is_empty());
         assert_eq!(steps_of(&dropped), [4, 5, 5, 1, 2, 3, 4]);
+    }
+
+    /// An open that died after moving lines aside but before rewriting the file leaves them
+    /// in both: the next open does not move them again.
+    #[test]
+    fn lines_moved_aside_by_an_interrupted_open_are_not_moved_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut log = MetricsLog::open(&path, 0).unwrap();
+        for s in 1..=4 {
+            log.write(&step_record(&report(s, s as f64))).unwrap();
+        }
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let after_2: String = text.lines().skip(2).map(|l| format!("{l}\n")).collect();
+        let dropped = dir.path().join(DROPPED_FILE);
+        std::fs::write(&dropped, &after_2).unwrap();
+        drop(MetricsLog::open(&path, 2).unwrap());
+        let steps: Vec<u64> = (read_metrics(&dropped).unwrap().iter())
+            .filter_map(record_step)
+            .collect();
+        assert_eq!(steps, [3, 4]);
+        assert_eq!(read_metrics(&path).unwrap().len(), 2);
     }
 }
