@@ -89,8 +89,9 @@ pub fn resolve_checkpoint(path: &Path) -> anyhow::Result<PathBuf> {
     } else {
         path.to_path_buf()
     };
-    // The newest intact checkpoint, whatever config stamped it (each is read with its own
-    // `config.toml`); its error names the `checkpoints/` folder it searched.
+    // The newest intact checkpoint, whatever fingerprint stamped it (an older binary's
+    // style, or resumable keys changed on resume: a run's checkpoints hold one `[models]`
+    // and `[method]`, as a resume refuses others); its error names the folder it searched.
     let store = CheckpointStore::at(&checkpoints);
     let (dir, _, warnings) = store.resolve_accepting("latest", &|_, _| true)?;
     for w in warnings {

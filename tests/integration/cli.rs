@@ -650,7 +650,7 @@ fn export_accepts_checkpoints_latest() {
     }
 
     // Named by its run, the damaged newest checkpoint is passed over with a warning for the
-    // newest intact one, whatever fingerprint stamped it (here another config's).
+    // newest intact one, whatever fingerprint stamped it (here a forged one).
     let listed = reel_core::checkpoint::CheckpointStore::new(&dir.join("clean"), 1).list();
     let (older_step, older) = listed[1].clone();
     let manifest = older.join("manifest.json");

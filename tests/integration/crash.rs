@@ -71,7 +71,7 @@ fn final_weights(out: &Path) -> Vec<std::collections::BTreeMap<String, Vec<f32>>
 
 /// Resume until the run completes (a kill before the first checkpoint restarts from scratch).
 /// A run folder with a checkpoint folder is resumed even without its `latest` pointer (a kill
-/// between the rename and the pointer): `reel train` refuses a new run there, as it does any
+/// between the first checkpoint's rename and its pointer): `reel train` refuses a new run there, as it does any
 /// folder holding checkpoints, and `--resume latest` finds the newest one.
 fn finish(config: &Path, out: &Path) {
     let has_ckpt = !reel_core::checkpoint::CheckpointStore::new(out, 1)

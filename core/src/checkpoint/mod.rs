@@ -328,7 +328,13 @@ impl CheckpointStore {
         ));
         // The old copy goes back if the rename fails; had the process died between the
         // renames instead, `list` reads it under its hidden name until a new copy of the
-        // step is in place.
+        // step is in place. A pointer naming the step goes first: between the renames it
+        // would name a missing folder.
+        let latest = self.root.join("latest");
+        if final_dir.exists() && pointer_names(&latest, pending.step) {
+            let _ = fs::remove_file(&latest);
+            sync_dir(&self.root);
+        }
         crate::io::rename_replacing(&pending.dir, &final_dir, &trash, "checkpoint-rename")
             .map_err(|e| CheckpointError::io(&final_dir, e))?;
         sync_dir(&self.root);
@@ -338,14 +344,18 @@ impl CheckpointStore {
         // at any moment leaves one. A pointer that cannot be written (a full disk) is only a
         // warning, as `--resume latest` does not read it: the old pointer goes then, before
         // the prune, so that it never names a pruned checkpoint.
-        let latest = self.root.join("latest");
         fault::point("checkpoint-latest");
         let pointed = match fault::fires("latest-pointer-fails") {
             true => Err(std::io::Error::other(INJECTED_DISK_FULL)),
             false => crate::io::replace_file(&latest, step_dir_name(pending.step).as_bytes()),
         };
         if let Err(e) = pointed {
-            let _ = fs::remove_file(&latest);
+            let removed = fs::remove_file(&latest);
+            sync_dir(&self.root);
+            if removed.is_err() && latest.exists() {
+                // A stale pointer that stays must not outlive what it names.
+                return Ok(final_dir);
+            }
             crate::console::say(&format!(
                 "reel: warning: {}: no pointer to the newest checkpoint was written; \
                  {} is complete, and `--resume latest` finds it without the pointer",
@@ -625,6 +635,11 @@ impl CheckpointStore {
             dir: self.root.clone(),
         })
     }
+}
+
+/// Whether the `latest` pointer at `path` names the folder of `step`.
+fn pointer_names(path: &Path, step: u64) -> bool {
+    fs::read_to_string(path).is_ok_and(|text| text.trim() == step_dir_name(step))
 }
 
 fn collect_files(

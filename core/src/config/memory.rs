@@ -151,8 +151,11 @@ fn processes_on_this_host() -> usize {
         .iter()
         .find_map(|name| var(name)?.trim().parse::<usize>().ok());
     let slurm = || {
+        let list = var("SLURM_STEP_TASKS_PER_NODE")?;
+        // Without the node's index only a list of one count is read.
         let node = var("SLURM_NODEID").and_then(|n| n.trim().parse().ok());
-        slurm_tasks_on_node(&var("SLURM_STEP_TASKS_PER_NODE")?, node.unwrap_or(0))
+        let node = node.or_else(|| (!list.contains(',') && !list.contains("(x")).then_some(0))?;
+        slurm_tasks_on_node(&list, node)
     };
     mpi.or_else(slurm).unwrap_or(1).max(1)
 }
@@ -161,17 +164,18 @@ fn processes_on_this_host() -> usize {
 /// each of the first three nodes, 1 on the fourth); `None` for a malformed list or a node
 /// past its end.
 fn slurm_tasks_on_node(list: &str, node: usize) -> Option<usize> {
-    let mut first = 0;
+    let mut first: usize = 0;
     for entry in list.trim().split(',') {
         let (tasks, repeat) = match entry.split_once("(x") {
             Some((t, r)) => (t, r.strip_suffix(')')?.parse::<usize>().ok()?),
             None => (entry, 1),
         };
         let tasks = tasks.parse::<usize>().ok()?;
-        if node < first + repeat {
+        let next = first.checked_add(repeat)?;
+        if node < next {
             return Some(tasks);
         }
-        first += repeat;
+        first = next;
     }
     None
 }
@@ -190,6 +194,11 @@ mod tests {
         assert_eq!(slurm_tasks_on_node("1,3(x2)", 2), Some(3));
         assert_eq!(slurm_tasks_on_node("2(x", 0), None);
         assert_eq!(slurm_tasks_on_node("", 0), None);
+        // A repeat count that overflows the node index is malformed, not a panic.
+        assert_eq!(
+            slurm_tasks_on_node("1(x18446744073709551615),2(x9)", usize::MAX),
+            None
+        );
     }
 
     #[test]
