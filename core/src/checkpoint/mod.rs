@@ -610,7 +610,8 @@ impl CheckpointStore {
     }
 
     /// [`Self::resolve`], where `accept` decides whether a verified checkpoint's config fits
-    /// (`sample` and `export` take any: they read each checkpoint's own `config.toml`).
+    /// (`sample`, `eval` and `export` take any: a run's checkpoints hold one `[models]` and
+    /// `[method]`, as a resume refuses others).
     pub fn resolve_accepting(
         &self,
         spec: &str,

@@ -37,16 +37,20 @@ impl LoadedConfig {
         resumable_keys(&self.config)
     }
 
-    /// Whether a checkpoint stamped `stamp`, whose resolved config is `saved` (its
-    /// `config.toml`), may be resumed with this config: `stamp` is [`Self::fingerprint`],
-    /// or the checkpoint was stamped before resumable keys were left out of fingerprints
-    /// (`saved` hashes to `stamp` with every key counted) and `saved` less this config's
-    /// resumable keys hashes to [`Self::fingerprint`].
-    pub fn fits_checkpoint(&self, stamp: &str, saved: &str) -> bool {
-        stamp == self.fingerprint
-            || (config_fingerprint(saved, &[]).is_some_and(|old| old == stamp)
-                && config_fingerprint(saved, &self.resumable_keys())
-                    .is_some_and(|now| now == self.fingerprint))
+    /// Whether a checkpoint stamped `stamp`, whose resolved config (its `config.toml`)
+    /// `saved` reads, may be resumed with this config: `stamp` is [`Self::fingerprint`], or
+    /// the checkpoint was stamped before resumable keys were left out of fingerprints (its
+    /// config hashes to `stamp` with every key counted) and its config less this config's
+    /// resumable keys hashes to [`Self::fingerprint`]. `saved` is called only in the second
+    /// case.
+    pub fn fits_checkpoint(&self, stamp: &str, saved: impl FnOnce() -> String) -> bool {
+        if stamp == self.fingerprint {
+            return true;
+        }
+        let saved = saved();
+        config_fingerprint(&saved, &[]).is_some_and(|old| old == stamp)
+            && config_fingerprint(&saved, &self.resumable_keys())
+                .is_some_and(|now| now == self.fingerprint)
     }
 
     /// SHA-256 of the resolved config without the `[runtime]` keys each process of a

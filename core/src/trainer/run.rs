@@ -585,9 +585,7 @@ fn resolve(
 ) -> Result<(PathBuf, Manifest, Vec<String>), CheckpointError> {
     store.resolve_accepting(spec, &|dir, m| {
         let saved = || std::fs::read_to_string(dir.join("config.toml")).unwrap_or_default();
-        // The stamp is compared first, so that `config.toml` is read only for an old one.
-        m.config_fingerprint == loaded.fingerprint
-            || loaded.fits_checkpoint(&m.config_fingerprint, &saved())
+        loaded.fits_checkpoint(&m.config_fingerprint, saved)
     })
 }
 
